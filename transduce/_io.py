@@ -1,0 +1,74 @@
+"""Atomic writes: an artifact is written under a temporary name and renamed into place when complete,
+so a crash never leaves a half-written checkpoint, artifact or engine that looks valid."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from transduce.errors import TransduceError
+
+
+def _check_parent_writable(final: str) -> str:
+    parent = os.path.dirname(os.path.abspath(final)) or "."
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise TransduceError(f"cannot create directory {parent!r}: {e.strerror}",
+                             hint="choose an output path you can write to") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TransduceError(f"directory {parent!r} is not writable",
+                             hint="choose an output path you can write to")
+    return parent
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[str]:
+    """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
+
+    On an exception the temporary directory is removed and `final` is left as it was.
+    """
+    final = os.path.abspath(os.fspath(final))
+    parent = _check_parent_writable(final)
+    if os.path.exists(final) and not overwrite:
+        raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=parent)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(final):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.old-", dir=parent)
+        os.rmdir(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    path = os.fspath(path)
+    parent = _check_parent_writable(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,126 @@
+"""The `transduce` command: one subcommand per job; each parses options and calls one library function."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from transduce.errors import TransduceError
+
+__all__ = ["main", "cli_errors"]
+
+
+def cli_errors(fn):
+    """Decorator for subcommands defined outside this module: same error handling as the group."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TransduceError as e:
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+class _Group(click.Group):
+    """Prints a TransduceError as one clear message (no traceback) and exits with status 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TransduceError as e:
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="transduce")
+def main() -> None:
+    """transduce: train -> export -> build -> decode -> parity -> bench for encoder-decoder Transformers."""
+
+
+def _parse_overrides(items: tuple[str, ...]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise TransduceError(f"--set expects FIELD=VALUE, got {item!r}", hint="for example --set d_model=256")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except ValueError:
+            out[k.strip()] = v
+    return out
+
+
+@main.command()
+@click.option("--data", type=click.Path(), help="Training corpus: TSV (source<TAB>target). Default: the embedded demo corpus.")
+@click.option("--source", "src_file", type=click.Path(), help="Training sources (with --target, two aligned files).")
+@click.option("--target", "tgt_file", type=click.Path(), help="Training targets, aligned with --source.")
+@click.option("--valid", type=click.Path(), help="Held-out TSV. Default: the last --valid-size pairs of the training data.")
+@click.option("--valid-size", default=300, show_default=True, help="Held-out pairs taken from the training data if --valid is absent.")
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Model directory to write (and to resume from).")
+@click.option("--preset", default="tiny", show_default=True, type=click.Choice(["tiny", "base", "big"]))
+@click.option("--set", "overrides", multiple=True, help="Override a model config field, e.g. --set d_model=256 (repeatable).")
+@click.option("--vocab-size", default=8000, show_default=True, help="BPE vocabulary to learn.")
+@click.option("--max-steps", default=2000, show_default=True)
+@click.option("--warmup", default=4000, show_default=True, help="Warmup steps of the learning-rate schedule.")
+@click.option("--lr-scale", default=1.0, show_default=True, help="Constant factor of the learning-rate schedule.")
+@click.option("--max-tokens", default=4096, show_default=True, help="Padded tokens per side per batch.")
+@click.option("--label-smoothing", default=0.1, show_default=True)
+@click.option("--clip-norm", default=0.0, show_default=True, help="Clip gradients to this global norm (0: off).")
+@click.option("--eval-every", default=500, show_default=True)
+@click.option("--save-every", default=1000, show_default=True)
+@click.option("--seed", default=1, show_default=True)
+@click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
+@click.option("--resume", is_flag=True, help="Continue the run saved in --out (model, optimizer, schedule, RNG).")
+@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
+def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
+          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, seed, threads, resume, no_progress):
+    """Train the reference Transformer on parallel text and write a model directory."""
+    from transduce.models.train import TrainConfig, train_from_files
+
+    cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
+                      max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,
+                      label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
+                      save_every=save_every, seed=seed, threads=threads)
+    summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
+                               valid_size=valid_size, resume=resume, progress=not no_progress)
+    click.echo(json.dumps(summary, indent=2))
+
+
+@main.command()
+@click.option("--workdir", default="runs/demo", show_default=True, type=click.Path(), help="Where data, model and artifacts go.")
+@click.option("--retrain", is_flag=True, help="Train again even if a demo model exists.")
+@click.option("--steps", default=None, type=int, help="Training steps (default: the demo's).")
+@click.option("--show", default=12, show_default=True, help="Held-out examples to print.")
+def demo(workdir, retrain, steps, show):
+    """The whole pipeline on the embedded corpus (English -> French number words)."""
+    from transduce.demo import run_demo
+
+    run_demo(workdir, retrain=retrain, steps=steps, show=show)
+
+
+def _register() -> None:
+    """Each component defines its subcommands in its own `commands` module (click only, no heavy imports)."""
+    import importlib
+
+    for module in ("transduce.exporter.commands", "transduce.runtime.commands", "transduce.inspect.commands"):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if not e.name or not module.startswith(e.name):
+                raise
+            continue
+        for cmd in mod.COMMANDS:
+            main.add_command(cmd)
+
+
+_register()
+
+if __name__ == "__main__":
+    main()

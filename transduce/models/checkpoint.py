@@ -1,0 +1,205 @@
+"""Model directories: config.json + model.safetensors + tokenizer.json (+ training/ for resume).
+
+  MODEL_DIR/
+    config.json          {"format": "transduce-model", "format_version", "model": ModelConfig,
+                          "files": {name: {"sha256", "bytes"}}, "training": summary}
+    model.safetensors    the weights (tied weights stored once)
+    tokenizer.json       the shared BPE tokenizer
+    training/            optional, only what resuming needs
+      optimizer.safetensors, state.json (step, epoch, batch index, RNG, train config)
+
+Everything is written into a temporary directory and renamed into place. Loading is strict: every
+file's size and sha256 must match config.json, every weight name and shape must match the config.
+Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from transduce._io import atomic_directory, write_json
+from transduce.errors import CheckpointError, ConfigError
+from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
+from transduce.runtime.contract import sha256_file
+from transduce.tokenizer import Tokenizer
+
+FORMAT = "transduce-model"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+TRAINING_DIR = "training"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+
+
+def _file_entry(path: str) -> dict[str, Any]:
+    return {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
+
+
+def save_model_dir(
+    path: str | os.PathLike,
+    model,
+    tokenizer: Tokenizer,
+    training: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+    train_state: dict[str, Any] | None = None,
+) -> None:
+    """Write a model directory atomically (replacing an existing one)."""
+    import torch
+    from safetensors.torch import save_file
+
+    with atomic_directory(path) as tmp:
+        weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(weights, os.path.join(tmp, WEIGHTS_FILE), metadata={"format": FORMAT})
+        tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
+        files = {name: _file_entry(os.path.join(tmp, name)) for name in (WEIGHTS_FILE, TOKENIZER_FILE)}
+        if optimizer_state is not None or train_state is not None:
+            tdir = os.path.join(tmp, TRAINING_DIR)
+            os.makedirs(tdir)
+            tensors, meta = _flatten_optimizer(optimizer_state or {})
+            tensors["rng.torch"] = torch.get_rng_state()
+            save_file(tensors, os.path.join(tdir, OPTIMIZER_FILE))
+            state = dict(train_state or {})
+            state["optimizer"] = meta
+            write_json(os.path.join(tdir, STATE_FILE), state)
+            for name in (OPTIMIZER_FILE, STATE_FILE):
+                files[f"{TRAINING_DIR}/{name}"] = _file_entry(os.path.join(tdir, name))
+        cfg = {
+            "format": FORMAT,
+            "format_version": CONFIG_FORMAT_VERSION,
+            "model": model.cfg.to_dict(),
+            "files": files,
+            "training": training or {},
+        }
+        write_json(os.path.join(tmp, CONFIG_FILE), cfg)
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"model directory {path!r} does not exist",
+                              hint="train one with: transduce train --out DIR (or transduce demo)")
+    cfg_path = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(cfg_path):
+        raise CheckpointError(f"{cfg_path} is missing: {path!r} is not a transduce model directory")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); the file is truncated or corrupt") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
+        raise CheckpointError(f"{cfg_path} is not a transduce model config")
+    if cfg.get("format_version") != CONFIG_FORMAT_VERSION:
+        raise CheckpointError(
+            f"{cfg_path} has format_version {cfg.get('format_version')}, this transduce reads "
+            f"{CONFIG_FORMAT_VERSION}"
+        )
+    try:
+        ModelConfig.from_dict(cfg.get("model", {}))
+    except ConfigError as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from None
+    return cfg
+
+
+def _verify(path: str, cfg: dict[str, Any], name: str) -> str:
+    fpath = os.path.join(path, name)
+    entry = cfg.get("files", {}).get(name)
+    if not os.path.isfile(fpath):
+        raise CheckpointError(f"{fpath} is missing")
+    if entry is None:
+        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} does not list {name}")
+    size = os.path.getsize(fpath)
+    if size != entry["bytes"]:
+        raise CheckpointError(
+            f"{fpath} has {size} bytes but config.json records {entry['bytes']}: the file is truncated or was replaced"
+        )
+    if sha256_file(fpath) != entry["sha256"]:
+        raise CheckpointError(f"{fpath} does not match its sha256 in config.json: the file is corrupt or was modified")
+    return fpath
+
+
+def model_config(path: str | os.PathLike) -> ModelConfig:
+    return ModelConfig.from_dict(read_config(path)["model"])
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    path = os.fspath(path)
+    return Tokenizer.from_file(_verify(path, read_config(path), TOKENIZER_FILE))
+
+
+def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
+    """-> (model in eval mode, tokenizer, config dict). Strict: any mismatch is a CheckpointError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from transduce.models.transformer import Transformer
+
+    path = os.fspath(path)
+    cfg = read_config(path)
+    mcfg = ModelConfig.from_dict(cfg["model"])
+    wpath = _verify(path, cfg, WEIGHTS_FILE)
+    tokenizer = Tokenizer.from_file(_verify(path, cfg, TOKENIZER_FILE))
+    if tokenizer.vocab_size != mcfg.vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model config says {mcfg.vocab_size}"
+        )
+    try:
+        weights = load_file(wpath, device=device)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{wpath} cannot be read as safetensors ({e})") from None
+    model = Transformer(mcfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(weights) if expected[k].shape != weights[k].shape)
+    if missing or unexpected or wrong:
+        detail = []
+        if missing:
+            detail.append(f"missing {missing[:5]}")
+        if unexpected:
+            detail.append(f"unexpected {unexpected[:5]}")
+        if wrong:
+            detail.append(
+                "wrong shape " + ", ".join(f"{k} {tuple(weights[k].shape)} != {tuple(expected[k].shape)}" for k in wrong[:5])
+            )
+        raise CheckpointError(f"{wpath} does not match config.json: " + "; ".join(detail))
+    model.load_state_dict(weights, strict=True)
+    model.to(device).eval()
+    return model, tokenizer, cfg
+
+
+def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """-> (train_state from state.json, optimizer state_dict, torch RNG state) for --resume."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = os.fspath(path)
+    cfg = read_config(path)
+    opath = _verify(path, cfg, f"{TRAINING_DIR}/{OPTIMIZER_FILE}")
+    spath = _verify(path, cfg, f"{TRAINING_DIR}/{STATE_FILE}")
+    with open(spath, encoding="utf-8") as f:
+        state = json.load(f)
+    try:
+        tensors = load_file(opath)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{opath} cannot be read as safetensors ({e})") from None
+    rng = tensors.pop("rng.torch")
+    return state, _unflatten_optimizer(tensors, state.pop("optimizer")), rng
+
+
+def _flatten_optimizer(sd: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    tensors, scalars = {}, {}
+    for idx, st in sd.get("state", {}).items():
+        for key, val in st.items():
+            tensors[f"state.{idx}.{key}"] = val.detach().contiguous().cpu()
+    return tensors, {"param_groups": sd.get("param_groups", []), "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, t in tensors.items():
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = t
+    return {"state": state, "param_groups": meta["param_groups"]}

@@ -1,0 +1,86 @@
+"""The reference model's configuration: one frozen dataclass and the paper's presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from transduce.errors import ConfigError
+
+# Bumped when the meaning of a field changes; config.json records it and loading checks it.
+CONFIG_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int  # tokenizer vocabulary (shared by source and target)
+    encoder_layers: int = 6  # N in the paper, encoder stack
+    decoder_layers: int = 6  # N in the paper, decoder stack
+    d_model: int = 512  # model width; embeddings, residual stream, attention output
+    n_heads: int = 8  # h; d_k = d_v = d_model / h
+    d_ff: int = 2048  # inner width of the position-wise FFN
+    dropout: float = 0.1  # P_drop on each sublayer's output and on embeddings + PE (the paper's two places)
+    max_positions: int = 256  # rows of the sinusoidal table: longest source or target, in tokens
+    norm_first: bool = False  # False: post-norm LayerNorm(x + Sublayer(x)) as in the paper; True: pre-norm
+    layer_norm_eps: float = 1e-5  # LayerNorm epsilon (not given in the paper; PyTorch's default)
+    share_embeddings: bool = True  # one matrix for source and target embeddings and the pre-softmax projection
+    pad_id: int = 0  # padding token id
+    bos_id: int = 1  # begin-of-sentence, fed to the decoder at step 0
+    eos_id: int = 2  # end-of-sentence, appended to sources and generated last
+    unk_id: int = 3  # unknown token
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.vocab_size < 4:
+            problems.append(f"vocab_size must be >= 4 (the specials), got {self.vocab_size}")
+        if self.d_model % self.n_heads:
+            problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.d_model % 2:
+            problems.append(f"d_model ({self.d_model}) must be even for the sinusoidal encoding")
+        for name in ("encoder_layers", "decoder_layers", "d_model", "n_heads", "d_ff", "max_positions"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        specials = (self.pad_id, self.bos_id, self.eos_id, self.unk_id)
+        if len(set(specials)) != 4 or not all(0 <= s < self.vocab_size for s in specials):
+            problems.append(f"special ids {specials} must be distinct and < vocab_size")
+        if problems:
+            raise ConfigError("invalid model config: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config fields: {unknown}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ConfigError(f"incomplete model config: {e}") from None
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# The paper's Table 3 rows, and a tiny one for tests and the demo. vocab_size is filled in
+# from the tokenizer; 37000 is the paper's shared En-De BPE vocabulary.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, n_heads=8, d_ff=2048, dropout=0.1),
+    "big": dict(encoder_layers=6, decoder_layers=6, d_model=1024, n_heads=16, d_ff=4096, dropout=0.3),
+    "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=128, n_heads=4, d_ff=512, dropout=0.1),
+}
+
+
+def preset(name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}", hint=f"choose one of {sorted(PRESETS)}")
+    return ModelConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})

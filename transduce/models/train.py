@@ -1,0 +1,274 @@
+"""Training the reference model the paper's way, with checkpoints and exact resume.
+
+Adam(0.9, 0.98, eps 1e-9); lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5);
+label smoothing 0.1 over the non-pad vocabulary, padding ignored; token-count batches from
+length-sorted buckets; optional gradient clipping. Validation loss, greedy exact match and BLEU
+(sacrebleu) at intervals; a checkpoint every `save_every` steps and at the end. `resume` restores
+the model, optimizer, step, epoch position and RNG state, and continues as if uninterrupted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from transduce.errors import ConfigError, DataError
+from transduce.models.data import Example
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "tiny"  # model preset (base, big, tiny)
+    model_overrides: dict = field(default_factory=dict)  # ModelConfig fields overriding the preset
+    vocab_size: int = 8000  # BPE vocabulary to learn (may end smaller on a small corpus)
+    max_steps: int = 2000  # optimizer steps
+    warmup: int = 4000  # warmup_steps of the schedule
+    lr_scale: float = 1.0  # the schedule's constant factor
+    max_tokens: int = 4096  # padded tokens per side per batch
+    label_smoothing: float = 0.1  # epsilon_ls
+    clip_norm: float = 0.0  # gradient clipping by global norm; 0 disables
+    eval_every: int = 500  # steps between validations
+    save_every: int = 1000  # steps between checkpoints
+    eval_sentences: int = 200  # held-out sentences decoded for BLEU and exact match
+    seed: int = 1  # model init, dropout and batch order
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1 or self.warmup < 1 or self.max_tokens < 8:
+            raise ConfigError("max_steps and warmup must be >= 1 and max_tokens >= 8")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+def learning_rate(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """The paper's schedule: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def label_smoothed_loss(logits, target, epsilon: float, pad_id: int):
+    """Mean over non-pad targets of (1-eps) * NLL + eps * mean over non-pad classes of -log p.
+
+    logits (B, T, V), target (B, T). Returns (loss, nll) as tensors; nll is the unsmoothed mean.
+    """
+    import torch
+
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    mask = target != pad_id
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    smooth = -(lprobs.sum(-1) - lprobs[..., pad_id]) / (lprobs.shape[-1] - 1)  # uniform over non-pad
+    loss = (1.0 - epsilon) * nll + epsilon * smooth
+    n = mask.sum().clamp(min=1)
+    return (loss * mask).sum() / n, (nll * mask).sum() / n
+
+
+def evaluate(model, tokenizer, examples: list[Example], pairs: list[tuple[str, str]], n_sentences: int,
+             max_tokens: int) -> dict[str, float]:
+    """Validation loss (smoothed and NLL, per token), greedy exact match and BLEU on held-out pairs."""
+    import numpy as np
+    import sacrebleu
+    import torch
+
+    from transduce.models.data import collate, make_batches
+    from transduce.runtime.backends.torch_backend import TorchBackend
+    from transduce.runtime.decoding import DecodingOptions, decode
+
+    cfg = model.cfg
+    was_training = model.training
+    model.eval()
+    tot_nll, tot_tok = 0.0, 0
+    with torch.inference_mode():
+        for idx in make_batches(examples, max_tokens):
+            src, lens, tin, tout = collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id)
+            _, nll = label_smoothed_loss(model(src, lens, tin), tout, 0.0, cfg.pad_id)
+            n = int((tout != cfg.pad_id).sum())
+            tot_nll += float(nll) * n
+            tot_tok += n
+    sub = examples[:n_sentences]
+    refs = [t for _, t in pairs[: len(sub)]]
+    backend = TorchBackend(model, str(next(model.parameters()).device))
+    hyps: list[str] = []
+    opts = DecodingOptions(beam_size=1)
+    for idx in make_batches(sub, max_tokens):
+        batch = [sub[i] for i in idx]
+        src, lens, _, _ = collate(batch, cfg.pad_id, cfg.bos_id, cfg.eos_id)
+        res = decode(backend, src.numpy(), lens.numpy(), opts)
+        for i, r in zip(idx, res):
+            hyps.append((i, tokenizer.decode(r.best.tokens)))
+    hyps_text = [h for _, h in sorted(hyps)]
+    if was_training:
+        model.train()
+    exact = float(np.mean([h == r for h, r in zip(hyps_text, refs)])) if refs else 0.0
+    bleu = sacrebleu.corpus_bleu(hyps_text, [refs]).score if refs else 0.0
+    nll = tot_nll / max(tot_tok, 1)
+    return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0)), "exact_match": exact, "bleu": bleu}
+
+
+def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
+    """Train (or reuse) the tokenizer, build the model config, and encode both corpora."""
+    from transduce.models.config import preset
+    from transduce.models.data import encode_pairs
+    from transduce.tokenizer import Tokenizer
+
+    if tokenizer is None:
+        tokenizer = Tokenizer.train((s for p in train_pairs for s in p), train_cfg.vocab_size)
+    mcfg = preset(train_cfg.preset, tokenizer.vocab_size, **train_cfg.model_overrides)
+    train_ex, kept = encode_pairs(tokenizer, train_pairs, mcfg.max_positions)
+    valid_ex, vkept = encode_pairs(tokenizer, valid_pairs, mcfg.max_positions)
+    if not train_ex:
+        raise DataError("no training pair fits the model's max_positions")
+    return tokenizer, mcfg, train_ex, valid_ex, [valid_pairs[i] for i in vkept], len(train_pairs) - len(kept)
+
+
+def train(
+    train_pairs: list[tuple[str, str]],
+    valid_pairs: list[tuple[str, str]],
+    out_dir: str,
+    train_cfg: TrainConfig,
+    resume: bool = False,
+    progress: bool = True,
+    log=print,
+) -> dict[str, Any]:
+    """Train and write the model directory `out_dir`. Returns the final summary (metrics, timings)."""
+    import torch
+
+    from transduce.models.checkpoint import load_model_dir, load_training_state, save_model_dir
+    from transduce.models.data import collate, epoch_order, make_batches
+    from transduce.models.transformer import Transformer
+
+    if train_cfg.threads:
+        torch.set_num_threads(train_cfg.threads)
+    if resume:
+        model, tokenizer, saved = load_model_dir(out_dir)
+        state, opt_state, rng = load_training_state(out_dir)
+        if state.get("train_config", {}).get("max_steps") != train_cfg.max_steps:
+            log(f"resume: max_steps {state['train_config'].get('max_steps')} -> {train_cfg.max_steps}")
+        tokenizer, mcfg, train_ex, valid_ex, valid_pairs, dropped = prepare(
+            train_pairs, valid_pairs, train_cfg, tokenizer=tokenizer)
+        if mcfg != model.cfg:
+            raise ConfigError(f"--resume: {out_dir} holds a model config that differs from this run's "
+                              f"(preset/overrides changed?): {model.cfg} vs {mcfg}")
+        model.train()
+    else:
+        tokenizer, mcfg, train_ex, valid_ex, valid_pairs, dropped = prepare(train_pairs, valid_pairs, train_cfg)
+        torch.manual_seed(train_cfg.seed)
+        model = Transformer(mcfg)
+        model.train()
+        state, opt_state, rng = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "history": []}, None, None
+    if dropped:
+        log(f"dropped {dropped} training pairs longer than max_positions={mcfg.max_positions}")
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    if rng is not None:
+        torch.set_rng_state(rng)
+    batches = make_batches(train_ex, train_cfg.max_tokens)
+    step, epoch, bpos = state["step"], state["epoch"], state["batch"]
+    total_tokens = state.get("tokens", 0)
+    history: list[dict[str, Any]] = state.get("history", [])
+    train_seconds = state.get("train_seconds", 0.0)
+    log(f"model: {mcfg.encoder_layers}+{mcfg.decoder_layers} layers, d_model {mcfg.d_model}, "
+        f"{model.num_parameters():,} parameters, vocabulary {mcfg.vocab_size}; "
+        f"{len(train_ex)} training pairs in {len(batches)} batches, {len(valid_ex)} held out; "
+        f"torch threads {torch.get_num_threads()}")
+
+    def checkpoint(metrics: dict[str, Any] | None = None) -> None:
+        train_state = {"step": step, "epoch": epoch, "batch": bpos, "tokens": total_tokens,
+                       "history": history, "train_seconds": train_seconds,
+                       "train_config": asdict(train_cfg)}
+        summary = {"step": step, "train_seconds": round(train_seconds, 1), **(metrics or {})}
+        save_model_dir(out_dir, model, tokenizer, training=summary, optimizer_state=opt.state_dict(),
+                       train_state=train_state)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=train_cfg.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+    t_window, tok_window = time.perf_counter(), 0
+    last_metrics: dict[str, Any] = {}
+    while step < train_cfg.max_steps:
+        order = epoch_order(len(batches), train_cfg.seed, epoch)
+        while bpos < len(order) and step < train_cfg.max_steps:
+            t0 = time.perf_counter()
+            idx = batches[order[bpos]]
+            src, lens, tin, tout = collate([train_ex[i] for i in idx], mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
+            step += 1
+            bpos += 1
+            lr = learning_rate(step, mcfg.d_model, train_cfg.warmup, train_cfg.lr_scale)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss, nll = label_smoothed_loss(model(src, lens, tin), tout, train_cfg.label_smoothing, mcfg.pad_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if train_cfg.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.clip_norm)
+            opt.step()
+            ntok = int((tout != mcfg.pad_id).sum())
+            total_tokens += ntok
+            tok_window += ntok
+            train_seconds += time.perf_counter() - t0
+            if bar is not None:
+                now = time.perf_counter()
+                bar.update(1)
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lr=f"{lr:.2e}",
+                                    tok_s=f"{tok_window / max(now - t_window, 1e-9):.0f}")
+                    t_window, tok_window = now, 0
+            if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
+                t_eval = time.perf_counter()
+                last_metrics = evaluate(model, tokenizer, valid_ex, valid_pairs, train_cfg.eval_sentences,
+                                        train_cfg.max_tokens)
+                last_metrics = {"step": step, "train_loss": round(float(loss.detach()), 4), "lr": lr,
+                                **{k: round(v, 4) for k, v in last_metrics.items()}}
+                history.append(last_metrics)
+                msg = (f"step {step}: train loss {float(loss.detach()):.3f}, valid nll {last_metrics['valid_nll']:.3f}, "
+                       f"exact match {100 * last_metrics['exact_match']:.1f}%, BLEU {last_metrics['bleu']:.1f} "
+                       f"(eval {time.perf_counter() - t_eval:.1f}s)")
+                if bar is not None:
+                    bar.write(msg)
+                else:
+                    log(msg)
+            if step % train_cfg.save_every == 0 or step == train_cfg.max_steps:
+                checkpoint(last_metrics)
+        if bpos >= len(order):
+            epoch, bpos = epoch + 1, 0
+    if bar is not None:
+        bar.close()
+    return {"step": step, "train_seconds": round(train_seconds, 1), "tokens": total_tokens,
+            "parameters": model.num_parameters(), **last_metrics}
+
+
+def default_out_dir() -> str:
+    return os.path.join("runs", "demo", "model")
+
+
+def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = None, source: str | None = None,
+                     target: str | None = None, valid: str | None = None, valid_size: int = 300,
+                     resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """`transduce train`: read the corpus (or make the embedded one), hold out a validation set, train."""
+    from transduce.models.corpus import demo_corpus
+    from transduce.models.data import read_parallel
+
+    if data and (source or target):
+        raise ConfigError("give either --data (TSV) or --source/--target (aligned files), not both")
+    if bool(source) != bool(target):
+        raise ConfigError("--source and --target go together")
+    if data or source:
+        pairs = read_parallel(data) if data else read_parallel(source, target)
+        if valid:
+            valid_pairs = read_parallel(valid)
+        else:
+            if len(pairs) <= valid_size:
+                raise DataError(f"the corpus has {len(pairs)} pairs, too few to hold out {valid_size}",
+                                hint="pass --valid FILE or a smaller --valid-size")
+            pairs, valid_pairs = pairs[:-valid_size], pairs[-valid_size:]
+    else:
+        pairs, valid_pairs = demo_corpus()
+        if valid:
+            valid_pairs = read_parallel(valid)
+    return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress)

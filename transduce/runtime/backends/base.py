@@ -1,0 +1,62 @@
+"""The backend protocol: what decoding needs from a framework, and nothing more.
+
+A backend owns the device memory of one decoding run:
+  encode(src_ids, src_lengths)        -> an opaque encoder result (cross K/V per decoder layer)
+  begin(encoded, row_src, capacity)   -> a state: the self-attention cache preallocated to `capacity`
+                                         positions for len(row_src) rows; row r decodes source row_src[r]
+  step(state, tokens, k, ban_eos)     -> top-k (log-probs, token ids) of the next token for every row,
+                                         as numpy (R, k); the step's K/V are written into the cache in place
+  step_log_probs(state, tokens)       -> the full (R, vocab) fp32 log-probs (parity, tests); same side effects
+  reorder(state, rows, row_src)       -> keep/duplicate rows: row i of the new state is row rows[i] of the
+                                         old one (beam selection, finished rows dropped); row_src is the
+                                         new rows' source index, cross K/V are re-gathered only if it changed
+
+Tokens and token ids cross the protocol as numpy int64 arrays; everything else stays on the backend's
+device. PAD and BOS are never proposed by `step` (their log-probs are excluded from the top-k), and EOS
+is excluded when ban_eos is set (minimum length).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    name: str
+    config: dict[str, Any]  # the model config (ModelConfig.to_dict())
+
+    def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> Any: ...
+
+    def begin(self, encoded: Any, row_src: np.ndarray, capacity: int) -> Any: ...
+
+    def step(self, state: Any, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def step_log_probs(self, state: Any, tokens: np.ndarray) -> np.ndarray: ...
+
+    def reorder(self, state: Any, rows: np.ndarray, row_src: np.ndarray) -> None: ...
+
+    def encoder_outputs(self, encoded: Any) -> dict[str, np.ndarray]: ...
+
+
+def numpy_topk(log_probs: np.ndarray, k: int, banned: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of each row of a (R, V) float32 array, best first, with `banned` ids excluded."""
+    lp = log_probs
+    if banned:
+        lp = lp.copy()
+        lp[:, banned] = -np.inf
+    if k == 1:
+        ids = lp.argmax(axis=1)[:, None]
+    else:
+        part = np.argpartition(-lp, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(lp, part, axis=1), axis=1, kind="stable")
+        ids = np.take_along_axis(part, order, axis=1)
+    return np.take_along_axis(lp, ids, axis=1).astype(np.float32), ids.astype(np.int64)
+
+
+def banned_ids(config: dict[str, Any], ban_eos: bool) -> list[int]:
+    ids = [config["pad_id"], config["bos_id"]]
+    if ban_eos:
+        ids.append(config["eos_id"])
+    return ids

@@ -1,0 +1,135 @@
+"""The eager PyTorch backend: the reference model itself, on CPU or CUDA, under the same cache contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from transduce.errors import BackendUnavailable
+
+
+@dataclass
+class _Encoded:
+    memory: Any  # (B, S, D)
+    cross_k: list  # per layer (B, H, S, Dh)
+    cross_v: list
+    src_lengths: Any  # (B,)
+
+
+@dataclass
+class _State:
+    enc: _Encoded
+    row_src: np.ndarray  # (R,) source row of each decoding row
+    cross_k: list  # per layer (R, H, S, Dh), gathered from enc by row_src
+    cross_v: list
+    src_lengths: Any  # (R,)
+    cache_k: list  # per layer (R, H, C, Dh), preallocated
+    cache_v: list
+    position: int = 0
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, model, device: str = "cpu"):
+        import torch
+
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendUnavailable(f"device {device!r} asked for, but CUDA is not available to PyTorch here",
+                                     hint="use --device cpu")
+        self.torch = torch
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.config = model.cfg.to_dict()
+        self.dtype = next(model.parameters()).dtype
+
+    @classmethod
+    def from_model_dir(cls, path: str, device: str = "cpu") -> TorchBackend:
+        from transduce.models.checkpoint import load_model_dir
+
+        model, _, _ = load_model_dir(path, device="cpu")
+        return cls(model, device)
+
+    def _long(self, a: np.ndarray):
+        return self.torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+
+    def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> _Encoded:
+        lengths = self._long(src_lengths)
+        with self.torch.inference_mode():
+            memory, ck, cv = self.model.encode(self._long(src_ids), lengths)
+        return _Encoded(memory, ck, cv, lengths)
+
+    def encoder_outputs(self, enc: _Encoded) -> dict[str, np.ndarray]:
+        out = {"memory": enc.memory.float().cpu().numpy()}
+        for i, (k, v) in enumerate(zip(enc.cross_k, enc.cross_v)):
+            out[f"cross_key_{i}"] = k.float().cpu().numpy()
+            out[f"cross_value_{i}"] = v.float().cpu().numpy()
+        return out
+
+    def begin(self, enc: _Encoded, row_src: np.ndarray, capacity: int) -> _State:
+        torch = self.torch
+        cfg = self.config
+        rows = len(row_src)
+        shape = (rows, cfg["n_heads"], max(int(capacity), 1), cfg["d_model"] // cfg["n_heads"])
+        n = cfg["decoder_layers"]
+        state = _State(enc, np.array([-1]), [], [], None,
+                       [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)],
+                       [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)])
+        self._gather_cross(state, np.asarray(row_src, dtype=np.int64))
+        return state
+
+    def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
+        if np.array_equal(row_src, state.row_src):
+            return
+        enc = state.enc
+        if np.array_equal(row_src, np.arange(len(enc.src_lengths))):
+            state.cross_k, state.cross_v, state.src_lengths = enc.cross_k, enc.cross_v, enc.src_lengths
+        else:
+            idx = self._long(row_src)
+            state.cross_k = [k.index_select(0, idx) for k in enc.cross_k]
+            state.cross_v = [v.index_select(0, idx) for v in enc.cross_v]
+            state.src_lengths = enc.src_lengths.index_select(0, idx)
+        state.row_src = row_src.copy()
+
+    def _run(self, state: _State, tokens: np.ndarray):
+        torch = self.torch
+        p = state.position
+        if p >= state.cache_k[0].shape[2]:
+            raise IndexError(f"cache capacity {state.cache_k[0].shape[2]} exhausted at position {p}")
+        rows = len(tokens)
+        positions = torch.full((rows,), p, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            lp, nk, nv = self.model.decode_step(
+                self._long(tokens), positions, state.src_lengths, state.cache_k, state.cache_v,
+                state.cross_k, state.cross_v,
+            )
+            for i in range(len(nk)):
+                state.cache_k[i][:, :, p : p + 1].copy_(nk[i])  # write slot p in place
+                state.cache_v[i][:, :, p : p + 1].copy_(nv[i])
+        state.position = p + 1
+        return lp
+
+    def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False):
+        lp = self._run(state, tokens)
+        cfg = self.config
+        banned = [cfg["pad_id"], cfg["bos_id"]] + ([cfg["eos_id"]] if ban_eos else [])
+        with self.torch.inference_mode():
+            lp[:, banned] = float("-inf")
+            vals, ids = lp.topk(min(k, lp.shape[1]), dim=-1)
+        return vals.cpu().numpy(), ids.cpu().numpy()
+
+    def step_log_probs(self, state: _State, tokens: np.ndarray) -> np.ndarray:
+        return self._run(state, tokens).cpu().numpy()
+
+    def reorder(self, state: _State, rows: np.ndarray, row_src: np.ndarray) -> None:
+        idx = self._long(rows)
+        p = state.position
+        with self.torch.inference_mode():
+            for cache in (state.cache_k, state.cache_v):
+                for i, c in enumerate(cache):
+                    new = c.new_zeros((len(rows),) + tuple(c.shape[1:]))
+                    new[:, :, :p] = c[:, :, :p].index_select(0, idx)  # only the filled slots
+                    cache[i] = new
+        self._gather_cross(state, np.asarray(row_src, dtype=np.int64))

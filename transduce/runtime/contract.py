@@ -1,0 +1,186 @@
+"""The IO contract between the exporter, the engine builder and the runtime, written once.
+
+An artifact directory holds two graphs and a manifest:
+
+  encoder.onnx       once per batch of sources
+    in   src_ids        (batch, src_len)                int64   source token ids, right-padded
+         src_lengths    (batch,)                        int64   real tokens per row (EOS included)
+    out  memory         (batch, src_len, d_model)       float   encoder output (for parity and inspection)
+         cross_key_{i}  (batch, heads, src_len, head_dim) float  decoder layer i's cross-attention K
+         cross_value_{i}(batch, heads, src_len, head_dim) float  ... and V, computed here once, never per step
+
+  decoder_step.onnx  one target position for every row; the same graph for every step, the first included
+    in   tokens         (batch,)                        int64   the current token of each row (BOS at step 0)
+         positions      (batch,)                        int64   its position = number of steps already cached
+         src_lengths    (batch,)                        int64   as for the encoder
+         past_key_{i}   (batch, heads, cache_len, head_dim) float  self-attention cache of layer i; slots
+         past_value_{i} (batch, heads, cache_len, head_dim) float  >= positions[b] are ignored (cache_len >= 1)
+         cross_key_{i}, cross_value_{i}                 float   the encoder's outputs (rows expanded for beams)
+    out  log_probs      (batch, vocab)                  float32 log-softmax of the next token, always fp32
+         new_key_{i}    (batch, heads, 1, head_dim)     float   this step's K and V of layer i, which the
+         new_value_{i}  (batch, heads, 1, head_dim)     float   runtime writes into slot positions[b]
+
+"float" is the graph's precision (manifest "precision": fp32, fp16 or bf16).
+
+Why this cache design. The runtime owns a self-attention cache preallocated to the batch's maximum
+target length, (batch, heads, cache_len, head_dim) per layer and per K/V. Each step the graph reads
+the whole buffer (masked by `positions`) and returns only the new position's K/V; the runtime writes
+those (batch*heads*head_dim values per tensor) into slot `position`. Nothing of cache size is
+allocated, concatenated or copied per step, by the graph or by the runtime, except the gather of
+rows on a beam reorder. The alternatives:
+- Concat inside the graph (Optimum, CTranslate2) returns a new cache of length t+1 each step: a
+  full copy of the cache per step and per layer, and a new output allocation each step.
+- An in-place max-length buffer updated by the graph needs ONNX TensorScatter (opset 24), which
+  ONNX Runtime 1.31 cannot load, or a ScatterND whose output is a new tensor anyway.
+- A cache in (cache_len, batch, heads, head_dim) order would let slot t be written by pointer, but
+  attention would then transpose the whole cache inside the graph every step.
+The cost of this design is that attention scores are computed over cache_len slots instead of the t
+filled ones (a (batch, heads, 1, cache_len) product, small next to the projections), and in exchange
+every step has the same input shapes, so an engine's step can be captured once in a CUDA graph.
+Measured on the demo model (scripts/cache_layouts.py, ONNX Runtime CPU, 2 threads): see the figures
+recorded in the README's exporter section.
+
+The manifest (manifest.json) records `contract_version`; the runtime refuses any other version
+with a message naming the command that rebuilds the artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from transduce.errors import ArtifactError
+
+CONTRACT_VERSION = 1
+ENCODER_FILE = "encoder.onnx"
+STEP_FILE = "decoder_step.onnx"
+MANIFEST_FILE = "manifest.json"
+ARTIFACT_KIND = "transduce-artifact"
+PRECISIONS = ("fp32", "fp16", "bf16")
+# numpy / ONNX element type names of the graph's float tensors, per precision
+FLOAT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+REBUILD_HINT = "rebuild the artifact with: transduce export MODEL_DIR {out} --force"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    axes: tuple[str, ...]  # symbolic axis names, outermost first
+    dtype: str  # "int64", "float32", or "float" (the graph's precision)
+
+
+def _per_layer(prefix: str, axes: tuple[str, ...], n_layers: int) -> list[TensorSpec]:
+    specs = []
+    for i in range(n_layers):
+        specs.append(TensorSpec(f"{prefix}_key_{i}", axes, "float"))
+        specs.append(TensorSpec(f"{prefix}_value_{i}", axes, "float"))
+    return specs
+
+
+CROSS_AXES = ("batch", "heads", "src_len", "head_dim")
+CACHE_AXES = ("batch", "heads", "cache_len", "head_dim")
+NEW_AXES = ("batch", "heads", "one", "head_dim")
+
+
+def encoder_inputs() -> list[TensorSpec]:
+    return [TensorSpec("src_ids", ("batch", "src_len"), "int64"), TensorSpec("src_lengths", ("batch",), "int64")]
+
+
+def encoder_outputs(decoder_layers: int) -> list[TensorSpec]:
+    return [TensorSpec("memory", ("batch", "src_len", "d_model"), "float")] + _per_layer(
+        "cross", CROSS_AXES, decoder_layers
+    )
+
+
+def step_inputs(decoder_layers: int) -> list[TensorSpec]:
+    return (
+        [
+            TensorSpec("tokens", ("batch",), "int64"),
+            TensorSpec("positions", ("batch",), "int64"),
+            TensorSpec("src_lengths", ("batch",), "int64"),
+        ]
+        + _per_layer("past", CACHE_AXES, decoder_layers)
+        + _per_layer("cross", CROSS_AXES, decoder_layers)
+    )
+
+
+def step_outputs(decoder_layers: int) -> list[TensorSpec]:
+    return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("new", NEW_AXES, decoder_layers)
+
+
+# Axes that vary at run time; the others are fixed by the model config.
+DYNAMIC_AXES = ("batch", "src_len", "cache_len")
+
+
+def static_axis_sizes(config: dict[str, Any]) -> dict[str, int]:
+    """Sizes of the fixed axes for a model config (a ModelConfig.to_dict())."""
+    return {
+        "heads": config["n_heads"],
+        "head_dim": config["d_model"] // config["n_heads"],
+        "d_model": config["d_model"],
+        "vocab": config["vocab_size"],
+        "one": 1,
+    }
+
+
+def resolve_dtype(spec: TensorSpec, precision: str) -> str:
+    return FLOAT_DTYPE[precision] if spec.dtype == "float" else spec.dtype
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
+    """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
+    artifact_dir = os.fspath(artifact_dir)
+    hint = REBUILD_HINT.format(out=artifact_dir)
+    path = os.path.join(artifact_dir, MANIFEST_FILE)
+    if not os.path.isdir(artifact_dir):
+        raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist", hint=hint)
+    if not os.path.isfile(path):
+        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=hint)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path} is unreadable or not JSON ({e})", hint=hint) from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != ARTIFACT_KIND:
+        raise ArtifactError(f"{path} is not a transduce artifact manifest", hint=hint)
+    version = manifest.get("contract_version")
+    if version != CONTRACT_VERSION:
+        raise ArtifactError(
+            f"{artifact_dir!r} was exported for IO contract version {version}; "
+            f"this transduce reads version {CONTRACT_VERSION}",
+            hint=hint,
+        )
+    if manifest.get("precision") not in PRECISIONS:
+        raise ArtifactError(f"{path}: unknown precision {manifest.get('precision')!r}", hint=hint)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE} <= set(files):
+        raise ArtifactError(f"{path} does not list {ENCODER_FILE} and {STEP_FILE}", hint=hint)
+    for name, meta in files.items():
+        fpath = os.path.join(artifact_dir, name)
+        if not os.path.isfile(fpath):
+            raise ArtifactError(f"artifact file {fpath} is missing", hint=hint)
+        size = os.path.getsize(fpath)
+        if size != meta.get("bytes"):
+            raise ArtifactError(
+                f"artifact file {fpath} has {size} bytes, the manifest says {meta.get('bytes')}: "
+                "it was truncated or changed after export",
+                hint=hint,
+            )
+        if verify_hashes and sha256_file(fpath) != meta.get("sha256"):
+            raise ArtifactError(
+                f"artifact file {fpath} does not match its sha256 in the manifest: it was changed after export",
+                hint=hint,
+            )
+    return manifest

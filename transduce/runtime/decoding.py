@@ -1,0 +1,230 @@
+"""Greedy and beam search, written once over the backend protocol (numpy bookkeeping only).
+
+Lengths count generated tokens including the final EOS. The maximum length of sentence i is
+ceil(max_len_a * src_len_i + max_len_b) (the paper: input length + 50; src_len without EOS), capped by
+the model's max_positions. A hypothesis that reaches it without EOS is returned with finished=False.
+
+Scores: `log_prob` is the sum of the token log-probs (EOS included); `score` = log_prob / lp(length)
+with lp the length penalty: "gnmt" ((5 + len) / 6) ** alpha (Wu et al., 2016; alpha 0.6 as in the
+paper), "plain" len ** alpha, or "none". Greedy uses the same score formula, so beam 1 with alpha 0
+is greedy search exactly.
+
+Beam search keeps for each sentence k live beams and a list of finished hypotheses. Each step, the
+2k best continuations over all k beams are ranked; an EOS among the first k becomes a finished
+hypothesis, and the first k non-EOS continuations become the next beams. A sentence is done once it
+has k finished hypotheses and no live beam can beat the k-th of them: a live beam's raw score only
+falls, so its best possible normalised score is raw / lp(max_len) (alpha >= 0). Rows of finished
+sentences are dropped from the backend at the next reorder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from transduce.errors import InputError
+
+LENGTH_PENALTIES = ("gnmt", "plain", "none")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    beam_size: int = 4  # k; 1 is greedy search
+    length_penalty: float = 0.6  # alpha
+    length_penalty_form: str = "gnmt"  # "gnmt", "plain" or "none"
+    max_len_a: float = 1.0  # max length = a * source length + b
+    max_len_b: int = 50
+    min_length: int = 0  # EOS is forbidden before this many tokens (EOS included in the count)
+    nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise InputError(f"beam size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.nbest <= self.beam_size:
+            raise InputError(f"nbest must be between 1 and the beam size ({self.beam_size}), got {self.nbest}")
+        if self.length_penalty_form not in LENGTH_PENALTIES:
+            raise InputError(f"length penalty form must be one of {LENGTH_PENALTIES}, got {self.length_penalty_form!r}")
+        if self.length_penalty < 0:
+            raise InputError(f"length penalty alpha must be >= 0, got {self.length_penalty}")
+        if self.min_length < 0 or self.max_len_a < 0 or self.max_len_b < 0:
+            raise InputError("min_length, max_len_a and max_len_b must be >= 0")
+
+    def penalty(self, length: int | np.ndarray) -> float | np.ndarray:
+        if self.length_penalty_form == "none" or self.length_penalty == 0:
+            return np.ones_like(length, dtype=np.float64) if isinstance(length, np.ndarray) else 1.0
+        if self.length_penalty_form == "gnmt":
+            return ((5.0 + length) / 6.0) ** self.length_penalty
+        return np.maximum(length, 1) ** self.length_penalty if isinstance(length, np.ndarray) else max(length, 1) ** self.length_penalty
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]  # generated ids, without EOS
+    score: float  # log_prob / length penalty
+    log_prob: float  # sum of token log-probs, EOS included
+    token_log_probs: tuple[float, ...]  # one per generated token, EOS included when finished
+    finished: bool  # False if cut at the maximum length
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    hypotheses: tuple[Hypothesis, ...]  # best first, at most nbest
+
+    @property
+    def best(self) -> Hypothesis:
+        return self.hypotheses[0]
+
+
+def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions: int) -> np.ndarray:
+    """Per-sentence maximum target length in tokens (EOS included); src_lengths include the source EOS."""
+    n = np.ceil(options.max_len_a * (src_lengths - 1) + options.max_len_b).astype(np.int64)
+    return np.clip(n, 1, max_positions)
+
+
+def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+    """Decode one padded batch. src_ids (B, S) int64, src_lengths (B,) int64 (EOS included)."""
+    src_ids = np.ascontiguousarray(src_ids, dtype=np.int64)
+    src_lengths = np.ascontiguousarray(src_lengths, dtype=np.int64)
+    encoded = backend.encode(src_ids, src_lengths)
+    lens = max_lengths(src_lengths, options, backend.config["max_positions"])
+    if options.beam_size == 1:
+        return _greedy(backend, encoded, lens, options)
+    return _beam(backend, encoded, lens, options)
+
+
+def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+    cfg = backend.config
+    n = len(max_len)
+    cap = int(max_len.max())
+    state = backend.begin(encoded, np.arange(n), cap)
+    live = np.arange(n)  # sentence of each row
+    tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
+    out_tok = np.zeros((n, cap), dtype=np.int64)
+    out_lp = np.zeros((n, cap), dtype=np.float32)
+    length = np.zeros(n, dtype=np.int64)
+    finished = np.zeros(n, dtype=bool)
+    for t in range(cap):
+        vals, ids = backend.step(state, tokens, 1, ban_eos=t + 1 < options.min_length)
+        tok, lp = ids[:, 0], vals[:, 0]
+        out_tok[live, t] = tok
+        out_lp[live, t] = lp
+        length[live] = t + 1
+        eos = tok == cfg["eos_id"]
+        finished[live[eos]] = True
+        done = eos | (t + 1 >= max_len[live])
+        if done.all():
+            break
+        if done.any():
+            keep = np.flatnonzero(~done)
+            live, tok = live[keep], tok[keep]
+            backend.reorder(state, keep, live)
+        tokens = tok
+    results = []
+    for i in range(n):
+        m = int(length[i])
+        lps = out_lp[i, :m].astype(np.float64)
+        toks = out_tok[i, : m - 1] if finished[i] else out_tok[i, :m]
+        raw = float(lps.sum())
+        hyp = Hypothesis(tuple(int(x) for x in toks), raw / options.penalty(m), raw, tuple(float(x) for x in lps), bool(finished[i]))
+        results.append(DecodeResult((hyp,)))
+    return results
+
+
+def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+    cfg = backend.config
+    eos = cfg["eos_id"]
+    k = options.beam_size
+    n = len(max_len)
+    cap = int(max_len.max())
+    state = backend.begin(encoded, np.arange(n), cap)
+    sent = np.arange(n)  # live sentences, in row-block order
+    nb = 1  # beams per live sentence (1 at step 0: all beams would be identical)
+    scores = np.zeros((n, 1), dtype=np.float64)  # raw beam scores (sentences, nb)
+    hist_tok = np.zeros((n, 0), dtype=np.int64)  # (rows, t)
+    hist_lp = np.zeros((n, 0), dtype=np.float32)
+    tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
+    final: list[list[Hypothesis]] = [[] for _ in range(n)]
+    lp_max = options.penalty(max_len.astype(np.float64))
+
+    kk = min(2 * k, cfg["vocab_size"])  # candidates per row: 2k leaves k non-EOS even if k rows end
+    for t in range(cap):
+        vals, ids = backend.step(state, tokens, kk, ban_eos=t + 1 < options.min_length)
+        ns = len(sent)
+        cand = (scores[:, :, None] + vals.reshape(ns, nb, kk)).reshape(ns, nb * kk)
+        order = np.argsort(-cand, axis=1, kind="stable")  # (ns, nb*kk) best first
+        c_score = np.take_along_axis(cand, order, axis=1)
+        c_beam = order // kk  # beam within the sentence
+        c_tok = np.take_along_axis(ids.reshape(ns, nb * kk), order, axis=1)
+        c_lp = np.take_along_axis(vals.reshape(ns, nb * kk), order, axis=1)
+        c_row = np.arange(ns)[:, None] * nb + c_beam  # row in the current state
+        is_eos = c_tok == eos
+        length = t + 1
+        at_max = length >= max_len[sent]  # (ns,)
+
+        # EOS among the k best continuations -> finished hypotheses
+        fin_s, fin_j = np.nonzero(is_eos[:, :k] & np.isfinite(c_score[:, :k]))
+        for s, j in zip(fin_s, fin_j):
+            row = c_row[s, j]
+            lps = np.append(hist_lp[row], c_lp[s, j])
+            raw = float(c_score[s, j])
+            final[sent[s]].append(
+                Hypothesis(tuple(int(x) for x in hist_tok[row]), raw / options.penalty(length), raw,
+                           tuple(float(x) for x in lps), True)
+            )
+        # the k best non-EOS continuations -> next beams
+        rank = np.where(is_eos, np.arange(nb * kk) + nb * kk, np.arange(nb * kk))
+        nb_next = min(k, nb * kk)
+        pick = np.argsort(rank, axis=1, kind="stable")[:, :nb_next]  # (ns, nb_next)
+        n_score = np.take_along_axis(c_score, pick, axis=1)
+        n_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # only if fewer than k non-EOS exist
+        n_row = np.take_along_axis(c_row, pick, axis=1)
+        n_tok = np.take_along_axis(c_tok, pick, axis=1)
+        n_lp = np.take_along_axis(c_lp, pick, axis=1)
+
+        # which sentences are done
+        done = np.zeros(ns, dtype=bool)
+        for s in range(ns):
+            fin = final[sent[s]]
+            if at_max[s]:
+                # cut at max length: live beams become unfinished hypotheses
+                for j in range(nb_next):
+                    if np.isfinite(n_score[s, j]):
+                        row = n_row[s, j]
+                        raw = float(n_score[s, j])
+                        final[sent[s]].append(
+                            Hypothesis(tuple(int(x) for x in np.append(hist_tok[row], n_tok[s, j])),
+                                       raw / options.penalty(length), raw,
+                                       tuple(float(x) for x in np.append(hist_lp[row], n_lp[s, j])), False)
+                        )
+                done[s] = True
+            elif len(fin) >= k:
+                kth = sorted((h.score for h in fin), reverse=True)[k - 1]
+                best_live = n_score[s, 0] / lp_max[sent[s]]
+                done[s] = not best_live > kth
+        if done.all():
+            break
+        keep = np.flatnonzero(~done)
+        rows = n_row[keep].reshape(-1)
+        hist_tok = np.concatenate([hist_tok[rows], n_tok[keep].reshape(-1, 1)], axis=1)
+        hist_lp = np.concatenate([hist_lp[rows], n_lp[keep].reshape(-1, 1)], axis=1)
+        sent = sent[keep]
+        scores = n_score[keep]
+        nb = nb_next
+        tokens = n_tok[keep].reshape(-1)
+        backend.reorder(state, rows, np.repeat(sent, nb))
+
+    results = []
+    for hyps in final:
+        hyps.sort(key=lambda h: (-h.score, not h.finished))
+        results.append(DecodeResult(tuple(hyps[: options.nbest])))
+    return results
+
+
+def teacher_forced_log_probs(backend, src_ids: np.ndarray, src_lengths: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
+    """Step the backend over given target prefixes: (B, T) tokens -> (B, T, V) log-probs."""
+    encoded = backend.encode(np.ascontiguousarray(src_ids, np.int64), np.ascontiguousarray(src_lengths, np.int64))
+    b, t = tgt_in.shape
+    state = backend.begin(encoded, np.arange(b), max(t, 1))
+    out = [backend.step_log_probs(state, np.ascontiguousarray(tgt_in[:, i], np.int64)) for i in range(t)]
+    return np.stack(out, axis=1)

@@ -1,0 +1,132 @@
+"""Text in, text out: tokenization, length-sorted batching under a token budget, decoding, input order back.
+
+Input rules (each tested):
+- an empty or blank line translates to an empty string without running the model (Translation.empty);
+- a line longer than the model's maximum positions is an InputError naming the line, unless
+  truncate=True, which keeps the first max_positions-1 tokens and warns;
+- characters the tokenizer does not know become <unk>; the count is returned in Translation.unknown
+  and the CLI warns about it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from transduce.errors import InputError
+from transduce.runtime.decoding import DecodingOptions, decode
+
+
+@dataclass(frozen=True)
+class Candidate:
+    text: str
+    tokens: tuple[int, ...]
+    score: float  # length-normalised log-prob
+    log_prob: float
+    finished: bool  # False if cut at the maximum length
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str  # the best candidate's text
+    tokens: tuple[int, ...]
+    score: float
+    nbest: tuple[Candidate, ...]  # best first; nbest[0] is the translation itself
+    source_tokens: int  # source length in tokens (EOS excluded)
+    unknown: int = 0  # source tokens that became <unk>
+    truncated: bool = False  # the source was cut to fit max_positions
+    empty: bool = False  # the source was blank: no decoding was run
+
+
+class Translator:
+    def __init__(self, backend, tokenizer, max_batch_tokens: int = 4096, max_batch_size: int = 256):
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise InputError("max_batch_tokens and max_batch_size must be >= 1")
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.config = backend.config
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+
+    @classmethod
+    def from_model_dir(cls, path: str | os.PathLike, backend_factory: Callable | None = None, device: str = "cpu",
+                       **kwargs) -> Translator:
+        from transduce.models.checkpoint import load_tokenizer
+        from transduce.runtime.backends.torch_backend import TorchBackend
+
+        factory = backend_factory or TorchBackend.from_model_dir
+        return cls(factory(os.fspath(path), device=device), load_tokenizer(path), **kwargs)
+
+    def _encode(self, texts: Sequence[str], truncate: bool) -> list[tuple[list[int], int, bool]]:
+        limit = self.config["max_positions"] - 1  # room for EOS
+        unk = self.config["unk_id"]
+        out = []
+        for n, (text, ids) in enumerate(zip(texts, self.tokenizer.encode_batch(list(texts))), 1):
+            cut = False
+            if len(ids) > limit:
+                if not truncate:
+                    raise InputError(
+                        f"input line {n} has {len(ids)} tokens; this model takes at most {limit} "
+                        f"(max_positions {self.config['max_positions']} including EOS)",
+                        hint="split the line, or pass truncate=True (--truncate) to keep its first tokens",
+                    )
+                warnings.warn(f"input line {n}: {len(ids)} tokens truncated to {limit}", stacklevel=3)
+                ids, cut = ids[:limit], True
+            out.append((ids, sum(1 for i in ids if i == unk), cut))
+        return out
+
+    def batches(self, lengths: Sequence[int], beam_size: int) -> list[list[int]]:
+        """Indices sorted by length, split so rows * beam * longest source <= max_batch_tokens."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        out: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            longest = max(lengths[i], lengths[cur[-1]] if cur else 0)
+            if cur and ((len(cur) + 1) * beam_size * longest > self.max_batch_tokens or len(cur) >= self.max_batch_size):
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
+        return out
+
+    def translate(self, texts: Sequence[str], beam_size: int = 4, nbest: int = 1, length_penalty: float = 0.6,
+                  length_penalty_form: str = "gnmt", min_length: int = 0, max_len_a: float = 1.0,
+                  max_len_b: int = 50, truncate: bool = False) -> list[Translation]:
+        if isinstance(texts, str):
+            raise InputError("translate() takes a list of sentences, not one string", hint="wrap it: [text]")
+        opts = DecodingOptions(beam_size=beam_size, length_penalty=length_penalty,
+                               length_penalty_form=length_penalty_form, max_len_a=max_len_a,
+                               max_len_b=max_len_b, min_length=min_length, nbest=nbest)
+        encoded = self._encode(texts, truncate)
+        results: list[Translation | None] = [None] * len(texts)
+        todo = []
+        for i, (text, (ids, unk, cut)) in enumerate(zip(texts, encoded)):
+            if not text.strip() or not ids:
+                results[i] = Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
+            else:
+                todo.append(i)
+        eos, pad = self.config["eos_id"], self.config["pad_id"]
+        lengths = [len(encoded[i][0]) + 1 for i in todo]
+        for chunk in self.batches(lengths, beam_size):
+            idx = [todo[j] for j in chunk]
+            s = max(len(encoded[i][0]) + 1 for i in idx)
+            src = np.full((len(idx), s), pad, dtype=np.int64)
+            lens = np.zeros(len(idx), dtype=np.int64)
+            for r, i in enumerate(idx):
+                ids = encoded[i][0]
+                src[r, : len(ids)] = ids
+                src[r, len(ids)] = eos
+                lens[r] = len(ids) + 1
+            for i, res in zip(idx, decode(self.backend, src, lens, opts)):
+                cands = tuple(
+                    Candidate(self.tokenizer.decode(h.tokens), h.tokens, h.score, h.log_prob, h.finished)
+                    for h in res.hypotheses
+                )
+                ids, unk, cut = encoded[i]
+                results[i] = Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
+        return results  # type: ignore[return-value]

@@ -1,0 +1,77 @@
+"""The shared source/target BPE tokenizer (Hugging Face `tokenizers`), used by training and the runtime.
+
+Sentences are NFKC-normalised and split SentencePiece-style (Metaspace: a word boundary becomes "▁"),
+then segmented by BPE. Characters never seen in training become <unk>. Specials have fixed ids:
+<pad>=0, <s>=1, </s>=2, <unk>=3 (the defaults of ModelConfig).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from transduce.errors import CheckpointError
+
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+PAD, BOS, EOS, UNK = range(4)
+
+
+class Tokenizer:
+    def __init__(self, tok):  # tok: tokenizers.Tokenizer
+        self._tok = tok
+        for i, s in enumerate(SPECIALS):
+            if tok.token_to_id(s) != i:
+                raise CheckpointError(f"tokenizer special {s!r} has id {tok.token_to_id(s)}, expected {i}")
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+        tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> Tokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"tokenizer file {path} is missing")
+        try:
+            tok = HFTokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises plain Exception on malformed JSON
+            raise CheckpointError(f"tokenizer file {path} is corrupt or not a tokenizers JSON file ({e})") from None
+        return cls(tok)
+
+    def save(self, path: str | os.PathLike) -> None:
+        self._tok.save(os.fspath(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> token ids, without specials."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids -> text; specials are dropped."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def id_to_token(self, i: int) -> str:
+        return self._tok.id_to_token(int(i))
+
+    def tokens(self, text: str) -> list[str]:
+        return self._tok.encode(text, add_special_tokens=False).tokens
