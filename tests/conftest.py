@@ -1,0 +1,66 @@
+"""Shared fixtures: a tiny seeded model (random weights) and a briefly trained demo model, built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+TINY = dict(encoder_layers=2, decoder_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.1, max_positions=64)
+
+
+@pytest.fixture(scope="session")
+def small_corpus():
+    from transduce.models.corpus import demo_corpus
+
+    return demo_corpus(n_train=600, n_valid=40, seed=7)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(small_corpus):
+    from transduce.tokenizer import Tokenizer
+
+    train, _ = small_corpus
+    return Tokenizer.train((s for p in train for s in p), vocab_size=200)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    """A tiny Transformer with seeded random weights (eval mode)."""
+    import torch
+
+    from transduce.models.config import ModelConfig
+    from transduce.models.transformer import Transformer
+
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(vocab_size=tiny_tokenizer.vocab_size, **TINY)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
+    """A model directory (config.json, model.safetensors, tokenizer.json) of the tiny random model."""
+    from transduce.models.checkpoint import save_model_dir
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    save_model_dir(path, tiny_model, tiny_tokenizer)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory):
+    """The demo task's tiny model trained briefly (about a minute on 2 cores): it translates, imperfectly.
+
+    Set TRANSDUCE_TEST_DEMO_MODEL to reuse an existing model directory instead.
+    """
+    existing = os.environ.get("TRANSDUCE_TEST_DEMO_MODEL")
+    if existing:
+        return existing
+    from transduce.models.corpus import demo_corpus
+    from transduce.models.train import TrainConfig, train
+
+    train_pairs, valid_pairs = demo_corpus(n_train=6000, n_valid=100, seed=3)
+    path = str(tmp_path_factory.mktemp("demo") / "model")
+    cfg = TrainConfig(preset="tiny", vocab_size=400, max_steps=250, warmup=120, lr_scale=1.5, max_tokens=2000,
+                      eval_every=250, save_every=250, eval_sentences=100, seed=1, threads=2)
+    train(train_pairs, valid_pairs, path, cfg, progress=False, log=lambda *a: None)
+    return path  # config.json's "training" block holds the held-out exact match and BLEU
