@@ -82,13 +82,17 @@ def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions
     return np.clip(n, 1, max_positions)
 
 
-def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
-    """Decode one padded batch. src_ids (B, S) int64, src_lengths (B,) int64 (EOS included)."""
+def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
+           search: str = "auto") -> list[DecodeResult]:
+    """Decode one padded batch. src_ids (B, S) int64, src_lengths (B,) int64 (EOS included).
+
+    search: "auto" (greedy for beam_size 1, else beam), "greedy" or "beam" (beam search even for k=1).
+    """
     src_ids = np.ascontiguousarray(src_ids, dtype=np.int64)
     src_lengths = np.ascontiguousarray(src_lengths, dtype=np.int64)
     encoded = backend.encode(src_ids, src_lengths)
     lens = max_lengths(src_lengths, options, backend.config["max_positions"])
-    if options.beam_size == 1:
+    if search == "greedy" or (search == "auto" and options.beam_size == 1):
         return _greedy(backend, encoded, lens, options)
     return _beam(backend, encoded, lens, options)
 

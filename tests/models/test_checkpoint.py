@@ -1,0 +1,86 @@
+"""Model directories: bit-exact round trip, strict loading, clear errors on damage."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from transduce.errors import CheckpointError
+from transduce.models.checkpoint import load_model_dir, save_model_dir
+
+
+def test_round_trip_is_bit_exact(tiny_model, tiny_model_dir):
+    model, tok, cfg = load_model_dir(tiny_model_dir)
+    assert model.cfg == tiny_model.cfg
+    for k, v in tiny_model.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    assert tok.vocab_size == tiny_model.cfg.vocab_size
+    assert set(os.listdir(tiny_model_dir)) == {"config.json", "model.safetensors", "tokenizer.json"}
+
+
+@pytest.fixture
+def damaged(tmp_path, tiny_model_dir):
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, path)
+    return path
+
+
+def test_truncated_weights(damaged):
+    w = damaged / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="model.safetensors.*truncated"):
+        load_model_dir(damaged)
+
+
+def test_corrupted_weights(damaged):
+    w = damaged / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-10] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors.*sha256"):
+        load_model_dir(damaged)
+
+
+def test_missing_files(damaged):
+    os.unlink(damaged / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="tokenizer.json is missing"):
+        load_model_dir(damaged)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model_dir(damaged / "nope")
+
+
+def test_truncated_config(damaged):
+    c = damaged / "config.json"
+    c.write_text(c.read_text()[:50])
+    with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+        load_model_dir(damaged)
+
+
+def test_config_that_does_not_match_weights(damaged, tiny_model, tiny_tokenizer):
+    cfg = json.loads((damaged / "config.json").read_text())
+    cfg["model"]["d_ff"] = 128
+    (damaged / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="wrong shape"):
+        load_model_dir(damaged)
+
+
+def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, tiny_model, tiny_tokenizer):
+    path = tmp_path / "m"
+    save_model_dir(path, tiny_model, tiny_tokenizer)
+    before = {p: (path / p).read_bytes() for p in os.listdir(path)}
+
+    class Boom(Exception):
+        pass
+
+    class BadTokenizer:
+        def save(self, _):
+            raise Boom()
+
+    with pytest.raises(Boom):
+        save_model_dir(path, tiny_model, BadTokenizer())
+    assert {p: (path / p).read_bytes() for p in os.listdir(path)} == before
+    assert [p for p in os.listdir(tmp_path) if p != "m"] == []  # no temporary left behind

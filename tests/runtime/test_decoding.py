@@ -1,0 +1,111 @@
+"""Greedy and beam search over the backend protocol, checked against exhaustive search."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from transduce.errors import InputError
+from transduce.models.config import ModelConfig
+from transduce.models.transformer import Transformer
+from transduce.runtime.backends.torch_backend import TorchBackend
+from transduce.runtime.decoding import DecodingOptions, decode
+
+
+def test_runtime_import_loads_no_framework():
+    code = (
+        "import sys, transduce.runtime, transduce.runtime.contract, transduce.runtime.decoding;"
+        "bad=[m for m in ('torch','onnxruntime','tensorrt','onnx') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def micro():
+    """Vocabulary of 7 (4 specials + 3 words): every output sequence of length <= 4 can be enumerated."""
+    torch.manual_seed(4)
+    cfg = ModelConfig(vocab_size=7, encoder_layers=1, decoder_layers=2, d_model=16, n_heads=2, d_ff=32,
+                      dropout=0.0, max_positions=16)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharpen the distributions so EOS and words compete
+        model.embed.weight.mul_(4.0)
+    return model
+
+
+def _sequence_log_prob(model, src, lens, seq):
+    tgt = torch.tensor([[model.cfg.bos_id] + seq[:-1]])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(src, lens, tgt), -1)[0]
+    return float(sum(lp[i, t] for i, t in enumerate(seq)))
+
+
+@pytest.mark.parametrize("form,alpha", [("gnmt", 0.6), ("plain", 1.0), ("none", 0.0)])
+def test_wide_beam_equals_exhaustive_search(micro, form, alpha):
+    cfg = micro.cfg
+    src = torch.tensor([[4, 5, 6, 2]])
+    lens = torch.tensor([4])
+    max_len = 4
+    opts = DecodingOptions(beam_size=64, length_penalty=alpha, length_penalty_form=form, max_len_a=0.0,
+                           max_len_b=max_len, nbest=5)
+    words = [cfg.unk_id, 4, 5, 6]  # what may be generated besides EOS (PAD and BOS never are)
+    candidates = []
+    for n in range(max_len):  # finished: n words + EOS
+        for seq in itertools.product(words, repeat=n):
+            s = list(seq) + [cfg.eos_id]
+            candidates.append((_sequence_log_prob(micro, src, lens, s) / opts.penalty(len(s)), tuple(seq)))
+    for seq in itertools.product(words, repeat=max_len):  # cut at max length without EOS
+        candidates.append((_sequence_log_prob(micro, src, lens, list(seq)) / opts.penalty(max_len), tuple(seq)))
+    candidates.sort(reverse=True)
+    result = decode(TorchBackend(micro), src.numpy(), lens.numpy(), opts)[0]
+    assert [h.tokens for h in result.hypotheses] == [c[1] for c in candidates[:5]]
+    np.testing.assert_allclose([h.score for h in result.hypotheses], [c[0] for c in candidates[:5]], atol=1e-5)
+
+
+def test_narrow_beam_never_beats_exhaustive(micro):
+    src, lens = np.array([[5, 4, 2]]), np.array([3])
+    wide = decode(TorchBackend(micro), src, lens, DecodingOptions(beam_size=64, max_len_a=0, max_len_b=4))[0]
+    for k in (1, 2, 3):
+        narrow = decode(TorchBackend(micro), src, lens, DecodingOptions(beam_size=k, max_len_a=0, max_len_b=4))[0]
+        assert narrow.best.score <= wide.best.score + 1e-9
+
+
+def test_beam_one_is_greedy(tiny_model):
+    rng = np.random.default_rng(0)
+    src = rng.integers(4, tiny_model.cfg.vocab_size, (5, 8))
+    lens = np.array([8, 6, 3, 1, 8])
+    for i, n in enumerate(lens):
+        src[i, n - 1] = 2
+        src[i, n:] = 0
+    backend = TorchBackend(tiny_model)
+    greedy = decode(backend, src, lens, DecodingOptions(beam_size=1, length_penalty=0.0, max_len_b=10))
+    beam1 = decode(backend, src, lens, DecodingOptions(beam_size=1, length_penalty=0.0, max_len_b=10), search="beam")
+    beam = decode(backend, src, lens, DecodingOptions(beam_size=2, length_penalty=0.0, max_len_b=10))
+    for g, b1, b in zip(greedy, beam1, beam):
+        assert g.best.tokens == b1.best.tokens
+        np.testing.assert_allclose(g.best.token_log_probs, b1.best.token_log_probs, atol=1e-6)
+        assert b.best.score >= g.best.score - 1e-6  # a wider beam finds at least as good
+
+
+def test_min_length_and_max_length(tiny_model):
+    backend = TorchBackend(tiny_model)
+    src, lens = np.array([[5, 6, 2]]), np.array([3])
+    for beam in (1, 3):
+        res = decode(backend, src, lens, DecodingOptions(beam_size=beam, min_length=6, max_len_b=7))[0]
+        h = res.best
+        assert len(h.token_log_probs) >= 6
+        assert len(h.token_log_probs) <= 7 + 2  # max length = 1 * (3 - 1) + 7 = 9 tokens
+        assert np.isclose(sum(h.token_log_probs), h.log_prob)
+
+
+def test_invalid_options():
+    with pytest.raises(InputError, match="nbest"):
+        DecodingOptions(beam_size=2, nbest=3)
+    with pytest.raises(InputError, match="length penalty form"):
+        DecodingOptions(length_penalty_form="wu")

@@ -1,0 +1,71 @@
+"""Text-level decoding: batching, input order, and every bad-input rule of the translator."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from transduce.errors import InputError
+from transduce.runtime.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_model_dir):
+    return Translator.from_model_dir(tiny_model_dir, max_batch_tokens=64)
+
+
+def test_batch_equals_one_at_a_time(translator, small_corpus):
+    _, valid = small_corpus
+    texts = [s for s, _ in valid[:12]]
+    for beam in (1, 4):
+        together = translator.translate(texts, beam_size=beam, max_len_b=8)
+        alone = [translator.translate([t], beam_size=beam, max_len_b=8)[0] for t in texts]
+        assert [r.tokens for r in together] == [r.tokens for r in alone]
+        for a, b in zip(together, alone):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_batches_sorted_and_under_budget(translator):
+    lengths = [5, 30, 2, 2, 17, 9, 30, 1]
+    batches = translator.batches(lengths, beam_size=2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or 2 * len(b) * max(lengths[i] for i in b) <= 64
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)
+
+
+def test_empty_lines_translate_to_empty(translator):
+    out = translator.translate(["", "   ", "two hundred"], beam_size=2, max_len_b=5)
+    assert out[0].text == "" and out[0].empty and out[1].empty
+    assert not out[2].empty
+
+
+def test_overlong_line_is_a_clear_error_or_truncated(translator):
+    long = " ".join(["seven hundred"] * 100)
+    with pytest.raises(InputError, match="input line 2 has .* tokens; this model takes at most 63"):
+        translator.translate(["one", long], beam_size=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = translator.translate(["one", long], beam_size=1, max_len_b=3, truncate=True)
+    assert out[1].truncated and out[1].source_tokens == 63
+    assert any("truncated" in str(w.message) for w in caught)
+
+
+def test_unknown_characters_are_counted(translator):
+    out = translator.translate(["two 日本 three"], beam_size=1, max_len_b=3)
+    assert out[0].unknown >= 1
+
+
+def test_one_long_and_many_short(translator):
+    texts = ["one"] * 20 + [" ".join(["nine hundred and ninety"] * 10)]
+    together = translator.translate(texts, beam_size=2, max_len_b=4)
+    assert len(together) == 21
+    alone = translator.translate(texts[-1:], beam_size=2, max_len_b=4)
+    assert together[-1].tokens == alone[0].tokens
+
+
+def test_string_instead_of_list(translator):
+    with pytest.raises(InputError, match="list of sentences"):
+        translator.translate("one two")

@@ -1,0 +1,67 @@
+"""`transduce.runtime.load`: an artifact directory (or an engine directory) -> a Translator."""
+
+from __future__ import annotations
+
+import os
+
+from transduce.errors import ArtifactError, BackendUnavailable
+
+BACKENDS = ("onnxruntime", "torch", "tensorrt")
+
+
+def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = None) -> str:
+    """The model directory an artifact was exported from (for the torch backend and parity), checked by hash."""
+    from transduce.models.checkpoint import read_config
+
+    src = manifest.get("source_model", {})
+    path = model_dir or src.get("path")
+    if not path or not os.path.isdir(path):
+        raise ArtifactError(
+            f"the eager model that {artifact_dir!r} was exported from is not available"
+            + (f" (manifest says {path!r})" if path else ""),
+            hint="pass --model MODEL_DIR",
+        )
+    want = src.get("weights_sha256")
+    have = read_config(path).get("files", {}).get("model.safetensors", {}).get("sha256")
+    if want and have != want:
+        raise ArtifactError(f"{path!r} holds other weights than the ones {artifact_dir!r} was exported from",
+                            hint="pass --model with the model directory the artifact was exported from, or re-export")
+    return path
+
+
+def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
+                 model_dir: str | None = None, **options):
+    """Build one backend over an artifact. torch uses the source model the manifest names (or model_dir)."""
+    from transduce.runtime import contract
+
+    if backend not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+    if backend == "tensorrt":
+        from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+        return TensorRTBackend(artifact_dir, **options)
+    manifest = contract.read_manifest(artifact_dir)
+    if backend == "torch":
+        from transduce.runtime.backends.torch_backend import TorchBackend
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        return TorchBackend.from_model_dir(source_model_dir(artifact_dir, manifest, model_dir), device=device)
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    provider = options.pop("provider", None) or ("cpu" if device == "cpu" else "cuda")
+    return OnnxRuntimeBackend(artifact_dir, provider=provider, threads=threads, **options)
+
+
+def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
+         model_dir: str | None = None, max_batch_tokens: int = 4096, **options):
+    """A Translator over an exported artifact (or, for backend="tensorrt", an engine directory)."""
+    from transduce.runtime.translator import Translator
+    from transduce.tokenizer import Tokenizer
+
+    artifact_dir = os.fspath(artifact_dir)
+    be = make_backend(artifact_dir, backend, device, threads, model_dir, **options)
+    tok_dir = getattr(be, "artifact_dir", artifact_dir)
+    return Translator(be, Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json")), max_batch_tokens=max_batch_tokens)
