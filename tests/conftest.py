@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+# The fixtures' models are tiny: one intra-op thread is fastest and immune to OpenMP stalls when the
+# machine is shared.
+torch.set_num_threads(1)
 
 TINY = dict(encoder_layers=2, decoder_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.1, max_positions=64)
 
@@ -60,7 +65,27 @@ def demo_model_dir(tmp_path_factory):
 
     train_pairs, valid_pairs = demo_corpus(n_train=6000, n_valid=100, seed=3)
     path = str(tmp_path_factory.mktemp("demo") / "model")
-    cfg = TrainConfig(preset="tiny", vocab_size=400, max_steps=250, warmup=120, lr_scale=1.5, max_tokens=2000,
-                      eval_every=250, save_every=250, eval_sentences=100, seed=1, threads=2)
+    cfg = TrainConfig(preset="tiny", vocab_size=400, max_steps=200, warmup=200, lr_scale=1.0, max_tokens=2500,
+                      eval_every=200, save_every=200, eval_sentences=100, seed=1)
     train(train_pairs, valid_pairs, path, cfg, progress=False, log=lambda *a: None)
     return path  # config.json's "training" block holds the held-out exact match and BLEU
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact_dir(tmp_path_factory, tiny_model_dir):
+    """The tiny random model exported to ONNX (fp32)."""
+    from transduce.exporter.onnx_export import export_artifact
+
+    path = tmp_path_factory.mktemp("tiny-artifact") / "artifact"
+    export_artifact(tiny_model_dir, path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def demo_artifact_dir(tmp_path_factory, demo_model_dir):
+    """The briefly trained demo model exported to ONNX (fp32)."""
+    from transduce.exporter.onnx_export import export_artifact
+
+    path = tmp_path_factory.mktemp("demo-artifact") / "artifact"
+    export_artifact(demo_model_dir, path)
+    return str(path)

@@ -7,24 +7,10 @@ import sys
 
 import click
 
+from transduce.cli_errors import cli_errors, report
 from transduce.errors import TransduceError
 
 __all__ = ["main", "cli_errors"]
-
-
-def cli_errors(fn):
-    """Decorator for subcommands defined outside this module: same error handling as the group."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TransduceError as e:
-            click.secho(f"error: {e}", fg="red", err=True)
-            sys.exit(2)
-
-    return wrapper
 
 
 class _Group(click.Group):
@@ -34,8 +20,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except TransduceError as e:
-            click.secho(f"error: {e}", fg="red", err=True)
-            sys.exit(2)
+            report(e)
 
 
 @click.group(cls=_Group)
@@ -102,14 +87,16 @@ def demo(workdir, retrain, steps, show):
     """The whole pipeline on the embedded corpus (English -> French number words)."""
     from transduce.demo import run_demo
 
-    run_demo(workdir, retrain=retrain, steps=steps, show=show)
+    results = run_demo(workdir, retrain=retrain, steps=steps, show=show)
+    sys.exit(0 if results.get("parity", True) else 1)
 
 
 def _register() -> None:
     """Each component defines its subcommands in its own `commands` module (click only, no heavy imports)."""
     import importlib
 
-    for module in ("transduce.exporter.commands", "transduce.runtime.commands", "transduce.inspect.commands"):
+    for module in ("transduce.exporter.commands", "transduce.exporter.build_commands", "transduce.runtime.commands",
+                   "transduce.inspect.commands", "transduce.bench.commands"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

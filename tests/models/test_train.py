@@ -91,9 +91,9 @@ def test_resume_continues_as_if_uninterrupted(tmp_path, small_corpus):
 
 
 def test_demo_task_is_learned(demo_model_dir):
-    """The tiny model, 250 steps on the demo task, translates held-out numbers (measured: see README)."""
+    """The tiny model, 200 steps on the demo task, translates held-out numbers (measured: see README)."""
     cfg = json.loads(open(os.path.join(demo_model_dir, "config.json")).read())
     metrics = cfg["training"]
-    assert metrics["step"] == 250
-    assert metrics["exact_match"] >= 0.10, metrics
-    assert metrics["bleu"] >= 30.0, metrics
+    assert metrics["step"] == 200
+    assert metrics["exact_match"] >= 0.30, metrics  # measured: 0.71 on 100 held-out numbers
+    assert metrics["bleu"] >= 40.0, metrics  # measured: 60.1

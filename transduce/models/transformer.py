@@ -246,7 +246,7 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        for name, m in self.named_modules():
+        for m in self.modules():
             if isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, mean=0.0, std=self.cfg.d_model**-0.5)
 

@@ -37,9 +37,12 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
     if backend not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
     if backend == "tensorrt":
+        # artifact_dir is an engine directory (transduce build); TensorRT runs on CUDA only, so the CLI's
+        # default --device cpu means the default GPU here (parity keeps its torch reference on the CPU).
         from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
-        return TensorRTBackend(artifact_dir, **options)
+        trt_device = device if str(device).startswith("cuda") else "cuda"
+        return TensorRTBackend(artifact_dir, device=trt_device, **options)
     manifest = contract.read_manifest(artifact_dir)
     if backend == "torch":
         from transduce.runtime.backends.torch_backend import TorchBackend

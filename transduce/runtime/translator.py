@@ -65,7 +65,7 @@ class Translator:
         limit = self.config["max_positions"] - 1  # room for EOS
         unk = self.config["unk_id"]
         out = []
-        for n, (text, ids) in enumerate(zip(texts, self.tokenizer.encode_batch(list(texts))), 1):
+        for n, ids in enumerate(self.tokenizer.encode_batch(list(texts)), 1):
             cut = False
             if len(ids) > limit:
                 if not truncate:
@@ -105,7 +105,7 @@ class Translator:
         encoded = self._encode(texts, truncate)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
-        for i, (text, (ids, unk, cut)) in enumerate(zip(texts, encoded)):
+        for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded)):
             if not text.strip() or not ids:
                 results[i] = Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
             else:

@@ -1,0 +1,380 @@
+"""The TensorRT engine builder: profiles, engine.json and its refusals, the build command.
+
+Everything here runs without TensorRT or a GPU: the pure parts directly, the build itself against
+the test double in tests/tensorrt_fake.py. Building real engines is tested in
+tests/runtime/test_tensorrt_backend.py under the gpu marker.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import sys
+
+import pytest
+import tensorrt_fake as fake
+from click.testing import CliRunner
+
+from transduce.errors import ArtifactError, BackendUnavailable, EngineError
+from transduce.exporter import engine as eng
+from transduce.exporter.build_commands import build as build_cmd
+from transduce.runtime import contract
+
+CFG = {"max_positions": 256, "decoder_layers": 2, "n_heads": 4, "d_model": 32, "vocab_size": 100}
+
+
+# -- profiles -------------------------------------------------------------------------------------
+
+
+def test_default_profiles_respect_limits_and_multiply_beams():
+    plan = eng.derive_profiles(CFG)  # max_batch 16, beam 4: two profiles
+    assert plan.limits["max_src_len"] == 128 and plan.limits["max_tgt_len"] == 178
+    assert [p.name for p in plan.encoder] == ["latency", "throughput"]
+    assert (plan.encoder[0].batch.min, plan.encoder[-1].batch.max) == (1, 16)
+    assert (plan.decoder_step[0].batch.min, plan.decoder_step[-1].batch.max) == (1, 64)
+    for enc, step in zip(plan.encoder, plan.decoder_step):
+        assert step.batch.max == enc.batch.max * 4 and step.batch.opt == enc.batch.opt * 4
+        assert enc.cache_len is None and step.cache_len is not None
+        for r in (enc.batch, enc.src_len, step.batch, step.src_len, step.cache_len):
+            assert 1 <= r.min <= r.opt <= r.max
+        assert step.src_len.max == 128 and step.cache_len.max == 178
+
+
+@pytest.mark.parametrize("max_batch", range(1, 21))
+@pytest.mark.parametrize("beam", [1, 2, 4, 5])
+def test_profiles_cover_every_batch_once(max_batch, beam):
+    plan = eng.derive_profiles(CFG, max_batch=max_batch, beam=beam)
+    for profiles, top in ((plan.encoder, max_batch), (plan.decoder_step, max_batch * beam)):
+        covered = [n for p in profiles for n in range(p.batch.min, p.batch.max + 1)]
+        assert sorted(covered) == list(range(1, top + 1))  # contiguous, no overlap
+    assert len(plan.encoder) == (2 if max_batch >= eng.SPLIT_MIN_BATCH else 1)
+
+
+def test_small_model_limits_default_to_max_positions():
+    plan = eng.derive_profiles({**CFG, "max_positions": 64}, max_batch=2, beam=1)
+    assert plan.limits["max_src_len"] == 64 and plan.limits["max_tgt_len"] == 64
+    assert plan.decoder_step[0].cache_len == eng.AxisRange(1, 32, 64)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"max_tgt_len": 300}, "max_positions"),
+    ({"max_src_len": 257}, "max_positions"),
+    ({"max_batch": 0}, "--max-batch"),
+    ({"beam": -1}, "--beam"),
+    ({"max_src_len": 0}, "--max-src-len"),
+    ({"opt_batch": 32}, "--opt-batch 32 is larger than --max-batch 16"),
+    ({"opt_tgt_len": 200}, "--opt-tgt-len"),
+    ({"profiles": "many"}, "unknown profiles mode"),
+    ({"profiles": "split", "max_batch": 2}, "--profiles split needs"),
+])
+def test_impossible_limits_are_clear_errors(kwargs, needle):
+    with pytest.raises(EngineError) as e:
+        eng.derive_profiles(CFG, **kwargs)
+    assert needle in str(e.value)
+
+
+def test_forced_modes_and_opt_placement():
+    single = eng.derive_profiles(CFG, max_batch=32, profiles="single", opt_batch=4)
+    assert len(single.decoder_step) == 1 and single.decoder_step[0].batch == eng.AxisRange(1, 16, 128)
+    split = eng.derive_profiles(CFG, max_batch=4, beam=2, profiles="split", opt_batch=4)
+    assert [p.batch.as_list() for p in split.decoder_step] == [[1, 2, 4], [5, 8, 8]]
+    assert eng.EnginePlan.from_dict(json.loads(json.dumps(split.to_dict()))) == split
+
+
+def test_profile_shapes_follow_the_contract():
+    plan = eng.derive_profiles(CFG, max_batch=4, beam=2, max_src_len=10, max_tgt_len=12)
+    enc = eng.profile_shapes(plan.encoder[0], "encoder", CFG)
+    assert enc == {"src_ids": ((1, 1), (2, 5), (4, 10)), "src_lengths": ((1,), (2,), (4,))}
+    step = eng.profile_shapes(plan.decoder_step[0], "decoder_step", CFG)
+    assert set(step) == {s.name for s in contract.step_inputs(2)}
+    assert step["past_key_1"] == ((1, 4, 1, 8), (4, 4, 6, 8), (8, 4, 12, 8))
+    assert step["cross_value_0"] == ((1, 4, 1, 8), (4, 4, 5, 8), (8, 4, 10, 8))
+    assert step["tokens"] == ((1,), (4,), (8,))
+    opts = eng.ort_tensorrt_profile_options(plan.encoder[0], "encoder", CFG)
+    assert opts == {"trt_profile_min_shapes": "src_ids:1x1,src_lengths:1",
+                    "trt_profile_opt_shapes": "src_ids:2x5,src_lengths:2",
+                    "trt_profile_max_shapes": "src_ids:4x10,src_lengths:4"}
+
+
+def test_chunks_pick_profiles_and_split_wide_batches():
+    plan = eng.derive_profiles(CFG, max_batch=8, beam=2, max_src_len=20, max_tgt_len=30)  # rows 1-4 | 5-16
+    step = plan.decoder_step
+    assert eng.choose_chunks(3, step, 10, 30) == [(0, 3, 0)]
+    assert eng.choose_chunks(12, step, 10, 30) == [(0, 12, 1)]
+    assert eng.choose_chunks(37, step, 20, 1) == [(0, 16, 1), (16, 32, 1), (32, 37, 1)]
+    assert eng.choose_chunks(18, step, 20, 1) == [(0, 16, 1), (16, 18, 0)]
+    with pytest.raises(EngineError, match="--max-src-len 21"):
+        eng.choose_chunks(1, step, 21, 5)
+    with pytest.raises(EngineError, match="--max-tgt-len 31"):
+        eng.choose_chunks(1, step, 5, 31)
+    assert eng.choose_chunks(9, plan.encoder, 20) == [(0, 8, 1), (8, 9, 0)]
+
+
+# -- engine.json and refusals -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, tiny_model_dir):
+    return fake.make_artifact(str(tmp_path_factory.mktemp("art") / "artifact"), tiny_model_dir)
+
+
+def _hand_made_engine_dir(path, artifact_dir, runtime=None):
+    """An engine directory written by hand: dummy plan bytes, a correct engine.json."""
+    runtime = runtime or fake.runtime_info()
+    shutil.copytree(artifact_dir, path)
+    for name in (eng.ENCODER_PLAN, eng.STEP_PLAN):
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(b"dummy plan bytes for " + name.encode())
+    files = eng._file_entries(path, sorted(os.listdir(path)))
+    manifest = contract.read_manifest(artifact_dir)
+    meta = {"kind": eng.ENGINE_KIND, "engine_format_version": eng.ENGINE_FORMAT_VERSION,
+            "contract_version": contract.CONTRACT_VERSION, "precision": "fp32",
+            "tensorrt": {"version": runtime.tensorrt_version},
+            "gpu": {"name": runtime.gpu_name, "compute_capability": runtime.compute_capability, "index": 0},
+            "profiles": eng.derive_profiles(manifest["model"], max_batch=2).to_dict(),
+            "artifact": {"path": artifact_dir}, "sources": {n: files[n] for n in (contract.ENCODER_FILE, contract.STEP_FILE)},
+            "files": files}
+    with open(os.path.join(path, eng.ENGINE_MANIFEST), "w") as f:
+        json.dump(meta, f)
+    return str(path)
+
+
+def _edit_meta(engine_dir, **changes):
+    p = os.path.join(engine_dir, eng.ENGINE_MANIFEST)
+    with open(p) as f:
+        meta = json.load(f)
+    meta.update(changes)
+    with open(p, "w") as f:
+        json.dump(meta, f)
+
+
+def test_engine_manifest_accepted_on_matching_runtime(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact)
+    meta = eng.read_engine_manifest(d, runtime=fake.runtime_info())
+    assert meta["precision"] == "fp32"
+    assert eng.read_engine_manifest(d, check_runtime=False)["kind"] == eng.ENGINE_KIND
+
+
+def test_compatibility_problems_is_pure():
+    meta = {"tensorrt": {"version": "10.13.3.9"}, "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}
+    same = eng.RuntimeInfo("10.13.3.9", "NVIDIA H100 80GB HBM3", "9.0")
+    assert eng.compatibility_problems(meta, same) == []
+    (p,) = eng.compatibility_problems(meta, eng.RuntimeInfo("11.1.0.2", "NVIDIA H100 80GB HBM3", "9.0"))
+    assert "TensorRT 10.13.3.9" in p and "TensorRT 11.1.0.2" in p
+    (p,) = eng.compatibility_problems(meta, eng.RuntimeInfo("10.13.3.9", "NVIDIA A100-SXM4-80GB", "8.0"))
+    assert "compute capability 9.0" in p and "8.0" in p
+    (p,) = eng.compatibility_problems(meta, eng.RuntimeInfo("10.13.3.9", "NVIDIA H200", "9.0"))
+    assert "NVIDIA H200" in p
+    assert len(eng.compatibility_problems(meta, eng.RuntimeInfo("11.0", "NVIDIA L4", "8.9"))) == 2
+
+
+def _refusal(engine_dir, runtime=None, **kw):
+    with pytest.raises(ArtifactError) as e:
+        eng.read_engine_manifest(engine_dir, runtime=runtime or fake.runtime_info(), **kw)
+    msg = str(e.value)
+    assert "transduce build" in msg and "--force" in msg and f"--out {engine_dir}" in msg
+    return msg
+
+
+def test_refuses_other_tensorrt_version(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact, eng.RuntimeInfo("10.0.1.6", "NVIDIA Fake H100", "9.0"))
+    msg = _refusal(d)
+    assert "TensorRT 10.0.1.6" in msg and f"transduce build {artifact} --out" in msg
+
+
+def test_refuses_other_gpu(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact, eng.RuntimeInfo(fake.__version__, "NVIDIA A10", "8.6"))
+    assert "compute capability 8.6" in _refusal(d)
+
+
+def test_refuses_tampered_plan(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact)
+    with open(os.path.join(d, eng.STEP_PLAN), "r+b") as f:
+        f.write(b"X")  # same size, other bytes
+    assert "decoder_step.plan does not match its sha256" in _refusal(d)
+    eng.read_engine_manifest(d, runtime=fake.runtime_info(), verify_hashes=False)  # sizes only: accepted
+
+
+def test_refuses_missing_file(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact)
+    os.remove(os.path.join(d, eng.ENCODER_PLAN))
+    assert "encoder.plan is missing" in _refusal(d)
+
+
+def test_refuses_other_contract_and_format_versions(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact)
+    _edit_meta(d, contract_version=contract.CONTRACT_VERSION + 1)
+    assert "IO contract version" in _refusal(d)
+    _edit_meta(d, contract_version=contract.CONTRACT_VERSION, engine_format_version=99)
+    assert "engine format version 99" in _refusal(d)
+
+
+def test_refuses_copied_artifact_from_another_export(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact)
+    _edit_meta(d, sources={contract.ENCODER_FILE: {"sha256": "0" * 64}, contract.STEP_FILE: {"sha256": "0" * 64}})
+    assert "describes another encoder.onnx" in _refusal(d)
+
+
+def test_an_artifact_is_not_an_engine_dir(tmp_path, artifact):
+    with pytest.raises(ArtifactError, match="is an exported artifact, not a TensorRT engine directory") as e:
+        eng.read_engine_manifest(artifact, runtime=fake.runtime_info())
+    assert f"transduce build {artifact}" in str(e.value)
+    with pytest.raises(ArtifactError, match="does not exist"):
+        eng.read_engine_manifest(tmp_path / "nowhere")
+
+
+def test_rebuild_hint_falls_back_to_the_engine_dir(tmp_path, artifact):
+    d = _hand_made_engine_dir(tmp_path / "e", artifact)
+    _edit_meta(d, artifact={"path": str(tmp_path / "moved-away")})
+    _edit_meta(d, contract_version=0)
+    assert f"transduce build {d} --out {d} --force" in _refusal(d)
+
+
+# -- building against the test double ----------------------------------------------------------
+
+
+def _build(artifact, out, **kw):
+    lines = []
+    meta = eng.build_engines(artifact, out, _trt=fake, _gpu=dict(fake.FAKE_GPU), log=lines.append, **kw)
+    return meta, lines
+
+
+def test_build_writes_a_self_contained_engine_dir(tmp_path, artifact):
+    fake.CALLS.clear()
+    cache = tmp_path / "caches" / "timing.cache"
+    out = str(tmp_path / "engines")
+    meta, lines = _build(artifact, out, max_batch=8, beam=2, timing_cache=str(cache), workspace_gb=0.5)
+    assert sorted(os.listdir(out)) == sorted([eng.ENCODER_PLAN, eng.STEP_PLAN, eng.ENGINE_MANIFEST] + os.listdir(artifact))
+    assert eng.read_engine_manifest(out, runtime=fake.runtime_info()) == meta
+    assert contract.read_manifest(out)["precision"] == "fp32"  # also a valid artifact
+    assert os.stat(os.path.join(out, "tokenizer.json")).st_ino == os.stat(os.path.join(artifact, "tokenizer.json")).st_ino
+    assert meta["artifact"]["path"] == artifact and meta["artifact"]["copied_as"] == "hard links"
+    assert meta["gpu"]["compute_capability"] == "9.0" and meta["tensorrt"]["version"] == fake.__version__
+    assert [p["name"] for p in meta["profiles"]["decoder_step"]] == ["latency", "throughput"]
+    assert meta["sources"][contract.STEP_FILE]["sha256"] == contract.read_manifest(artifact)["files"][contract.STEP_FILE]["sha256"]
+    builds = [c[1] for c in fake.CALLS if c[0] == "build"]
+    assert [b["graph"] for b in builds] == ["encoder", "decoder_step"]
+    assert all("TF32" not in b["flags"] and b["workspace"] == 1 << 29 and b["profiles"] == 2 for b in builds)
+    assert cache.read_bytes() == b"[encoder][decoder_step]" and meta["tensorrt"]["timing_cache_loaded"] is False
+    assert any("Building engine" in line for line in lines)  # progress monitor, non-terminal: one line per phase
+    meta2, lines2 = _build(artifact, out, max_batch=8, beam=2, timing_cache=str(cache), force=True)
+    assert meta2["tensorrt"]["timing_cache_loaded"] is True
+    assert cache.read_bytes() == b"[encoder][decoder_step]" * 2
+    assert any("loaded 23 bytes" in line for line in lines2)
+
+
+def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
+    cache = tmp_path / "t.cache"
+    cache.write_bytes(b"OTHER-GPU cache")
+    meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(cache), tf32=True)
+    assert any("another GPU or TensorRT version" in line for line in lines)
+    assert cache.read_bytes() == b"[encoder][decoder_step]" and meta["tensorrt"]["tf32"] is True
+
+
+def test_parser_errors_name_file_and_nodes(tmp_path, tiny_model_dir):
+    art = fake.make_artifact(str(tmp_path / "bad"), tiny_model_dir, step_bytes=b"BAD graph")
+    out = tmp_path / "e"
+    with pytest.raises(EngineError) as e:
+        _build(art, str(out))
+    msg = str(e.value)
+    assert os.path.join(art, contract.STEP_FILE) in msg and "2 error(s)" in msg
+    assert "node 7, '/decoder/attn/Where', op Where [UNSUPPORTED_NODE]: unsupported condition type" in msg
+    assert "node 9" in msg and "fmod=0" in msg
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".e.")]
+
+
+def test_build_destination_rules(tmp_path, artifact):
+    out = str(tmp_path / "e")
+    _build(artifact, out, max_batch=2)
+    with pytest.raises(EngineError, match="already exists"):
+        _build(artifact, out, max_batch=2)
+    with pytest.raises(EngineError, match="is the artifact directory"):
+        _build(artifact, artifact, force=True)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "x.txt").write_text("keep me")
+    with pytest.raises(EngineError, match="not an engine directory"):
+        _build(artifact, str(other), force=True)
+    meta, _ = _build(out, out, max_batch=2, force=True)  # rebuild in place from the engine dir's own artifact copy
+    assert meta["artifact"]["path"] == out
+    eng.read_engine_manifest(out, runtime=fake.runtime_info())
+
+
+def test_progress_monitor_draws_bars_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    mon = eng.make_progress_monitor(fake, "encoder", enabled=True, stream=out)
+    mon.phase_start("Building engine", None, 2)
+    mon.phase_start("Tactic timing", "Building engine", 5)
+    assert all(mon.step_complete("Tactic timing", s) is True for s in range(5))
+    mon.phase_finish("Tactic timing")
+    assert mon.step_complete("unknown phase", 0) is True  # never raises, never cancels
+    mon.phase_finish("Building engine")
+    mon.close()
+    assert "encoder: Building engine" in out.getvalue() and "Tactic timing" in out.getvalue()
+    assert mon.phases == [(0, "Building engine", 2), (1, "Tactic timing", 5)]
+
+
+def test_missing_tensorrt_is_backend_unavailable(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(BackendUnavailable) as e:
+        eng.import_tensorrt()
+    assert "TensorRT is not installed" in str(e.value) and "pip install 'transduce[gpu]'" in str(e.value)
+
+
+def test_old_tensorrt_is_refused(monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="8.6.1"))
+    with pytest.raises(BackendUnavailable, match="TensorRT 8.6.1 is too old"):
+        eng.import_tensorrt()
+
+
+# -- the build command -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-tgt-len", "1000"], "exceeds the model's max_positions"),
+    (["--opt-batch", "32", "--max-batch", "16"], "--opt-batch 32 is larger than --max-batch 16"),
+    (["--beam", "0"], "beam must be a positive integer"),
+    (["--workspace-gb", "0"], "--workspace-gb must be > 0"),
+    (["--profiles", "split", "--max-batch", "2"], "--profiles split needs"),
+])
+def test_build_command_argument_errors(tmp_path, artifact, args, needle):
+    res = CliRunner().invoke(build_cmd, [artifact, "--out", str(tmp_path / "e")] + args)
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_build_command_usage_errors(tmp_path, artifact):
+    runner = CliRunner()
+    res = runner.invoke(build_cmd, [artifact])
+    assert res.exit_code == 2 and "--out" in res.output
+    res = runner.invoke(build_cmd, [artifact, "--out", str(tmp_path / "e"), "--profiles", "many"])
+    assert res.exit_code == 2 and "many" in res.output
+    res = runner.invoke(build_cmd, [artifact, "--out", str(tmp_path / "e"), "--max-batch", "lots"])
+    assert res.exit_code == 2 and "lots" in res.output
+    res = runner.invoke(build_cmd, [str(tmp_path / "nothing"), "--out", str(tmp_path / "e")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_build_command_without_tensorrt(tmp_path, artifact, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    res = CliRunner().invoke(build_cmd, [artifact, "--out", str(tmp_path / "e")])
+    assert res.exit_code == 2 and "pip install 'transduce[gpu]'" in res.output
+
+
+def test_build_command_builds(tmp_path, artifact, monkeypatch):
+    monkeypatch.setattr(eng, "import_tensorrt", lambda: fake)
+    monkeypatch.setattr(eng, "select_gpu", lambda device=0: dict(fake.FAKE_GPU))
+    out = tmp_path / "e"
+    res = CliRunner().invoke(build_cmd, [artifact, "--out", str(out), "--max-batch", "2", "--beam", "2", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "encoder.plan" in res.output and "profile all" in res.output
+    assert (out / eng.ENGINE_MANIFEST).is_file()

@@ -1,0 +1,212 @@
+"""End-to-end export of the tiny model: the CLI, the artifact's files, the manifest, the graphs' IO."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from transduce.runtime import contract
+
+
+def test_export_writes_an_artifact(artifact_fp32):
+    names = set(os.listdir(artifact_fp32.path))
+    assert names == {"encoder.onnx", "decoder_step.onnx", "manifest.json", "config.json", "tokenizer.json"}
+    parent = os.path.dirname(artifact_fp32.path)
+    assert not [n for n in os.listdir(parent) if ".tmp-" in n], "a temporary directory was left behind"
+
+
+def test_cli_export(artifact_fp32, tiny_model_dir, tmp_path, copied_graphs):
+    """`transduce export` (tracing replaced by a copy of the session's graphs; loading, checks,
+    validation and the manifest run): exit 0, a summary on stdout, progress on stderr."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    out = tmp_path / "art"
+    result = CliRunner().invoke(main, ["export", tiny_model_dir, str(out)])
+    assert result.exit_code == 0, result.output
+    assert "[export] validating against eager PyTorch" in result.output
+    assert "log_probs" in result.output and "exported in" in result.output
+    assert contract.read_manifest(out)["graphs"] == artifact_fp32.manifest["graphs"]
+
+
+def test_manifest_describes_the_export(artifact_fp32, tiny_model_dir):
+    import onnx
+    import onnxruntime
+    import torch
+
+    from transduce.models.checkpoint import read_config
+
+    m = artifact_fp32.manifest
+    cfg = read_config(tiny_model_dir)
+    assert m["kind"] == contract.ARTIFACT_KIND and m["contract_version"] == contract.CONTRACT_VERSION
+    assert m["precision"] == "fp32" and m["opset"] == 18
+    assert m["tools"]["torch"] == torch.__version__ and m["tools"]["onnx"] == onnx.__version__
+    assert m["tools"]["onnxruntime"] == onnxruntime.__version__ and m["tools"]["transduce"]
+    assert m["model"] == cfg["model"]
+    assert m["source_model"]["path"] == os.path.abspath(tiny_model_dir)
+    assert m["source_model"]["weights_sha256"] == contract.sha256_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    p = cfg["model"]["max_positions"]
+    assert m["dynamic_axes"] == {"batch": [1, None], "src_len": [1, p], "cache_len": [1, p]}
+    assert m["export_seconds"]["total"] > 0
+    assert m["tensorrt_ops"]["source"].startswith("Source: onnx/onnx-tensorrt")
+    for name in ("encoder.onnx", "decoder_step.onnx"):
+        g = m["graphs"][name]
+        assert g["nodes"] == sum(g["op_histogram"].values()) and g["external_data"] == []
+        model = onnx.load(os.path.join(artifact_fp32.path, name))
+        assert g["op_histogram"] == dict(Counter(n.op_type for n in model.graph.node))
+    # the copies make the artifact self-contained
+    for name in ("config.json", "tokenizer.json"):
+        with open(os.path.join(tiny_model_dir, name), "rb") as a, open(os.path.join(artifact_fp32.path, name), "rb") as b:
+            assert a.read() == b.read()
+
+
+def test_manifest_hashes_every_file(artifact_fp32, tmp_path):
+    from transduce.errors import ArtifactError
+
+    m = artifact_fp32.manifest
+    on_disk = sorted(n for n in os.listdir(artifact_fp32.path) if n != "manifest.json")
+    assert sorted(m["files"]) == on_disk
+    for name, meta in m["files"].items():
+        path = os.path.join(artifact_fp32.path, name)
+        assert meta == {"sha256": contract.sha256_file(path), "bytes": os.path.getsize(path)}
+    contract.read_manifest(artifact_fp32.path)  # verifies every hash
+    bad = tmp_path / "tampered"
+    shutil.copytree(artifact_fp32.path, bad)
+    data = bytearray((bad / "encoder.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (bad / "encoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        contract.read_manifest(bad)
+
+
+def test_validation_is_recorded(artifact_fp32):
+    from transduce.exporter.validate import TOLERANCES
+
+    val = artifact_fp32.manifest["validation"]
+    assert val["engine"].startswith("onnxruntime")
+    rows = {r["output"]: r for r in val["errors"]}
+    n = artifact_fp32.manifest["model"]["decoder_layers"]
+    expected = {s.name for s in contract.encoder_outputs(n) + contract.step_outputs(n)}
+    assert set(rows) == expected
+    for r in rows.values():
+        assert r["passed"] and 0 <= r["max_abs"] <= r["atol"]
+    assert rows["log_probs"]["atol"] == TOLERANCES["fp32"]["log_probs"][0] == 1e-4
+    cases = {c["name"]: c for c in val["cases"]}
+    assert cases["batch1"]["past_lengths"] == [0, 1, 2, 5, 11] and cases["batch1"]["cache_len_1"]
+    assert cases["padded"]["batch"] > 1 and min(cases["padded"]["src_lengths"]) == 1
+    p = artifact_fp32.manifest["model"]["max_positions"]
+    assert cases["longest"]["src_len"] == p and cases["longest"]["cache_len"] == p
+
+
+def test_graphs_follow_the_contract(artifact_fp32):
+    import onnx
+
+    from transduce.exporter.validate import contract_problems
+
+    cfg = artifact_fp32.manifest["model"]
+    n = cfg["decoder_layers"]
+    enc = onnx.load(os.path.join(artifact_fp32.path, "encoder.onnx"))
+    step = onnx.load(os.path.join(artifact_fp32.path, "decoder_step.onnx"))
+    assert contract_problems(enc, contract.encoder_inputs(), contract.encoder_outputs(n), cfg, "fp32") == []
+    assert contract_problems(step, contract.step_inputs(n), contract.step_outputs(n), cfg, "fp32") == []
+    past = next(v for v in step.graph.input if v.name == "past_key_0")
+    dims = [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim]
+    assert dims == ["batch", cfg["n_heads"], "cache_len", cfg["d_model"] // cfg["n_heads"]]
+    # and a graph that breaks it is caught
+    assert contract_problems(enc, contract.encoder_inputs(), contract.encoder_outputs(n), cfg, "fp16")
+    assert contract_problems(step, contract.encoder_inputs(), contract.encoder_outputs(n), cfg, "fp32")
+
+
+def test_one_straight_line_step_graph(artifact_fp32):
+    for name, g in artifact_fp32.manifest["graphs"].items():
+        ops = set(g["op_histogram"])
+        assert not ops & {"If", "Loop", "Scan", "Dropout", "RandomUniformLike", "RandomNormalLike"}, name
+        assert "LayerNormalization" in ops  # opset >= 17: one node, not a decomposition
+        assert "Constant" not in ops and "Identity" not in ops  # constants folded into initializers
+    onnx_files = [n for n in os.listdir(artifact_fp32.path) if n.endswith(".onnx")]
+    assert sorted(onnx_files) == ["decoder_step.onnx", "encoder.onnx"]
+
+
+@pytest.mark.parametrize("batch,src_len,cache_len", [(1, 1, 1), (1, 64, 64), (5, 3, 1), (4, 17, 30), (9, 2, 5)])
+def test_dynamic_axes_are_dynamic(artifact_fp32, tiny_model, batch, src_len, cache_len):
+    """ONNX Runtime runs both graphs at sizes other than the traced ones (2, 7, 6), ends of the ranges included."""
+    import torch
+
+    from transduce.exporter.validate import ArtifactRunner
+
+    runner = ArtifactRunner(artifact_fp32.path)
+    rng = np.random.default_rng(batch * 100 + src_len)
+    cfg = tiny_model.cfg
+    src = rng.integers(4, cfg.vocab_size, (batch, src_len))
+    lengths = rng.integers(1, src_len + 1, batch)
+    lengths[0] = src_len
+    got = runner.encode(src, lengths)
+    with torch.inference_mode():
+        memory, ck, cv = tiny_model.encode(torch.from_numpy(src), torch.from_numpy(lengths))
+    assert got["memory"].shape == (batch, src_len, cfg.d_model)
+    np.testing.assert_allclose(got["memory"], memory.numpy(), atol=1e-4)
+    cross = [t.numpy() for kv in zip(ck, cv) for t in kv]
+    shape = (batch, cfg.n_heads, cache_len, cfg.head_dim)
+    past = [rng.standard_normal(shape).astype(np.float32) for _ in cross]
+    tokens = rng.integers(4, cfg.vocab_size, batch)
+    positions = rng.integers(0, cache_len, batch)
+    out = runner.step(tokens, positions, lengths, past, cross)
+    t = torch.from_numpy
+    with torch.inference_mode():
+        lp, nk, _ = tiny_model.decode_step(t(tokens), t(positions), t(lengths), [t(a) for a in past[0::2]],
+                                           [t(a) for a in past[1::2]], ck, cv)
+    assert out["log_probs"].shape == (batch, cfg.vocab_size) and out["new_key_0"].shape == (batch, cfg.n_heads, 1, cfg.head_dim)
+    np.testing.assert_allclose(out["log_probs"], lp.numpy(), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(out["new_key_1"], nk[1].numpy(), atol=1e-4)
+
+
+def test_export_replaces_an_artifact_only_with_force(artifact_fp32, tmp_path, copied_graphs):
+    """--force swaps a complete new artifact in for an old one."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    model_dir = artifact_fp32.manifest["source_model"]["path"]
+    out = tmp_path / "art"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"kind": "old"}))
+    result = CliRunner().invoke(main, ["export", model_dir, str(out), "--quiet"])
+    assert result.exit_code == 2 and "already exists" in result.output and "--force" in result.output
+    assert json.loads((out / "manifest.json").read_text()) == {"kind": "old"}
+    result = CliRunner().invoke(main, ["export", model_dir, str(out), "--force", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert contract.read_manifest(out)["kind"] == contract.ARTIFACT_KIND
+
+
+def test_external_data_is_checked_validated_and_hashed(artifact_fp32, tiny_model_dir, tmp_path, monkeypatch):
+    """Graphs saved with external weights (what torch.onnx does above 1.5 GB) go through the same
+    checks and validation, and their .data files are listed in the manifest with their hashes."""
+    import onnx
+
+    from transduce.exporter import onnx_export
+
+    def export_external(model, directory, precision, opset, log=None):
+        for name in ("encoder.onnx", "decoder_step.onnx"):
+            proto = onnx.load(os.path.join(artifact_fp32.path, name))
+            # like torch.onnx's saver (onnx_ir, size_threshold_bytes=256): tensors under 256 bytes stay
+            # inline, so the shape-carrying constants (axes, shapes) stay readable by shape inference
+            onnx.save(proto, os.path.join(directory, name), save_as_external_data=True, location=f"{name}.data",
+                      size_threshold=256)
+        return {"encoder": 0.0, "decoder_step": 0.0}
+
+    monkeypatch.setattr(onnx_export, "export_graphs", export_external)
+    out = tmp_path / "art"
+    manifest = onnx_export.export_artifact(tiny_model_dir, out)
+    assert manifest["graphs"]["encoder.onnx"]["external_data"] == ["encoder.onnx.data"]
+    assert {"encoder.onnx.data", "decoder_step.onnx.data"} <= set(manifest["files"])
+    whole = artifact_fp32.manifest["files"]["encoder.onnx"]["bytes"]
+    assert manifest["files"]["encoder.onnx"]["bytes"] + manifest["files"]["encoder.onnx.data"]["bytes"] > whole
+    assert manifest["files"]["encoder.onnx.data"]["bytes"] > whole // 3
+    assert all(r["passed"] for r in manifest["validation"]["errors"])
+    contract.read_manifest(out)

@@ -1,0 +1,187 @@
+"""One conformance suite, run over every backend available here, against the eager model itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from transduce.errors import ArtifactError
+from transduce.runtime.api import load, make_backend
+from transduce.runtime.backends.torch_backend import TorchBackend
+from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+
+
+def _available():
+    out = ["torch", "onnxruntime"]
+    if importlib.util.find_spec("tensorrt") is not None and torch.cuda.is_available():
+        out.append("tensorrt")
+    return out
+
+
+BACKENDS = _available()
+
+
+def _batch(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    lens = np.array([9, 1, 5, 9, 3])
+    src = np.zeros((5, 9), dtype=np.int64)
+    for i, n in enumerate(lens):
+        src[i, : n - 1] = rng.integers(4, cfg["vocab_size"], n - 1)
+        src[i, n - 1] = cfg["eos_id"]
+    return src, lens
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request, tiny_artifact_dir):
+    if request.param == "tensorrt":
+        pytest.skip("the tensorrt backend runs from an engine directory: see tests/runtime/test_tensorrt_backend.py")
+    return make_backend(tiny_artifact_dir, request.param)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    return TorchBackend(tiny_model)
+
+
+def test_encoder_outputs_match_eager(backend, reference):
+    src, lens = _batch(reference.config)
+    got = backend.encoder_outputs(backend.encode(src, lens))
+    want = reference.encoder_outputs(reference.encode(src, lens))
+    assert set(got) == set(want)
+    for name in want:
+        for b, n in enumerate(lens):  # real source positions only
+            a = want[name][b, :n] if name == "memory" else want[name][b, :, :n]
+            g = got[name][b, :n] if name == "memory" else got[name][b, :, :n]
+            np.testing.assert_allclose(g, a, atol=1e-4, rtol=0, err_msg=name)
+
+
+def test_stepped_log_probs_match_full_forward(backend, tiny_model):
+    cfg = tiny_model.cfg.to_dict()
+    src, lens = _batch(cfg, seed=1)
+    tgt = np.random.default_rng(2).integers(4, cfg["vocab_size"], (5, 7))
+    tgt[:, 0] = cfg["bos_id"]
+    got = teacher_forced_log_probs(backend, src, lens, tgt)
+    with torch.no_grad():
+        want = torch.log_softmax(tiny_model(torch.from_numpy(src), torch.from_numpy(lens), torch.from_numpy(tgt)), -1)
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=0)
+
+
+def test_reorder_keeps_the_selected_rows(backend, reference):
+    """After reorder(rows), stepping row i continues the history of old row rows[i]."""
+    cfg = reference.config
+    src, lens = _batch(cfg, seed=3)
+    rng = np.random.default_rng(4)
+    prefix = rng.integers(4, cfg["vocab_size"], (5, 4))
+    prefix[:, 0] = cfg["bos_id"]
+    enc = backend.encode(src, lens)
+    state = backend.begin(enc, np.arange(5), 8)
+    for t in range(3):
+        backend.step_log_probs(state, prefix[:, t])
+    rows = np.array([4, 4, 0, 2])  # drop rows 1 and 3, duplicate 4
+    backend.reorder(state, rows, rows)
+    got = backend.step_log_probs(state, prefix[rows, 3])
+    want = teacher_forced_log_probs(reference, src[rows], lens[rows], prefix[rows])[:, 3]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_decoding_matches_eager(backend, reference, beam):
+    src, lens = _batch(reference.config, seed=5)
+    opts = DecodingOptions(beam_size=beam, nbest=min(beam, 2), max_len_b=12)
+    got = decode(backend, src, lens, opts)
+    want = decode(reference, src, lens, opts)
+    for g, w in zip(got, want):
+        assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
+        np.testing.assert_allclose([h.score for h in g.hypotheses], [h.score for h in w.hypotheses], atol=1e-4)
+
+
+def test_backends_agree_on_the_trained_demo_model(demo_artifact_dir, small_corpus):
+    from transduce.models.corpus import demo_corpus
+
+    _, valid = demo_corpus(n_train=0, n_valid=60, seed=3)
+    texts = [s for s, _ in valid]
+    outs = {name: load(demo_artifact_dir, backend=name) for name in ("torch", "onnxruntime")}
+    for beam in (1, 4):
+        a = outs["torch"].translate(texts, beam_size=beam)
+        b = outs["onnxruntime"].translate(texts, beam_size=beam)
+        assert [r.tokens for r in a] == [r.tokens for r in b]
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_path):
+    art = _copy(tiny_artifact_dir, tmp_path / "a")
+    with open(os.path.join(art, "decoder_step.onnx"), "r+b") as f:
+        f.seek(-20, os.SEEK_END)
+        f.write(b"\x00" * 4)
+    with pytest.raises(ArtifactError, match=r"decoder_step.onnx does not match its sha256.*\n.*transduce export"):
+        load(art)
+    missing = _copy(tiny_artifact_dir, tmp_path / "m")
+    os.unlink(os.path.join(missing, "encoder.onnx"))
+    with pytest.raises(ArtifactError, match="encoder.onnx is missing"):
+        load(missing)
+    art2 = _copy(tiny_artifact_dir, tmp_path / "b")
+    m = json.loads(open(os.path.join(art2, "manifest.json")).read())
+    m["contract_version"] = 999
+    open(os.path.join(art2, "manifest.json"), "w").write(json.dumps(m))
+    with pytest.raises(ArtifactError, match="contract version 999.*\n.*transduce export"):
+        load(art2)
+
+
+def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:
+    """A copy of the artifact with one weight of the step graph changed and the manifest re-hashed.
+
+    The weight: one element of the last decoder layer's last LayerNorm bias, which every log-prob sees.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    from transduce.runtime.contract import sha256_file
+
+    art = _copy(artifact_dir, out_dir)
+    path = os.path.join(art, "decoder_step.onnx")
+    model = onnx.load(path)
+    name = f"decoder_layers.{_n_layers(model) - 1}.norm3.bias"
+    init = next(t for t in model.graph.initializer if t.name.endswith(name))
+    arr = numpy_helper.to_array(init).copy()
+    arr.flat[0] += delta
+    init.CopyFrom(numpy_helper.from_array(arr, init.name))
+    onnx.save(model, path)
+    manifest = json.loads(open(os.path.join(art, "manifest.json")).read())
+    manifest["files"]["decoder_step.onnx"] = {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
+    open(os.path.join(art, "manifest.json"), "w").write(json.dumps(manifest))
+    return art
+
+
+def _n_layers(model) -> int:
+    return sum(1 for i in model.graph.input if i.name.startswith("past_key_"))
+
+
+def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_model_dir, tmp_path):
+    from transduce.models.corpus import demo_corpus
+    from transduce.runtime.parity import run_parity
+    from transduce.tokenizer import Tokenizer
+
+    _, valid = demo_corpus(n_train=0, n_valid=24, seed=3)
+    sources, targets = [s for s, _ in valid], [t for _, t in valid]
+    tok = Tokenizer.from_file(os.path.join(demo_artifact_dir, "tokenizer.json"))
+    ref = TorchBackend.from_model_dir(demo_model_dir)
+    good = run_parity(ref, make_backend(demo_artifact_dir, "onnxruntime"), tok, sources, targets)
+    assert good.passed, good.to_dict()
+    lp = next(s for s in good.teacher_forced if s.name == "log_probs")
+    assert lp.max_abs < 1e-4
+    bad_art = perturb_one_weight(demo_artifact_dir, tmp_path / "bad")
+    bad = run_parity(ref, make_backend(bad_art, "onnxruntime"), tok, sources, targets)
+    assert not bad.passed
+    lp_bad = next(s for s in bad.teacher_forced if s.name == "log_probs")
+    assert lp_bad.failing > 0 and lp_bad.max_abs > 1e-3
+    assert json.loads(json.dumps(bad.to_dict()))["passed"] is False

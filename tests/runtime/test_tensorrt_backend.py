@@ -1,0 +1,292 @@
+"""The TensorRT backend.
+
+On CPU: the import fails cleanly without TensorRT, and the backend's own logic (profiles, row chunks,
+preallocated cache and slot writes, reorders with the spare buffer, cross K/V gathers, top-k with
+banned ids) runs against the TensorRT test double (tests/tensorrt_fake.py, which executes the eager
+model on the bound host memory) and must decode exactly like the torch backend.
+
+On a GPU (`pytest -m gpu`, skipped with the reason where CUDA or TensorRT is missing): real engines
+built from freshly exported fp32 and fp16 artifacts give the torch backend's greedy tokens (fp32:
+identical; fp16: the parity policy), beam 4 identical for fp32, with and without CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorrt_fake as fake
+
+from transduce.errors import ArtifactError, BackendUnavailable, EngineError
+from transduce.exporter import engine as eng
+from transduce.runtime.backends.torch_backend import TorchBackend
+from transduce.runtime.decoding import DecodingOptions, decode
+
+
+def test_missing_tensorrt_fails_cleanly(monkeypatch, tmp_path):
+    from transduce.runtime.api import make_backend
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    for make in (lambda: TensorRTBackend(str(tmp_path)), lambda: make_backend(str(tmp_path), backend="tensorrt")):
+        with pytest.raises(BackendUnavailable) as e:
+            make()
+        assert "TensorRT is not installed" in str(e.value) and "pip install 'transduce[gpu]'" in str(e.value)
+
+
+def test_backend_module_imports_no_framework():
+    import subprocess
+
+    code = ("import sys, transduce.runtime.backends.tensorrt_backend, transduce.exporter.engine, "
+            "transduce.exporter.build_commands;"
+            "bad=[m for m in ('torch','onnxruntime','tensorrt','onnx') if m in sys.modules];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- against the test double (CPU) -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are microseconds; torch's intra-op threads only contend on a shared CPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, tiny_model_dir):
+    return fake.make_artifact(str(tmp_path_factory.mktemp("trt") / "artifact"), tiny_model_dir)
+
+
+def _engines(tmp_path_factory, artifact, **limits):
+    out = str(tmp_path_factory.mktemp("engines") / "e")
+    eng.build_engines(artifact, out, _trt=fake, _gpu=dict(fake.FAKE_GPU), **limits)
+    return out
+
+
+def _backend(engine_dir, **kw):
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    return TensorRTBackend(engine_dir, device="cpu", _trt=fake, _runtime=fake.runtime_info(), **kw)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory, artifact):
+    """Room for the whole test batch: 8 sentences x beam 4, two profiles (latency, throughput)."""
+    return _engines(tmp_path_factory, artifact, max_batch=8, beam=4, max_src_len=24, max_tgt_len=40)
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory, artifact):
+    """2 sentences x beam 2: every batch below runs in row chunks."""
+    return _engines(tmp_path_factory, artifact, max_batch=2, beam=2, max_src_len=24, max_tgt_len=40)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_tokenizer, small_corpus):
+    _, valid = small_corpus
+    ids = [tiny_tokenizer.encode(s)[:15] + [2] for s, _ in valid[:7]]
+    src = np.zeros((len(ids), max(map(len, ids))), np.int64)
+    for i, row in enumerate(ids):
+        src[i, : len(row)] = row
+    return src, np.array([len(r) for r in ids], np.int64)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    return TorchBackend(tiny_model)
+
+
+def _same(got, want):
+    for g, w in zip(got, want):
+        assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
+        np.testing.assert_allclose([h.score for h in g.hypotheses], [h.score for h in w.hypotheses], atol=1e-4)
+        assert [h.finished for h in g.hypotheses] == [h.finished for h in w.hypotheses]
+
+
+OPTS = [DecodingOptions(beam_size=1, max_len_a=0, max_len_b=30),
+        DecodingOptions(beam_size=4, nbest=2, max_len_a=0, max_len_b=30),
+        DecodingOptions(beam_size=2, min_length=5, max_len_a=0, max_len_b=12)]
+
+
+@pytest.mark.parametrize("opts", OPTS, ids=["greedy", "beam4", "beam2-minlen"])
+@pytest.mark.parametrize("engines", ["wide", "narrow"])
+def test_decodes_like_the_torch_backend(request, engines, opts, batch, reference):
+    backend = _backend(request.getfixturevalue(engines))
+    src, lens = batch
+    _same(decode(backend, src, lens, opts), decode(reference, src, lens, opts))
+
+
+def test_profiles_and_chunks_follow_the_rows(wide, narrow, batch):
+    src, lens = batch
+    b = _backend(wide)
+    decode(b, src[:1], lens[:1], OPTS[0])  # 1 row: latency profile
+    assert {p for p, _ in b._step.engine.executions} == {0}
+    decode(b, src, lens, OPTS[1])  # 7 sentences x 4 beams = 28 rows: throughput
+    assert {p for p, shapes in b._step.engine.executions if shapes["tokens"][0] > 8} == {1}
+    n = _backend(narrow)
+    decode(n, src, lens, OPTS[1])
+    assert max(s["tokens"][0] for _, s in n._step.engine.executions) == 4  # 28 rows in chunks of <= 4
+    assert [s["src_ids"][0] for _, s in n._enc.engine.executions] == [2, 2, 2, 1]
+
+
+def test_encoder_outputs_and_log_probs_match(wide, batch, reference):
+    src, lens = batch
+    b = _backend(wide)
+    got, want = b.encoder_outputs(b.encode(src, lens)), reference.encoder_outputs(reference.encode(src, lens))
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+    rows = np.array([0, 0, 3, 5, 6])  # duplicated and dropped rows: cross K/V gathered per row
+    sb, sr = b.begin(b.encode(src, lens), rows, 6), reference.begin(reference.encode(src, lens), rows, 6)
+    tokens = np.full(len(rows), 1, np.int64)
+    for t in range(4):
+        lp_b, lp_r = b.step_log_probs(sb, tokens), reference.step_log_probs(sr, tokens)
+        np.testing.assert_allclose(lp_b, lp_r, atol=1e-5)
+        tokens = lp_r[:, 4:].argmax(1) + 4
+        if t == 1:
+            keep = np.array([4, 1, 1])
+            b.reorder(sb, keep, rows[keep])
+            reference.reorder(sr, keep, rows[keep])
+            tokens = tokens[keep]
+
+
+def test_step_bans_pad_bos_and_eos(wide, batch):
+    src, lens = batch
+    b = _backend(wide)
+    cfg = b.config
+    state = b.begin(b.encode(src[:2], lens[:2]), np.arange(2), 4)
+    vals, ids = b.step(state, np.full(2, cfg["bos_id"]), k=cfg["vocab_size"], ban_eos=True)
+    assert ids.dtype == np.int64 and vals.dtype == np.float32 and ids.shape == (2, cfg["vocab_size"])
+    for row_ids, row_vals in zip(ids, vals):
+        banned = {cfg["pad_id"], cfg["bos_id"], cfg["eos_id"]}
+        assert set(row_ids[-3:]) == banned and np.isneginf(row_vals[-3:]).all()
+        assert np.all(np.diff(row_vals[:-3]) <= 0)
+    _, ids = b.step(state, ids[:, 0], k=3)
+    assert cfg["eos_id"] not in {cfg["pad_id"], cfg["bos_id"]} and not ({cfg["pad_id"], cfg["bos_id"]} & set(ids.ravel()))
+    with pytest.raises(IndexError, match="capacity 4 exhausted"):
+        for _ in range(3):
+            b.step(state, ids[:, 0], k=1)
+
+
+def test_limits_outside_the_engines_are_clear_errors(narrow, tiny_model_dir):
+    b = _backend(narrow)
+    with pytest.raises(EngineError, match="--max-src-len 30"):
+        b.encode(np.full((1, 30), 5, np.int64), np.array([30]))
+    enc = b.encode(np.full((1, 5), 5, np.int64), np.array([5]))
+    with pytest.raises(EngineError, match="--max-tgt-len 41"):
+        b.begin(enc, np.arange(1), 41)
+
+
+def test_engine_refusals_reach_the_backend(tmp_path_factory, artifact):
+    d = _engines(tmp_path_factory, artifact, max_batch=2)
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    with pytest.raises(ArtifactError, match="TensorRT 10.0.0"):
+        TensorRTBackend(d, device="cpu", _trt=fake, _runtime=eng.RuntimeInfo("10.0.0", "NVIDIA Fake H100", "9.0"))
+    with open(os.path.join(d, eng.ENCODER_PLAN), "ab") as f:
+        f.write(b" ")
+    with pytest.raises(ArtifactError, match="encoder.plan has .* bytes"):
+        _backend(d)
+
+
+def test_translator_over_an_engine_dir(wide, tiny_tokenizer, small_corpus, tiny_model):
+    from transduce.runtime.translator import Translator
+
+    b = _backend(wide)
+    assert b.artifact_dir == wide and os.path.isfile(os.path.join(b.artifact_dir, "tokenizer.json"))
+    _, valid = small_corpus
+    sources = [s for s, _ in valid[:5]]
+    got = Translator(b, tiny_tokenizer).translate(sources, beam_size=2, max_len_b=20)
+    want = Translator(TorchBackend(tiny_model), tiny_tokenizer).translate(sources, beam_size=2, max_len_b=20)
+    assert [t.tokens for t in got] == [t.tokens for t in want]
+
+
+# -- real TensorRT on a GPU --------------------------------------------------------------------
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU available to PyTorch"
+    try:
+        eng.import_tensorrt()
+    except BackendUnavailable as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory, request):
+    """The briefly trained demo model (peaked distributions: few near-ties), exported fp32 and fp16, built."""
+    reason = _gpu_reason()
+    if reason:
+        pytest.skip(reason)
+    demo_model_dir = request.getfixturevalue("demo_model_dir")  # trains for a minute: only once we know we can run
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.models.checkpoint import load_model_dir
+    from transduce.models.corpus import demo_corpus
+
+    root = tmp_path_factory.mktemp("gpu")
+    engines = {}
+    for precision in ("fp32", "fp16"):
+        art = str(root / f"artifact-{precision}")
+        export_artifact(demo_model_dir, art, precision=precision)
+        engines[precision] = str(root / f"engines-{precision}")
+        eng.build_engines(art, engines[precision], max_batch=16, beam=4, timing_cache=str(root / "timing.cache"),
+                          progress=False)
+    model, tokenizer, _ = load_model_dir(demo_model_dir)
+    _, valid = demo_corpus(n_train=0, n_valid=48)
+    sources = [s for s, _ in valid]
+    ids = [tokenizer.encode(s)[:60] + [model.cfg.eos_id] for s in sources]
+    src = np.zeros((len(ids), max(map(len, ids))), np.int64)
+    for i, row in enumerate(ids):
+        src[i, : len(row)] = row
+    return {"engines": engines, "model": model, "tokenizer": tokenizer, "sources": sources,
+            "src": src, "lens": np.array([len(r) for r in ids], np.int64)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["enqueue", "cuda-graph"])
+def test_gpu_fp32_greedy_and_beam_equal_torch(gpu, cuda_graph):
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    b = TensorRTBackend(gpu["engines"]["fp32"], cuda_graph=cuda_graph)
+    reference = TorchBackend(gpu["model"], device="cuda")
+    for start in range(0, len(gpu["src"]), 16):  # batches of 16 sentences: both profiles, every row count
+        src, lens = gpu["src"][start : start + 16], gpu["lens"][start : start + 16]
+        for opts in (DecodingOptions(beam_size=1), DecodingOptions(beam_size=4)):
+            _same(decode(b, src, lens, opts), decode(reference, src, lens, opts))
+    if cuda_graph:
+        assert b.graph_error is None and b.graph_captures > 0 and b.graph_replays > b.graph_captures
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_matches_torch_within_the_parity_policy(gpu):
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+    from transduce.runtime.parity import run_parity
+
+    report = run_parity(TorchBackend(gpu["model"], device="cuda"), TensorRTBackend(gpu["engines"]["fp16"]),
+                        gpu["tokenizer"], gpu["sources"], precision="fp16", beam_size=4)
+    assert report.passed, report.to_dict()
+    greedy = next(s for s in report.sequences if s.mode == "greedy")
+    assert greedy.agreement >= 0.99
+
+
+@pytest.mark.gpu
+def test_gpu_engine_refused_on_other_runtime(gpu):
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    with pytest.raises(ArtifactError, match="rebuild the engines with: transduce build"):
+        TensorRTBackend(gpu["engines"]["fp32"], _runtime=eng.RuntimeInfo("0.0.0", "NVIDIA Nothing", "1.0"))

@@ -1,0 +1,53 @@
+"""The exporter's subcommands (click only; the work is done by transduce.exporter.onnx_export)."""
+
+from __future__ import annotations
+
+import click
+
+from transduce.cli_errors import cli_errors
+from transduce.exporter.onnx_export import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET  # no framework imported
+from transduce.runtime.contract import PRECISIONS
+
+
+@click.command("export")
+@click.argument("model_dir", type=click.Path())
+@click.argument("out_dir", type=click.Path())
+@click.option("--force", is_flag=True, help="Replace OUT_DIR if it is an existing artifact.")
+@click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=int, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET}).")
+@click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS),
+              help="Float precision of the graphs (fp16/bf16 keep LayerNorm, softmax and log_probs in fp32).")
+@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@cli_errors
+def export(model_dir, out_dir, force, opset, precision, quiet):
+    """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json.
+
+    The graphs are checked (ONNX checker, IO contract, TensorRT operator support) and validated
+    against eager PyTorch; if anything fails nothing is written.
+    """
+    from transduce.exporter.onnx_export import export_artifact
+
+    log = None if quiet else (lambda msg: click.echo(f"[export] {msg}", err=True))
+    manifest = export_artifact(model_dir, out_dir, force=force, opset=opset, precision=precision, log=log)
+    click.echo(summary(out_dir, manifest))
+
+
+def summary(out_dir: str, manifest: dict) -> str:
+    """A few lines: files and sizes, the validation's worst errors, the time taken."""
+    lines = [f"artifact {out_dir} ({manifest['precision']}, opset {manifest['opset']}, "
+             f"IO contract v{manifest['contract_version']})"]
+    for name, meta in manifest["files"].items():
+        lines.append(f"  {name:<20} {meta['bytes']:>12,} bytes")
+    val = manifest["validation"]
+    worst: dict[str, dict] = {}
+    for row in val["errors"]:
+        key = row["output"] if row["output"] in ("memory", "log_probs") else row["output"].rsplit("_", 1)[0] + "_*"
+        if key not in worst or row["max_abs"] > worst[key]["max_abs"]:
+            worst[key] = row
+    lines.append(f"validated on {val['engine']} against {val['reference']}:")
+    for key, row in worst.items():
+        lines.append(f"  {key:<14} max abs {row['max_abs']:.2e}  (tolerance {row['atol']:g} + {row['rtol']:g}*|ref|)")
+    lines.append(f"exported in {manifest['export_seconds']['total']:.1f} s")
+    return "\n".join(lines)
+
+
+COMMANDS = [export]

@@ -1,0 +1,481 @@
+"""The TensorRT backend: an engine directory's two plans, run with the tensor-address API on one CUDA stream.
+
+Runs only where TensorRT >= 10, a CUDA build of PyTorch and an NVIDIA GPU are (`pip install
+'transduce[gpu]'`); elsewhere constructing it raises BackendUnavailable with the reason. Device
+memory is torch CUDA tensors (no pycuda): every input and output of both engines is a torch tensor
+whose `data_ptr()` is bound with `IExecutionContext.set_tensor_address`, shapes are set with
+`set_input_shape`, and `execute_async_v3(stream)` runs on the backend's own torch CUDA stream, on
+which every torch op of the backend (copies, slot writes, gathers, top-k) is also issued, so the
+stream orders everything and only the chosen token ids (and their log-probs) come back to the host.
+
+Memory of one decoding run (`begin` .. last `step`), allocated once and reused by every step:
+- the self-attention cache, (rows, heads, capacity, head_dim) per layer for K and for V, zeroed, plus
+  a spare buffer of each: a beam reorder gathers the selected rows into the spare buffer on the
+  device (index_select with out=) and swaps the two;
+- this step's outputs (log_probs (rows, vocab) fp32, new_key_i / new_value_i (rows, heads, 1,
+  head_dim)); after the engine runs, new K/V are copied into slot `position` of the cache on the
+  same stream (the graph reads `past_*` and writes `new_*`, distinct buffers: the cache is never
+  read and written by the same kernel);
+- tokens and positions (rows,) int64 on the device, tokens staged through a pinned host buffer;
+- cross K/V and src_lengths: the encoder's outputs are bound directly while row r decodes source r;
+  once the row -> source mapping changes (beams, finished sentences dropped) they are gathered per
+  row into buffers of their own, and again only when the mapping changes.
+Rows grow once in beam search (n sentences at step 0, n x k after): the buffers are reallocated then.
+
+Profiles: engine.json lists each engine's optimization profiles; one execution context per profile
+is created when first used (`set_optimization_profile_async` once, so contexts never switch
+profiles), and each run picks the profile for its shapes (`engine.choose_chunks`). A batch wider
+than every profile's max batch runs in chunks of rows (rows are independent; the chunk's tensors
+are bound at row offsets); a source or cache longer than the engines were built for is an
+EngineError naming the `transduce build` flag to raise.
+
+CUDA graphs (cuda_graph=True): with the cache preallocated, the step graph's input shapes are fixed
+for a given (rows, capacity, src_len), and its addresses for a given set of buffers. The step's
+`execute_async_v3` is captured (torch.cuda.graph on the backend's stream) per (profile, shapes,
+addresses) and replayed. A capture is made only right after a normal run of the same context with
+the same shapes (TensorRT's own rule: enqueue once before capturing so shape-dependent setup is
+not captured), and a captured graph is replayed only while the context's last run had its shapes.
+A graph is invalid, and is not used again, when any of its inputs changes: rows (sentences finish,
+beams expand), the capacity or src_len (a new batch: every `begin` starts with no graphs), or a
+buffer address (the cache/spare swap of a beam reorder alternates between two address sets, each
+captured once; a regather of cross K/V to other buffers). Steps that run in several row chunks are
+never captured. If a capture fails (an engine with operations that cannot be captured), graphs are
+switched off for this backend with a warning and steps run normally.
+
+Semantics are those of the torch and onnxruntime backends: `step` returns the top-k of each row
+(PAD and BOS never proposed, EOS excluded when ban_eos), `step_log_probs` the full fp32 log-probs,
+`reorder` keeps/duplicates rows, `encoder_outputs` returns numpy float32.
+
+This module is complete but has only been run here against a test double of TensorRT on CPU
+(tests/runtime/test_tensorrt_backend.py); the GPU tests in the same file run it for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transduce.errors import BackendUnavailable, EngineError
+from transduce.exporter import engine as eng
+from transduce.runtime import contract
+from transduce.runtime.backends.base import banned_ids
+
+MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise BackendUnavailable("the tensorrt backend needs PyTorch (for CUDA device memory and streams)",
+                                 hint=eng.GPU_HINT) from None
+    return torch
+
+
+def _freeze(d: dict[str, Any]) -> tuple:
+    return tuple(sorted(d.items()))
+
+
+@dataclass
+class _Context:
+    ctx: Any  # trt.IExecutionContext bound to one profile
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input shapes last set (host side)
+    addresses: dict[str, int] = field(default_factory=dict)  # tensor addresses last set
+    last_run_shapes: tuple | None = None  # shapes of the last execution (normal or replayed graph)
+
+
+class _EngineRunner:
+    """One deserialized plan: its IO dtypes, its profiles and one execution context per profile."""
+
+    def __init__(self, trt, torch, runtime, logger, path: str, graph: str, profiles, config: dict, precision: str,
+                 rebuild: str):
+        self.trt, self.torch, self.graph, self.path, self.profiles = trt, torch, graph, path, tuple(profiles)
+        self.logger, self.rebuild = logger, rebuild
+        with open(path, "rb") as f:
+            data = f.read()
+        self.engine = runtime.deserialize_cuda_engine(data)
+        if self.engine is None:
+            raise EngineError(f"TensorRT could not deserialize {path}: {logger.recent() or 'no error reported'}",
+                              hint=f"rebuild the engines with: {rebuild}")
+        problems = eng.check_engine(trt, self.engine, graph, config, precision, self.profiles)
+        if problems:
+            raise EngineError(f"{path} does not match the contract or engine.json: " + "; ".join(problems),
+                              hint=f"rebuild the engines with: {rebuild}")
+        ins, outs = eng.engine_io(trt, self.engine)
+        self.dtypes = {name: getattr(torch, dt) for name, dt in {**ins, **outs}.items()}
+        self.inputs, self.outputs = list(ins), list(outs)
+        self._contexts: list[_Context | None] = [None] * len(self.profiles)
+
+    def context(self, index: int, stream_handle: int) -> _Context:
+        c = self._contexts[index]
+        if c is None:
+            ctx = self.engine.create_execution_context()
+            if ctx is None:
+                raise EngineError(f"TensorRT could not create an execution context for {self.path} "
+                                  f"(out of GPU memory?): {self.logger.recent()}")
+            try:
+                ok = ctx.set_optimization_profile_async(index, stream_handle)
+            except RuntimeError as e:  # the Python binding raises where the C++ API returns false
+                ok = False
+                self.logger.errors.append(str(e))
+            if not ok:
+                raise EngineError(f"{self.path}: cannot select optimization profile {index}: {self.logger.recent()}")
+            c = self._contexts[index] = _Context(ctx)
+        return c
+
+    def set_io(self, c: _Context, shapes: dict[str, tuple[int, ...]], addresses: dict[str, int],
+               out_shapes: dict[str, tuple[int, ...]]) -> None:
+        changed = False
+        for name, shape in shapes.items():
+            if c.shapes.get(name) != shape:
+                if not c.ctx.set_input_shape(name, shape):
+                    c.shapes.clear()
+                    raise EngineError(f"{self.graph}: TensorRT refused shape {shape} for {name}: "
+                                      f"{self.logger.recent() or 'outside the optimization profile'}")
+                c.shapes[name] = shape
+                changed = True
+        if changed:  # the buffers were sized by the contract: check TensorRT agrees before it writes
+            for name, want in out_shapes.items():
+                have = tuple(int(d) for d in c.ctx.get_tensor_shape(name))
+                if have != want:
+                    raise EngineError(f"{self.graph}: TensorRT computes {name} as {have}, the contract says {want}")
+        for name, ptr in addresses.items():
+            if c.addresses.get(name) != ptr:
+                if not c.ctx.set_tensor_address(name, ptr):
+                    c.addresses.pop(name, None)
+                    raise EngineError(f"{self.graph}: TensorRT refused the address of {name}: {self.logger.recent()}")
+                c.addresses[name] = ptr
+
+    def run(self, index: int, shapes, addresses, out_shapes, stream_handle: int) -> _Context:
+        c = self.context(index, stream_handle)
+        self.set_io(c, shapes, addresses, out_shapes)
+        if not c.ctx.execute_async_v3(stream_handle):
+            raise EngineError(f"{self.graph}: TensorRT execution failed: {self.logger.recent() or 'no error reported'}")
+        c.last_run_shapes = _freeze(shapes)
+        return c
+
+
+@dataclass
+class _Encoded:
+    memory: Any  # (B, S, D)
+    cross: dict[str, Any]  # cross_key_i / cross_value_i -> (B, H, S, Dh)
+    src_lengths: Any  # (B,) on the device, in the step engine's dtype
+    batch: int
+    src_len: int
+
+
+@dataclass
+class _State:
+    enc: _Encoded
+    rows: int  # current decoding rows
+    row_cap: int  # rows the buffers hold
+    capacity: int  # cache slots
+    row_src: np.ndarray
+    caches: list[Any] = field(default_factory=list)  # past_key_0, past_value_0, ... (row_cap, H, C, Dh)
+    spare: list[Any] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)  # log_probs, new_* (row_cap, ...)
+    tokens: Any = None  # (row_cap,) device
+    tokens_host: Any = None  # (row_cap,) pinned host
+    positions: Any = None  # (row_cap,) device
+    cross: dict[str, Any] = field(default_factory=dict)  # bound cross K/V + "src_lengths": enc's or gathered
+    cross_buf: dict[str, Any] | None = None  # gather destinations (row_cap rows), allocated when first needed
+    position: int = 0
+    graphs: dict[tuple, Any] = field(default_factory=dict)
+
+
+class TensorRTBackend:
+    name = "tensorrt"
+
+    def __init__(self, engine_dir: str | os.PathLike, device: str = "cuda", cuda_graph: bool = False,
+                 verify: bool = True, log=None, *, _trt=None, _runtime: eng.RuntimeInfo | None = None):
+        """Load ENGINE_DIR (written by `transduce build`). device: "cuda" or "cuda:N".
+
+        verify: check every file's sha256 against engine.json (a tampered plan is refused).
+        `_trt` / `_runtime` inject a TensorRT module and runtime identity (tests only; with an injected
+        module device="cpu" is accepted so the test double can run on host memory).
+        """
+        torch = _torch()
+        self.torch = torch
+        self.engine_dir = os.path.abspath(os.fspath(engine_dir))
+        self._log = log or (lambda msg: None)
+        trt = _trt or eng.import_tensorrt()
+        self.trt = trt
+        if str(device) == "cpu" and _trt is not None:
+            self.device = torch.device("cpu")
+        else:
+            idx = eng.device_index(device)
+            if not torch.cuda.is_available():
+                raise BackendUnavailable("the tensorrt backend needs a CUDA GPU and PyTorch sees none here",
+                                         hint=eng.GPU_HINT + " (or decode with --backend onnxruntime on CPU)")
+            self.device = torch.device("cuda", idx)
+        self.on_cuda = self.device.type == "cuda"
+        if _runtime is None:
+            _runtime = eng.current_runtime(self.device.index or 0, trt)
+        self.meta = eng.read_engine_manifest(self.engine_dir, check_runtime=True, verify_hashes=verify, runtime=_runtime)
+        # the engine directory holds the artifact: tokenizer, manifest (parity and `load` read it)
+        self.artifact_dir = self.engine_dir
+        self.manifest = contract.read_manifest(self.engine_dir, verify_hashes=False)
+        self.config = self.manifest["model"]
+        self.precision = self.manifest["precision"]
+        self.plan = eng.plan_from_meta(self.meta)
+        cfg = self.config
+        self.n_layers = cfg["decoder_layers"]
+        self.heads = cfg["n_heads"]
+        self.head_dim = cfg["d_model"] // self.heads
+        self.vocab = cfg["vocab_size"]
+        self.cache_names = [f"past_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
+        self.new_names = [f"new_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
+        self.cross_names = [f"cross_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
+        self.cuda_graph = bool(cuda_graph) and self.on_cuda
+        self.graph_captures = 0
+        self.graph_replays = 0
+        self.graph_error: str | None = None
+        if self.on_cuda:
+            torch.cuda.set_device(self.device)
+            self.stream = torch.cuda.Stream(device=self.device)
+            self.stream_handle = int(self.stream.cuda_stream)
+        else:
+            self.stream, self.stream_handle = None, 0
+        rebuild = eng.rebuild_command(self.engine_dir, self.meta)
+        self._logger = eng.make_logger(trt, self._log)
+        self._runtime = trt.Runtime(self._logger)
+        self._enc = _EngineRunner(trt, torch, self._runtime, self._logger,
+                                  os.path.join(self.engine_dir, eng.ENCODER_PLAN), "encoder", self.plan.encoder,
+                                  cfg, self.precision, rebuild)
+        self._step = _EngineRunner(trt, torch, self._runtime, self._logger,
+                                   os.path.join(self.engine_dir, eng.STEP_PLAN), "decoder_step",
+                                   self.plan.decoder_step, cfg, self.precision, rebuild)
+        for name in self.cross_names:  # the encoder's outputs are the step's inputs, bound as they are
+            if self._enc.dtypes[name] != self._step.dtypes[name]:
+                raise EngineError(f"{name}: the encoder engine writes {self._enc.dtypes[name]}, the step engine reads "
+                                  f"{self._step.dtypes[name]}", hint=f"rebuild the engines with: {rebuild}")
+        self.float_dtype = self._step.dtypes[self.cache_names[0]]
+        with self._on_stream():  # made on the stream that uses them (a side stream does not wait for the default one)
+            self._placeholder = torch.zeros(16, dtype=torch.uint8, device=self.device)
+            self._banned = {flag: torch.tensor(banned_ids(cfg, flag), dtype=torch.long, device=self.device)
+                            for flag in (False, True)}
+        self._sync()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _on_stream(self):
+        return self.torch.cuda.stream(self.stream) if self.on_cuda else contextlib.nullcontext()
+
+    def _ptr(self, t) -> int:
+        """A tensor's address for TensorRT: an empty tensor still needs a valid address of >= 1 byte."""
+        if t.numel() == 0:
+            return int(self._placeholder.data_ptr())
+        assert t.is_contiguous()
+        return int(t.data_ptr())
+
+    def _to_device(self, a: np.ndarray, dtype):
+        return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype=dtype)
+
+    def _sync(self) -> None:
+        if self.on_cuda:
+            self.stream.synchronize()
+
+    # -- encoder ----------------------------------------------------------------------------------
+    def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> _Encoded:
+        torch = self.torch
+        src_ids = np.ascontiguousarray(src_ids, np.int64)
+        batch, src_len = src_ids.shape
+        chunks = eng.choose_chunks(batch, self.plan.encoder, src_len)
+        d, h, dh = self.config["d_model"], self.heads, self.head_dim
+        dt = self._enc.dtypes
+        with self._on_stream():
+            ids = self._to_device(src_ids, dt["src_ids"])
+            lens = self._to_device(np.asarray(src_lengths, np.int64), dt["src_lengths"])
+            outs = {"memory": torch.empty((batch, src_len, d), dtype=dt["memory"], device=self.device)}
+            for name in self.cross_names:
+                outs[name] = torch.empty((batch, h, src_len, dh), dtype=dt[name], device=self.device)
+            for a, b, prof in chunks:
+                n = b - a
+                shapes = {"src_ids": (n, src_len), "src_lengths": (n,)}
+                out_shapes = {name: (n,) + tuple(t.shape[1:]) for name, t in outs.items()}
+                addresses = {"src_ids": self._ptr(ids[a:b]), "src_lengths": self._ptr(lens[a:b])}
+                addresses.update({name: self._ptr(t[a:b]) for name, t in outs.items()})
+                self._enc.run(prof, shapes, addresses, out_shapes, self.stream_handle)
+            step_lens = lens.to(self._step.dtypes["src_lengths"])
+        memory = outs.pop("memory")
+        return _Encoded(memory, outs, step_lens, batch, src_len)
+
+    def encoder_outputs(self, enc: _Encoded) -> dict[str, np.ndarray]:
+        with self._on_stream():
+            out = {"memory": enc.memory.float().cpu().numpy()}
+            for name in self.cross_names:
+                out[name] = enc.cross[name].float().cpu().numpy()
+        return out
+
+    # -- decoding run -----------------------------------------------------------------------------
+    def begin(self, enc: _Encoded, row_src: np.ndarray, capacity: int) -> _State:
+        cap = max(int(capacity), 1)
+        eng.choose_chunks(1, self.plan.decoder_step, enc.src_len, cap)  # refuse a cache the engines cannot take
+        rows = len(row_src)
+        state = _State(enc=enc, rows=rows, row_cap=0, capacity=cap, row_src=np.array([-1]))
+        with self._on_stream():
+            self._allocate(state, rows)
+        self._gather_cross(state, np.asarray(row_src, np.int64))
+        return state
+
+    def _allocate(self, state: _State, rows: int, keep_caches: bool = False) -> None:
+        """(Re)allocate every per-row buffer for `rows` rows; the caches only unless keep_caches."""
+        torch = self.torch
+        shape = (rows, self.heads, state.capacity, self.head_dim)
+        if not keep_caches:
+            state.caches = [torch.zeros(shape, dtype=self.float_dtype, device=self.device) for _ in self.cache_names]
+        state.spare = [torch.zeros(shape, dtype=self.float_dtype, device=self.device) for _ in self.cache_names]
+        dt = self._step.dtypes
+        state.outputs = {"log_probs": torch.empty((rows, self.vocab), dtype=dt["log_probs"], device=self.device)}
+        for name in self.new_names:
+            state.outputs[name] = torch.empty((rows, self.heads, 1, self.head_dim), dtype=dt[name], device=self.device)
+        state.tokens = torch.zeros(rows, dtype=dt["tokens"], device=self.device)
+        state.positions = torch.zeros(rows, dtype=dt["positions"], device=self.device)
+        state.tokens_host = torch.zeros(rows, dtype=dt["tokens"], pin_memory=self.on_cuda)
+        state.cross_buf = None  # gathered cross K/V must be gathered again into buffers of the new size
+        state.row_src = np.array([-1])
+        state.row_cap = rows
+        state.graphs.clear()
+
+    def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
+        """Bind the encoder's cross K/V for rows decoding sources row_src: as they are for the identity
+        mapping, else gathered per row into this run's own buffers (only when the mapping changes)."""
+        if np.array_equal(row_src, state.row_src):
+            return
+        enc, torch = state.enc, self.torch
+        n = len(row_src)
+        if n == enc.batch and np.array_equal(row_src, np.arange(enc.batch)):
+            state.cross = dict(enc.cross)
+            state.cross["src_lengths"] = enc.src_lengths
+        else:
+            with self._on_stream():
+                if state.cross_buf is None or state.cross_buf["src_lengths"].shape[0] < n:
+                    rows = max(n, state.row_cap)
+                    state.cross_buf = {name: torch.empty((rows,) + tuple(enc.cross[name].shape[1:]),
+                                                         dtype=enc.cross[name].dtype, device=self.device)
+                                       for name in self.cross_names}
+                    state.cross_buf["src_lengths"] = torch.empty(rows, dtype=enc.src_lengths.dtype, device=self.device)
+                idx = self._to_device(row_src, torch.long)
+                for name in self.cross_names:
+                    torch.index_select(enc.cross[name], 0, idx, out=state.cross_buf[name][:n])
+                torch.index_select(enc.src_lengths, 0, idx, out=state.cross_buf["src_lengths"][:n])
+            state.cross = state.cross_buf
+        state.row_src = row_src.copy()
+
+    def _step_io(self, state: _State, a: int, b: int):
+        n, c, s = b - a, state.capacity, state.enc.src_len
+        h, dh = self.heads, self.head_dim
+        shapes = {"tokens": (n,), "positions": (n,), "src_lengths": (n,)}
+        addresses = {"tokens": self._ptr(state.tokens[a:b]), "positions": self._ptr(state.positions[a:b]),
+                     "src_lengths": self._ptr(state.cross["src_lengths"][a:b])}
+        for name, t in zip(self.cache_names, state.caches):
+            shapes[name] = (n, h, c, dh)
+            addresses[name] = self._ptr(t[a:b])
+        for name in self.cross_names:
+            shapes[name] = (n, h, s, dh)
+            addresses[name] = self._ptr(state.cross[name][a:b])
+        out_shapes = {"log_probs": (n, self.vocab)}
+        addresses["log_probs"] = self._ptr(state.outputs["log_probs"][a:b])
+        for name in self.new_names:
+            out_shapes[name] = (n, h, 1, dh)
+            addresses[name] = self._ptr(state.outputs[name][a:b])
+        return shapes, addresses, out_shapes
+
+    def _launch(self, state: _State, prof: int, shapes, addresses, out_shapes, single_chunk: bool) -> None:
+        """Run the step engine once: a captured CUDA graph where one is valid, else execute_async_v3."""
+        runner = self._step
+        if not (self.cuda_graph and single_chunk):
+            runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
+            return
+        c = runner.context(prof, self.stream_handle)
+        skey = _freeze(shapes)
+        key = (prof, skey, _freeze(addresses))
+        graph = state.graphs.get(key)
+        if graph is not None and c.last_run_shapes == skey:
+            graph.replay()
+            self.graph_replays += 1
+            return
+        if graph is None and c.last_run_shapes == skey:  # warm: the last run of this context had these shapes
+            torch = self.torch
+            runner.set_io(c, shapes, addresses, out_shapes)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, stream=self.stream):
+                    ok = c.ctx.execute_async_v3(self.stream_handle)
+                if not ok:
+                    raise EngineError(f"execute_async_v3 failed under capture: {self._logger.recent()}")
+            except Exception as e:  # noqa: BLE001 - any capture failure means: run without graphs
+                self.cuda_graph = False
+                self.graph_error = f"{type(e).__name__}: {e}"
+                warnings.warn(f"TensorRT step could not be captured in a CUDA graph ({self.graph_error}); "
+                              "continuing without CUDA graphs", stacklevel=3)
+                runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
+                return
+            if len(state.graphs) >= MAX_GRAPHS_PER_RUN:
+                state.graphs.pop(next(iter(state.graphs)))
+            state.graphs[key] = graph
+            self.graph_captures += 1
+            graph.replay()
+            self.graph_replays += 1
+            return
+        runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
+
+    def _run(self, state: _State, tokens: np.ndarray) -> None:
+        p = state.position
+        if p >= state.capacity:
+            raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
+        r = state.rows
+        tokens = np.asarray(tokens)
+        if tokens.shape != (r,):
+            raise ValueError(f"expected {r} tokens, got shape {tokens.shape}")
+        chunks = eng.choose_chunks(r, self.plan.decoder_step, state.enc.src_len, state.capacity)
+        with self._on_stream():
+            state.tokens_host[:r].numpy()[:] = tokens
+            state.tokens[:r].copy_(state.tokens_host[:r], non_blocking=self.on_cuda)
+            state.positions[:r].fill_(p)
+            for a, b, prof in chunks:
+                shapes, addresses, out_shapes = self._step_io(state, a, b)
+                self._launch(state, prof, shapes, addresses, out_shapes, len(chunks) == 1)
+            for cache, name in zip(state.caches, self.new_names):
+                cache[:r, :, p : p + 1].copy_(state.outputs[name][:r])  # slot p, in place
+        state.position = p + 1
+
+    def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        self._run(state, tokens)
+        torch = self.torch
+        r = state.rows
+        with self._on_stream():
+            lp = state.outputs["log_probs"][:r]
+            lp.index_fill_(1, self._banned[bool(ban_eos)], float("-inf"))  # the buffer is rewritten next step
+            vals, ids = torch.topk(lp, min(int(k), self.vocab), dim=-1)
+            # one device->host copy: ids < vocab_size < 2**24 are exact in float32
+            both = torch.stack([vals.float(), ids.float()]).cpu().numpy()
+        return both[0].astype(np.float32), both[1].astype(np.int64)
+
+    def step_log_probs(self, state: _State, tokens: np.ndarray) -> np.ndarray:
+        self._run(state, tokens)
+        with self._on_stream():
+            return state.outputs["log_probs"][: state.rows].float().cpu().numpy().copy()
+
+    def reorder(self, state: _State, rows: np.ndarray, row_src: np.ndarray) -> None:
+        torch = self.torch
+        rows = np.asarray(rows, np.int64)
+        n = len(rows)
+        with self._on_stream():
+            idx = self._to_device(rows, torch.long)
+            old = state.caches
+            if n > state.row_cap:  # beams expand after step 0: new buffers, gathered into directly
+                self._allocate(state, n)
+                dst = state.caches
+            else:
+                dst = state.spare
+            for src, out in zip(old, dst):
+                torch.index_select(src[: state.rows], 0, idx, out=out[:n])
+            if dst is state.spare:
+                state.caches, state.spare = state.spare, state.caches
+        state.rows = n
+        self._gather_cross(state, np.asarray(row_src, np.int64))

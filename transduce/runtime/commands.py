@@ -1,0 +1,107 @@
+"""CLI: `transduce decode` and `transduce parity` (thin wrappers over the runtime library)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from transduce.cli_errors import cli_errors
+from transduce.errors import InputError
+
+BACKEND_CHOICE = click.Choice(["onnxruntime", "torch", "tensorrt"])
+
+
+def _read_lines(path: str) -> list[str]:
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        raise InputError(f"input file {path!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"input file {path!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+@click.command()
+@click.argument("artifact_dir", type=click.Path())
+@click.option("--input", "input_path", default="-", show_default=True, help="Sentences, one per line ('-' = stdin).")
+@click.option("--output", "output_path", default="-", show_default=True, help="Where translations go ('-' = stdout).")
+@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--beam", default=4, show_default=True, help="Beam size (1 = greedy).")
+@click.option("--nbest", default=1, show_default=True, help="Hypotheses per sentence (written as 'i ||| text ||| score').")
+@click.option("--length-penalty", default=0.6, show_default=True, help="alpha of ((5+len)/6)^alpha.")
+@click.option("--length-penalty-form", default="gnmt", show_default=True, type=click.Choice(["gnmt", "plain", "none"]))
+@click.option("--max-len-b", default=50, show_default=True, help="Max output length = source length + this.")
+@click.option("--min-length", default=0, show_default=True)
+@click.option("--batch-tokens", default=4096, show_default=True, help="Budget of rows x beam x source tokens per batch.")
+@click.option("--threads", default=0, show_default=True, help="Intra-op threads (0: the framework's default).")
+@click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
+@click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
+@click.option("--model", "model_dir", type=click.Path(), help="Model directory for --backend torch (default: the one the artifact names).")
+@cli_errors
+def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, length_penalty, length_penalty_form,
+           max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir):
+    """Translate lines with an exported artifact (or engine directory for --backend tensorrt)."""
+    import warnings
+
+    from transduce.runtime.api import load
+
+    translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
+                      max_batch_tokens=batch_tokens)
+    lines = _read_lines(input_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = translator.translate(lines, beam_size=beam, nbest=nbest, length_penalty=length_penalty,
+                                       length_penalty_form=length_penalty_form, max_len_b=max_len_b,
+                                       min_length=min_length, truncate=truncate)
+    for w in caught:
+        click.secho(f"warning: {w.message}", fg="yellow", err=True)
+    out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
+    try:
+        for i, r in enumerate(results):
+            if r.unknown:
+                click.secho(f"warning: input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>",
+                            fg="yellow", err=True)
+            if nbest > 1:
+                for c in r.nbest:
+                    out.write(f"{i} ||| {c.text} ||| {c.score:.4f}\n")
+            else:
+                out.write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+@click.command()
+@click.argument("artifact_dir", type=click.Path())
+@click.option("--model", "model_dir", type=click.Path(), help="The eager reference model (default: the one the artifact names).")
+@click.option("--data", type=click.Path(), help="TSV of source<TAB>reference (default: the embedded demo's held-out set).")
+@click.option("--input", "input_path", type=click.Path(), help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
+@click.option("-n", "--sentences", default=200, show_default=True, help="Sentences to check.")
+@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--beam", default=4, show_default=True)
+@click.option("--nbest", default=1, show_default=True)
+@click.option("--json", "json_path", type=click.Path(), help="Write the JSON report here.")
+@cli_errors
+def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, beam, nbest, json_path):
+    """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
+
+    Exits 1 when parity fails, so it can gate CI.
+    """
+    from transduce.runtime.parity import parity_for_artifact
+
+    report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
+                                 sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest)
+    report.print()
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    sys.exit(0 if report.passed else 1)
+
+
+COMMANDS = [decode, parity]

@@ -1,0 +1,305 @@
+"""Parity: does a deployed backend still say what the eager PyTorch model says?
+
+Three checks on a sample of real inputs, each against a reference backend (eager PyTorch):
+1. teacher-forced, step by step: the encoder's outputs and every step's log-probs on the same target
+   prefixes, with max / mean / p99 absolute and relative errors per output, and a tolerance per output
+   and per precision (Polygraphy's rule: an element fails where |d| > atol AND |d| / |ref| > rtol);
+2. greedy decoding: token-identical sequences;
+3. beam search: identical n-best lists, scores within tolerance.
+Where sequences diverge, the report gives the first divergent step and the reference model's log-prob
+margin there between its own choice and the candidate's: a near-tie (margin <= tie_margin) explains a
+divergence, a large margin is a bug. The report is JSON-serialisable and prints as a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    outputs: dict[str, Tolerance]  # "memory", "cross_kv", "log_probs"
+    score_atol: float  # sequence scores (sums of log-probs, length-normalised)
+    tie_margin: float  # a divergence with a smaller reference margin is a near-tie
+    min_agreement: float  # fraction of sentences that must be identical
+
+
+# Tolerances per precision. fp32: errors measured on the demo model are ~1e-5 on log-probs, so an
+# absolute 1e-4 (no relative slack: a large |log-prob| must not hide an error) leaves an order of margin
+# while catching a real bug (one FFN weight of the demo model moved by 0.5 gives 2e-3). fp16 has a 2^-11 relative step: log-probs of magnitude ~10 move by ~1e-2 after a few layers.
+# bf16 has 2^-8: ten times more.
+POLICIES: dict[str, PrecisionPolicy] = {
+    "fp32": PrecisionPolicy({"memory": Tolerance(1e-4, 1e-4), "cross_kv": Tolerance(1e-4, 1e-4),
+                             "log_probs": Tolerance(1e-4, 0.0)}, score_atol=1e-4, tie_margin=1e-3, min_agreement=1.0),
+    "fp16": PrecisionPolicy({"memory": Tolerance(2e-2, 2e-2), "cross_kv": Tolerance(2e-2, 2e-2),
+                             "log_probs": Tolerance(5e-2, 5e-2)}, score_atol=2e-2, tie_margin=5e-2, min_agreement=0.99),
+    "bf16": PrecisionPolicy({"memory": Tolerance(2e-1, 1e-1), "cross_kv": Tolerance(2e-1, 1e-1),
+                             "log_probs": Tolerance(3e-1, 1e-1)}, score_atol=1e-1, tie_margin=3e-1, min_agreement=0.95),
+}
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    name: str
+    count: int
+    max_abs: float
+    mean_abs: float
+    p99_abs: float
+    max_rel: float
+    mean_rel: float
+    p99_rel: float
+    failing: int  # elements outside the tolerance
+    atol: float
+    rtol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.failing == 0
+
+
+def error_stats(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> ErrorStats:
+    ref = np.asarray(ref, np.float64).ravel()
+    got = np.asarray(got, np.float64).ravel()
+    assert ref.shape == got.shape, (name, ref.shape, got.shape)
+    finite = np.isfinite(ref) & np.isfinite(got)
+    mismatched_inf = int((~finite & ~((ref == got) | (np.isnan(ref) & np.isnan(got)))).sum())
+    ref, got = ref[finite], got[finite]
+    if ref.size == 0:
+        return ErrorStats(name, 0, 0, 0, 0, 0, 0, 0, mismatched_inf, tol.atol, tol.rtol)
+    d = np.abs(ref - got)
+    rel = d / np.maximum(np.abs(ref), 1e-12)
+    failing = int(((d > tol.atol) & (rel > tol.rtol)).sum()) + mismatched_inf
+    return ErrorStats(name, int(ref.size), float(d.max()), float(d.mean()), float(np.percentile(d, 99)),
+                      float(rel.max()), float(rel.mean()), float(np.percentile(rel, 99)), failing, tol.atol, tol.rtol)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    sentence: int
+    step: int  # first position where the tokens differ
+    reference_token: int | None
+    candidate_token: int | None
+    margin: float  # reference log-prob of its own token minus that of the candidate's, at that step
+    near_tie: bool
+
+
+@dataclass(frozen=True)
+class SequenceCheck:
+    mode: str  # "greedy" or "beam4" etc.
+    sentences: int
+    identical: int
+    max_score_diff: float
+    divergences: tuple[Divergence, ...]
+    min_agreement: float
+    score_atol: float
+
+    @property
+    def agreement(self) -> float:
+        return self.identical / max(self.sentences, 1)
+
+    @property
+    def passed(self) -> bool:
+        bugs = [d for d in self.divergences if not d.near_tie]
+        return not bugs and self.agreement >= self.min_agreement and self.max_score_diff <= self.score_atol
+
+
+@dataclass
+class ParityReport:
+    candidate: str
+    reference: str
+    precision: str
+    sentences: int
+    teacher_forced: list[ErrorStats] = field(default_factory=list)
+    sequences: list[SequenceCheck] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in self.teacher_forced) and all(s.passed for s in self.sequences)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed, "candidate": self.candidate, "reference": self.reference,
+            "precision": self.precision, "sentences": self.sentences,
+            "teacher_forced": [{**asdict(s), "passed": s.passed} for s in self.teacher_forced],
+            "sequences": [{**asdict(s), "agreement": s.agreement, "passed": s.passed} for s in self.sequences],
+        }
+
+    def print(self, console=None) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        if console is None:
+            console = Console()
+            if not console.is_terminal:
+                console = Console(width=140)
+        t = Table(title=f"parity: {self.candidate} vs {self.reference} ({self.precision}, {self.sentences} sentences)")
+        for col in ("output", "max abs", "mean abs", "p99 abs", "max rel", "p99 rel", "atol / rtol", "result"):
+            t.add_column(col, justify="right" if col not in ("output", "result") else "left")
+        for s in self.teacher_forced:
+            t.add_row(s.name, f"{s.max_abs:.2e}", f"{s.mean_abs:.2e}", f"{s.p99_abs:.2e}", f"{s.max_rel:.2e}",
+                      f"{s.p99_rel:.2e}", f"{s.atol:.0e} / {s.rtol:.0e}",
+                      "[green]pass[/]" if s.passed else f"[red]FAIL ({s.failing} elements)[/]")
+        console.print(t)
+        t2 = Table(title="decoded sequences")
+        for col in ("search", "identical", "max score diff", "divergences (near-tie / bug)", "result"):
+            t2.add_column(col)
+        for s in self.sequences:
+            ties = sum(d.near_tie for d in s.divergences)
+            t2.add_row(s.mode, f"{s.identical}/{s.sentences} ({100 * s.agreement:.1f}%)", f"{s.max_score_diff:.2e}",
+                       f"{ties} / {len(s.divergences) - ties}", "[green]pass[/]" if s.passed else "[red]FAIL[/]")
+        console.print(t2)
+        for s in self.sequences:
+            for d in s.divergences[:10]:
+                console.print(f"  {s.mode}: sentence {d.sentence} diverges at step {d.step}: reference token "
+                              f"{d.reference_token}, candidate {d.candidate_token}, margin {d.margin:.2e} "
+                              f"({'near-tie' if d.near_tie else 'BUG: large margin'})")
+        console.print("[green]PARITY PASSED[/]" if self.passed else "[red]PARITY FAILED[/]")
+
+
+def _pad(seqs: list[list[int]], pad: int, lead: int | None = None) -> np.ndarray:
+    width = max(len(s) for s in seqs) + (1 if lead is not None else 0)
+    out = np.full((len(seqs), max(width, 1)), pad, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        row = ([lead] if lead is not None else []) + list(s)
+        out[i, : len(row)] = row
+    return out
+
+
+def _margin(reference, src: np.ndarray, length: int, prefix: tuple[int, ...], ref_tok: int | None,
+            cand_tok: int | None, bos: int, eos: int) -> float:
+    """Reference log-prob of its token minus the candidate's, after the common prefix."""
+    tgt = np.array([[bos] + list(prefix)], dtype=np.int64)
+    lp = teacher_forced_log_probs(reference, src[None], np.array([length]), tgt)[0, -1]
+    a = lp[eos if ref_tok is None else ref_tok]
+    b = lp[eos if cand_tok is None else cand_tok]
+    return float(a - b)
+
+
+def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, policy, cfg) -> SequenceCheck:
+    identical, max_diff, divs = 0, 0.0, []
+    for i, (ref, cand) in enumerate(zip(ref_results, cand_results)):
+        ref_h, cand_h = ref.hypotheses, cand.hypotheses
+        same = [h.tokens for h in ref_h] == [h.tokens for h in cand_h]
+        if same:
+            identical += 1
+            max_diff = max(max_diff, max(abs(a.score - b.score) for a, b in zip(ref_h, cand_h)))
+            continue
+        a, b = ref_h[0].tokens, cand_h[0].tokens
+        if a == b:  # best identical, lower n-best entries differ: compare where the lists part
+            k = next(j for j, (x, y) in enumerate(zip(ref_h, cand_h)) if x.tokens != y.tokens)
+            a, b = ref_h[k].tokens, cand_h[k].tokens
+        step = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        rt = a[step] if step < len(a) else None
+        ct = b[step] if step < len(b) else None
+        src, length = src_batches[i]
+        margin = _margin(reference, src, length, a[:step], rt, ct, cfg["bos_id"], cfg["eos_id"])
+        divs.append(Divergence(i, step, rt, ct, margin, abs(margin) <= policy.tie_margin))
+    return SequenceCheck(mode, len(ref_results), identical, max_diff, tuple(divs), policy.min_agreement, policy.score_atol)
+
+
+def run_parity(reference, candidate, tokenizer, sources: list[str], targets: list[str] | None = None,
+               precision: str = "fp32", beam_size: int = 4, nbest: int = 1, batch_size: int = 16,
+               candidate_name: str | None = None) -> ParityReport:
+    """Compare `candidate` with `reference` (both backends) on the given sentences.
+
+    targets: the reference translations used for teacher forcing; None uses the reference
+    backend's own greedy output.
+    """
+    policy = POLICIES[precision]
+    cfg = reference.config
+    eos, pad, bos = cfg["eos_id"], cfg["pad_id"], cfg["bos_id"]
+    limit = cfg["max_positions"] - 1
+    src_tok = [ids[:limit] for ids in tokenizer.encode_batch(sources)]
+    keep = [i for i, ids in enumerate(src_tok) if ids]
+    src_tok = [src_tok[i] + [eos] for i in keep]
+    report = ParityReport(candidate_name or getattr(candidate, "name", "candidate"),
+                          getattr(reference, "name", "reference"), precision, len(src_tok))
+    tf_ref: dict[str, list[np.ndarray]] = {}
+    tf_cand: dict[str, list[np.ndarray]] = {}
+    greedy_opts = DecodingOptions(beam_size=1)
+    beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest)
+    results: dict[str, tuple[list, list]] = {"greedy": ([], []), f"beam{beam_size}": ([], [])}
+    src_rows: list[tuple[np.ndarray, int]] = []
+    for start in range(0, len(src_tok), batch_size):
+        chunk = src_tok[start : start + batch_size]
+        src = _pad(chunk, pad)
+        lens = np.array([len(c) for c in chunk], dtype=np.int64)
+        src_rows += [(src[j], int(lens[j])) for j in range(len(chunk))]
+        # 1. teacher forcing: encoder outputs and every step's log-probs
+        enc_r = reference.encoder_outputs(reference.encode(src, lens))
+        enc_c = candidate.encoder_outputs(candidate.encode(src, lens))
+        mask = np.arange(src.shape[1])[None, :] < lens[:, None]  # real source positions
+        for name in enc_r:
+            key = "memory" if name == "memory" else "cross_kv"
+            r, c = enc_r[name], enc_c[name]
+            sel = mask if name == "memory" else mask[:, None, :]  # (B,S) or (B,1,S) over (B,H,S,Dh)
+            tf_ref.setdefault(key, []).append(r[sel] if name == "memory" else r.transpose(0, 2, 1, 3)[mask])
+            tf_cand.setdefault(key, []).append(c[sel] if name == "memory" else c.transpose(0, 2, 1, 3)[mask])
+        if targets is not None:
+            tgt_tok = [tokenizer.encode(targets[keep[start + j]])[:limit] for j in range(len(chunk))]
+        else:
+            tgt_tok = [list(r.best.tokens)[:limit] for r in decode(reference, src, lens, greedy_opts)]
+        tgt_in = _pad(tgt_tok, pad, lead=bos)
+        lp_r = teacher_forced_log_probs(reference, src, lens, tgt_in)
+        lp_c = teacher_forced_log_probs(candidate, src, lens, tgt_in)
+        steps = np.arange(tgt_in.shape[1])[None, :] <= np.array([len(t) for t in tgt_tok])[:, None]  # incl. EOS step
+        tf_ref.setdefault("log_probs", []).append(lp_r[steps])
+        tf_cand.setdefault("log_probs", []).append(lp_c[steps])
+        # 2. and 3. decoded sequences
+        for mode, opts in (("greedy", greedy_opts), (f"beam{beam_size}", beam_opts)):
+            results[mode][0].extend(decode(reference, src, lens, opts))
+            results[mode][1].extend(decode(candidate, src, lens, opts))
+    for key in ("memory", "cross_kv", "log_probs"):
+        if key in tf_ref:
+            report.teacher_forced.append(error_stats(key, np.concatenate([a.ravel() for a in tf_ref[key]]),
+                                                     np.concatenate([a.ravel() for a in tf_cand[key]]),
+                                                     policy.outputs[key]))
+    for mode, (ref_res, cand_res) in results.items():
+        report.sequences.append(_compare_sequences(mode, reference, src_rows, ref_res, cand_res, policy, cfg))
+    return report
+
+
+def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
+                        input_path: str | None = None, sentences: int = 200, backend: str = "onnxruntime",
+                        device: str = "cpu", beam: int = 4, nbest: int = 1) -> ParityReport:
+    """`transduce parity`: load both backends and the sample, run `run_parity`."""
+    import os
+
+    from transduce.runtime import contract
+    from transduce.runtime.api import make_backend, source_model_dir
+    from transduce.runtime.backends.torch_backend import TorchBackend
+    from transduce.tokenizer import Tokenizer
+
+    candidate = make_backend(artifact_dir, backend, device)
+    art_dir = getattr(candidate, "artifact_dir", artifact_dir)
+    manifest = contract.read_manifest(art_dir, verify_hashes=False)
+    reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=device)
+    tokenizer = Tokenizer.from_file(os.path.join(art_dir, "tokenizer.json"))
+    targets = None
+    if data:
+        from transduce.models.data import read_parallel
+
+        pairs = read_parallel(data)[:sentences]
+        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    elif input_path:
+        with open(input_path, encoding="utf-8") as f:
+            sources = [line.strip() for line in f if line.strip()][:sentences]
+    else:
+        from transduce.models.corpus import demo_corpus
+
+        _, valid = demo_corpus(n_train=0, n_valid=sentences)
+        sources, targets = [s for s, _ in valid], [t for _, t in valid]
+    name = f"{backend}:{device}" + (f" ({getattr(candidate, 'precision', '')})" if hasattr(candidate, "precision") else "")
+    return run_parity(reference, candidate, tokenizer, sources, targets, precision=manifest["precision"],
+                      beam_size=beam, nbest=nbest, candidate_name=name)
