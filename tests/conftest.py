@@ -29,26 +29,34 @@ def tiny_tokenizer(small_corpus):
     return Tokenizer.train((s for p in train for s in p), vocab_size=200)
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tiny_tokenizer):
-    """A tiny Transformer with seeded random weights (eval mode)."""
-    import torch
-
+def seeded_model(tokenizer, seed: int, **shape):
+    """A Transformer of the given shape with seeded random weights (eval mode)."""
     from transduce.models.config import ModelConfig
     from transduce.models.transformer import Transformer
 
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(vocab_size=tiny_tokenizer.vocab_size, **TINY)).eval()
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, **shape)).eval()
+
+
+def saved_model_dir(tmp_path_factory, name: str, model, tokenizer) -> str:
+    """Write `model` as a model directory (config.json, model.safetensors, tokenizer.json)."""
+    from transduce.models.checkpoint import save_model_dir
+
+    path = tmp_path_factory.mktemp(name) / "model"
+    save_model_dir(path, model, tokenizer)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    """A tiny Transformer with seeded random weights (eval mode)."""
+    return seeded_model(tiny_tokenizer, 0, **TINY)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
-    """A model directory (config.json, model.safetensors, tokenizer.json) of the tiny random model."""
-    from transduce.models.checkpoint import save_model_dir
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    save_model_dir(path, tiny_model, tiny_tokenizer)
-    return str(path)
+    """A model directory of the tiny random model."""
+    return saved_model_dir(tmp_path_factory, "tiny", tiny_model, tiny_tokenizer)
 
 
 @pytest.fixture(scope="session")

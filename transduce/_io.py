@@ -61,6 +61,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=2, sort_keys=False)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -67,8 +67,9 @@ def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = N
 def show_translations(rows: list[tuple[str, str, str]], title: str, show: int) -> dict[str, float]:
     """Print (source, reference, hypothesis) rows and return exact match and BLEU over all rows."""
     import sacrebleu
-    from rich.console import Console
     from rich.table import Table
+
+    from transduce._console import console as make_console
 
     table = Table(title=title, show_lines=False)
     table.add_column("source (en)")
@@ -79,8 +80,9 @@ def show_translations(rows: list[tuple[str, str, str]], title: str, show: int) -
         table.add_row(src, ref, hyp, "[green]=[/]" if hyp == ref else "[red]x[/]")
     exact = sum(h == r for _, r, h in rows) / max(len(rows), 1)
     bleu = sacrebleu.corpus_bleu([h for _, _, h in rows], [[r for _, r, _ in rows]]).score
-    console = Console()
-    console.print(table)
+    console = make_console()
+    if show:
+        console.print(table)
     console.print(f"{title}: exact match {100 * exact:.1f}%, BLEU {bleu:.1f} over {len(rows)} held-out sentences")
     return {"exact_match": exact, "bleu": bleu}
 

@@ -50,22 +50,16 @@ ONE_LAYER = dict(encoder_layers=1, decoder_layers=1, d_model=32, n_heads=4, d_ff
 @pytest.fixture(scope="session")
 def one_layer_model(tiny_tokenizer):
     """A 1+1-layer Transformer with seeded random weights (eval mode)."""
-    import torch
+    from tests.conftest import seeded_model
 
-    from transduce.models.config import ModelConfig
-    from transduce.models.transformer import Transformer
-
-    torch.manual_seed(1)
-    return Transformer(ModelConfig(vocab_size=tiny_tokenizer.vocab_size, **ONE_LAYER)).eval()
+    return seeded_model(tiny_tokenizer, 1, **ONE_LAYER)
 
 
 @pytest.fixture(scope="session")
 def one_layer_model_dir(tmp_path_factory, one_layer_model, tiny_tokenizer):
-    from transduce.models.checkpoint import save_model_dir
+    from tests.conftest import saved_model_dir
 
-    path = tmp_path_factory.mktemp("one_layer") / "model"
-    save_model_dir(path, one_layer_model, tiny_tokenizer)
-    return str(path)
+    return saved_model_dir(tmp_path_factory, "one_layer", one_layer_model, tiny_tokenizer)
 
 
 def _export(tmp_path_factory, model_dir: str, precision: str) -> Exported:

@@ -188,7 +188,9 @@ def train(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=train_cfg.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+        # disable=None: no bar when stderr is not a terminal (logs, CI); the validation lines still print
+        bar = tqdm(total=train_cfg.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
+                   mininterval=0.5, disable=None)
     t_window, tok_window = time.perf_counter(), 0
     last_metrics: dict[str, Any] = {}
     while step < train_cfg.max_steps:

@@ -136,13 +136,11 @@ class ParityReport:
         }
 
     def print(self, console=None) -> None:
-        from rich.console import Console
         from rich.table import Table
 
-        if console is None:
-            console = Console()
-            if not console.is_terminal:
-                console = Console(width=140)
+        from transduce._console import console as default_console
+
+        console = console or default_console()
         t = Table(title=f"parity: {self.candidate} vs {self.reference} ({self.precision}, {self.sentences} sentences)")
         for col in ("output", "max abs", "mean abs", "p99 abs", "max rel", "p99 rel", "atol / rtol", "result"):
             t.add_column(col, justify="right" if col not in ("output", "result") else "left")

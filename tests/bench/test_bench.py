@@ -1,0 +1,207 @@
+"""transduce bench: the CTranslate2 conversion (token-identical greedy output), the harness's reports in
+--quick mode, the ratio arithmetic and the ceilings. No timing assertions: these only check the instrument."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+
+from transduce.bench import ceilings
+from transduce.bench.harness import BenchConfig, beam_of, cell_stats, summary, throughput_ratios
+from transduce.errors import TransduceError
+
+
+def _ct2():
+    return pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'transduce[bench]')")
+
+
+@pytest.fixture(scope="module")
+def tiny_ct2_dir(tmp_path_factory, tiny_model_dir):
+    _ct2()
+    from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+
+    return convert_to_ctranslate2(tiny_model_dir, str(tmp_path_factory.mktemp("ct2") / "tiny"))
+
+
+# -- the CTranslate2 conversion --------------------------------------------------------------------
+def test_ct2_greedy_equals_ours_token_for_token(tiny_model_dir, tiny_ct2_dir, tiny_tokenizer, small_corpus):
+    from transduce.bench.ctranslate2_export import check_greedy_equality
+
+    _, valid = small_corpus
+    sources = [tiny_tokenizer.encode(s) for s, _ in valid[:12]]
+    natural = check_greedy_equality(tiny_model_dir, tiny_ct2_dir, sources, "held-out")
+    assert natural.passed, natural.summary()
+    # the same function, not just the same argmax: log-probs agree on our paths and on random targets
+    assert natural.max_abs_logprob_diff < 1e-4 and natural.max_abs_logprob_diff_random < 1e-4
+    assert natural.logprob_tolerance_exceeded == 0
+
+    rng = np.random.default_rng(0)
+    random_src = rng.integers(4, tiny_tokenizer.vocab_size, size=(3, 9)).tolist()
+    forced = check_greedy_equality(tiny_model_dir, tiny_ct2_dir, random_src, "forced", forced_steps=12)
+    assert forced.passed, forced.summary()
+    assert forced.mode == "forced-12"
+
+
+def test_ct2_conversion_is_reused_while_the_weights_match(tiny_model_dir, tiny_ct2_dir):
+    from transduce.bench.ctranslate2_export import SOURCE_FILE, convert_to_ctranslate2, is_current
+
+    assert is_current(tiny_ct2_dir, tiny_model_dir)
+    before = os.path.getmtime(os.path.join(tiny_ct2_dir, SOURCE_FILE))
+    convert_to_ctranslate2(tiny_model_dir, tiny_ct2_dir)
+    assert os.path.getmtime(os.path.join(tiny_ct2_dir, SOURCE_FILE)) == before
+
+
+def test_ct2_vocabulary_is_ours_in_id_order(tiny_ct2_dir, tiny_tokenizer):
+    from transduce.bench.ctranslate2_export import ct2_vocab
+
+    vocab = ct2_vocab(tiny_ct2_dir)
+    assert vocab[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert vocab == [tiny_tokenizer.id_to_token(i) for i in range(tiny_tokenizer.vocab_size)]
+
+
+def test_check_reports_where_other_weights_diverge(tmp_path, tiny_model, tiny_tokenizer, tiny_model_dir, small_corpus):
+    """A CTranslate2 model of different weights must fail the check and say where."""
+    _ct2()
+    import torch
+
+    from transduce.bench.ctranslate2_export import check_greedy_equality, convert_to_ctranslate2
+    from transduce.models.checkpoint import save_model_dir
+
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        other.decoder_layers[-1].ffn.w2.bias.add_(torch.linspace(-3, 3, other.cfg.d_model))
+        other.embed.weight.mul_(-1.0)
+    save_model_dir(tmp_path / "other", other, tiny_tokenizer)
+    ct2_dir = convert_to_ctranslate2(tmp_path / "other", tmp_path / "other-ct2")
+    _, valid = small_corpus
+    sources = [tiny_tokenizer.encode(s) for s, _ in valid[:6]]
+    report = check_greedy_equality(tiny_model_dir, ct2_dir, sources, "other weights")
+    assert not report.passed
+    d = report.divergences[0]
+    assert d.position >= 0 and (d.ours != d.theirs)
+    assert "first divergence" in report.summary()
+
+
+def test_check_catches_a_shifted_position_table(tmp_path, tiny_model_dir, tiny_tokenizer, small_corpus, monkeypatch):
+    """Fairseq's sinusoidal table starts at offset padding_idx + 1; given that table, the check must fail."""
+    _ct2()
+    from transduce.bench import ctranslate2_export as ce
+
+    ours = ce.sinusoidal_table_np
+    monkeypatch.setattr(ce, "sinusoidal_table_np", lambda n, d: ours(n + 2, d)[2:])
+    wrong = ce.convert_to_ctranslate2(tiny_model_dir, tmp_path / "shifted", force=True)
+    _, valid = small_corpus
+    sources = [tiny_tokenizer.encode(s) for s, _ in valid[:4]]
+    report = ce.check_greedy_equality(tiny_model_dir, wrong, sources, "shifted", forced_steps=6)
+    assert not report.passed
+    assert report.logprob_tolerance_exceeded > 0 and report.max_abs_logprob_diff_random > 1e-3
+
+
+# -- the harness in --quick mode -------------------------------------------------------------------
+def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_artifact_dir):
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    try:
+        import ctranslate2  # noqa: F401
+
+        backends = "torch,onnxruntime,ctranslate2"
+    except ImportError:
+        backends = "torch,onnxruntime"
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir",
+                                    tiny_artifact_dir, "--out", str(out), "--threads", "1", "--batches", "1,2",
+                                    "--repeats", "1", "--steps", "3", "--src-len", "5", "--check-sentences", "4",
+                                    "--backends", backends])
+    assert res.exit_code == 0, res.output
+    with open(out / "bench.json", encoding="utf-8") as f:
+        result = json.load(f)
+    assert result["format"] == "transduce-bench" and result["config"]["quick"]
+    assert result["ceilings"]["bandwidth_gbs"] > 0 and result["ceilings"]["matmul_gflops"] > 0
+    (size,) = result["sizes"]
+    assert size["size"] == "demo" and size["model"]["artifact_dir"] == os.path.abspath(tiny_artifact_dir)
+    assert [(c["mode"], c["batch"]) for c in size["cells"]] == [("greedy", 1), ("greedy", 2), ("beam2", 1), ("beam2", 2)]
+    timed = [n for n, s in size["systems"].items() if s["status"] == "ok"]
+    assert {"torch", "onnxruntime"} <= set(timed)
+    if "ctranslate2" in backends:
+        assert size["checks"] and all(c["passed"] for c in size["checks"])
+        assert {"ctranslate2", "ctranslate2-avx2"} <= set(timed)
+        assert size["systems"]["ctranslate2-avx2"]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    for cell in size["cells"]:
+        assert set(cell["systems"]) == set(timed)
+        for name, s in cell["systems"].items():
+            st = s["stats"]
+            assert st["decode_ms"]["n"] == 1 and st["tokens_per_s"]["median"] > 0, name
+            assert st["first_ms"]["median"] > 0
+            if not name.startswith("ctranslate2"):
+                assert st["step_ms_direct"]["median"] > 0
+        assert cell["floor"]["seconds"] > 0
+        if "ctranslate2" in backends:
+            assert set(cell["ratios"]) == {"torch", "onnxruntime"}
+            assert all(r["median"] > 0 and r["vs"].startswith("ctranslate2") for r in cell["ratios"].values())
+    md = (out / "bench.md").read_text(encoding="utf-8")
+    assert "| mode | batch | system | decode ms |" in md and "Machine ceilings" in md and "*floor*" in md
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+# -- arithmetic ------------------------------------------------------------------------------------
+def test_throughput_ratios_pair_rounds():
+    # our seconds per round, theirs per round: ratio = their seconds / ours (our throughput / theirs)
+    r = throughput_ratios([1.0, 2.0, 4.0], [2.0, 2.0, 2.0])
+    assert r["per_round"] == [2.0, 1.0, 0.5]
+    assert r["median"] == 1.0 and r["min"] == 0.5 and r["max"] == 2.0 and r["n"] == 3
+    assert throughput_ratios([], []) is None
+    assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_cell_stats_derives_step_and_encoder():
+    raw = {"decode": [0.40, 0.44, 0.42], "first": [0.05, 0.06, 0.04], "direct_encode": [0.01], "direct_step": [0.012]}
+    st = cell_stats(raw, batch=4, steps=11)
+    assert st["decode_ms"]["median"] == pytest.approx(420.0)
+    assert st["tokens_per_s"]["median"] == pytest.approx(4 * 11 / 0.42)
+    assert st["sentences_per_s"]["max"] == pytest.approx(4 / 0.40)
+    assert st["step_ms_derived"] == pytest.approx((420.0 - 50.0) / 10)
+    assert st["encoder_ms_derived"] == pytest.approx(50.0 - 37.0)
+    assert st["step_ms_direct"]["median"] == pytest.approx(12.0)
+
+
+def test_config_validation_and_modes():
+    assert beam_of("greedy") == 1 and beam_of("beam4") == 4
+    with pytest.raises(ValueError):
+        beam_of("beam")
+    for bad in (dict(steps=1), dict(modes=["sampling"]), dict(backends=["tf"]), dict(batches=[0]),
+                dict(ct2_settings=["fast"]), dict(sizes=["huge"])):
+        with pytest.raises(TransduceError):
+            BenchConfig(**bad)
+    q = BenchConfig.quick_preset(repeats=3)
+    assert q.quick and q.repeats == 3 and q.sizes == ["demo"]
+
+
+# -- ceilings --------------------------------------------------------------------------------------
+def test_ceilings_and_floors_are_positive():
+    c = ceilings.measure_ceilings(threads=1, copy_mib=8, matmul_n=128, repeats=2)
+    assert c.bandwidth_gbs > 0 and c.matmul_gflops > 0
+    assert all(v > 0 for v in c.detail.values())
+    base = dict(vocab_size=8000, encoder_layers=6, decoder_layers=6, d_model=512, n_heads=8, d_ff=2048)
+    # 6 x (6 D^2 + 2 D d_ff) + V D, plus biases and norms
+    assert 26.1e6 < ceilings.decoder_step_weights(base) < 26.2e6
+    one = ceilings.step_floor(base, c, rows=1, src_len=32, position=16)
+    many = ceilings.step_floor(base, c, rows=64, src_len=32, position=16)
+    assert 0 < one["seconds"] <= many["seconds"] and one["bytes"] > 4 * 25e6
+    fl = ceilings.decode_floor(base, c, batch=16, beam=4, src_len=32, steps=32)
+    assert fl["seconds"] > fl["encoder_seconds"] > 0 and fl["step_bound"] in ("memory", "compute")
+
+
+def test_synthetic_tokenizer_has_the_base_vocabulary():
+    from transduce.bench.models import BASE_VOCAB, synthetic_tokenizer
+
+    tok = synthetic_tokenizer(BASE_VOCAB)
+    assert tok.vocab_size == BASE_VOCAB
+    assert [tok.id_to_token(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert tok.encode("w4 w7999 zzz") == [4, 7999, 3]

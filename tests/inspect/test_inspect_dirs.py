@@ -1,0 +1,288 @@
+"""`transduce inspect` on model, artifact and engine directories, and its errors on anything else."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from transduce.cli import main
+from transduce.errors import ArtifactError, CheckpointError, TransduceError
+from transduce.inspect.inspect import classify_parameter, inspect_path, render_report
+
+
+def _rendered(report) -> str:
+    from rich.console import Console
+
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=140, color_system=None))
+    return out.getvalue()
+
+
+def _cli(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+# -- model directories -----------------------------------------------------------------------------
+
+
+def test_model_dir_parameters_match_the_model(tiny_model_dir, tiny_model, tiny_tokenizer):
+    report = inspect_path(tiny_model_dir)
+    cfg = tiny_model.cfg
+    params = report["parameters"]
+    assert report["kind"] == "model" and report["problems"] == []
+    assert report["config"] == cfg.to_dict()
+    assert params["total"] == tiny_model.num_parameters()
+    assert sum(c["parameters"] for c in params["components"].values()) == params["total"]
+    assert params["components"]["embeddings"]["parameters"] == cfg.vocab_size * cfg.d_model  # shared, stored once
+    d, f = cfg.d_model, cfg.d_ff
+    attention, ffn, norm = 4 * (d * d + d), d * f + f + f * d + d, 2 * d
+    assert params["layers"]["encoder"] == [attention + ffn + 2 * norm] * cfg.encoder_layers
+    assert params["layers"]["decoder"] == [2 * attention + ffn + 3 * norm] * cfg.decoder_layers
+    assert params["components"]["decoder"]["kinds"]["decoder cross-attention"] == attention * cfg.decoder_layers
+    assert params["dtypes"] == {"float32": params["total"]}
+    assert report["tokenizer"]["vocab_size"] == tiny_tokenizer.vocab_size
+    files = {f["name"]: f for f in report["files"]}
+    assert set(files) == {"config.json", "model.safetensors", "tokenizer.json"}
+    assert files["model.safetensors"]["bytes"] == os.path.getsize(os.path.join(tiny_model_dir, "model.safetensors"))
+
+
+def test_model_dir_verify_and_render(tiny_model_dir):
+    report = inspect_path(tiny_model_dir, verify=True)
+    assert {f["name"]: f["sha256_ok"] for f in report["files"]} == {
+        "config.json": None, "model.safetensors": True, "tokenizer.json": True}
+    text = _rendered(report)
+    for expected in ("model config", "d_model", "decoder cross-attention", "tokenizer", "model.safetensors", "ok"):
+        assert expected in text
+
+
+def test_model_dir_with_a_damaged_weights_file_is_reported(tiny_model_dir, tmp_path):
+    import shutil
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, path)
+    (path / "model.safetensors").write_bytes(b"\xff" * 16)
+    report = inspect_path(path)
+    assert report["parameters"] is None
+    assert any("safetensors header" in p for p in report["problems"])
+    assert any("16 bytes, recorded" in p for p in report["problems"])
+
+
+def test_json_output_is_the_report(tiny_model_dir):
+    result = _cli("inspect", tiny_model_dir, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == json.loads(json.dumps(inspect_path(tiny_model_dir)))
+
+
+def test_table_output(tiny_model_dir):
+    result = _cli("inspect", tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    assert "parameters" in result.output and "encoder self-attention" in result.output
+
+
+# -- artifact directories ----------------------------------------------------------------------------
+
+
+def test_artifact_graphs(artifact_dir, artifact_sizes):
+    vocab, d_model = artifact_sizes
+    report = inspect_path(artifact_dir)
+    assert report["kind"] == "artifact" and report["problems"] == [] and report["runtime_check"] == "ok"
+    assert report["manifest"]["precision"] == "fp32" and "files" not in report["manifest"]
+    assert report["config"]["d_model"] == d_model
+    enc, step = report["graphs"]["encoder.onnx"], report["graphs"]["decoder_step.onnx"]
+    assert enc["inputs"] == [{"name": "src_ids", "dtype": "int64", "shape": ["batch", "src_len"]},
+                             {"name": "src_lengths", "dtype": "int64", "shape": ["batch"]}]
+    assert enc["outputs"] == [{"name": "memory", "dtype": "float32", "shape": ["batch", "src_len", d_model]}]
+    assert enc["opsets"] == {"ai.onnx": 17}
+    assert enc["ops"] == {"Gather": 1, "MatMul": 1}
+    assert step["ops"] == {"MatMul": 2, "Gather": 1, "LogSoftmax": 1, "Relu": 1, "Transpose": 1}
+    # the opaque "onnx::MatMul_7" is classified by its consumer node's name (the module path)
+    assert enc["parameters"]["components"]["encoder"]["kinds"] == {"encoder self-attention": d_model * d_model}
+    assert enc["parameters"]["components"]["embeddings"]["parameters"] == vocab * d_model
+    assert step["parameters"]["layers"]["decoder"] == [d_model * d_model]
+    text = _rendered(report)
+    for expected in ("graph encoder.onnx", "src_len", "LogSoftmax ×1", "ai.onnx 17", "runtime", "fp32"):
+        assert expected in text
+
+
+def test_artifact_with_a_changed_graph(artifact_dir):
+    with open(os.path.join(artifact_dir, "decoder_step.onnx"), "ab") as f:
+        f.write(b"\x00")
+    report = inspect_path(artifact_dir)
+    assert "bytes" in report["runtime_check"]  # the runtime would refuse it
+    assert any("decoder_step.onnx" in p and "recorded" in p for p in report["problems"])
+
+
+def test_artifact_with_an_unreadable_graph(artifact_dir):
+    with open(os.path.join(artifact_dir, "encoder.onnx"), "wb") as f:
+        f.write(b"not a protobuf at all \xff\xff\xff")
+    report = inspect_path(artifact_dir)
+    assert "encoder.onnx" not in report["graphs"] and "decoder_step.onnx" in report["graphs"]
+    assert any("cannot be read as ONNX" in p for p in report["problems"])
+
+
+def test_artifact_of_another_contract_version_is_still_shown(artifact_dir):
+    path = os.path.join(artifact_dir, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest["contract_version"] = 99
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    report = inspect_path(artifact_dir)
+    assert report["manifest"]["contract_version"] == 99 and "version 99" in report["runtime_check"]
+    assert set(report["graphs"]) == {"encoder.onnx", "decoder_step.onnx"}
+
+
+# -- engine directories -----------------------------------------------------------------------------
+
+
+def test_engine_dir(engine_dir):
+    report = inspect_path(engine_dir, verify=True)
+    assert report["kind"] == "engine" and report["problems"] == []
+    assert report["built_for"] == {"tensorrt_version": "10.3.0", "gpu": "NVIDIA H100 80GB HBM3",
+                                   "compute_capability": "9.0", "cuda_version": "12.4", "precision": "fp32"}
+    assert report["runtime_check"] == "ok"  # the TensorRT backend's reader accepts the directory's files
+    assert report["engine"]["profiles"]["decoder_step"][0]["cache_len"] == [1, 32, 128]
+    assert report["manifest"]["kind"] == "transduce-artifact" and report["config"] == report["manifest"]["model"]
+    assert set(report["graphs"]) == {"encoder.onnx", "decoder_step.onnx"}  # the copy of the artifact
+    files = {f["name"]: f for f in report["files"]}
+    assert (files["encoder.plan"]["bytes"], files["encoder.plan"]["sha256_ok"]) == (1000, True)
+    assert files["engine.json"]["sha256_ok"] is None
+    text = _rendered(report)
+    for expected in ("built for", "NVIDIA H100 80GB HBM3", "10.3.0", "engine.json: profiles.decoder_step",
+                     "cache_len", "decoder_step.plan", "graph encoder.onnx"):
+        assert expected in text
+
+
+def test_engine_json_of_another_shape_is_shown_generically(tmp_path):
+    (tmp_path / "engine.json").write_text(json.dumps({
+        "trt_version": "11.0", "device": {"name": "NVIDIA L4", "sm": [8, 9]}, "precision": "bf16",
+        "profiles": [{"batch": [1, 4, 8]}], "files": [{"name": "model.plan", "bytes": 5}]}))
+    report = inspect_path(tmp_path)
+    assert report["built_for"] == {"tensorrt_version": "11.0", "gpu": "NVIDIA L4", "compute_capability": [8, 9],
+                                   "precision": "bf16"}
+    assert report["runtime_check"].startswith("engine directory")  # the runtime would refuse it
+    assert report["problems"] == [f"{tmp_path / 'model.plan'} is listed but missing"]
+    assert "engine.json: profiles" in _rendered(report)
+
+
+def test_engine_with_a_changed_plan(engine_dir):
+    with open(os.path.join(engine_dir, "encoder.plan"), "wb") as f:
+        f.write(b"\x02" * 1000)  # same size, other bytes: only the sha256 tells
+    assert inspect_path(engine_dir)["runtime_check"] == "ok"
+    report = inspect_path(engine_dir, verify=True)
+    assert "sha256" in report["runtime_check"]
+    assert any("encoder.plan does not match its recorded sha256" in p for p in report["problems"])
+
+
+def test_engine_file_path_stands_for_its_directory(engine_dir):
+    assert inspect_path(os.path.join(engine_dir, "engine.json"))["path"] == os.path.abspath(engine_dir)
+
+
+def test_engine_with_a_missing_plan(engine_dir):
+    os.remove(os.path.join(engine_dir, "encoder.plan"))
+    report = inspect_path(engine_dir)
+    assert any("encoder.plan is listed but missing" in p for p in report["problems"])
+    result = _cli("inspect", engine_dir)
+    assert result.exit_code == 0 and "problems" in result.output and "missing" in result.output
+
+
+# -- anything else: a clear error -----------------------------------------------------------------------
+
+
+def test_nonexistent_path(tmp_path):
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(TransduceError, match="does not exist"):
+        inspect_path(missing)
+    result = _cli("inspect", missing)
+    assert result.exit_code == 2 and missing in result.output and "Traceback" not in result.output
+
+
+def test_directory_of_no_known_kind(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    result = _cli("inspect", str(tmp_path))
+    assert result.exit_code == 2
+    assert str(tmp_path) in result.output and "config.json" in result.output and "manifest.json" in result.output
+
+
+def test_a_plain_file(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x00")
+    result = _cli("inspect", str(path))
+    assert result.exit_code == 2 and "is a file" in result.output and str(path) in result.output
+
+
+@pytest.mark.parametrize("content", ["{ truncated", "[1, 2]", '{"format": "something-else"}'])
+def test_corrupt_model_config(tiny_model_dir, tmp_path, content):
+    import shutil
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, path)
+    (path / "config.json").write_text(content)
+    with pytest.raises(CheckpointError):
+        inspect_path(path)
+    result = _cli("inspect", str(path))
+    assert result.exit_code == 2 and "config.json" in result.output and str(path) in result.output
+
+
+@pytest.mark.parametrize("content", ["{ truncated", '"a string"', '{"kind": "something-else"}'])
+def test_corrupt_manifest(artifact_dir, content):
+    with open(os.path.join(artifact_dir, "manifest.json"), "w") as f:
+        f.write(content)
+    with pytest.raises(ArtifactError):
+        inspect_path(artifact_dir)
+    result = _cli("inspect", artifact_dir, "--json")
+    assert result.exit_code == 2 and "manifest.json" in result.output and artifact_dir in result.output
+
+
+def test_corrupt_engine_json(engine_dir):
+    with open(os.path.join(engine_dir, "engine.json"), "w") as f:
+        f.write("{")
+    result = _cli("inspect", engine_dir)
+    assert result.exit_code == 2 and "engine.json is not valid JSON" in result.output
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("encoder_layers.3.self_attn.q_proj.weight", ("encoder", "encoder self-attention", ("encoder", 3))),
+    ("decoder_layers.0.cross_attn.out_proj.bias", ("decoder", "decoder cross-attention", ("decoder", 0))),
+    ("decoder_layers.1.norm3.weight", ("decoder", "decoder layer norm", ("decoder", 1))),
+    ("/decoder_layers.1/ffn/w2/MatMul", ("decoder", "decoder feed-forward", ("decoder", 1))),
+    ("encoder_norm.bias", ("encoder", "encoder final layer norm", None)),
+    ("embed.weight", ("embeddings", "embedding (target, or shared)", None)),
+    ("src_embed.weight", ("embeddings", "source embedding", None)),
+    ("out_proj.weight", ("embeddings", "output projection", None)),
+    ("onnx::MatMul_12", ("other", "other", None)),
+])
+def test_classify_parameter(name, expected):
+    assert classify_parameter(name) == expected
+
+
+@pytest.mark.slow
+def test_artifact_from_the_exporter(tiny_artifact_dir, tiny_model):
+    """On a real export: the contract's IO with symbolic dims, op histograms, parameters found by scope."""
+    from transduce.runtime import contract
+
+    cfg = tiny_model.cfg
+    report = inspect_path(tiny_artifact_dir, verify=True)
+    assert report["problems"] == [] and report["runtime_check"] == "ok"
+    assert report["config"] == cfg.to_dict() and report["tokenizer"]["vocab_size"] == cfg.vocab_size
+    sizes = contract.static_axis_sizes(cfg.to_dict())
+    expected = {
+        "encoder.onnx": (contract.encoder_inputs(), contract.encoder_outputs(cfg.decoder_layers)),
+        "decoder_step.onnx": (contract.step_inputs(cfg.decoder_layers), contract.step_outputs(cfg.decoder_layers)),
+    }
+    for name, (inputs, outputs) in expected.items():
+        graph = report["graphs"][name]
+        for got, specs in ((graph["inputs"], inputs), (graph["outputs"], outputs)):
+            assert [v["name"] for v in got] == [s.name for s in specs]
+            assert [v["shape"] for v in got] == [[sizes.get(a, a) for a in s.axes] for s in specs]
+        assert graph["nodes"] == sum(graph["ops"].values()) > 0 and graph["ops"].get("MatMul", 0) > 0
+        params = graph["parameters"]
+        other = params["components"].get("other", {"parameters": 0})["parameters"]
+        assert other < 0.1 * params["total"]  # weights are attributed to their modules
+    assert "encoder" in report["graphs"]["encoder.onnx"]["parameters"]["components"]
+    assert "encoder" not in report["graphs"]["decoder_step.onnx"]["parameters"]["components"]
+    assert all(f["sha256_ok"] for f in report["files"] if f["sha256"])

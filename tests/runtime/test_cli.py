@@ -1,0 +1,78 @@
+"""`transduce decode` and `transduce parity` through the CLI: output format, exit codes, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from click.testing import CliRunner
+
+from transduce.cli import main
+
+
+def test_decode_stdin_to_stdout(tiny_artifact_dir):
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "2", "--max-len-b", "4"],
+                           input="two hundred\n\nthree\n")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == ""
+
+
+def test_decode_nbest_and_scores(tiny_artifact_dir, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("two hundred\nthree\n")
+    out = tmp_path / "out.txt"
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--output", str(out),
+                                  "--beam", "3", "--nbest", "3", "--max-len-b", "4"])
+    assert r.exit_code == 0, r.output
+    rows = [line.split(" ||| ") for line in out.read_text().splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1]
+    scores = [float(r[2]) for r in rows[:3]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_decode_errors_are_one_line(tiny_artifact_dir, tmp_path):
+    r = CliRunner().invoke(main, ["decode", str(tmp_path / "nope")], input="one\n")
+    assert r.exit_code == 2 and "error:" in r.stderr and "does not exist" in r.stderr
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir], input=" ".join(["nine"] * 200) + "\n")
+    assert r.exit_code == 2 and "input line 1 has" in r.stderr and "--truncate" in r.stderr
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"], input="two 日本\n")
+    assert r.exit_code == 0 and "unknown to the tokenizer" in r.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\x00bad")
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(bad)])
+    assert r.exit_code == 2 and "not UTF-8" in r.stderr
+
+
+def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, small_corpus, tmp_path):
+    from transduce.models.data import write_tsv
+
+    _, valid = small_corpus
+    data = tmp_path / "valid.tsv"
+    write_tsv(data, valid[:8])
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, "--data", str(data),
+                                  "--json", str(report)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(report.read_text())
+    assert rep["passed"] and rep["sentences"] == 8
+    assert {s["name"] for s in rep["teacher_forced"]} == {"memory", "cross_kv", "log_probs"}
+    assert "PARITY PASSED" in r.stdout
+
+
+def test_parity_refuses_other_weights(tiny_artifact_dir, demo_model_dir, tmp_path):
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", demo_model_dir, "-n", "2"])
+    assert r.exit_code == 2 and "other weights" in r.stderr
+
+
+def test_parity_needs_the_model_when_the_manifest_path_is_gone(tiny_artifact_dir, tmp_path):
+    art = tmp_path / "a"
+    shutil.copytree(tiny_artifact_dir, art)
+    m = json.loads((art / "manifest.json").read_text())
+    m["source_model"]["path"] = str(tmp_path / "moved")
+    (art / "manifest.json").write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["parity", str(art), "-n", "2"])
+    assert r.exit_code == 2 and "--model" in r.stderr
+    assert os.path.isdir(art)

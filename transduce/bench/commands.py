@@ -1,0 +1,86 @@
+"""`transduce bench` (click only; the work is done by transduce.bench.harness and transduce.bench.report)."""
+
+from __future__ import annotations
+
+import click
+
+from transduce.cli_errors import cli_errors
+from transduce.errors import TransduceError
+
+
+def _csv(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def _ints(value: str | None) -> list[int] | None:
+    items = _csv(value)
+    if items is None:
+        return None
+    try:
+        return [int(x) for x in items]
+    except ValueError:
+        raise TransduceError(f"--batches takes comma-separated integers, got {value!r}") from None
+
+
+def _engines(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise TransduceError(f"--engine expects SIZE=DIR, got {item!r}", hint="for example --engine demo=runs/demo/engine")
+        size, path = item.split("=", 1)
+        out[size.strip()] = path.strip()
+    return out
+
+
+@click.command("bench")
+@click.option("--model-dir", type=click.Path(), help="The demo-size model (default runs/demo/model; if absent, a "
+              "random model of the demo's shape).")
+@click.option("--artifact-dir", type=click.Path(), help="An existing ONNX export of --model-dir (else exported once into the cache).")
+@click.option("--sizes", help="Model sizes: demo, base.  [default: demo,base; --quick: demo]")
+@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2 (tensorrt with --engine).  "
+              "[default: torch,onnxruntime,ctranslate2]")
+@click.option("--batches", help="Batch sizes.  [default: 1,16; --quick: 1,4]")
+@click.option("--modes", help="greedy and/or beamN.  [default: greedy,beam4; --quick: greedy,beam2]")
+@click.option("--repeats", type=int, help="Timed rounds per cell after the warm-up.  [default: 5; --quick: 2]")
+@click.option("--warmup", type=int, help="Warm-up rounds per cell.  [default: 1]")
+@click.option("--steps", type=int, help="Generated tokens per sentence, forced.  [default: 32; --quick: 6]")
+@click.option("--src-len", type=int, help="Encoder positions per sentence, EOS included.  [default: 32; --quick: 8]")
+@click.option("--threads", default=2, show_default=True, help="Threads of every system.")
+@click.option("--ct2-settings", help="CTranslate2 environments to time, each in its own process: default, avx2 "
+              "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1).  [default: default,avx2]")
+@click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
+              "(timed when CUDA is available). Repeatable.")
+@click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check.  [default: 100]")
+@click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate (no floors).")
+@click.option("--cache-dir", type=click.Path(), help="Where prepared models, exports and conversions go.  [default: OUT/models]")
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(),
+              help="Writes bench.json, bench.md and bench.png here.")
+@click.option("--quick", is_flag=True, help="A fast smoke run (demo size, 6 steps, 2 rounds): checks the "
+              "instrument, not a measurement.")
+@click.option("--seed", default=0, show_default=True)
+@cli_errors
+def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, steps, src_len, threads,
+          ct2_settings, engines, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
+    """Benchmark our backends against CTranslate2 on identical weights: encoder and per-step latency,
+    tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings.
+
+    CTranslate2 is timed only after its greedy output matched ours token for token.
+    """
+    from transduce.bench.harness import BenchConfig, run_bench
+    from transduce.bench.report import write_reports
+
+    options = dict(sizes=_csv(sizes), backends=_csv(backends), batches=_ints(batches), modes=_csv(modes),
+                   repeats=repeats, warmup=warmup, steps=steps, src_len=src_len, threads=threads,
+                   ct2_settings=_csv(ct2_settings), check_sentences=check_sentences, model_dir=model_dir,
+                   artifact_dir=artifact_dir, cache_dir=cache_dir, out_dir=out_dir, engines=_engines(engines),
+                   ceilings=not no_ceilings, seed=seed)
+    given = {k: v for k, v in options.items() if v is not None}
+    cfg = BenchConfig.quick_preset(**given) if quick else BenchConfig(**given)
+    result = run_bench(cfg, log=lambda msg: click.echo(msg, err=True))
+    paths = write_reports(result, cfg.out_dir)
+    click.echo(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
+
+
+COMMANDS = [bench]

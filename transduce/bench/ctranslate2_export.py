@@ -1,0 +1,434 @@
+"""A transduce model directory -> a CTranslate2 model directory with the same weights, and the check
+that CTranslate2 then decodes exactly like we do.
+
+The mapping (checked against CTranslate2 4.x's own OpenNMT-py and Fairseq converters,
+ctranslate2/converters/{opennmt_py,fairseq}.py, and ctranslate2/specs/transformer_spec.py):
+
+  ours                                   CTranslate2 TransformerSpec (pre_norm=False)
+  embed.weight                           encoder.embeddings[0].weight, decoder.embeddings.weight and
+                                         decoder.projection.weight (no bias): shared; CTranslate2 aliases
+                                         identical variables when saving, so it is stored once
+  x * sqrt(d_model)                      scale_embeddings = True (CTranslate2 multiplies by sqrt(depth))
+  pe[0..max_positions) (sin even dims,   position_encodings.encodings = our exact table. CTranslate2's
+  cos odd dims, first position 0)        built-in table is [sin | cos] halves, and Fairseq's starts at
+                                         padding_idx + 1: neither matches, so the table is given explicitly
+  q/k/v_proj (self-attention)            self_attention.linear[0] = concat(q, k, v) (weights and biases)
+  q_proj, k/v_proj (cross-attention)     attention.linear[0] = q, attention.linear[1] = concat(k, v)
+  out_proj                               linear[-1]
+  1/sqrt(d_k) on q                       CTranslate2 scales queries by 1/sqrt(head_dim) itself
+  norm1 / norm2 / norm3 (post-norm:      self_attention.layer_norm / attention.layer_norm / ffn.layer_norm;
+  LayerNorm(x + Sublayer(x)))            with pre_norm=False CTranslate2 normalises after the residual
+                                         sum; post-norm has no final stack norm, and none is declared
+  ffn.w1 / ffn.w2, ReLU                  ffn.linear_0 / ffn.linear_1, Activation.RELU
+  layer_norm_eps (1e-5)                  config.layer_norm_epsilon (CTranslate2's default is 1e-6)
+  specials <pad>=0 <s>=1 </s>=2 <unk>=3  the vocabulary in our id order (shared source/target), so a
+                                         token's CTranslate2 index is its transduce id;
+                                         decoder_start_token "<s>" (our BOS), eos "</s>", unk "<unk>";
+                                         add_source_eos=True: CTranslate2 appends </s> to each source as
+                                         our Translator does
+
+Our backends never propose <pad> or <s>; CTranslate2 is told the same with
+suppress_sequences=[["<pad>"], ["<s>"]] (`SUPPRESS`).
+
+Only numpy, safetensors and ctranslate2 are needed here (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transduce.errors import BackendUnavailable, CheckpointError, TransduceError
+
+SOURCE_FILE = "transduce_source.json"  # written beside CTranslate2's files: which weights, which converter
+CONVERTER_VERSION = 1
+SUPPRESS = [["<pad>"], ["<s>"]]
+# Log-prob agreement demanded besides token equality. fp32 reorderings give ~2e-6 on these models; a
+# structural mistake (position table, embedding scale, layer order) gives O(1). A wrong LayerNorm epsilon
+# (1e-6 for our 1e-5) gives only ~1.5e-5: the summary's max |diff| shows that level, the gate does not.
+LOGPROB_ATOL = 1e-4
+LOGPROB_RTOL = 1e-4
+RANDOM_TARGET_LEN = 16
+
+
+def import_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise BackendUnavailable("the CTranslate2 peer needs the ctranslate2 package",
+                                 hint="pip install 'transduce[bench]' (or pip install ctranslate2)") from None
+    return ctranslate2
+
+
+def sinusoidal_table_np(n_positions: int, d_model: int) -> np.ndarray:
+    """Our PE table (transduce.models.transformer.sinusoidal_table) in numpy: float64 math, fp32 result."""
+    pos = np.arange(n_positions, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)
+    angle = pos / np.power(10000.0, two_i / d_model)
+    pe = np.zeros((n_positions, d_model), dtype=np.float64)
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle)
+    return pe.astype(np.float32)
+
+
+def vocabulary(tokenizer) -> list[str]:
+    """Our tokens in id order; CTranslate2 needs them unique (a token string is its lookup key)."""
+    tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    if any(t is None for t in tokens):
+        raise CheckpointError("the tokenizer's ids are not contiguous: cannot build a CTranslate2 vocabulary")
+    if len(set(tokens)) != len(tokens):
+        raise CheckpointError("the tokenizer has duplicate token strings: CTranslate2 could not tell them apart")
+    return tokens
+
+
+def _weights_sha(model_dir: str) -> str:
+    from transduce.models.checkpoint import read_config
+
+    return read_config(model_dir)["files"]["model.safetensors"]["sha256"]
+
+
+def build_spec(model_dir: str):
+    """The CTranslate2 TransformerSpec of a transduce model directory (weights as numpy fp32)."""
+    ct2 = import_ctranslate2()
+    from ctranslate2.converters import utils
+    from ctranslate2.specs import common_spec, transformer_spec
+    from safetensors.numpy import load_file
+
+    from transduce.models.checkpoint import WEIGHTS_FILE, _verify, load_tokenizer, read_config
+    from transduce.models.config import ModelConfig
+
+    cfg_json = read_config(model_dir)
+    cfg = ModelConfig.from_dict(cfg_json["model"])
+    if cfg.norm_first:
+        raise TransduceError("only post-norm models (norm_first=False) are converted to CTranslate2 here")
+    if not cfg.share_embeddings:
+        raise TransduceError("only models with shared embeddings are converted to CTranslate2 here")
+    w = load_file(_verify(os.fspath(model_dir), cfg_json, WEIGHTS_FILE))
+    w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
+    tokenizer = load_tokenizer(model_dir)
+    del ct2
+
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=False,
+        activation=common_spec.Activation.RELU,
+    )
+
+    def linear(ls, name, with_bias=True):
+        ls.weight = w[f"{name}.weight"]
+        if with_bias and f"{name}.bias" in w:
+            ls.bias = w[f"{name}.bias"]
+
+    def fused(ls, names):
+        parts = []
+        for n in names:
+            p = common_spec.LinearSpec()
+            linear(p, n)
+            parts.append(p)
+        utils.fuse_linear(ls, parts)
+
+    def norm(ns, name):
+        ns.gamma = w[f"{name}.weight"]
+        ns.beta = w[f"{name}.bias"]
+
+    pe = sinusoidal_table_np(cfg.max_positions, cfg.d_model)
+    emb = w["embed.weight"]
+    for stack in (spec.encoder, spec.decoder):
+        stack.scale_embeddings = True
+        stack.position_encodings.encodings = pe
+    spec.encoder.embeddings[0].weight = emb
+    spec.decoder.embeddings.weight = emb
+    spec.decoder.projection.weight = emb  # no bias: logits = x @ E^T
+
+    for i, ls in enumerate(spec.encoder.layer):
+        p = f"encoder_layers.{i}"
+        fused(ls.self_attention.linear[0], [f"{p}.self_attn.{n}_proj" for n in "qkv"])
+        linear(ls.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(ls.self_attention.layer_norm, f"{p}.norm1")
+        linear(ls.ffn.linear_0, f"{p}.ffn.w1")
+        linear(ls.ffn.linear_1, f"{p}.ffn.w2")
+        norm(ls.ffn.layer_norm, f"{p}.norm2")
+    for i, ls in enumerate(spec.decoder.layer):
+        p = f"decoder_layers.{i}"
+        fused(ls.self_attention.linear[0], [f"{p}.self_attn.{n}_proj" for n in "qkv"])
+        linear(ls.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(ls.self_attention.layer_norm, f"{p}.norm1")
+        linear(ls.attention.linear[0], f"{p}.cross_attn.q_proj")
+        fused(ls.attention.linear[1], [f"{p}.cross_attn.{n}_proj" for n in "kv"])
+        linear(ls.attention.linear[2], f"{p}.cross_attn.out_proj")
+        norm(ls.attention.layer_norm, f"{p}.norm2")
+        linear(ls.ffn.linear_0, f"{p}.ffn.w1")
+        linear(ls.ffn.linear_1, f"{p}.ffn.w2")
+        norm(ls.ffn.layer_norm, f"{p}.norm3")
+
+    specials = {"pad": cfg.pad_id, "bos": cfg.bos_id, "eos": cfg.eos_id, "unk": cfg.unk_id}
+    vocab = vocabulary(tokenizer)
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    spec.config.unk_token = vocab[specials["unk"]]
+    spec.config.bos_token = vocab[specials["bos"]]
+    spec.config.eos_token = vocab[specials["eos"]]
+    spec.config.decoder_start_token = vocab[specials["bos"]]
+    spec.config.add_source_bos = False
+    spec.config.add_source_eos = True
+    spec.register_source_vocabulary(vocab)
+    spec.register_target_vocabulary(vocab)
+    return spec
+
+
+def _converter_class():
+    import_ctranslate2()
+    from ctranslate2.converters.converter import Converter
+
+    class TransduceConverter(Converter):
+        """CTranslate2's converter base class over `build_spec` (validate, optimize, save)."""
+
+        def __init__(self, model_dir: str):
+            self.model_dir = model_dir
+
+        def _load(self):
+            return build_spec(self.model_dir)
+
+    return TransduceConverter
+
+
+def is_current(ct2_dir: str, model_dir: str) -> bool:
+    """True if ct2_dir is a conversion of exactly these weights by this converter version."""
+    path = os.path.join(ct2_dir, SOURCE_FILE)
+    if not os.path.isfile(path) or not os.path.isfile(os.path.join(ct2_dir, "model.bin")):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            src = json.load(f)
+        return src.get("weights_sha256") == _weights_sha(model_dir) and src.get("converter_version") == CONVERTER_VERSION
+    except (OSError, ValueError, TransduceError):
+        return False
+
+
+def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
+    """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically. Reused if current."""
+    from transduce._io import atomic_directory
+
+    model_dir, out_dir = os.fspath(model_dir), os.fspath(out_dir)
+    if not force and is_current(out_dir, model_dir):
+        return out_dir
+    ct2 = import_ctranslate2()
+    converter = _converter_class()(model_dir)
+    with atomic_directory(out_dir) as tmp:
+        converter.convert(tmp, quantization="float32", force=True)
+        with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
+            json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": _weights_sha(model_dir),
+                       "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__}, f, indent=2)
+    return out_dir
+
+
+# -- decoding with CTranslate2 ----------------------------------------------------------------------
+def load_translator(ct2_dir: str, threads: int = 2):
+    ct2 = import_ctranslate2()
+    return ct2.Translator(ct2_dir, device="cpu", compute_type="float32", inter_threads=1, intra_threads=threads)
+
+
+def ct2_vocab(ct2_dir: str) -> list[str]:
+    for name in ("shared_vocabulary.json", "target_vocabulary.json"):
+        path = os.path.join(ct2_dir, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+    raise TransduceError(f"{ct2_dir} has no CTranslate2 vocabulary file")
+
+
+def ct2_translate_ids(translator, vocab: list[str], sources: list[list[int]], beam_size: int = 1,
+                      max_length: int = 256, min_length: int = 1, length_penalty: float = 0.0,
+                      **options) -> list[list[int]]:
+    """Sources as our ids (without EOS: CTranslate2 appends it) -> best hypothesis ids (EOS not included)."""
+    index = {t: i for i, t in enumerate(vocab)}
+    results = translator.translate_batch(
+        [[vocab[i] for i in src] for src in sources], beam_size=beam_size, max_decoding_length=max_length,
+        min_decoding_length=min_length, length_penalty=length_penalty, suppress_sequences=SUPPRESS,
+        max_batch_size=0, **options,
+    )
+    return [[index[t] for t in r.hypotheses[0]] for r in results]
+
+
+# -- the token-equality check -----------------------------------------------------------------------
+@dataclass
+class Divergence:
+    sentence: int  # index in the checked set
+    position: int  # first generated position that differs
+    ours: int | None  # our token there (None: we had ended)
+    theirs: int | None
+    ours_tokens: list[int]
+    theirs_tokens: list[int]
+    margin: float | None = None  # our log-prob gap between the two tokens at that step (a near-tie if tiny)
+
+
+@dataclass
+class EqualityReport:
+    label: str
+    sentences: int
+    equal: int
+    mode: str  # "natural" (EOS ends) or "forced-N" (N steps, EOS banned)
+    max_abs_logprob_diff: float | None = None  # CTranslate2 score_batch vs our teacher-forced log-probs, greedy paths
+    max_abs_logprob_diff_random: float | None = None  # the same on random target sequences (any context)
+    logprob_tolerance_exceeded: int = 0  # tokens where |diff| > LOGPROB_ATOL + LOGPROB_RTOL * |ours|
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.equal == self.sentences and self.logprob_tolerance_exceeded == 0
+
+    def summary(self) -> str:
+        s = f"{self.label}: {self.equal}/{self.sentences} greedy outputs token-identical ({self.mode})"
+        if self.max_abs_logprob_diff is not None:
+            s += f", max |log-prob diff| on our greedy path {self.max_abs_logprob_diff:.2e}"
+        if self.max_abs_logprob_diff_random is not None:
+            s += f", on random targets {self.max_abs_logprob_diff_random:.2e}"
+        if self.logprob_tolerance_exceeded:
+            s += f"; {self.logprob_tolerance_exceeded} log-probs differ by more than {LOGPROB_ATOL:g} + {LOGPROB_RTOL:g}|lp|"
+        if self.divergences:
+            d = self.divergences[0]
+            s += (f"; first divergence: sentence {d.sentence}, position {d.position}: ours {d.ours}, "
+                  f"CTranslate2 {d.theirs}")
+            if d.margin is not None:
+                s += f" (our log-prob margin between them {d.margin:.2e})"
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        for dv in d["divergences"]:
+            dv["ours_tokens"] = dv["ours_tokens"][:64]
+            dv["theirs_tokens"] = dv["theirs_tokens"][:64]
+        return d
+
+
+def check_greedy_equality(model_dir: str, ct2_dir: str, sources: list[list[int]], label: str,
+                          forced_steps: int | None = None, threads: int = 1, batch_size: int = 16,
+                          translator=None, backend=None) -> EqualityReport:
+    """Greedy-decode `sources` (our ids, without EOS) with our torch backend and with CTranslate2.
+
+    forced_steps=None: natural decoding (EOS ends; our maximum length src_len + 50 per sentence,
+    CTranslate2's max_decoding_length set to the same per batch of equal caps). forced_steps=N: both
+    produce exactly N tokens (our min_length N+1 bans EOS throughout, CTranslate2's min = max = N).
+    Also scores our greedy outputs with CTranslate2 (score_batch) against our teacher-forced log-probs.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # a correctness check: few threads avoid OpenMP stalls on a shared machine
+    try:
+        return _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator, backend)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator, backend) -> EqualityReport:
+    from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+
+    if backend is None:
+        from transduce.runtime.backends.torch_backend import TorchBackend
+
+        backend = TorchBackend.from_model_dir(model_dir)
+    cfg = backend.config
+    translator = translator or load_translator(ct2_dir, threads)
+    vocab = ct2_vocab(ct2_dir)
+    if forced_steps is not None:
+        opts = DecodingOptions(beam_size=1, length_penalty=0.0, min_length=forced_steps + 1, max_len_a=0.0,
+                               max_len_b=forced_steps)
+        mode = f"forced-{forced_steps}"
+    else:
+        opts = DecodingOptions(beam_size=1, length_penalty=0.0)
+        mode = "natural"
+
+    def padded(batch):
+        s = max(len(x) for x in batch) + 1
+        src = np.full((len(batch), s), cfg["pad_id"], dtype=np.int64)
+        for r, x in enumerate(batch):
+            src[r, : len(x)] = x
+            src[r, len(x)] = cfg["eos_id"]
+        return src, np.array([len(x) + 1 for x in batch], dtype=np.int64)
+
+    # group by our maximum length so CTranslate2 gets the same cap (it takes one per batch)
+    caps = [forced_steps if forced_steps is not None else
+            int(min(np.ceil(opts.max_len_a * len(x) + opts.max_len_b), cfg["max_positions"])) for x in sources]
+    ours: list[list[int]] = [[] for _ in sources]
+    theirs: list[list[int]] = [[] for _ in sources]
+    for cap in sorted(set(caps)):
+        idx = [i for i, c in enumerate(caps) if c == cap]
+        for j in range(0, len(idx), batch_size):
+            chunk = idx[j: j + batch_size]
+            src, lens = padded([sources[i] for i in chunk])
+            for i, res in zip(chunk, decode(backend, src, lens, opts)):
+                ours[i] = list(res.best.tokens)
+            got = ct2_translate_ids(translator, vocab, [sources[i] for i in chunk], beam_size=1, max_length=cap,
+                                    min_length=forced_steps if forced_steps is not None else 1)
+            for i, g in zip(chunk, got):
+                theirs[i] = g
+
+    report = EqualityReport(label, len(sources), 0, mode)
+    max_diff = 0.0
+    exceeded = 0
+
+    def compare(ours_lp: np.ndarray, their_lp: np.ndarray) -> float:
+        nonlocal exceeded
+        k = min(len(ours_lp), len(their_lp))
+        if not k:
+            return 0.0
+        d = np.abs(their_lp[:k] - ours_lp[:k])
+        exceeded += int((d > LOGPROB_ATOL + LOGPROB_RTOL * np.abs(ours_lp[:k])).sum())
+        return float(d.max())
+
+    tf_rows: dict[int, np.ndarray] = {}
+    for j in range(0, len(sources), batch_size):
+        # CTranslate2's log-probs of our greedy paths vs ours (teacher-forced), EOS included where we ended on it
+        chunk = list(range(j, min(j + batch_size, len(sources))))
+        tgts = [ours[i] + ([cfg["eos_id"]] if forced_steps is None and len(ours[i]) < caps[i] else []) for i in chunk]
+        t = max(max(len(x) for x in tgts), 1)
+        tgt_in = np.full((len(chunk), t), cfg["pad_id"], dtype=np.int64)
+        tgt_in[:, 0] = cfg["bos_id"]
+        for r, x in enumerate(tgts):
+            tgt_in[r, 1: len(x)] = x[:-1]
+        s_ids, s_lens = padded([sources[i] for i in chunk])
+        tf = teacher_forced_log_probs(backend, s_ids, s_lens, tgt_in)  # (B, T, V)
+        scored = translator.score_batch([[vocab[x] for x in sources[i]] for i in chunk],
+                                        [[vocab[x] for x in ours[i]] for i in chunk])
+        for r, (i, x, sc) in enumerate(zip(chunk, tgts, scored)):
+            tf_rows[i] = tf[r]
+            if not x:
+                continue
+            ours_lp = tf[r, np.arange(len(x)), x]
+            their_lp = np.array(sc.log_probs, dtype=np.float64)  # one per target token, plus </s>
+            max_diff = max(max_diff, compare(ours_lp, their_lp))
+    # random targets: every position sees a context greedy search would not produce
+    rng = np.random.default_rng(0)
+    max_random = 0.0
+    length = max(1, min(RANDOM_TARGET_LEN, cfg["max_positions"] - 1))
+    for j in range(0, len(sources), batch_size):
+        chunk = list(range(j, min(j + batch_size, len(sources))))
+        tgt = rng.integers(4, cfg["vocab_size"], size=(len(chunk), length))
+        tgt_in = np.concatenate([np.full((len(chunk), 1), cfg["bos_id"]), tgt], axis=1)
+        s_ids, s_lens = padded([sources[i] for i in chunk])
+        tf = teacher_forced_log_probs(backend, s_ids, s_lens, tgt_in)  # (B, L+1, V)
+        ours_lp = np.concatenate([np.take_along_axis(tf[:, :length], tgt[:, :, None], axis=2)[..., 0],
+                                  tf[:, length, cfg["eos_id"]][:, None]], axis=1)
+        scored = translator.score_batch([[vocab[x] for x in sources[i]] for i in chunk],
+                                        [[vocab[x] for x in row] for row in tgt.tolist()])
+        for r, sc in enumerate(scored):
+            max_random = max(max_random, compare(ours_lp[r], np.array(sc.log_probs, dtype=np.float64)))
+    for n, (a, b) in enumerate(zip(ours, theirs)):
+        if a == b:
+            report.equal += 1
+            continue
+        pos = next(t for t in range(max(len(a), len(b))) if t >= len(a) or t >= len(b) or a[t] != b[t])
+        ta = a[pos] if pos < len(a) else None
+        tb = b[pos] if pos < len(b) else None
+        margin = None
+        if ta is not None and tb is not None and pos < len(tf_rows[n]):
+            margin = float(tf_rows[n][pos, ta] - tf_rows[n][pos, tb])
+        report.divergences.append(Divergence(n, pos, ta, tb, a, b, margin))
+    report.max_abs_logprob_diff = max_diff
+    report.max_abs_logprob_diff_random = max_random
+    report.logprob_tolerance_exceeded = exceeded
+    return report

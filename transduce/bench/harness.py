@@ -1,0 +1,547 @@
+"""The benchmark: every system on identical weights and identical inputs, interleaved, in one run.
+
+Per model size:
+ 1. prepare: model directory, ONNX artifact, CTranslate2 conversion (models.prepare; cached).
+ 2. check: CTranslate2's greedy output must equal ours token for token (held-out sentences of the demo
+    task, natural stopping; and random inputs at the benchmark's forced length). If any sentence
+    differs, CTranslate2 is not timed for this size and the report says where it diverged.
+ 3. time, cell by cell (decoding mode x batch size): one warm-up per system, then `repeats` rounds; in
+    each round every system runs once, in an order rotated by one each round (A B C, B C A, ...), so
+    drift of the machine (up to ~1.8x between runs on these hosts) hits all systems alike. Each
+    system measures
+      decode   the whole forced-length decode of the batch: src_len encoder positions (EOS included),
+               exactly `steps` generated tokens per sentence (EOS banned until then, the maximum length
+               `steps`: our min_length steps+1 / max_len_b steps, CTranslate2's min = max = steps);
+      first    the same with one step (encoder + one step);
+      direct   (our backends) backend.encode alone and `steps` calls of backend.step at batch x beam rows.
+    Derived for every system alike: step = (decode - first) / (steps - 1), encoder ~ first - step.
+    Throughput: target tokens / s = batch x steps / decode (beam search counts the best hypothesis
+    only), sentences / s = batch / decode.
+ 4. ratios: per round, our throughput / the faster CTranslate2 setting's (the one with the lower median
+    decode time in that cell), from the same round; the median over rounds and its min and max.
+
+Every system lives in its own worker process (worker.py); the machine's ceilings (ceilings.py) are
+measured at the start and at the end of the run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transduce.errors import TransduceError
+
+OUR_BACKENDS = ("torch", "onnxruntime", "tensorrt")
+CT2_SETTINGS: dict[str, dict[str, str | None]] = {
+    # None removes the variable from the worker's environment
+    "default": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_USE_MKL": None},
+    "mkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "1"},
+}
+SETTLE_SECONDS = 0.02  # pause between two measurements: spinning thread pools of the last system go idle
+
+
+@dataclass
+class BenchConfig:
+    sizes: list[str] = field(default_factory=lambda: ["demo", "base"])
+    backends: list[str] = field(default_factory=lambda: ["torch", "onnxruntime", "ctranslate2"])
+    batches: list[int] = field(default_factory=lambda: [1, 16])
+    modes: list[str] = field(default_factory=lambda: ["greedy", "beam4"])
+    repeats: int = 5
+    warmup: int = 1
+    steps: int = 32  # generated tokens per sentence, forced
+    src_len: int = 32  # encoder positions per sentence, EOS included
+    threads: int = 2
+    out_dir: str = os.path.join("runs", "bench")
+    cache_dir: str | None = None  # default: out_dir/models
+    model_dir: str | None = None  # the demo size's model (default runs/demo/model, else a random one)
+    artifact_dir: str | None = None  # its ONNX export, if one exists elsewhere
+    engines: dict[str, str] = field(default_factory=dict)  # size -> TensorRT engine directory
+    ct2_settings: list[str] = field(default_factory=lambda: ["default", "avx2"])
+    check_sentences: int = 100  # held-out demo sentences for the natural-stopping check
+    check_inputs: int = 4  # random inputs for the forced-length check
+    ceilings: bool = True
+    quick: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.steps < 2:
+            problems.append(f"--steps must be >= 2 (per-step latency is derived from 1 and N steps), got {self.steps}")
+        if self.src_len < 2:
+            problems.append(f"--src-len must be >= 2, got {self.src_len}")
+        if self.repeats < 1 or self.warmup < 0:
+            problems.append("--repeats must be >= 1 and --warmup >= 0")
+        if not self.batches or any(b < 1 for b in self.batches):
+            problems.append(f"batch sizes must be >= 1, got {self.batches}")
+        for m in self.modes:
+            try:
+                beam_of(m)
+            except ValueError:
+                problems.append(f"unknown mode {m!r} (greedy, or beamN such as beam4)")
+        for b in self.backends:
+            if b not in OUR_BACKENDS + ("ctranslate2",):
+                problems.append(f"unknown backend {b!r} (torch, onnxruntime, tensorrt, ctranslate2)")
+        for size in self.sizes:
+            if size not in ("demo", "base"):
+                problems.append(f"unknown model size {size!r} (demo, base; --model-dir replaces the demo model)")
+        for s in self.ct2_settings:
+            if s not in CT2_SETTINGS:
+                problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")
+        if self.threads < 1:
+            problems.append("--threads must be >= 1")
+        if problems:
+            raise TransduceError("invalid bench options: " + "; ".join(problems))
+
+    @classmethod
+    def quick_preset(cls, **overrides) -> BenchConfig:
+        """A smoke run: the demo size, a few steps, two rounds, small ceilings."""
+        base = dict(sizes=["demo"], batches=[1, 4], modes=["greedy", "beam2"], repeats=2, warmup=1, steps=6,
+                    src_len=8, check_sentences=8, check_inputs=2, quick=True)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+def beam_of(mode: str) -> int:
+    if mode == "greedy":
+        return 1
+    if mode.startswith("beam") and mode[4:].isdigit() and int(mode[4:]) >= 1:
+        return int(mode[4:])
+    raise ValueError(mode)
+
+
+def ct2_system_name(setting: str) -> str:
+    return "ctranslate2" if setting == "default" else f"ctranslate2-{setting}"
+
+
+def is_ct2(name: str) -> bool:
+    return name.startswith("ctranslate2")
+
+
+# -- workers ----------------------------------------------------------------------------------------
+class WorkerError(TransduceError):
+    pass
+
+
+class Worker:
+    """A worker process (python -m transduce.bench.worker) and its JSON-lines pipe."""
+
+    def __init__(self, name: str, env_changes: dict[str, str | None], log_path: str):
+        self.name = name
+        env = dict(os.environ)
+        for k, v in env_changes.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.env_changes = {k: v for k, v in env_changes.items() if v is not None}
+        self.log_path = log_path
+        self._log = open(log_path, "w", encoding="utf-8")
+        self.proc = subprocess.Popen([sys.executable, "-m", "transduce.bench.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, env=env, text=True, bufsize=1)
+
+    def _tail(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()[-1500:]
+        except OSError:
+            return ""
+
+    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            raise WorkerError(f"the {self.name} worker died (exit status {self.proc.poll()}); its log "
+                              f"{self.log_path} ends with:\n{self._tail()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise WorkerError(f"{self.name}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+# -- statistics -------------------------------------------------------------------------------------
+def summary(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": float(statistics.median(values)), "min": float(min(values)), "max": float(max(values)),
+            "n": len(values)}
+
+
+def throughput_ratios(ours: list[float], theirs: list[float]) -> dict[str, Any] | None:
+    """Per-round ratios of our throughput to theirs = their seconds / our seconds, same round."""
+    pairs = [(a, b) for a, b in zip(ours, theirs) if a and b]
+    if not pairs:
+        return None
+    per_round = [b / a for a, b in pairs]
+    return {"per_round": per_round, **summary(per_round)}
+
+
+def cell_stats(raw: dict[str, Any], batch: int, steps: int) -> dict[str, Any]:
+    """Summaries of one system's measurements in one cell (times in ms)."""
+    dec = raw.get("decode", [])
+    first = raw.get("first", [])
+    out: dict[str, Any] = {}
+    if dec:
+        out["decode_ms"] = summary([t * 1e3 for t in dec])
+        out["tokens_per_s"] = summary([batch * steps / t for t in dec])
+        out["sentences_per_s"] = summary([batch / t for t in dec])
+    if first:
+        out["first_ms"] = summary([t * 1e3 for t in first])
+    if dec and first:
+        step = (statistics.median(dec) - statistics.median(first)) / (steps - 1)
+        out["step_ms_derived"] = step * 1e3
+        out["encoder_ms_derived"] = (statistics.median(first) - step) * 1e3
+    if raw.get("direct_encode"):
+        out["encoder_ms_direct"] = summary([t * 1e3 for t in raw["direct_encode"]])
+        out["step_ms_direct"] = summary([t * 1e3 for t in raw["direct_step"]])
+    return out
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+def random_sources(rng: np.random.Generator, batch: int, src_len: int, vocab_size: int) -> list[list[int]]:
+    """batch sources of src_len - 1 non-special ids (the EOS is appended by each system)."""
+    return rng.integers(4, vocab_size, size=(batch, src_len - 1)).tolist()
+
+
+def held_out_sources(prepared, n: int) -> list[list[int]]:
+    """The demo task's held-out sentences, as ids of the model's tokenizer."""
+    from transduce.models.checkpoint import load_tokenizer
+
+    valid_tsv = os.path.join(os.path.dirname(prepared.model_dir), "data", "valid.tsv")
+    if os.path.isfile(valid_tsv):
+        from transduce.models.data import read_parallel
+
+        pairs = read_parallel(valid_tsv)
+    else:
+        from transduce.models.corpus import demo_corpus
+
+        _, pairs = demo_corpus(n_train=10, n_valid=max(n, 1), seed=1234)
+    tok = load_tokenizer(prepared.model_dir)
+    limit = prepared.config["max_positions"] - 1
+    return [ids for ids in (tok.encode(src)[:limit] for src, _ in pairs[:n]) if ids]
+
+
+# -- machine ----------------------------------------------------------------------------------------
+def cpu_sample(pids: list[int]) -> tuple[int, int, int] | None:
+    """(all CPUs' busy jiffies, all CPUs' total jiffies, these processes' jiffies) from /proc; None elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+        busy = total - fields[3] - fields[4]
+        ours = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            ours += int(stat[11]) + int(stat[12])  # utime, stime (fields 14 and 15)
+        return busy, total, ours
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def foreign_cpu_share(before, after) -> float | None:
+    """The share of the machine's CPU time that processes other than ours used between two samples."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    other = (after[0] - before[0]) - (after[2] - before[2])
+    return max(0.0, other / (after[1] - before[1]))
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    versions: dict[str, str] = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("torch", "onnxruntime", "ctranslate2"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    load = None
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        pass
+    return {"cpu": cpu, "isa": isa, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
+            "versions": versions, "load_average_1min_at_start": load}
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def _checks(prepared, cfg: BenchConfig, log) -> list[dict[str, Any]]:
+    from transduce.bench.ctranslate2_export import check_greedy_equality, load_translator
+    from transduce.runtime.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend.from_model_dir(prepared.model_dir)
+    translator = load_translator(prepared.ct2_dir, threads=1)
+    reports = []
+    if prepared.size == "demo":
+        src = held_out_sources(prepared, cfg.check_sentences)
+        if src:
+            reports.append(check_greedy_equality(prepared.model_dir, prepared.ct2_dir, src,
+                                                 f"{prepared.size}: held-out demo sentences",
+                                                 translator=translator, backend=backend))
+    rng = np.random.default_rng(cfg.seed + 1)
+    src = random_sources(rng, cfg.check_inputs, cfg.src_len, prepared.config["vocab_size"])
+    reports.append(check_greedy_equality(prepared.model_dir, prepared.ct2_dir, src,
+                                         f"{prepared.size}: random inputs at the benchmark's shape",
+                                         forced_steps=cfg.steps, translator=translator, backend=backend))
+    for r in reports:
+        log(f"[check] {r.summary()}")
+    return [r.to_dict() for r in reports]
+
+
+def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]], beam: int, cfg: BenchConfig,
+               log) -> dict[str, dict[str, list]]:
+    raw: dict[str, dict[str, list]] = {n: {"decode": [], "first": [], "direct_encode": [], "direct_step": [],
+                                           "order": []} for n in names}
+    failed: dict[str, str] = {}
+
+    def measure(name: str, record: bool, position: int) -> None:
+        w = workers[name]
+        try:
+            d = w.call({"op": "decode", "src": src, "beam": beam, "steps": cfg.steps})
+            time.sleep(SETTLE_SECONDS)
+            f = w.call({"op": "decode", "src": src, "beam": beam, "steps": 1})
+            time.sleep(SETTLE_SECONDS)
+            direct = None
+            if not is_ct2(name):
+                direct = w.call({"op": "direct", "src": src, "beam": beam, "steps": cfg.steps})
+                time.sleep(SETTLE_SECONDS)
+        except WorkerError as e:
+            failed[name] = str(e)
+            log(f"[bench] {name} failed: {e}")
+            return
+        if record:
+            raw[name]["decode"].append(d["seconds"])
+            raw[name]["first"].append(f["seconds"])
+            raw[name]["order"].append(position)
+            if direct is not None:
+                raw[name]["direct_encode"].append(direct["encode_seconds"])
+                raw[name]["direct_step"].append(float(np.mean(direct["step_seconds"])))
+
+    for _ in range(cfg.warmup):
+        for i, n in enumerate(names):
+            if n not in failed:
+                measure(n, False, i)
+    for r in range(cfg.repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for i, n in enumerate(order):
+            if n not in failed:
+                measure(n, True, i)
+    for n, msg in failed.items():
+        raw[n]["error"] = msg  # type: ignore[assignment]
+    return raw
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from transduce.bench import ceilings as ceil
+
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
+    logs = os.path.join(cfg.out_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    started = time.time()
+    result: dict[str, Any] = {
+        "format": "transduce-bench", "format_version": 1,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": asdict(cfg), "machine": machine_info(), "sizes": [],
+    }
+    want_ct2 = "ctranslate2" in cfg.backends
+    ct2_missing = None
+    if want_ct2:
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            ct2_missing = "ctranslate2 is not installed (pip install 'transduce[bench]')"
+            log(f"[bench] {ct2_missing}: CTranslate2 is skipped")
+
+    copy_mib, matmul_n = (32, 512) if cfg.quick else (256, 1536)
+    ceilings_runs: list[tuple[str, Any]] = []
+
+    def measure_ceilings(when: str) -> None:
+        if cfg.ceilings:
+            log(f"[ceilings] measuring memory bandwidth and matmul rate ({when})")
+            ceilings_runs.append((when, ceil.measure_ceilings(cfg.threads, copy_mib, matmul_n)))
+
+    measure_ceilings("start")
+
+    # workers: one per system, started together (imports overlap), loaded per size
+    names = [b for b in cfg.backends if b in ("torch", "onnxruntime")]
+    if "tensorrt" in cfg.backends or cfg.engines:
+        names.append("tensorrt")
+    if want_ct2 and not ct2_missing:
+        names += [ct2_system_name(s) for s in cfg.ct2_settings]
+    workers: dict[str, Worker] = {}
+    try:
+        for n in names:
+            env = CT2_SETTINGS[n.split("-", 1)[1] if "-" in n else "default"] if is_ct2(n) else {}
+            workers[n] = Worker(n, env, os.path.join(logs, f"worker-{n}.log"))
+        for i, size in enumerate(cfg.sizes):
+            result["sizes"].append(_run_size(size, cfg, cache, workers, ct2_missing, log))
+            if i + 1 < len(cfg.sizes):
+                measure_ceilings(f"after {size}")
+    finally:
+        for w in workers.values():
+            w.close()
+    measure_ceilings("end")
+    if cfg.ceilings:
+        # the best of the run's measurements: contention only ever lowers them
+        result["ceilings"] = {"runs": [{"when": when, **c.to_dict()} for when, c in ceilings_runs],
+                              "bandwidth_gbs": max(c.bandwidth_gbs for _, c in ceilings_runs),
+                              "matmul_gflops": max(c.matmul_gflops for _, c in ceilings_runs),
+                              "threads": cfg.threads}
+        best = ceil.Ceilings(result["ceilings"]["bandwidth_gbs"], result["ceilings"]["matmul_gflops"], cfg.threads, {})
+        for s in result["sizes"]:
+            for c in s.get("cells", []):
+                c["floor"] = ceil.decode_floor(s["model"]["config"], best, c["batch"], c["beam"], cfg.src_len, cfg.steps)
+                c["floor"]["decode_ms"] = c["floor"]["seconds"] * 1e3
+    result["seconds"] = round(time.time() - started, 1)
+    return result
+
+
+def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker], ct2_missing: str | None,
+              log) -> dict[str, Any]:
+    from transduce.bench.models import prepare
+
+    log(f"[{size}] preparing the model, its ONNX export and its CTranslate2 conversion")
+    model_dir = cfg.model_dir if size == "demo" else None
+    want_ct2 = any(is_ct2(n) for n in workers)
+    prepared = prepare(size, cache, model_dir=model_dir, with_ct2=want_ct2,
+                       artifact_dir=cfg.artifact_dir if size == "demo" else None, log=lambda m: log(f"[{size}] {m}"))
+    entry: dict[str, Any] = {
+        "size": size,
+        "model": {"description": prepared.description, "trained": prepared.trained, "config": prepared.config,
+                  "model_dir": prepared.model_dir, "artifact_dir": prepared.artifact_dir, "ct2_dir": prepared.ct2_dir,
+                  "notes": prepared.notes},
+        "systems": {}, "checks": [], "cells": [],
+    }
+    if ct2_missing:
+        for s in cfg.ct2_settings:
+            entry["systems"][ct2_system_name(s)] = {"status": "skipped", "reason": ct2_missing}
+
+    ct2_ok, reason = want_ct2, ""
+    if want_ct2:
+        log(f"[{size}] checking CTranslate2's greedy output against ours, token for token")
+        entry["checks"] = _checks(prepared, cfg, log)
+        bad = [c for c in entry["checks"] if not c["passed"]]
+        if bad:
+            ct2_ok = False
+            reason = "greedy output differs from ours: " + "; ".join(_divergence_text(c) for c in bad)
+            log(f"[{size}] CTranslate2 is NOT timed: {reason}")
+
+    active = []
+    for name, w in workers.items():
+        if is_ct2(name):
+            if not ct2_ok:
+                entry["systems"][name] = {"status": "skipped", "reason": reason}
+                continue
+            req = {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir, "threads": cfg.threads}
+        elif name == "tensorrt":
+            if size not in cfg.engines:
+                entry["systems"][name] = {"status": "skipped", "reason": f"no TensorRT engine given for {size} (--engine {size}=DIR)"}
+                continue
+            req = {"op": "load", "system": "tensorrt", "path": cfg.engines[size], "model_dir": prepared.model_dir,
+                   "threads": cfg.threads}
+        else:
+            req = {"op": "load", "system": name, "path": prepared.artifact_dir, "model_dir": prepared.model_dir,
+                   "threads": cfg.threads}
+        try:
+            info = w.call(req)
+            entry["systems"][name] = {"status": "ok", "info": info.get("info", {}), "env": w.env_changes}
+            active.append(name)
+        except WorkerError as e:
+            entry["systems"][name] = {"status": "skipped", "reason": str(e)}
+            log(f"[{size}] {name} is skipped: {e}")
+
+    rng = np.random.default_rng(cfg.seed)
+    for mode in cfg.modes:
+        beam = beam_of(mode)
+        for batch in cfg.batches:
+            src = random_sources(rng, batch, cfg.src_len, prepared.config["vocab_size"])
+            log(f"[{size}] {mode} batch {batch}: {', '.join(active)} x {cfg.repeats} rounds")
+            pids = [os.getpid()] + [w.proc.pid for w in workers.values()]
+            before = cpu_sample(pids)
+            raw = _time_cell(workers, active, src, beam, cfg, log)
+            cell: dict[str, Any] = {"mode": mode, "beam": beam, "batch": batch, "src_len": cfg.src_len,
+                                    "steps": cfg.steps, "systems": {}, "ratios": {},
+                                    "foreign_cpu_share": foreign_cpu_share(before, cpu_sample(pids))}
+            for name in active:
+                stats = cell_stats(raw[name], batch, cfg.steps)
+                cell["systems"][name] = {"stats": stats, "raw": raw[name]}
+            ct2_names = [n for n in active if is_ct2(n) and raw[n]["decode"]]
+            if ct2_names:
+                best = min(ct2_names, key=lambda n: statistics.median(raw[n]["decode"]))
+                cell["ct2_best"] = best
+                for n in active:
+                    if not is_ct2(n):
+                        r = throughput_ratios(raw[n]["decode"], raw[best]["decode"])
+                        if r:
+                            cell["ratios"][n] = {"vs": best, **r}
+                if len(ct2_names) > 1:
+                    others = [n for n in ct2_names if n != best]
+                    cell["ct2_settings_ratio"] = {n: throughput_ratios(raw[best]["decode"], raw[n]["decode"])
+                                                  for n in others}
+            entry["cells"].append(cell)
+            _log_cell(cell, size, log)
+    return entry
+
+
+def _divergence_text(check: dict[str, Any]) -> str:
+    s = f"{check['label']}: {check['equal']}/{check['sentences']} equal"
+    if check.get("logprob_tolerance_exceeded"):
+        s += (f", {check['logprob_tolerance_exceeded']} log-probs outside the tolerance (max |diff| "
+              f"{max(check.get('max_abs_logprob_diff') or 0, check.get('max_abs_logprob_diff_random') or 0):.1e})")
+    if check["divergences"]:
+        d = check["divergences"][0]
+        s += f", first at sentence {d['sentence']} position {d['position']} (ours {d['ours']}, CTranslate2 {d['theirs']})"
+    return s
+
+
+def _log_cell(cell: dict[str, Any], size: str, log) -> None:
+    parts = []
+    for name, s in cell["systems"].items():
+        tps = s["stats"].get("tokens_per_s")
+        if tps:
+            parts.append(f"{name} {tps['median']:.0f} tok/s")
+    for name, r in cell["ratios"].items():
+        parts.append(f"{name}/{r['vs']} {r['median']:.2f}x")
+    if cell.get("foreign_cpu_share") is not None:
+        parts.append(f"other processes used {100 * cell['foreign_cpu_share']:.0f}% of the CPUs meanwhile")
+    log(f"[{size}] {cell['mode']} batch {cell['batch']}: " + ", ".join(parts))

@@ -1,0 +1,153 @@
+"""The benchmarked models, each prepared once into a cache directory and reused while its weights match.
+
+  demo   the demo model (runs/demo/model, the trained `tiny` preset: 2+2 layers, d_model 128, 4 heads,
+         d_ff 512, vocabulary ~372). If it is absent, a model of the same shape with seeded random
+         weights and a BPE tokenizer learnt on the embedded corpus (vocabulary 400) stands in for it.
+  base   the paper's base shape (6+6 layers, d_model 512, 8 heads, d_ff 2048) with vocabulary 8,000:
+         seeded random weights and a synthetic word-level tokenizer of exactly 8,000 entries
+         (specials <pad>=0 <s>=1 </s>=2 <unk>=3, then "w4" .. "w7999").
+  tiny   (tests) any model directory given with --model-dir, benchmarked under the name of its size.
+
+For each size: CACHE/<size>/model (unless an existing model directory is used), CACHE/<size>/artifact
+(the ONNX export) and CACHE/<size>/ctranslate2 (the CTranslate2 conversion). Timing decodes random
+source ids, so a model's content does not matter to the timings, only its shape.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from transduce.errors import TransduceError
+
+DEMO_MODEL_DIR = os.path.join("runs", "demo", "model")
+BASE_VOCAB = 8000
+SIZES = ("demo", "base")
+
+
+@dataclass
+class PreparedModel:
+    size: str  # "demo", "base", or the name given to an explicit model directory
+    model_dir: str
+    artifact_dir: str
+    ct2_dir: str | None  # None when ctranslate2 is not installed
+    config: dict[str, Any]
+    description: str
+    trained: bool  # False for seeded random weights
+    notes: list[str] = field(default_factory=list)
+
+
+def synthetic_tokenizer(vocab_size: int):
+    """A word-level tokenizer of exactly vocab_size entries: the four specials, then "w4", "w5", ..."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from transduce.tokenizer import SPECIALS, Tokenizer
+
+    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIALS), vocab_size)})
+    tok = HFTokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins with spaces
+    tok.add_special_tokens(list(SPECIALS))
+    return Tokenizer(tok)
+
+
+def _random_model_dir(path: str, preset: str, tokenizer, seed: int = 0, **overrides) -> None:
+    import torch
+
+    from transduce.models.checkpoint import save_model_dir
+    from transduce.models.config import preset as make_preset
+    from transduce.models.transformer import Transformer
+
+    torch.manual_seed(seed)
+    model = Transformer(make_preset(preset, tokenizer.vocab_size, **overrides)).eval()
+    save_model_dir(path, model, tokenizer, training={"note": f"random weights (seed {seed}) made by transduce bench"})
+
+
+def _loadable(model_dir: str) -> bool:
+    from transduce.models.checkpoint import read_config
+
+    try:
+        read_config(model_dir)
+        return True
+    except TransduceError:
+        return False
+
+
+def ensure_base_model(path: str) -> str:
+    if not _loadable(path):
+        _random_model_dir(path, "base", synthetic_tokenizer(BASE_VOCAB), seed=0)
+    return path
+
+
+def ensure_random_demo_model(path: str) -> str:
+    """A model of the demo's shape (tiny preset) with random weights and a BPE tokenizer like the demo's."""
+    if not _loadable(path):
+        from transduce.models.corpus import demo_corpus
+        from transduce.tokenizer import Tokenizer
+
+        train, _ = demo_corpus(n_train=3000, n_valid=10, seed=1234)
+        tok = Tokenizer.train((s for p in train for s in p), vocab_size=400)
+        _random_model_dir(path, "tiny", tok, seed=0)
+    return path
+
+
+def ensure_artifact(model_dir: str, candidates: list[str], log=print) -> str:
+    """An ONNX export of model_dir: the first candidate that is a valid export of these weights, else a
+    fresh export into the last candidate."""
+    from transduce.models.checkpoint import read_config
+    from transduce.runtime import contract
+
+    weights = read_config(model_dir)["files"]["model.safetensors"]["sha256"]
+    for cand in candidates:
+        if os.path.isdir(cand):
+            try:
+                manifest = contract.read_manifest(cand)
+            except TransduceError:
+                continue
+            if manifest.get("source_model", {}).get("weights_sha256") == weights and manifest.get("precision") == "fp32":
+                return cand
+    from transduce.exporter.onnx_export import export_artifact
+
+    out = candidates[-1]
+    log(f"exporting {model_dir} to ONNX in {out} (once; reused while the weights match)")
+    export_artifact(model_dir, out, force=True, log=log)
+    return out
+
+
+def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: bool = True,
+            artifact_dir: str | None = None, log=print) -> PreparedModel:
+    """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size."""
+    from transduce.models.checkpoint import read_config
+
+    root = os.path.join(cache_dir, size)
+    notes: list[str] = []
+    if model_dir is not None:
+        trained = bool(read_config(model_dir).get("training", {}).get("step"))
+        description = f"{model_dir}" + ("" if trained else " (untrained)")
+    elif size == "demo":
+        if _loadable(DEMO_MODEL_DIR):
+            model_dir, trained, description = DEMO_MODEL_DIR, True, f"the trained demo model ({DEMO_MODEL_DIR})"
+        else:
+            model_dir = ensure_random_demo_model(os.path.join(root, "model"))
+            trained = False
+            description = "demo shape (tiny preset), random weights"
+            notes.append(f"{DEMO_MODEL_DIR} is absent (run `transduce demo`): a same-shape random model stands in")
+    elif size == "base":
+        model_dir = ensure_base_model(os.path.join(root, "model"))
+        trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"
+    else:
+        raise TransduceError(f"unknown model size {size!r}", hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
+    cfg = read_config(model_dir)["model"]
+    candidates = ([artifact_dir] if artifact_dir else []) + [
+        os.path.join(os.path.dirname(os.path.abspath(model_dir)), "artifact"), os.path.join(root, "artifact")]
+    artifact = ensure_artifact(model_dir, candidates, log=log)
+    ct2_dir = None
+    if with_ct2:
+        from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+
+        ct2_dir = convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2"))
+    return PreparedModel(size, os.path.abspath(model_dir), os.path.abspath(artifact),
+                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes)

@@ -1,0 +1,262 @@
+"""bench.json (everything measured), bench.md (tables), bench.png (throughput by batch size and system)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from transduce._io import write_json_atomic
+
+
+def _ms(s: dict[str, float] | None, digits: int = 1) -> str:
+    if not s:
+        return "–"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def _num(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _digits(ms: float) -> int:
+    return 2 if ms < 10 else 1 if ms < 1000 else 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    m = result["machine"]
+    v = m.get("versions", {})
+    lines = ["# transduce bench", ""]
+    lines.append(f"{result['date']}, {result.get('seconds', '?')} s. Machine: {m.get('cpu') or '?'} "
+                 f"({m.get('logical_cpus')} logical CPUs; ISA {', '.join(m.get('isa', [])) or '?'}; "
+                 f"1-min load average at start {_num(m.get('load_average_1min_at_start'), '{:.2f}')}).")
+    lines.append(f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.")
+    lines.append("")
+    lines.append(f"Threads: {cfg['threads']} everywhere (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
+                 f"intra_op {cfg['threads']}, inter_op 1; CTranslate2 intra_threads {cfg['threads']}, inter_threads 1, "
+                 "compute_type float32). Every system runs in its own process.")
+    lines.append(f"Work: random source ids, {cfg['src_len']} encoder positions per sentence (EOS included); exactly "
+                 f"{cfg['steps']} generated tokens per sentence (EOS banned, maximum length {cfg['steps']}), so every "
+                 "system does the same work. Throughput counts the best hypothesis' tokens.")
+    lines.append(f"Timing: {cfg['warmup']} warm-up, then {cfg['repeats']} rounds; each round runs every system once, "
+                 "in an order rotated each round. Shown: median [min–max] over rounds. `step` = (decode − first) / "
+                 "(steps − 1) and `enc≈` = first − step are derived alike for every system; `first` is a decode of "
+                 "one step (`enc≈` can come out negative when the noise exceeds the encoder's cost). Ratios: our tokens/s ÷ the faster CTranslate2 setting's in that cell, per round "
+                 "(same round, so machine drift cancels), median [min–max].")
+    loads = [c["foreign_cpu_share"] for s in result["sizes"] for c in s["cells"] if c.get("foreign_cpu_share") is not None]
+    if loads and max(loads) > 0.25:
+        lines.append("")
+        lines.append(f"**Warning: other processes used up to {100 * max(loads):.0f}% of this machine's CPU time while "
+                     "it was being timed (column `other CPU`). Absolute timings of this run are not representative; "
+                     "ratios from the same round are less affected, not immune.**")
+    if cfg.get("quick"):
+        lines.append("")
+        lines.append("**Quick (smoke) run: few steps and rounds; not a measurement to quote.**")
+    lines.append("")
+    c = result.get("ceilings")
+    if c:
+        lines.append("## Machine ceilings")
+        lines.append("")
+        lines.append("| measured | memory bandwidth GB/s (read+write) | fp32 matmul GFLOP/s |")
+        lines.append("|---|---|---|")
+        for i, run in enumerate(c["runs"]):
+            d = run["detail"]
+            bw = ", ".join(f"{k.replace('_gbs', '')} {x:.1f}" for k, x in d.items() if k.endswith("_gbs"))
+            fl = ", ".join(f"{k.replace('_gflops', '')} {x:.1f}" for k, x in d.items() if k.endswith("_gflops"))
+            lines.append(f"| {run.get('when', i)} | {bw} | {fl} |")
+        lines.append(f"| **used for floors** | **{c['bandwidth_gbs']:.1f}** | **{c['matmul_gflops']:.1f}** |")
+        lines.append("")
+        lines.append("The best measurement of the run is used: other processes only ever lower them. "
+                     "Floor: encoder once + each step reading every decoder weight once (and its caches) at the "
+                     "bandwidth, or doing 2 × weights × rows FLOPs at the matmul rate, whichever is slower "
+                     "(transduce/bench/ceilings.py). `floor%` = floor ÷ measured decode time.")
+        lines.append("")
+    for s in result["sizes"]:
+        lines += _size_section(s, cfg)
+    return "\n".join(lines) + "\n"
+
+
+def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    mc = s["model"]["config"]
+    lines = [f"## {s['size']}: {s['model']['description']}", ""]
+    lines.append(f"{mc['encoder_layers']}+{mc['decoder_layers']} layers, d_model {mc['d_model']}, {mc['n_heads']} heads, "
+                 f"d_ff {mc['d_ff']}, vocabulary {mc['vocab_size']}.")
+    for note in s["model"].get("notes", []):
+        lines.append(f"Note: {note}.")
+    lines.append("")
+    if s.get("checks"):
+        lines.append("CTranslate2 token-equality check (before any timing):")
+        lines.append("")
+        for ch in s["checks"]:
+            mark = "PASS" if ch["passed"] else "FAIL"
+            t = (f"- {mark} {ch['label']}: {ch['equal']}/{ch['sentences']} greedy outputs identical ({ch['mode']}); "
+                 f"max |log-prob diff| vs ours: {_num(ch.get('max_abs_logprob_diff'), '{:.1e}')} on our greedy path, "
+                 f"{_num(ch.get('max_abs_logprob_diff_random'), '{:.1e}')} on random targets")
+            if ch.get("logprob_tolerance_exceeded"):
+                t += f"; {ch['logprob_tolerance_exceeded']} log-probs outside the tolerance"
+            if ch["divergences"]:
+                d = ch["divergences"][0]
+                t += (f"; first divergence: sentence {d['sentence']}, position {d['position']}: ours {d['ours']}, "
+                      f"CTranslate2 {d['theirs']}")
+                if d.get("margin") is not None:
+                    t += f" (our log-prob margin {d['margin']:.1e})"
+            lines.append(t)
+        lines.append("")
+    skipped = {n: x for n, x in s["systems"].items() if x["status"] != "ok"}
+    for n, x in skipped.items():
+        lines.append(f"- {n} not timed: {x['reason'].splitlines()[0]}")
+    if skipped:
+        lines.append("")
+    if not s["cells"]:
+        return lines
+    over = False
+    loads = [c["foreign_cpu_share"] for c in s["cells"] if c.get("foreign_cpu_share") is not None]
+    if loads:
+        lines.append(f"Other processes used {100 * min(loads):.0f}–{100 * max(loads):.0f}% of the machine's CPU time "
+                     "while these cells were timed (column `other CPU`; from /proc): the higher, the less these "
+                     "timings mean, and multi-threaded runs at small batches suffer most.")
+        lines.append("")
+    lines.append("| mode | batch | system | decode ms | tokens/s | sentences/s | step ms | enc≈ ms | first ms | floor% | ours ÷ CT2 | other CPU |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in s["cells"]:
+        floor = c.get("floor", {}).get("decode_ms")
+        other = f"{100 * c['foreign_cpu_share']:.0f}%" if c.get("foreign_cpu_share") is not None else "–"
+        for name, x in c["systems"].items():
+            st = x["stats"]
+            if "decode_ms" not in st:
+                err = x["raw"].get("error", "no measurement")
+                lines.append(f"| {c['mode']} | {c['batch']} | {name} | failed: {str(err).splitlines()[0][:80]} ||||||||| ")
+                continue
+            d = _digits(st["decode_ms"]["median"])
+            tps = st["tokens_per_s"]
+            r = c["ratios"].get(name)
+            ratio = f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] vs {r['vs']}" if r else ""
+            if name == c.get("ct2_best") and len(c.get("ct2_settings_ratio") or {}) > 0:
+                ratio = "faster CT2 setting"
+            pct = f"{100 * floor / st['decode_ms']['median']:.0f}%" if floor else "–"
+            if floor and floor > st["decode_ms"]["median"]:
+                pct += "†"
+                over = True
+            lines.append(
+                f"| {c['mode']} | {c['batch']} | {name} | {_ms(st['decode_ms'], d)} | "
+                f"{tps['median']:.0f} [{tps['min']:.0f}–{tps['max']:.0f}] | {st['sentences_per_s']['median']:.2f} | "
+                f"{_num(st.get('step_ms_derived'), '{:.2f}')} | {_num(st.get('encoder_ms_derived'), '{:.2f}')} | "
+                f"{_ms(st.get('first_ms'), 2)} | {pct} | {ratio} | {other} |")
+        if floor:
+            fl = c["floor"]
+            lines.append(f"| {c['mode']} | {c['batch']} | *floor* | {fl['decode_ms']:.2f} | "
+                         f"{c['batch'] * c['steps'] / fl['seconds']:.0f} | | {fl['step_seconds'] * 1e3:.2f} "
+                         f"({fl['step_bound']}) | {fl['encoder_seconds'] * 1e3:.2f} | | | | |")
+    lines.append("")
+    if over:
+        lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
+                     "running while they were taken), so the floors of this run are too high.")
+        lines.append("")
+    # CTranslate2 settings against each other
+    rows = []
+    for c in s["cells"]:
+        for other, r in (c.get("ct2_settings_ratio") or {}).items():
+            if r:
+                rows.append(f"| {c['mode']} | {c['batch']} | {c['ct2_best']} | {other} | "
+                            f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] |")
+    if rows:
+        lines.append("CTranslate2 settings (faster ÷ slower tokens/s, per round):")
+        lines.append("")
+        lines.append("| mode | batch | faster | slower | ratio |")
+        lines.append("|---|---|---|---|---|")
+        lines += rows
+        lines.append("")
+    # direct latencies of our backends
+    rows = []
+    for c in s["cells"]:
+        for name, x in c["systems"].items():
+            st = x["stats"]
+            if "step_ms_direct" in st:
+                rows.append(f"| {c['mode']} | {c['batch']} | {c['batch'] * c['beam']} | {name} | "
+                            f"{_ms(st['encoder_ms_direct'], 2)} | {_ms(st['step_ms_direct'], 2)} |")
+    if rows:
+        lines.append("Our backends measured directly (backend.encode at the batch; mean of backend.step over "
+                     f"{cfg['steps']} positions at batch × beam rows), median [min–max] over rounds:")
+        lines.append("")
+        lines.append("| mode | batch | rows | backend | encoder ms | step ms |")
+        lines.append("|---|---|---|---|---|---|")
+        lines += rows
+        lines.append("")
+    return lines
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sizes = [s for s in result["sizes"] if s["cells"]]
+    modes = list(dict.fromkeys(c["mode"] for s in sizes for c in s["cells"]))
+    if not sizes or not modes:
+        fig, ax = plt.subplots(figsize=(5, 2))
+        ax.text(0.5, 0.5, "nothing was timed", ha="center", va="center")
+        ax.axis("off")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return
+    fig, axes = plt.subplots(len(sizes), len(modes), figsize=(5.5 * len(modes), 3.8 * len(sizes)), squeeze=False)
+    for i, s in enumerate(sizes):
+        for j, mode in enumerate(modes):
+            ax = axes[i][j]
+            cells = [c for c in s["cells"] if c["mode"] == mode]
+            batches = [c["batch"] for c in cells]
+            systems = list(dict.fromkeys(n for c in cells for n in c["systems"]))
+            width = 0.8 / max(len(systems), 1)
+            x = np.arange(len(batches))
+            for k, name in enumerate(systems):
+                med, lo, hi = [], [], []
+                for c in cells:
+                    tps = c["systems"].get(name, {}).get("stats", {}).get("tokens_per_s")
+                    med.append(tps["median"] if tps else 0.0)
+                    lo.append(tps["median"] - tps["min"] if tps else 0.0)
+                    hi.append(tps["max"] - tps["median"] if tps else 0.0)
+                ax.bar(x + (k - (len(systems) - 1) / 2) * width, med, width, yerr=[lo, hi], capsize=2, label=name,
+                       hatch="//" if name.startswith("ctranslate2") else None, edgecolor="black", linewidth=0.4)
+            floors = [c.get("floor") for c in cells]
+            if all(floors):
+                ceil_tps = [c["batch"] * c["steps"] / f["seconds"] for c, f in zip(cells, floors)]
+                ax.scatter(x, ceil_tps, marker="_", s=600, color="red", zorder=5, label="ceiling (tok/s at the floor)")
+            ax.set_yscale("log")
+            ax.set_xticks(x, [f"batch {b}" for b in batches])
+            ax.set_ylabel("target tokens / s")
+            ax.set_title(f"{s['size']} ({s['model']['config']['d_model']}d, "
+                         f"{s['model']['config']['encoder_layers']}+{s['model']['config']['decoder_layers']}), {mode}")
+            ax.grid(axis="y", alpha=0.3, which="both")
+    threads = result["config"]["threads"]
+    fig.suptitle(f"transduce bench: throughput by batch size and system ({threads} threads, "
+                 f"{result['config']['steps']} forced steps; median, bars min–max)", fontsize=10)
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.02 / len(sizes), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "bench.json"), "md": os.path.join(out_dir, "bench.md"),
+             "png": os.path.join(out_dir, "bench.png")}
+    write_json_atomic(paths["json"], result)
+    with open(paths["md"], "w", encoding="utf-8") as f:
+        f.write(markdown(result))
+    plot(result, paths["png"])
+    return paths
+
+
+def load_result(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

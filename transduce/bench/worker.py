@@ -1,0 +1,166 @@
+"""One benchmarked system in its own process: `python -m transduce.bench.worker`.
+
+Every system (torch, onnxruntime, tensorrt, and CTranslate2 under each environment setting) runs in a
+process of its own, so that
+- environment settings that must precede a library's loading (ONEDNN_MAX_CPU_ISA for CTranslate2's
+  oneDNN) differ between systems of one run;
+- thread pools do not meet: each process has only its system's threads, idle (blocked on a pipe)
+  while another system is being timed;
+- the parent can interleave systems (A B A B ...) at the granularity of one measurement.
+
+Protocol: one JSON object per line on stdin, one JSON reply per line on the original stdout (fd 1 is
+pointed at stderr, so anything a library prints cannot corrupt the protocol):
+  {"op": "load", "system": "torch"|"onnxruntime"|"tensorrt"|"ctranslate2", "path": DIR,
+   "model_dir": DIR, "threads": N}                       -> {"ok": true, "info": {...}}
+  {"op": "decode", "src": [[id, ...], ...], "beam": K, "steps": N}
+      a forced-length decode: exactly N tokens per sentence (EOS banned), source ids given without EOS
+      (it is appended) -> {"seconds": s, "tokens": n}
+  {"op": "direct", "src": ..., "beam": K, "steps": N}      (our backends only) encoder alone, then N calls
+      of backend.step at batch x beam rows -> {"encode_seconds": s, "step_seconds": [s, ...]}
+  {"op": "quit"}
+Times are taken inside the worker around the call (perf_counter), not including the pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+
+class _Ours:
+    """A transduce backend, driven by transduce.runtime.decoding."""
+
+    def __init__(self, system: str, path: str, model_dir: str | None, threads: int):
+        if system == "torch":
+            import torch
+
+            torch.set_num_threads(threads)
+        from transduce.runtime.api import make_backend
+
+        self.backend = make_backend(path, backend=system, threads=threads, model_dir=model_dir)
+        self.cfg = self.backend.config
+        self.info: dict[str, Any] = {"threads": threads}
+        if system == "torch":
+            import torch
+
+            self.info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        elif system == "onnxruntime":
+            import onnxruntime
+
+            self.info.update(onnxruntime=onnxruntime.__version__, intra_op_threads=threads, inter_op_threads=1)
+
+    def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        s = max(len(x) for x in src) + 1
+        ids = np.full((len(src), s), self.cfg["pad_id"], dtype=np.int64)
+        for r, x in enumerate(src):
+            ids[r, : len(x)] = x
+            ids[r, len(x)] = self.cfg["eos_id"]
+        return ids, np.array([len(x) + 1 for x in src], dtype=np.int64)
+
+    def decode(self, src, beam: int, steps: int) -> dict[str, Any]:
+        from transduce.runtime.decoding import DecodingOptions, decode
+
+        ids, lens = self._batch(src)
+        opts = DecodingOptions(beam_size=beam, min_length=steps + 1, max_len_a=0.0, max_len_b=steps)
+        t = time.perf_counter()
+        results = decode(self.backend, ids, lens, opts)
+        seconds = time.perf_counter() - t
+        lengths = [len(r.best.tokens) for r in results]
+        if any(n != steps for n in lengths):
+            raise RuntimeError(f"forced decoding produced lengths {sorted(set(lengths))}, not {steps}")
+        return {"seconds": seconds, "tokens": int(sum(lengths))}
+
+    def direct(self, src, beam: int, steps: int) -> dict[str, Any]:
+        ids, lens = self._batch(src)
+        be = self.backend
+        t = time.perf_counter()
+        enc = be.encode(ids, lens)
+        encode_seconds = time.perf_counter() - t
+        b = len(src)
+        state = be.begin(enc, np.repeat(np.arange(b), beam), steps)
+        rng = np.random.default_rng(0)
+        k = 1 if beam == 1 else 2 * beam
+        times = []
+        for _ in range(steps):
+            tokens = rng.integers(4, self.cfg["vocab_size"], size=b * beam, dtype=np.int64)
+            t = time.perf_counter()
+            be.step(state, tokens, k)
+            times.append(time.perf_counter() - t)
+        return {"encode_seconds": encode_seconds, "step_seconds": times}
+
+
+class _CTranslate2:
+    def __init__(self, path: str, threads: int):
+        import ctranslate2
+
+        from transduce.bench.ctranslate2_export import SUPPRESS, ct2_vocab
+
+        self.suppress = SUPPRESS
+        self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32", inter_threads=1,
+                                                 intra_threads=threads)
+        self.vocab = ct2_vocab(path)
+        self.info = {"ctranslate2": ctranslate2.__version__, "intra_threads": threads, "inter_threads": 1,
+                     "compute_type": self.translator.compute_type,
+                     "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+                     "CT2_USE_MKL": os.environ.get("CT2_USE_MKL", "")}
+
+    def decode(self, src, beam: int, steps: int) -> dict[str, Any]:
+        tokens = [[self.vocab[i] for i in x] for x in src]
+        t = time.perf_counter()
+        results = self.translator.translate_batch(
+            tokens, beam_size=beam, max_decoding_length=steps, min_decoding_length=steps,
+            suppress_sequences=self.suppress, max_batch_size=0)
+        seconds = time.perf_counter() - t
+        lengths = [len(r.hypotheses[0]) for r in results]
+        if any(n != steps for n in lengths):
+            raise RuntimeError(f"forced decoding produced lengths {sorted(set(lengths))}, not {steps}")
+        return {"seconds": seconds, "tokens": int(sum(lengths))}
+
+
+def _load(req: dict[str, Any]):
+    system = req["system"]
+    if system == "ctranslate2":
+        return _CTranslate2(req["path"], int(req["threads"]))
+    return _Ours(system, req["path"], req.get("model_dir"), int(req["threads"]))
+
+
+def main() -> None:
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)  # library output goes to stderr
+    sys.stdout = sys.stderr
+    system = None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            op = req["op"]
+            if op == "quit":
+                reply: dict[str, Any] = {"ok": True}
+                proto.write(json.dumps(reply) + "\n")
+                break
+            if op == "load":
+                system = None
+                system = _load(req)
+                reply = {"ok": True, "info": system.info, "pid": os.getpid()}
+            elif op in ("decode", "direct"):
+                if system is None:
+                    raise RuntimeError("no system loaded")
+                if not hasattr(system, op):
+                    raise RuntimeError(f"{op!r} is not available for this system")
+                reply = getattr(system, op)(req["src"], int(req["beam"]), int(req["steps"]))
+            else:
+                raise RuntimeError(f"unknown op {op!r}")
+        except Exception as e:  # reported to the parent, which decides
+            reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=5)}
+        proto.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    main()

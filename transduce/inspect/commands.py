@@ -1,0 +1,69 @@
+"""`transduce attention` and `transduce inspect`: option parsing only; the work is in the library modules."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from transduce.cli_errors import cli_errors
+from transduce.errors import InputError
+
+# CLI spelling -> the key of the model's attention dict (transduce.inspect.attention.ATTENTION_KINDS)
+TOKEN_ATTENTION = {"encoder": "encoder", "decoder-self": "decoder_self", "cross": "cross"}
+
+
+@click.command("attention")
+@click.argument("model_dir", type=click.Path())
+@click.argument("source")
+@click.option("--target", default=None,
+              help="Teacher-force the model on this target instead of decoding greedily.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for the PNG files (created if needed).")
+@click.option("--token", default=None,
+              help="Query token of the line figure: a 0-based index or a token as labelled. Default: the first.")
+@click.option("--token-attention", type=click.Choice(list(TOKEN_ATTENTION)), default="encoder", show_default=True,
+              help="Attention of the line figure: encoder self-attention of a source token, or decoder "
+                   "self-attention / encoder-decoder attention of a decoder position (named by the token it predicts).")
+@click.option("--layer", type=int, default=None, help="Layer of the line figure, counted from 1. Default: the last.")
+@click.option("--dpi", default=110, show_default=True, help="Resolution of the PNG files.")
+@cli_errors
+def attention(model_dir, source, target, out_dir, token, token_attention, layer, dpi):
+    """Draw the attention of the eager model on SOURCE: every layer's heads as heatmaps (encoder
+    self-attention, decoder self-attention, encoder-decoder attention) and one query token's attention
+    as lines, one colour per head, as in the paper's Figure 3."""
+    from transduce.inspect.attention import sentence_attention, write_attention_figures
+    from transduce.models.checkpoint import load_model_dir
+
+    if layer is not None and layer < 1:
+        raise InputError(f"--layer counts from 1, got {layer}")
+    if dpi < 20:
+        raise InputError(f"--dpi must be at least 20, got {dpi}")
+    model, tokenizer, _ = load_model_dir(model_dir)
+    maps = sentence_attention(model, tokenizer, source, target)
+    paths = write_attention_figures(maps, out_dir, token=token, token_kind=TOKEN_ATTENTION[token_attention],
+                                    token_layer=-1 if layer is None else layer - 1, dpi=dpi)
+    click.echo(f"source: {' '.join(maps.source_labels)}")
+    click.echo(f"{'target (given)' if maps.teacher_forced else 'greedy'}: {maps.target_text}")
+    for path in paths:
+        click.echo(f"wrote {path}")
+
+
+@click.command("inspect")
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
+@click.option("--verify", is_flag=True, help="Also compare each file's sha256 with the recorded one (reads every byte).")
+@cli_errors
+def inspect(path, as_json, verify):
+    """Show what a model directory, an exported artifact or an engine directory holds: config, parameters
+    by component, tokenizer size, graph inputs/outputs, opsets, op histograms, files and build figures."""
+    from transduce.inspect.inspect import inspect_path, render_report
+
+    report = inspect_path(path, verify=verify)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render_report(report)
+
+
+COMMANDS = [attention, inspect]
