@@ -53,7 +53,8 @@ class _Ours:
         elif system == "onnxruntime":
             import onnxruntime
 
-            self.info.update(onnxruntime=onnxruntime.__version__, intra_op_threads=threads, inter_op_threads=1)
+            self.info.update(onnxruntime=onnxruntime.__version__, intra_op_threads=self.backend.threads,
+                             inter_op_threads=1)
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         s = max(len(x) for x in src) + 1
