@@ -73,3 +73,21 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
+
+
+def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: str, error=TransduceError,
+                      option: str = "output directory") -> None:
+    """Refuse an existing `out_dir` unless force, and never replace a directory that is not `kind`.
+
+    `marker` is the file that makes a directory a `kind` (manifest.json for an artifact, engine.json
+    for an engine directory): --force replaces only what transduce itself wrote.
+    """
+    if not os.path.lexists(out_dir):
+        return
+    if not force:
+        raise error(f"{out_dir!r} already exists", hint="pass --force to replace it")
+    if not os.path.isdir(out_dir):
+        raise error(f"{out_dir!r} exists and is not a directory", hint=f"choose another {option}")
+    if os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, marker)):
+        raise error(f"{out_dir!r} is not {kind} (it has files but no {marker}); --force replaces only {kinds}",
+                    hint=f"choose another {option}")

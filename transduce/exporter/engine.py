@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_directory
+from transduce._io import atomic_directory, check_replaceable
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError, TransduceError
 from transduce.runtime import contract
 
@@ -568,15 +568,7 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
     if real_art.startswith(real_out + os.sep):
         raise EngineError(f"the output directory {out_dir!r} contains the artifact {artifact_dir!r}",
                           hint="choose another --out directory for the engines")
-    if not os.path.lexists(out_dir):
-        return
-    if not force:
-        raise EngineError(f"{out_dir!r} already exists", hint="pass --force to replace it")
-    if not os.path.isdir(out_dir):
-        raise EngineError(f"{out_dir!r} exists and is not a directory", hint="choose another --out directory")
-    if os.listdir(out_dir) and not out_is_engine:
-        raise EngineError(f"{out_dir!r} is not an engine directory (it has files but no {ENGINE_MANIFEST}); "
-                          "--force replaces only engine directories", hint="choose another --out directory")
+    check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory")
 
 
 def _network_flags(trt) -> int:

@@ -71,7 +71,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from transduce._io import atomic_directory, write_json
+from transduce._io import atomic_directory, check_replaceable, write_json
 from transduce.errors import CheckpointError, ExportError, TransduceError
 from transduce.runtime import contract
 
@@ -108,18 +108,7 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> None:
     if real_out == real_model or real_model.startswith(real_out + os.sep):
         raise ExportError(f"the output directory {out_dir!r} would replace the model directory {model_dir!r}",
                           hint="choose another output directory")
-    if not os.path.lexists(out_dir):
-        return
-    if not force:
-        raise ExportError(f"{out_dir!r} already exists", hint="pass --force to replace it")
-    if not os.path.isdir(out_dir):
-        raise ExportError(f"{out_dir!r} exists and is not a directory", hint="choose another output directory")
-    if os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, contract.MANIFEST_FILE)):
-        raise ExportError(
-            f"{out_dir!r} is not an artifact directory (it has files but no {contract.MANIFEST_FILE}); "
-            "--force replaces only artifacts",
-            hint="choose another output directory",
-        )
+    check_replaceable(out_dir, force, contract.MANIFEST_FILE, "an artifact directory", "artifacts", ExportError)
 
 
 def load_model(model_dir: str):
