@@ -145,7 +145,7 @@ def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:
     import onnx
     from onnx import numpy_helper
 
-    from transduce.runtime.contract import sha256_file
+    from transduce.runtime.contract import file_entry
 
     art = _copy(artifact_dir, out_dir)
     path = os.path.join(art, "decoder_step.onnx")
@@ -157,7 +157,7 @@ def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:
     init.CopyFrom(numpy_helper.from_array(arr, init.name))
     onnx.save(model, path)
     manifest = json.loads(open(os.path.join(art, "manifest.json")).read())
-    manifest["files"]["decoder_step.onnx"] = {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
+    manifest["files"]["decoder_step.onnx"] = file_entry(path)
     open(os.path.join(art, "manifest.json"), "w").write(json.dumps(manifest))
     return art
 

@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_directory, check_replaceable
+from transduce._io import atomic_directory, check_replaceable, write_json
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError, TransduceError
 from transduce.runtime import contract
 
@@ -795,7 +795,7 @@ def _file_entries(directory: str, names: Sequence[str]) -> dict[str, dict[str, A
     out = {}
     for name in sorted(names):
         path = os.path.join(directory, name)
-        out[name] = {"sha256": contract.sha256_file(path), "bytes": os.path.getsize(path)}
+        out[name] = contract.file_entry(path)
     return out
 
 
@@ -957,9 +957,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
                 "tools": _tool_versions(trt),
                 "files": files,
             }
-            with open(os.path.join(tmp, ENGINE_MANIFEST), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=2)
-                f.write("\n")
+            write_json(os.path.join(tmp, ENGINE_MANIFEST), meta)
     except TransduceError:
         raise
     except OSError as e:

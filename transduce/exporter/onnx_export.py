@@ -216,7 +216,7 @@ def file_entries(directory: str) -> dict[str, dict[str, Any]]:
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
         if name != contract.MANIFEST_FILE and os.path.isfile(path):
-            entries[name] = {"sha256": contract.sha256_file(path), "bytes": os.path.getsize(path)}
+            entries[name] = contract.file_entry(path)
     return entries
 
 

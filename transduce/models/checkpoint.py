@@ -22,7 +22,7 @@ from typing import Any
 from transduce._io import atomic_directory, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
-from transduce.runtime.contract import sha256_file
+from transduce.runtime.contract import file_entry, sha256_file
 from transduce.tokenizer import Tokenizer
 
 FORMAT = "transduce-model"
@@ -32,10 +32,6 @@ TOKENIZER_FILE = "tokenizer.json"
 TRAINING_DIR = "training"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
-
-
-def _file_entry(path: str) -> dict[str, Any]:
-    return {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
 
 
 def save_model_dir(
@@ -54,7 +50,7 @@ def save_model_dir(
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(weights, os.path.join(tmp, WEIGHTS_FILE), metadata={"format": FORMAT})
         tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
-        files = {name: _file_entry(os.path.join(tmp, name)) for name in (WEIGHTS_FILE, TOKENIZER_FILE)}
+        files = {name: file_entry(os.path.join(tmp, name)) for name in (WEIGHTS_FILE, TOKENIZER_FILE)}
         if optimizer_state is not None or train_state is not None:
             tdir = os.path.join(tmp, TRAINING_DIR)
             os.makedirs(tdir)
@@ -65,7 +61,7 @@ def save_model_dir(
             state["optimizer"] = meta
             write_json(os.path.join(tdir, STATE_FILE), state)
             for name in (OPTIMIZER_FILE, STATE_FILE):
-                files[f"{TRAINING_DIR}/{name}"] = _file_entry(os.path.join(tdir, name))
+                files[f"{TRAINING_DIR}/{name}"] = file_entry(os.path.join(tdir, name))
         cfg = {
             "format": FORMAT,
             "format_version": CONFIG_FORMAT_VERSION,
@@ -190,11 +186,11 @@ def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[s
 
 
 def _flatten_optimizer(sd: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    tensors, scalars = {}, {}
+    tensors = {}
     for idx, st in sd.get("state", {}).items():
         for key, val in st.items():
             tensors[f"state.{idx}.{key}"] = val.detach().contiguous().cpu()
-    return tensors, {"param_groups": sd.get("param_groups", []), "scalars": scalars}
+    return tensors, {"param_groups": sd.get("param_groups", [])}
 
 
 def _unflatten_optimizer(tensors: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:

@@ -169,6 +169,11 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def file_entry(path: str | os.PathLike) -> dict[str, Any]:
+    """{"sha256", "bytes"} of one file: how every manifest (model, artifact, engine) records a file."""
+    return {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
+
+
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
     """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
     artifact_dir = os.fspath(artifact_dir)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import BackendUnavailable
+from transduce.runtime.backends.base import banned_ids
 
 
 @dataclass
@@ -113,8 +114,7 @@ class TorchBackend:
 
     def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False):
         lp = self._run(state, tokens)
-        cfg = self.config
-        banned = [cfg["pad_id"], cfg["bos_id"]] + ([cfg["eos_id"]] if ban_eos else [])
+        banned = banned_ids(self.config, ban_eos)
         with self.torch.inference_mode():
             lp[:, banned] = float("-inf")
             vals, ids = lp.topk(min(k, lp.shape[1]), dim=-1)
