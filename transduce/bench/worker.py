@@ -53,8 +53,11 @@ class _Ours:
         elif system == "onnxruntime":
             import onnxruntime
 
-            self.info.update(onnxruntime=onnxruntime.__version__, intra_op_threads=self.backend.threads,
-                             inter_op_threads=1)
+            be = self.backend
+            self.info.update(onnxruntime=onnxruntime.__version__, encoder_intra_op_threads=threads,
+                             step_intra_op_threads=be.threads, inter_op_threads=1,
+                             step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
+                                                if be.decoder_wide is not be.decoder else "always"))
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         s = max(len(x) for x in src) + 1

@@ -136,6 +136,9 @@ def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> 
 
 
 def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+    """Beam search; per step a handful of numpy operations whatever the batch (the common step: no
+    EOS near the top, nothing finished). Histories are back-pointers, followed only for the
+    hypotheses that finish."""
     cfg = backend.config
     eos = cfg["eos_id"]
     k = options.beam_size
@@ -144,79 +147,95 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
     state = backend.begin(encoded, np.arange(n), cap)
     sent = np.arange(n)  # live sentences, in row-block order
     nb = 1  # beams per live sentence (1 at step 0: all beams would be identical)
+    row_src = sent  # source sentence of each row
     scores = np.zeros((n, 1), dtype=np.float64)  # raw beam scores (sentences, nb)
-    hist_tok = np.zeros((n, 0), dtype=np.int64)  # (rows, t)
-    hist_lp = np.zeros((n, 0), dtype=np.float32)
     tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
     final: list[list[Hypothesis]] = [[] for _ in range(n)]
     lp_max = options.penalty(max_len.astype(np.float64))
+    first_max = int(max_len.min())  # no sentence reaches its maximum length before this
+    kth = np.full(n, -np.inf)  # score of each sentence's k-th best finished hypothesis (-inf: fewer than k)
+    # back-pointers: after step u, row r holds token toks[u][r] (log-prob lps[u][r]) and continues
+    # row parents[u][r] of the state after step u - 1
+    parents: list[np.ndarray] = []
+    toks: list[np.ndarray] = []
+    lps: list[np.ndarray] = []
+
+    def finish(ss: np.ndarray, rows: np.ndarray, t: int, raws: np.ndarray, last_tok: np.ndarray,
+               last_lp: np.ndarray, finished: bool) -> None:
+        """New hypotheses of sentences ss: rows of the state that made step t, plus one token each."""
+        m = len(rows)
+        hist_tok = np.empty((m, t + 1), np.int64)
+        hist_lp = np.empty((m, t + 1), np.float32)
+        hist_tok[:, t], hist_lp[:, t] = last_tok, last_lp
+        for u in range(t - 1, -1, -1):  # follow the back-pointers of all of them at once
+            hist_tok[:, u], hist_lp[:, u] = toks[u][rows], lps[u][rows]
+            rows = parents[u][rows]
+        penalty = options.penalty(t + 1)
+        for i, s in enumerate(ss.tolist()):
+            ts = hist_tok[i, :t] if finished else hist_tok[i]
+            raw = float(raws[i])
+            final[s].append(Hypothesis(tuple(ts.tolist()), raw / penalty, raw, tuple(hist_lp[i].tolist()), finished))
+            if len(final[s]) >= k:
+                kth[s] = sorted((h.score for h in final[s]), reverse=True)[k - 1]
 
     kk = min(2 * k, cfg["vocab_size"])  # candidates per row: 2k leaves k non-EOS even if k rows end
     for t in range(cap):
         vals, ids = backend.step(state, tokens, kk, ban_eos=t + 1 < options.min_length)
         ns = len(sent)
-        cand = (scores[:, :, None] + vals.reshape(ns, nb, kk)).reshape(ns, nb * kk)
-        order = np.argsort(-cand, axis=1, kind="stable")  # (ns, nb*kk) best first
-        c_score = np.take_along_axis(cand, order, axis=1)
-        c_beam = order // kk  # beam within the sentence
-        c_tok = np.take_along_axis(ids.reshape(ns, nb * kk), order, axis=1)
-        c_lp = np.take_along_axis(vals.reshape(ns, nb * kk), order, axis=1)
-        c_row = np.arange(ns)[:, None] * nb + c_beam  # row in the current state
-        is_eos = c_tok == eos
-        length = t + 1
-        at_max = length >= max_len[sent]  # (ns,)
+        w = nb * kk
+        cand = (scores[:, :, None] + vals.reshape(ns, nb, kk)).reshape(-1)  # (ns * w,) flat
+        order = np.argsort(-cand.reshape(ns, w), axis=1, kind="stable")  # (ns, w) best first
+        flat = order + np.arange(0, ns * w, w)[:, None]  # flat candidate index = row * kk + j
+        nb_next = min(k, w)
+        top_tok = ids.reshape(-1)[flat[:, :k]]
+        if (top_tok == eos).any():
+            # EOS among the k best continuations -> finished hypotheses; next beams skip EOS
+            c_score, c_tok = cand[flat], ids.reshape(-1)[flat]
+            is_eos = c_tok == eos
+            fs, fj = np.nonzero(is_eos[:, :k] & np.isfinite(c_score[:, :k]))
+            if fs.size:
+                f = flat[fs, fj]
+                finish(sent[fs], f // kk, t, c_score[fs, fj], c_tok[fs, fj], vals.reshape(-1)[f], True)
+            rank = np.where(is_eos, np.arange(w) + w, np.arange(w))
+            pick = np.argsort(rank, axis=1, kind="stable")[:, :nb_next]  # (ns, nb_next)
+            sel = np.take_along_axis(flat, pick, axis=1)
+            n_score = cand[sel]
+            n_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # only if fewer than k non-EOS exist
+        else:
+            sel = flat[:, :nb_next]
+            n_score = cand[sel]
+        n_tok = ids.reshape(-1)[sel]
+        n_lp = vals.reshape(-1)[sel]
+        n_row = sel // kk  # (ns, nb_next) rows of the state that just stepped
 
-        # EOS among the k best continuations -> finished hypotheses
-        fin_s, fin_j = np.nonzero(is_eos[:, :k] & np.isfinite(c_score[:, :k]))
-        for s, j in zip(fin_s, fin_j):
-            row = c_row[s, j]
-            lps = np.append(hist_lp[row], c_lp[s, j])
-            raw = float(c_score[s, j])
-            final[sent[s]].append(
-                Hypothesis(tuple(int(x) for x in hist_tok[row]), raw / options.penalty(length), raw,
-                           tuple(float(x) for x in lps), True)
-            )
-        # the k best non-EOS continuations -> next beams
-        rank = np.where(is_eos, np.arange(nb * kk) + nb * kk, np.arange(nb * kk))
-        nb_next = min(k, nb * kk)
-        pick = np.argsort(rank, axis=1, kind="stable")[:, :nb_next]  # (ns, nb_next)
-        n_score = np.take_along_axis(c_score, pick, axis=1)
-        n_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # only if fewer than k non-EOS exist
-        n_row = np.take_along_axis(c_row, pick, axis=1)
-        n_tok = np.take_along_axis(c_tok, pick, axis=1)
-        n_lp = np.take_along_axis(c_lp, pick, axis=1)
-
-        # which sentences are done
-        done = np.zeros(ns, dtype=bool)
-        for s in range(ns):
-            fin = final[sent[s]]
-            if at_max[s]:
-                # cut at max length: live beams become unfinished hypotheses
-                for j in range(nb_next):
-                    if np.isfinite(n_score[s, j]):
-                        row = n_row[s, j]
-                        raw = float(n_score[s, j])
-                        final[sent[s]].append(
-                            Hypothesis(tuple(int(x) for x in np.append(hist_tok[row], n_tok[s, j])),
-                                       raw / options.penalty(length), raw,
-                                       tuple(float(x) for x in np.append(hist_lp[row], n_lp[s, j])), False)
-                        )
-                done[s] = True
-            elif len(fin) >= k:
-                kth = sorted((h.score for h in fin), reverse=True)[k - 1]
-                best_live = n_score[s, 0] / lp_max[sent[s]]
-                done[s] = not best_live > kth
-        if done.all():
-            break
-        keep = np.flatnonzero(~done)
-        rows = n_row[keep].reshape(-1)
-        hist_tok = np.concatenate([hist_tok[rows], n_tok[keep].reshape(-1, 1)], axis=1)
-        hist_lp = np.concatenate([hist_lp[rows], n_lp[keep].reshape(-1, 1)], axis=1)
-        sent = sent[keep]
-        scores = n_score[keep]
+        # which sentences are done: cut at the maximum length, or no live beam can beat the k-th finished
+        done = None
+        if t + 1 >= first_max:
+            at_max = t + 1 >= max_len[sent]  # (ns,)
+            fs, fj = np.nonzero(at_max[:, None] & np.isfinite(n_score))  # live beams: unfinished hypotheses
+            if fs.size:
+                finish(sent[fs], n_row[fs, fj], t, n_score[fs, fj], n_tok[fs, fj], n_lp[fs, fj], False)
+            done = at_max
+        k_done = kth[sent]
+        if np.isfinite(k_done).any():
+            beaten = np.isfinite(k_done) & ~(n_score[:, 0] / lp_max[sent] > k_done)
+            done = beaten if done is None else done | beaten
+        if done is not None and done.any():
+            if done.all():
+                break
+            keep = np.flatnonzero(~done)
+            n_row, n_tok, n_lp, n_score = n_row[keep], n_tok[keep], n_lp[keep], n_score[keep]
+            sent = sent[keep]
+        if nb != nb_next or len(row_src) != n_row.size:
+            row_src = np.repeat(sent, nb_next)
         nb = nb_next
-        tokens = n_tok[keep].reshape(-1)
-        backend.reorder(state, rows, np.repeat(sent, nb))
+        rows = n_row.reshape(-1)
+        tokens = n_tok.reshape(-1)
+        scores = n_score
+        parents.append(rows)
+        toks.append(tokens)
+        lps.append(n_lp.reshape(-1))
+        backend.reorder(state, rows, row_src)
 
     results = []
     for hyps in final:
