@@ -143,26 +143,24 @@ def build_spec(model_dir: str):
     spec.decoder.embeddings.weight = emb
     spec.decoder.projection.weight = emb  # no bias: logits = x @ E^T
 
-    for i, ls in enumerate(spec.encoder.layer):
-        p = f"encoder_layers.{i}"
+    def self_attention_and_ffn(ls, p, ffn_norm):
+        """What encoder and decoder layers share: self-attention (norm1) and the FFN (ffn_norm)."""
         fused(ls.self_attention.linear[0], [f"{p}.self_attn.{n}_proj" for n in "qkv"])
         linear(ls.self_attention.linear[1], f"{p}.self_attn.out_proj")
         norm(ls.self_attention.layer_norm, f"{p}.norm1")
         linear(ls.ffn.linear_0, f"{p}.ffn.w1")
         linear(ls.ffn.linear_1, f"{p}.ffn.w2")
-        norm(ls.ffn.layer_norm, f"{p}.norm2")
+        norm(ls.ffn.layer_norm, f"{p}.{ffn_norm}")
+
+    for i, ls in enumerate(spec.encoder.layer):
+        self_attention_and_ffn(ls, f"encoder_layers.{i}", "norm2")
     for i, ls in enumerate(spec.decoder.layer):
         p = f"decoder_layers.{i}"
-        fused(ls.self_attention.linear[0], [f"{p}.self_attn.{n}_proj" for n in "qkv"])
-        linear(ls.self_attention.linear[1], f"{p}.self_attn.out_proj")
-        norm(ls.self_attention.layer_norm, f"{p}.norm1")
+        self_attention_and_ffn(ls, p, "norm3")
         linear(ls.attention.linear[0], f"{p}.cross_attn.q_proj")
         fused(ls.attention.linear[1], [f"{p}.cross_attn.{n}_proj" for n in "kv"])
         linear(ls.attention.linear[2], f"{p}.cross_attn.out_proj")
         norm(ls.attention.layer_norm, f"{p}.norm2")
-        linear(ls.ffn.linear_0, f"{p}.ffn.w1")
-        linear(ls.ffn.linear_1, f"{p}.ffn.w2")
-        norm(ls.ffn.layer_norm, f"{p}.norm3")
 
     specials = {"pad": cfg.pad_id, "bos": cfg.bos_id, "eos": cfg.eos_id, "unk": cfg.unk_id}
     vocab = vocabulary(tokenizer)

@@ -204,14 +204,8 @@ class DecoderLayer(_Block):
         self.norm2 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.norm3 = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
-    def _cross_and_ffn(
-        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        q = self.cross_attn.query(self._pre(x, self.norm2))
-        c, cross_weights = self.cross_attn.attend(q, cross_k, cross_v, src_mask)
-        x = self._post(x, c, self.norm2)
-        x = self._post(x, self.ffn(self._pre(x, self.norm3)), self.norm3)
-        return x, cross_weights
+    def _ffn_block(self, x: Tensor) -> Tensor:
+        return self._post(x, self.ffn(self._pre(x, self.norm3)), self.norm3)
 
     def forward(
         self, x: Tensor, tgt_mask: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor
@@ -219,8 +213,10 @@ class DecoderLayer(_Block):
         h = self._pre(x, self.norm1)
         a, self_weights = self.self_attn(h, h, tgt_mask)
         x = self._post(x, a, self.norm1)
-        x, cross_weights = self._cross_and_ffn(x, cross_k, cross_v, src_mask)
-        return x, self_weights, cross_weights
+        q = self.cross_attn.query(self._pre(x, self.norm2))
+        c, cross_weights = self.cross_attn.attend(q, cross_k, cross_v, src_mask)
+        x = self._post(x, c, self.norm2)
+        return self._ffn_block(x), self_weights, cross_weights
 
     def step(
         self,
@@ -235,8 +231,7 @@ class DecoderLayer(_Block):
         a, k_new, v_new = self.self_attn.step(self._pre(x, self.norm1), k_cache, v_cache, cache_mask)
         x = self._post(x, a, self.norm1)
         x = self._post(x, self.cross_attn.step_cross(self._pre(x, self.norm2), cross_k, cross_v, src_mask), self.norm2)
-        x = self._post(x, self.ffn(self._pre(x, self.norm3)), self.norm3)
-        return x, k_new, v_new
+        return self._ffn_block(x), k_new, v_new
 
 
 class Transformer(nn.Module):

@@ -46,12 +46,12 @@ def numpy_topk(log_probs: np.ndarray, k: int, banned: list[int]) -> tuple[np.nda
     if banned:
         lp = lp.copy()
         lp[:, banned] = -np.inf
-    if k == 1:
-        ids = lp.argmax(axis=1)[:, None]
-    else:
-        part = np.argpartition(-lp, k - 1, axis=1)[:, :k]
-        order = np.argsort(-np.take_along_axis(lp, part, axis=1), axis=1, kind="stable")
-        ids = np.take_along_axis(part, order, axis=1)
+    if k == 1:  # greedy: plain indexing, a few microseconds cheaper per step than take_along_axis
+        ids = lp.argmax(axis=1)
+        return lp[np.arange(len(ids)), ids][:, None].astype(np.float32), ids[:, None].astype(np.int64)
+    part = np.argpartition(-lp, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(lp, part, axis=1), axis=1, kind="stable")
+    ids = np.take_along_axis(part, order, axis=1)
     return np.take_along_axis(lp, ids, axis=1).astype(np.float32), ids.astype(np.int64)
 
 

@@ -85,7 +85,7 @@ class _State:
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
     row_src_given: Any = None  # the array row_src was copied from (decoding passes it again unchanged)
-    bindings: dict = field(default_factory=dict)  # (rows, cache buffer set) -> IOBinding, bound once
+    bindings: dict = field(default_factory=dict)  # rows -> IOBinding, bound once
     position: int = 0
 
 
@@ -128,7 +128,6 @@ class OnnxRuntimeBackend:
             so.graph_optimization_level = level
             return so
 
-        self.budget = threads
         self.threads = intra_op_threads(self.config, threads)  # the step's threads at small row counts
         self._mem = _TorchCudaMemory(self.precision) if self.on_device else _NumpyMemory(self.precision)
         enc_opts, dec_opts = self._provider_options(provider, provider_options or {})
@@ -364,9 +363,6 @@ class _NumpyMemory:
 
     def topk(self, log_probs, k, banned):
         log_probs[:, banned] = -np.inf  # our output buffer: overwritten by the next run anyway
-        if k == 1:
-            ids = log_probs.argmax(axis=1)
-            return log_probs[np.arange(len(ids)), ids][:, None], ids[:, None]
         return numpy_topk(log_probs, k, [])
 
 
