@@ -1,4 +1,5 @@
-"""The ONNX Runtime backend's own machinery: in-place reorders, the TopK session, the two step sessions."""
+"""The ONNX Runtime backend's own machinery: in-place reorders, the TopK session, the two step sessions,
+the fused step graph."""
 
 from __future__ import annotations
 
@@ -77,5 +78,88 @@ def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, m
 
 
 def test_one_thread_budget_has_one_step_session(tiny_artifact_dir):
-    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=1)
-    assert be.threads == 1 and be.decoder_wide is be.decoder
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=1, fused=False)
+    assert be.threads == 1 and be.decoder_wide is be.decoder and not be.fused
+
+
+def _bound_step(session, cfg, rows, cache, pos, seed):
+    """One run of the ORT step graph with present_* bound onto the past_* buffers (as the backend does)."""
+    rng = np.random.default_rng(seed)
+    n, h, dh, s = cfg["decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"], 5
+    names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
+    feeds = {"tokens": rng.integers(4, cfg["vocab_size"], rows), "positions": np.full(rows, pos, np.int64),
+             "src_lengths": np.array([s, 2, 1][:rows], np.int64)}
+    for nm in names:
+        feeds[f"cross_{nm}"] = rng.normal(0, 1, (rows, h, s, dh)).astype(np.float32)
+    b = session.io_binding()
+    for k, a in feeds.items():
+        b.bind_input(k, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+    for i, nm in enumerate(names):
+        b.bind_input(f"past_{nm}", "cpu", 0, np.float32, list(cache[i].shape), cache[i].ctypes.data)
+        b.bind_output(f"present_{nm}", "cpu", 0, np.float32, list(cache[i].shape), cache[i].ctypes.data)
+    lp = np.empty((rows, cfg["vocab_size"]), np.float32)
+    b.bind_output("log_probs", "cpu", 0, np.float32, list(lp.shape), lp.ctypes.data)
+    session.run_with_iobinding(b)
+    plain = dict(zip([o.name for o in session.get_outputs()], session.run(None, {**feeds, **{
+        f"past_{nm}": cache[i] for i, nm in enumerate(names)}})))
+    return lp, plain, names
+
+
+@pytest.mark.parametrize("pos", [0, 3, 6])
+def test_fused_step_writes_only_its_slot_in_place(tiny_artifact_dir, pos):
+    """Bound onto the cache, the fused graph writes slot `pos` of every row and layer and leaves every
+    other slot as it was; its log-probs equal those of an unbound run on the written cache."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+    assert be.fused
+    cfg = be.config
+    rows, cap = 3, 7
+    cache = np.random.default_rng(pos).normal(0, 1, (2 * cfg["decoder_layers"], rows, cfg["n_heads"], cap,
+                                                       cfg["d_model"] // cfg["n_heads"])).astype(np.float32)
+    before = cache.copy()
+    lp, plain, names = _bound_step(be.decoder, cfg, rows, cache, pos, seed=pos)
+    others = [j for j in range(cap) if j != pos]
+    np.testing.assert_array_equal(cache[:, :, :, others], before[:, :, :, others])
+    assert not np.allclose(cache[:, :, :, pos], before[:, :, :, pos])
+    for i, nm in enumerate(names):  # the unbound run saw the already written slot: same K/V there
+        np.testing.assert_allclose(plain[f"present_{nm}"][:, :, pos], cache[i, :, :, pos], atol=1e-6)
+    np.testing.assert_allclose(lp, plain["log_probs"], atol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_fused_and_standard_step_graphs_decode_alike(tiny_artifact_dir, tiny_model, beam):
+    """Decoding on the fused step graph (small row counts), on the standard one only, and eagerly
+    gives the same hypotheses, with scores within float error."""
+    fused = make_backend(tiny_artifact_dir, "onnxruntime")
+    plain = make_backend(tiny_artifact_dir, "onnxruntime", fused=False)
+    assert fused.fused and not plain.fused
+    ref = TorchBackend(tiny_model)
+    src, lens = _src(fused.config, 6, seed=7)
+    opts = DecodingOptions(beam_size=beam, nbest=beam, max_len_b=12)
+    a, b, c = decode(fused, src, lens, opts), decode(plain, src, lens, opts), decode(ref, src, lens, opts)
+    for x, y, z in zip(a, b, c):
+        assert [h.tokens for h in x.hypotheses] == [h.tokens for h in y.hypotheses] == [h.tokens for h in z.hypotheses]
+        np.testing.assert_allclose([h.score for h in x.hypotheses], [h.score for h in z.hypotheses], atol=1e-4)
+
+
+def test_no_fused_graph_for_large_models_or_old_artifacts(tiny_artifact_dir, tmp_path, monkeypatch):
+    """Large models (above SMALL_STEP_MFLOP per row) and artifacts without decoder_step.ort.onnx
+    decode on the standard step graph only."""
+    import json
+    import os
+    import shutil
+
+    from transduce.runtime import contract
+
+    monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)
+    assert not make_backend(tiny_artifact_dir, "onnxruntime").fused
+    monkeypatch.undo()
+    old = tmp_path / "old"
+    shutil.copytree(tiny_artifact_dir, old)
+    os.remove(old / contract.ORT_STEP_FILE)
+    manifest = json.loads((old / contract.MANIFEST_FILE).read_text())
+    del manifest["files"][contract.ORT_STEP_FILE]
+    (old / contract.MANIFEST_FILE).write_text(json.dumps(manifest))
+    be = make_backend(str(old), "onnxruntime")
+    assert not be.fused
+    src, lens = _src(be.config, 2, seed=1)
+    assert decode(be, src, lens, DecodingOptions(beam_size=2, max_len_b=5))

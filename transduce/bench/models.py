@@ -97,6 +97,7 @@ def ensure_random_demo_model(path: str) -> str:
 def ensure_artifact(model_dir: str, candidates: list[str], log=print) -> str:
     """An ONNX export of model_dir: the first candidate that is a valid export of these weights, else a
     fresh export into the last candidate."""
+    from transduce.exporter import ort_step
     from transduce.models.checkpoint import read_config
     from transduce.runtime import contract
 
@@ -107,7 +108,12 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print) -> str:
                 manifest = contract.read_manifest(cand)
             except TransduceError:
                 continue
-            if manifest.get("source_model", {}).get("weights_sha256") == weights and manifest.get("precision") == "fp32":
+            # exported before decoder_step.ort.onnx existed: export again (the ONNX Runtime backend would
+            # time the standard step graph only)
+            stale = (contract.ORT_STEP_FILE not in manifest["files"]
+                     and ort_step.unsupported_reason(manifest["model"], "fp32") is None)
+            if (manifest.get("source_model", {}).get("weights_sha256") == weights and manifest.get("precision") == "fp32"
+                    and not stale):
                 return cand
     from transduce.exporter.onnx_export import export_artifact
 

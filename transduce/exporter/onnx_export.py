@@ -3,6 +3,8 @@
   OUT_DIR/
     encoder.onnx        Transformer.encode, exactly per transduce/runtime/contract.py
     decoder_step.onnx   Transformer.decode_step: one graph for every step, past length 0 included
+    decoder_step.ort.onnx  fp32 post-norm models: the same step with ONNX Runtime's fused contrib ops,
+                        built from the weights (transduce/exporter/ort_step.py), validated like the others
                         (a graph whose weights pass 1.5 GB, torch.onnx's threshold below protobuf's
                         2 GB limit, keeps them in <name>.data beside it)
     config.json         copied from the model directory, with
@@ -165,8 +167,9 @@ def export_graph(module, args: tuple, dynamic_shapes: dict, input_names: list[st
 
 
 def export_graphs(model, directory: str, precision: str, opset: int, log: Log = _quiet) -> dict[str, float]:
-    """Write encoder.onnx and decoder_step.onnx for `model` (fp32, eval) in `precision`; -> seconds per graph."""
-    from transduce.exporter import graphs
+    """Write encoder.onnx and decoder_step.onnx for `model` (fp32, eval) in `precision`, and
+    decoder_step.ort.onnx where ort_step can build it; -> seconds per graph."""
+    from transduce.exporter import graphs, ort_step
 
     cfg = model.cfg
     traced = model if precision == "fp32" else copy.deepcopy(model).to(graphs.TORCH_DTYPE[precision])
@@ -190,6 +193,13 @@ def export_graphs(model, directory: str, precision: str, opset: int, log: Log = 
         export_graph(module.eval(), args, shapes, [s.name for s in ins], [s.name for s in outs],
                      os.path.join(directory, filename), opset, doc, metadata)
         seconds[name] = round(time.perf_counter() - t0, 2)
+    if ort_step.unsupported_reason(cfg.to_dict(), precision) is None:
+        import onnx
+
+        log(f"building {contract.ORT_STEP_FILE} (ONNX Runtime contrib ops)")
+        t0 = time.perf_counter()
+        onnx.save(ort_step.build_ort_step(model, opset), os.path.join(directory, contract.ORT_STEP_FILE))
+        seconds["decoder_step.ort"] = round(time.perf_counter() - t0, 2)
     return seconds
 
 
@@ -252,6 +262,9 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
                 contract.STEP_FILE: validate.check_graph(os.path.join(tmp, contract.STEP_FILE), "decoder_step",
                                                          config, precision, opset),
             }
+            if os.path.exists(os.path.join(tmp, contract.ORT_STEP_FILE)):
+                graph_info[contract.ORT_STEP_FILE] = validate.check_ort_step_graph(
+                    os.path.join(tmp, contract.ORT_STEP_FILE), config)
             check_s = time.perf_counter() - t0
             log("validating against eager PyTorch")
             t0 = time.perf_counter()

@@ -215,6 +215,35 @@ def check_graph(path: str, graph: str, config: dict[str, Any], precision: str, o
     }
 
 
+def check_ort_step_graph(path: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Structural checks of decoder_step.ort.onnx (the IO contract, that ONNX Runtime loads it); its
+    record for the manifest. No TensorRT operator check: its contrib ops are ONNX Runtime's own."""
+    import onnx
+
+    name = os.path.basename(path)
+    proto = onnx.load(path)
+    n = config["decoder_layers"]
+    inputs, outputs = contract.step_inputs(n), contract.ort_step_outputs(n)
+    problems = contract_problems(proto, inputs, outputs, config, "fp32")
+    reason = ort_unavailable_reason(path)
+    if reason:
+        problems.append(reason)
+    if problems:
+        raise ExportError(f"{name} does not conform:\n  " + "\n  ".join(problems),
+                          hint="this is a bug in the exporter (ort_step.py); nothing was written")
+    hist = opcheck.op_histogram(proto)
+    return {
+        "inputs": [{"name": s.name, "axes": list(s.axes), "dtype": contract.resolve_dtype(s, "fp32")} for s in inputs],
+        "outputs": [{"name": s.name, "axes": list(s.axes), "dtype": contract.resolve_dtype(s, "fp32")} for s in outputs],
+        "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
+        "runtime": "onnxruntime only (com.microsoft contrib ops)",
+        "nodes": sum(hist.values()),
+        "op_histogram": hist,
+        "initializers": len(proto.graph.initializer),
+        "weight_bytes": sum(_tensor_bytes(t) for t in proto.graph.initializer),
+    }
+
+
 def _tensor_bytes(t) -> int:
     from onnx import helper
 
@@ -290,6 +319,8 @@ class ArtifactRunner:
         self.engine = engine
         self.encoder = GraphRunner(enc_path, engine, threads)
         self.decoder = GraphRunner(step_path, engine, threads)
+        ort_path = os.path.join(self.directory, contract.ORT_STEP_FILE)
+        self.ort_decoder = GraphRunner(ort_path, "onnxruntime", threads) if os.path.exists(ort_path) else None
 
     def _float(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(a).astype(self.float_dtype))
@@ -299,14 +330,23 @@ class ArtifactRunner:
                                  "src_lengths": np.asarray(src_lengths, np.int64)})
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, src_lengths: np.ndarray,
-             past: list[np.ndarray], cross: list[np.ndarray]) -> dict[str, np.ndarray]:
+             past: list[np.ndarray], cross: list[np.ndarray], graph: str = "decoder_step") -> dict[str, np.ndarray]:
+        """One step of decoder_step.onnx, or with graph="decoder_step.ort" of decoder_step.ort.onnx,
+        whose written cache slots are returned as new_key_i/new_value_i like the standard graph's."""
         n = len(past) // 2
         names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
         feeds = {"tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
                  "src_lengths": np.asarray(src_lengths, np.int64)}
         feeds.update({f"past_{nm}": self._float(a) for nm, a in zip(names, past)})
         feeds.update({f"cross_{nm}": self._float(a) for nm, a in zip(names, cross)})
-        return self.decoder.run(feeds)
+        if graph == "decoder_step":
+            return self.decoder.run(feeds)
+        out = self.ort_decoder.run(feeds)
+        rows = np.arange(len(feeds["positions"]))
+        result = {"log_probs": out["log_probs"]}
+        for nm in names:  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
+            result[f"new_{nm}"] = out[f"present_{nm}"][rows, :, feeds["positions"]][:, :, None]
+        return result
 
 
 # -- numeric validation --------------------------------------------------------------------------
@@ -355,7 +395,7 @@ class ErrorTable:
             big = np.abs(r) >= atol
             max_rel = float((diff[big] / np.abs(r[big])).max()) if finite and big.any() else (0.0 if finite else float("inf"))
             passed = finite and bool((diff <= atol + rtol * np.abs(r)).all())
-            row = self.rows.setdefault(name, {"graph": graph, "output": name, "max_abs": 0.0, "max_rel": 0.0,
+            row = self.rows.setdefault(f"{graph}/{name}", {"graph": graph, "output": name, "max_abs": 0.0, "max_rel": 0.0,
                                               "atol": atol, "rtol": rtol, "passed": True, "worst_case": case})
             if max_abs > row["max_abs"]:
                 row["max_abs"], row["worst_case"] = max_abs, case
@@ -412,8 +452,14 @@ def _eager_step(model, tokens, positions, src_lengths, past: list[np.ndarray], c
 
 
 def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng: np.random.Generator) -> dict:
-    """Encoder and decoder-step parity for one case; errors go into `table`."""
+    """Encoder and decoder-step parity for one case (both step graphs, where there are two); errors go
+    into `table`."""
     cfg = model.cfg
+    step_graphs = ["decoder_step"] + (["decoder_step.ort"] if runner.ort_decoder is not None else [])
+
+    def check_step(tok, positions, past, ref):
+        for g in step_graphs:
+            table.add(g, case.name, runner.step(tok, positions, src_lengths, past, cross, graph=g), ref)
     b, s = len(case.src_lengths), max(case.src_lengths)
     src_lengths = np.array(case.src_lengths, dtype=np.int64)
     src_ids = rng.integers(4, cfg.vocab_size, (b, s), dtype=np.int64)
@@ -433,7 +479,7 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
         positions = np.full(b, t, dtype=np.int64)
         ref = _eager_step(model, tokens[:, t], positions, src_lengths, past, cross)
         if t in case.past_lengths:
-            table.add("decoder_step", case.name, runner.step(tokens[:, t], positions, src_lengths, past, cross), ref)
+            check_step(tokens[:, t], positions, past, ref)
             checked.append(t)
         for i, name in enumerate(n for n in ref if n != "log_probs"):
             past[i][:, :, t] = ref[name][:, :, 0]  # the runtime's write into slot `position`
@@ -443,13 +489,13 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
             a[:] = rng.normal(0.0, 4.0, a.shape)
         zero = np.zeros(b, dtype=np.int64)
         ref = _eager_step(model, tokens[:, 0], zero, src_lengths, tiny, cross)
-        table.add("decoder_step", case.name, runner.step(tokens[:, 0], zero, src_lengths, tiny, cross), ref)
+        check_step(tokens[:, 0], zero, tiny, ref)
     if case.mixed_positions:
         positions = rng.integers(0, steps + 1, b).astype(np.int64)
         positions[0] = 0
         positions = np.minimum(positions, case.cache_len - 1)
         ref = _eager_step(model, tokens[:, -1], positions, src_lengths, past, cross)
-        table.add("decoder_step", case.name, runner.step(tokens[:, -1], positions, src_lengths, past, cross), ref)
+        check_step(tokens[:, -1], positions, past, ref)
     return {"name": case.name, "batch": b, "src_len": s, "src_lengths": case.src_lengths,
             "cache_len": case.cache_len, "past_lengths": checked, "cache_len_1": case.min_cache_check,
             "mixed_positions": case.mixed_positions, "cache": "eager steps" if case.stepped else "random"}

@@ -1,6 +1,6 @@
 """The IO contract between the exporter, the engine builder and the runtime, written once.
 
-An artifact directory holds two graphs and a manifest:
+An artifact directory holds two graphs (and an optional third) and a manifest:
 
   encoder.onnx       once per batch of sources
     in   src_ids        (batch, src_len)                int64   source token ids, right-padded
@@ -19,6 +19,12 @@ An artifact directory holds two graphs and a manifest:
     out  log_probs      (batch, vocab)                  float32 log-softmax of the next token, always fp32
          new_key_{i}    (batch, heads, 1, head_dim)     float   this step's K and V of layer i, which the
          new_value_{i}  (batch, heads, 1, head_dim)     float   runtime writes into slot positions[b]
+
+  decoder_step.ort.onnx  optional, fp32 post-norm models only: the same step built with ONNX Runtime's
+                     contrib ops (fused attention that writes the cache slot itself), same inputs;
+                     outputs log_probs and present_key_{i}/present_value_{i} (batch, heads, cache_len,
+                     head_dim), the cache with slot positions[b] written. ONNX Runtime only; see
+                     transduce/exporter/ort_step.py. Artifacts without it decode with decoder_step.onnx.
 
 "float" is the graph's precision (manifest "precision": fp32, fp16 or bf16).
 
@@ -75,6 +81,7 @@ from transduce.errors import ArtifactError
 CONTRACT_VERSION = 1
 ENCODER_FILE = "encoder.onnx"
 STEP_FILE = "decoder_step.onnx"
+ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: fp32 post-norm artifacts (transduce/exporter/ort_step.py)
 MANIFEST_FILE = "manifest.json"
 ARTIFACT_KIND = "transduce-artifact"
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -127,6 +134,12 @@ def step_inputs(decoder_layers: int) -> list[TensorSpec]:
 
 def step_outputs(decoder_layers: int) -> list[TensorSpec]:
     return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("new", NEW_AXES, decoder_layers)
+
+
+def ort_step_outputs(decoder_layers: int) -> list[TensorSpec]:
+    """Outputs of the optional ONNX Runtime step graph: log_probs and each layer's cache with slot
+    `positions[b]` written (bound onto the input cache buffers, the write happens in place)."""
+    return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("present", CACHE_AXES, decoder_layers)
 
 
 # Axes that vary at run time; the others are fixed by the model config.

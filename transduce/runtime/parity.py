@@ -13,6 +13,7 @@ divergence, a large margin is a bug. The report is JSON-serialisable and prints 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -229,6 +230,10 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest)
     results: dict[str, tuple[list, list]] = {"greedy": ([], []), f"beam{beam_size}": ([], [])}
     src_rows: list[tuple[np.ndarray, int]] = []
+    # a backend that decodes with more than one step graph (ONNX Runtime's fused one at few rows, the
+    # standard one at many) gets its teacher-forced log-probs checked once per graph
+    graphs = candidate.step_graphs() if hasattr(candidate, "step_graphs") else []
+    lp_labels = [(f"log_probs [{g}]", g) for g in graphs] if len(graphs) > 1 else [("log_probs", None)]
     for start in range(0, len(src_tok), batch_size):
         chunk = src_tok[start : start + batch_size]
         src = _pad(chunk, pad)
@@ -250,22 +255,34 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
             tgt_tok = [list(r.best.tokens)[:limit] for r in decode(reference, src, lens, greedy_opts)]
         tgt_in = _pad(tgt_tok, pad, lead=bos)
         lp_r = teacher_forced_log_probs(reference, src, lens, tgt_in)
-        lp_c = teacher_forced_log_probs(candidate, src, lens, tgt_in)
         steps = np.arange(tgt_in.shape[1])[None, :] <= np.array([len(t) for t in tgt_tok])[:, None]  # incl. EOS step
-        tf_ref.setdefault("log_probs", []).append(lp_r[steps])
-        tf_cand.setdefault("log_probs", []).append(lp_c[steps])
+        for label, graph in lp_labels:
+            with _only_step_graph(candidate, graph):
+                lp_c = teacher_forced_log_probs(candidate, src, lens, tgt_in)
+            tf_ref.setdefault(label, []).append(lp_r[steps])
+            tf_cand.setdefault(label, []).append(lp_c[steps])
         # 2. and 3. decoded sequences
         for mode, opts in (("greedy", greedy_opts), (f"beam{beam_size}", beam_opts)):
             results[mode][0].extend(decode(reference, src, lens, opts))
             results[mode][1].extend(decode(candidate, src, lens, opts))
-    for key in ("memory", "cross_kv", "log_probs"):
+    for key in ["memory", "cross_kv"] + [label for label, _ in lp_labels]:
         if key in tf_ref:
             report.teacher_forced.append(error_stats(key, np.concatenate([a.ravel() for a in tf_ref[key]]),
                                                      np.concatenate([a.ravel() for a in tf_cand[key]]),
-                                                     policy.outputs[key]))
+                                                     policy.outputs[key.split(" ")[0]]))
     for mode, (ref_res, cand_res) in results.items():
         report.sequences.append(_compare_sequences(mode, reference, src_rows, ref_res, cand_res, policy, cfg))
     return report
+
+
+@contextlib.contextmanager
+def _only_step_graph(backend, graph: str | None):
+    """Run `backend` on one of its step graphs meanwhile (no-op for None)."""
+    if graph is None:
+        yield
+        return
+    with backend.only_step_graph(graph):
+        yield
 
 
 def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,

@@ -9,6 +9,14 @@ row changed and only their filled slots (the prefix < position): beam search kee
 and fills the cache gradually, so this copies a fraction of what a whole-buffer gather would (base
 model, 64 rows, 16 of 32 slots filled: 1.47 ms -> ~0.1 ms per layer's K or V).
 
+Two step graphs. Artifacts of small fp32 post-norm models carry decoder_step.ort.onnx besides the
+standard decoder_step.onnx: the same step with ONNX Runtime's fused contrib ops, whose attention
+writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers).
+On CPU it serves row counts below the wide threshold (one thread); the standard graph, on the whole
+thread budget, serves the others (its fused attention loops over rows and heads: no faster there).
+Demo model, 1 row: 154 vs 222 us per step run. `fused=False` keeps to the standard graph;
+`only_step_graph` pins one (parity checks each).
+
 Device memory: on CPU the buffers are numpy arrays; with the CUDA or TensorRT execution provider
 they are torch CUDA tensors (the only way here to get device memory and small kernels for the slot
 write, the gather and the top-k without a host round trip; torch is imported only then).
@@ -16,6 +24,7 @@ write, the gather and the top-k without a host round trip; torch is imported onl
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +94,7 @@ class _State:
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
     row_src_given: Any = None  # the array row_src was copied from (decoding passes it again unchanged)
-    bindings: dict = field(default_factory=dict)  # rows -> IOBinding, bound once
+    bindings: dict = field(default_factory=dict)  # (rows, session) -> IOBinding, bound once
     position: int = 0
 
 
@@ -93,7 +102,8 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def __init__(self, artifact_dir: str | os.PathLike, provider: str = "cpu", threads: int = 0,
-                 verify: bool = True, optimization: str = "all", provider_options: dict | None = None):
+                 verify: bool = True, optimization: str = "all", provider_options: dict | None = None,
+                 fused: bool = True):
         ort = _import_ort()
         self.ort = ort
         self.artifact_dir = os.fspath(artifact_dir)
@@ -138,10 +148,12 @@ class OnnxRuntimeBackend:
             # core from the decoding loop: demo beam 4 batch 16, 181 -> 131 ms)
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
                                                 options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted])
-            self.decoder = ort.InferenceSession(step_path, options(self.threads),
+            self.fused = fused and self._fused_graph_usable(threads)
+            narrow_path = os.path.join(self.artifact_dir, contract.ORT_STEP_FILE) if self.fused else step_path
+            self.decoder = ort.InferenceSession(narrow_path, options(self.threads),
                                                 providers=[(p, dec_opts.get(p, {})) for p in wanted])
             self.decoder_wide = self.decoder
-            if self.threads != threads and not self.on_device:
+            if (self.threads != threads or self.fused) and not self.on_device:
                 self.decoder_wide = ort.InferenceSession(step_path, options(threads), providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
@@ -152,16 +164,45 @@ class OnnxRuntimeBackend:
         self.float_dtype = np.dtype(contract.FLOAT_DTYPE[self.precision]) if self.precision != "bf16" else None
         self.cache_names = [f"past_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.new_names = [f"new_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
+        self.present_names = [f"present_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.cross_names = [f"cross_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self._topk: _OrtTopK | None = None
         self._mflop_per_row = step_mflop_per_row(self.config)
+        self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
+
+    def _fused_graph_usable(self, threads: int) -> bool:
+        """Whether the narrow step session runs the artifact's ONNX Runtime step graph (ort_step.py):
+        on the CPU provider, for small models (where it is faster at few rows), when exported."""
+        return (not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
+                and step_mflop_per_row(self.config) < SMALL_STEP_MFLOP)
 
     def wide_rows_threshold(self) -> int:
         """Row count from which a step runs on the whole thread budget."""
         return max(1, int(np.ceil(WIDE_STEP_MFLOP / self._mflop_per_row)))
 
+    def step_graphs(self) -> list[str]:
+        """The step graph files this backend decodes with (parity checks each one)."""
+        return [contract.ORT_STEP_FILE, contract.STEP_FILE] if self.fused else [contract.STEP_FILE]
+
+    @contextlib.contextmanager
+    def only_step_graph(self, graph: str):
+        """Meanwhile run every step, whatever its row count, on one step graph (one of step_graphs())."""
+        if graph not in self.step_graphs():
+            raise ValueError(f"{graph!r} is not one of this backend's step graphs {self.step_graphs()}")
+        before, self._pinned = self._pinned, graph
+        try:
+            yield
+        finally:
+            self._pinned = before
+
     def _session_for(self, rows: int):
+        if self._pinned is not None:
+            return self.decoder if self._pinned == contract.ORT_STEP_FILE or not self.fused else self.decoder_wide
         return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
+
+    def _writes_cache(self, rows: int) -> bool:
+        """Whether the step session for this row count is the fused graph (it writes the cache slot)."""
+        return self.fused and self._session_for(rows) is self.decoder
 
     def _provider_options(self, provider: str, user: dict) -> tuple[dict, dict]:
         """Per-session provider options for the encoder and the step session.
@@ -259,10 +300,11 @@ class OnnxRuntimeBackend:
         buffers change.
         """
         r = state.rows
-        b = state.bindings.get(r)
+        session = self._session_for(r)
+        b = state.bindings.get((r, id(session)))
         if b is None:
             mem = self._mem
-            b = self._session_for(r).io_binding()
+            b = session.io_binding()
             mem.bind(b, "tokens", state.tokens[:r], True)
             mem.bind(b, "positions", state.positions[:r], True)
             for name, arr in state.cross.items():
@@ -270,9 +312,13 @@ class OnnxRuntimeBackend:
             for i, name in enumerate(self.cache_names):
                 mem.bind(b, name, state.cache[i, :r], True)
             mem.bind(b, "log_probs", state.outputs["log_probs"][:r], False)
-            for i, name in enumerate(self.new_names):
-                mem.bind(b, name, state.outputs["new"][i, :r], False)
-            state.bindings[r] = b
+            if self._writes_cache(r):  # the fused graph writes slot `position` of the cache itself
+                for i, name in enumerate(self.present_names):
+                    mem.bind(b, name, state.cache[i, :r], False)
+            else:
+                for i, name in enumerate(self.new_names):
+                    mem.bind(b, name, state.outputs["new"][i, :r], False)
+            state.bindings[(r, id(session))] = b
         return b
 
     def _run(self, state: _State, tokens: np.ndarray) -> None:
@@ -284,7 +330,8 @@ class OnnxRuntimeBackend:
         mem.fill(state.tokens, tokens, r)
         mem.fill(state.positions, p, r)
         self._session_for(r).run_with_iobinding(self._binding_for(state))
-        mem.write_slot(state.cache, state.outputs["new"], r, p)
+        if not self._writes_cache(r):
+            mem.write_slot(state.cache, state.outputs["new"], r, p)
         state.position = p + 1
 
     def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:

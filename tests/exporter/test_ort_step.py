@@ -1,0 +1,62 @@
+"""decoder_step.ort.onnx: built for fp32 post-norm models, validated like the other graphs, refused otherwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from transduce.errors import ExportError
+from transduce.exporter import ort_step
+from transduce.runtime import contract
+
+
+def test_fp32_artifact_has_a_validated_ort_step_graph(artifact_fp32):
+    m = artifact_fp32.manifest
+    g = m["graphs"][contract.ORT_STEP_FILE]
+    assert contract.ORT_STEP_FILE in m["files"]
+    assert {f"com.microsoft::{op}" for op in ("GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization")} \
+        <= set(g["op_histogram"])
+    assert g["opsets"]["com.microsoft"] == 1 and g["runtime"].startswith("onnxruntime only")
+    assert [o["name"] for o in g["outputs"]][:2] == ["log_probs", "present_key_0"]
+    assert [i["name"] for i in g["inputs"]] == [i["name"] for i in m["graphs"][contract.STEP_FILE]["inputs"]]
+    assert g["nodes"] < m["graphs"][contract.STEP_FILE]["nodes"]
+    rows = [r for r in m["validation"]["errors"] if r["graph"] == "decoder_step.ort"]
+    assert {r["output"] for r in rows} == {"log_probs"} | {f"new_{kv}_{i}" for i in range(2) for kv in ("key", "value")}
+    assert all(r["passed"] and r["max_abs"] < 1e-4 for r in rows)
+
+
+def test_not_built_for_reduced_precision_or_pre_norm(artifact_fp16, tiny_model):
+    assert contract.ORT_STEP_FILE not in os.listdir(artifact_fp16.path)
+    assert contract.ORT_STEP_FILE not in artifact_fp16.manifest["graphs"]
+    cfg = tiny_model.cfg.to_dict()
+    assert ort_step.unsupported_reason(cfg, "fp32") is None
+    assert "fp32" in ort_step.unsupported_reason(cfg, "fp16")
+    assert "post-norm" in ort_step.unsupported_reason({**cfg, "norm_first": True}, "fp32")
+
+
+def test_a_wrong_ort_step_graph_fails_the_export(artifact_fp32, tiny_model_dir, tmp_path, monkeypatch):
+    """The numeric validation covers the fused graph: one LayerNorm gain off by 1% fails the export,
+    naming decoder_step.ort, and leaves nothing behind."""
+    import onnx
+    from onnx import numpy_helper
+
+    from transduce.exporter import onnx_export
+    from transduce.exporter.onnx_export import export_artifact
+
+    def fake_export_graphs(model, directory, precision, opset, log=None):
+        for name in ("encoder.onnx", "decoder_step.onnx"):
+            shutil.copyfile(os.path.join(artifact_fp32.path, name), os.path.join(directory, name))
+        proto = onnx.load(os.path.join(artifact_fp32.path, contract.ORT_STEP_FILE))
+        init = next(t for t in proto.graph.initializer if t.name == "decoder_layers.1.norm3.weight")
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(1.01), init.name))
+        onnx.save(proto, os.path.join(directory, contract.ORT_STEP_FILE))
+        return {}
+
+    monkeypatch.setattr(onnx_export, "export_graphs", fake_export_graphs)
+    out = tmp_path / "art"
+    with pytest.raises(ExportError, match=r"decoder_step\.ort log_probs"):
+        export_artifact(tiny_model_dir, out)
+    assert not out.exists() and not [n for n in os.listdir(tmp_path) if ".tmp-" in n]

@@ -1,0 +1,173 @@
+"""The ONNX Runtime CPU step graph (decoder_step.ort.onnx): the decoder step built from the weights
+with ONNX Runtime's fused contrib ops, for small models at few decoding rows.
+
+Why a second step graph. For a small model a step is a few hundred tiny kernels' worth of work,
+and ONNX Runtime's CPU provider spends it mostly per node: the traced standard graph
+(decoder_step.onnx) has 107 nodes after ONNX Runtime's optimizer for the demo model (2+2 layers,
+d_model 128), this one 36. Measured on the 2-core CI machine (ONNX Runtime 1.31.1, one thread,
+demo-sized weights, 33 cache slots, 3 interleaved runs, us per run): 1 row 135 vs 225, 16 rows
+590 vs 740, 64 rows 2,480 vs 2,520; at the base shape (6+6, d_model 512) both cost the same at 1
+and 64 rows (the weights' memory traffic dominates). So the ONNX Runtime backend runs this graph
+for small models at row counts below its wide-session threshold, and the standard graph otherwise.
+
+What it is. Per decoder layer (post-norm only; `unsupported_reason` says when it cannot be built):
+  self-attention   Gemm(x, [Wq|Wk|Wv]) -> com.microsoft.GroupQueryAttention with the packed QKV,
+                   past_key/past_value = the runtime's cache (batch, heads, cache_len, head_dim),
+                   seqlens_k = positions, total_sequence_length = max(positions) + 1. Bound with
+                   present_key/present_value on the same buffers, the op writes this position's K/V
+                   into slot `positions[b]` itself and attends over slots <= positions[b] only.
+  cross-attention  Gemm(x, Wq) -> com.microsoft.MultiHeadAttention over cross_key/cross_value
+                   (batch, heads, src_len, head_dim) with an additive (batch, 1, 1, src_len) bias
+                   that is -1e9 at padding (a fully padded row gets a uniform average, as eager).
+  residual + norm  com.microsoft.SkipLayerNormalization(sublayer, x, gamma, beta, sublayer bias).
+  FFN              Gemm + Relu (ONNX Runtime fuses them), MatMul, SkipLayerNormalization.
+Then logits = x E^T (or the output projection) and LogSoftmax, as in the standard graph.
+
+Inputs are the standard step graph's (contract.step_inputs); outputs are log_probs and, instead of
+new_key_i/new_value_i, present_key_i/present_value_i (contract.ort_step_outputs): the cache with
+slot `positions[b]` written. Run without IO binding, the outputs are fresh copies of the cache;
+the runtime binds them onto its cache buffers so nothing is copied. Contrib ops run on ONNX
+Runtime only (not TensorRT), so the standard graph stays the artifact's portable step graph;
+export validates this one against eager PyTorch like the others (transduce/exporter/validate.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transduce.runtime import contract
+
+CONTRIB = "com.microsoft"
+MASKED = -1e9  # additive bias at padded source positions
+
+
+def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
+    """Why this graph cannot be built for a model config and precision (None when it can)."""
+    if precision != "fp32":
+        return f"the ONNX Runtime step graph is built for fp32 artifacts only, not {precision}"
+    if config["norm_first"]:
+        return "the ONNX Runtime step graph is built for post-norm models only (norm_first is set)"
+    return None
+
+
+def build_ort_step(model, opset: int) -> Any:
+    """The ONNX Runtime step graph (an onnx.ModelProto) of an fp32, post-norm Transformer."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    cfg = model.cfg
+    reason = unsupported_reason(cfg.to_dict(), "fp32")
+    assert reason is None, reason
+    d, h, n = cfg.d_model, cfg.n_heads, cfg.decoder_layers
+    sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    inits, nodes = [], []
+
+    def weight(name: str, array: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
+        return name
+
+    def const(name: str, array: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+    def linear_t(prefix: str) -> np.ndarray:  # nn.Linear weight (out, in) -> (in, out)
+        return sd[f"{prefix}.weight"].T
+
+    rows_1_d = const("shape_rows_1_d", np.array([-1, 1, d], np.int64))
+    rows_d = const("shape_rows_d", np.array([-1, d], np.int64))
+    rows_1_3d = const("shape_rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
+    bias_shape = const("shape_rows_1_1_src", np.array([0, 1, 1, -1], np.int64))
+
+    # embedding: E[tokens] * sqrt(d_model) + PE[positions]  (rows, d)
+    embed = weight("embed.weight", sd["embed.weight"])
+    x = node("Gather", [embed, "tokens"], "embedded")
+    x = node("Mul", [x, const("sqrt_d_model", np.array(np.sqrt(d), np.float32))], "embedded_scaled")
+    pe = node("Gather", [weight("pe", model.pe.float().numpy()), "positions"], "positional")
+    x = node("Add", [x, pe], "x_embed")
+
+    # GroupQueryAttention's lengths: slots <= positions[b] are attended, slot positions[b] is written
+    seqlens = node("Cast", ["positions"], "seqlens_k", to=TensorProto.INT32)
+    total = node("ReduceMax", [seqlens], "max_position", keepdims=1)
+    total = node("Add", [total, const("one_i32", np.array([1], np.int32))], "total_sequence_length")
+
+    # cross-attention bias (rows, 1, 1, src_len): 0 at real source tokens, MASKED at padding
+    src_len = node("Gather", [node("Shape", ["cross_key_0"], "cross_shape"), const("axis_2", np.array(2, np.int64))], "src_len")
+    arange = node("Range", [const("zero_i64", np.array(0, np.int64)), src_len, const("one_i64", np.array(1, np.int64))], "src_positions")
+    valid = node("Less", [node("Unsqueeze", [arange, const("axes_0", np.array([0], np.int64))], "src_positions_row"),
+                          node("Unsqueeze", ["src_lengths", const("axes_1", np.array([1], np.int64))], "src_lengths_col")],
+                 "src_valid")  # (rows, src_len)
+    bias = node("Where", [valid, const("zero_f32", np.array(0.0, np.float32)), const("masked_f32", np.array(MASKED, np.float32))],
+                "src_bias_2d")
+    cross_bias = node("Reshape", [bias, bias_shape], "src_bias")
+
+    eps = float(cfg.layer_norm_eps)
+    for i in range(n):
+        p = f"decoder_layers.{i}"
+        a = f"{p}.self_attn"
+        c = f"{p}.cross_attn"
+        w_qkv = np.concatenate([linear_t(f"{a}.q_proj"), linear_t(f"{a}.k_proj"), linear_t(f"{a}.v_proj")], axis=1)
+        b_qkv = np.concatenate([sd[f"{a}.q_proj.bias"], sd[f"{a}.k_proj.bias"], sd[f"{a}.v_proj.bias"]])
+        qkv = node("Gemm", [x, weight(f"{a}.qkv.weight", w_qkv), weight(f"{a}.qkv.bias", b_qkv)], f"{a}.qkv")
+        qkv = node("Reshape", [qkv, rows_1_3d], f"{a}.qkv_3d")  # (rows, 1, 3d): Q | K | V, heads-major
+        gqa_out = f"{a}.attended_3d"
+        nodes.append(helper.make_node(
+            "GroupQueryAttention", [qkv, "", "", f"past_key_{i}", f"past_value_{i}", seqlens, total],
+            [gqa_out, f"present_key_{i}", f"present_value_{i}"], name=gqa_out, domain=CONTRIB,
+            num_heads=h, kv_num_heads=h))
+        att = node("Reshape", [gqa_out, rows_d], f"{a}.attended")
+        att = node("MatMul", [att, weight(f"{a}.out_proj.weight_t", linear_t(f"{a}.out_proj"))], f"{a}.out")
+        x = node("SkipLayerNormalization", [att, x, weight(f"{p}.norm1.weight", sd[f"{p}.norm1.weight"]),
+                                            weight(f"{p}.norm1.bias", sd[f"{p}.norm1.bias"]),
+                                            weight(f"{a}.out_proj.bias", sd[f"{a}.out_proj.bias"])],
+                 f"{p}.x1", domain=CONTRIB, epsilon=eps)
+
+        q = node("Gemm", [x, weight(f"{c}.q_proj.weight_t", linear_t(f"{c}.q_proj")),
+                          weight(f"{c}.q_proj.bias", sd[f"{c}.q_proj.bias"])], f"{c}.q")
+        q = node("Reshape", [q, rows_1_d], f"{c}.q_3d")
+        att = node("MultiHeadAttention", [q, f"cross_key_{i}", f"cross_value_{i}", "", "", cross_bias],
+                   f"{c}.attended_3d", domain=CONTRIB, num_heads=h)
+        att = node("Reshape", [att, rows_d], f"{c}.attended")
+        att = node("MatMul", [att, weight(f"{c}.out_proj.weight_t", linear_t(f"{c}.out_proj"))], f"{c}.out")
+        x = node("SkipLayerNormalization", [att, x, weight(f"{p}.norm2.weight", sd[f"{p}.norm2.weight"]),
+                                            weight(f"{p}.norm2.bias", sd[f"{p}.norm2.bias"]),
+                                            weight(f"{c}.out_proj.bias", sd[f"{c}.out_proj.bias"])],
+                 f"{p}.x2", domain=CONTRIB, epsilon=eps)
+
+        f = f"{p}.ffn"
+        hid = node("Gemm", [x, weight(f"{f}.w1.weight_t", linear_t(f"{f}.w1")), weight(f"{f}.w1.bias", sd[f"{f}.w1.bias"])],
+                   f"{f}.hidden_linear")
+        hid = node("Relu", [hid], f"{f}.hidden")
+        out = node("MatMul", [hid, weight(f"{f}.w2.weight_t", linear_t(f"{f}.w2"))], f"{f}.out")
+        x = node("SkipLayerNormalization", [out, x, weight(f"{p}.norm3.weight", sd[f"{p}.norm3.weight"]),
+                                            weight(f"{p}.norm3.bias", sd[f"{p}.norm3.bias"]),
+                                            weight(f"{f}.w2.bias", sd[f"{f}.w2.bias"])],
+                 f"{p}.x3", domain=CONTRIB, epsilon=eps)
+
+    out_weight = embed if cfg.share_embeddings else weight("out_proj.weight", sd["out_proj.weight"])
+    logits = node("Gemm", [x, out_weight], "logits", transB=1)
+    node("LogSoftmax", [logits], "log_probs", axis=-1)
+
+    sizes = contract.static_axis_sizes(cfg.to_dict())
+
+    def value_info(spec: contract.TensorSpec):
+        elem = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT, "float": TensorProto.FLOAT}[spec.dtype]
+        dims = [a if a in contract.DYNAMIC_AXES else sizes[a] for a in spec.axes]
+        return helper.make_tensor_value_info(spec.name, elem, dims)
+
+    graph = helper.make_graph(nodes, "transduce_decoder_step_ort",
+                              [value_info(s) for s in contract.step_inputs(n)],
+                              [value_info(s) for s in contract.ort_step_outputs(n)], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB, 1)],
+                              producer_name="transduce")
+    proto.ir_version = 8  # what every supported onnxruntime reads
+    proto.doc_string = (f"transduce decoder step for ONNX Runtime (contrib ops), IO contract version "
+                        f"{contract.CONTRACT_VERSION}, fp32")
+    proto.metadata_props.add(key="transduce.graph", value="decoder_step.ort")
+    onnx.checker.check_model(proto)
+    return proto
