@@ -10,7 +10,7 @@ demo-sized weights, 33 cache slots, 3 interleaved runs, us per run): 1 row 135 v
 and 64 rows (the weights' memory traffic dominates). So the ONNX Runtime backend runs this graph
 for small models at row counts below its wide-session threshold, and the standard graph otherwise.
 
-What it is. Per decoder layer (post-norm only; `unsupported_reason` says when it cannot be built):
+What it is. Per decoder layer (post-norm, fp32, small models only; `unsupported_reason` says why not otherwise):
   self-attention   Gemm(x, [Wq|Wk|Wv]) -> com.microsoft.GroupQueryAttention with the packed QKV,
                    past_key/past_value = the runtime's cache (batch, heads, cache_len, head_dim),
                    seqlens_k = positions, total_sequence_length = max(positions) + 1. Bound with
@@ -49,6 +49,12 @@ def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
         return f"the ONNX Runtime step graph is built for fp32 artifacts only, not {precision}"
     if config["norm_first"]:
         return "the ONNX Runtime step graph is built for post-norm models only (norm_first is set)"
+    from transduce.runtime.backends.onnxruntime_backend import SMALL_STEP_MFLOP, step_mflop_per_row
+
+    mflop = step_mflop_per_row(config)
+    if mflop >= SMALL_STEP_MFLOP:
+        return (f"the model's step ({mflop:.1f} MFLOP per row) is past SMALL_STEP_MFLOP ({SMALL_STEP_MFLOP}): the "
+                "ONNX Runtime backend runs the standard step graph there, where the fused one is no faster")
     return None
 
 
