@@ -109,3 +109,22 @@ def test_invalid_options():
         DecodingOptions(beam_size=2, nbest=3)
     with pytest.raises(InputError, match="length penalty form"):
         DecodingOptions(length_penalty_form="wu")
+
+
+def test_stay_in_place_keeps_first_children_in_their_parents_rows():
+    """Each sentence's slot order is a permutation; the first child of every parent whose row is in the
+    sentence's block keeps that row, so a reorder moves only the other children (the minimum)."""
+    from transduce.runtime.decoding import _stay_in_place
+
+    rng = np.random.default_rng(0)
+    for ns, nb in [(1, 4), (16, 4), (3, 2), (5, 1)]:
+        for _ in range(50):
+            # parents mostly in the sentence's own block, sometimes elsewhere (after sentences were dropped)
+            parents = np.sort(rng.integers(0, nb, (ns, nb)), axis=1) + (np.arange(ns) * nb)[:, None]
+            parents[rng.random((ns, nb)) < 0.1] += nb
+            perm = _stay_in_place(parents, nb)
+            assert (np.sort(perm, axis=1) == np.arange(nb)).all()
+            new = np.take_along_axis(parents, perm, axis=1).ravel()
+            moved = int((new != np.arange(ns * nb)).sum())
+            in_block = [{p - i * nb for p in row if 0 <= p - i * nb < nb} for i, row in enumerate(parents.tolist())]
+            assert moved == ns * nb - sum(len(s) for s in in_block)

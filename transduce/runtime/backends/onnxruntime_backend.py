@@ -403,7 +403,11 @@ class _NumpyMemory:
         cache[:, :rows, :, p] = new[:, :rows, :, 0]  # (2L, R, H, Dh) into slot p
 
     def move_rows(self, cache, dst, src, p):
-        cache[:, dst, :, :p] = cache[:, src, :, :p]  # the right side is gathered into a temporary first
+        # one layer's K or V at a time: numpy's fast path for an index array on the first axis (base
+        # model, 64 rows, 58 moved, 31 of 33 slots filled: 6.8 ms, against 14.4 ms indexing the second
+        # axis of the whole buffer). The right side is gathered into a temporary first.
+        for c in cache:
+            c[dst, :, :p] = c[src, :, :p]
 
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]] = src
