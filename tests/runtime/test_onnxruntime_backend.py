@@ -61,11 +61,13 @@ def test_ort_topk_equals_numpy_topk(tiny_artifact_dir, ban_eos):
         assert not set(ids.ravel().tolist()) & set(banned_ids(cfg, ban_eos))
 
 
-def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, monkeypatch):
-    """A small model gets a one-thread step session and a second one with the whole budget for large
-    row counts; decoding that crosses between them gives the eager model's results."""
-    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
-    assert be.threads == 1 and be.decoder_wide is not be.decoder
+@pytest.mark.parametrize("fused", [True, False])
+def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, monkeypatch, fused):
+    """A small model gets a one-thread step session and a second one of the same graph with the whole
+    budget for large row counts; decoding that crosses between them gives the eager model's results."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=fused)
+    assert be.threads == 1 and be.decoder_wide is not be.decoder and be.fused == fused
+    assert be._writes_cache(1) == be._writes_cache(100) == fused
     monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 6 * be._mflop_per_row)  # wide from 6 rows
     assert be.wide_rows_threshold() == 6
     assert be._session_for(5) is be.decoder and be._session_for(6) is be.decoder_wide

@@ -58,8 +58,7 @@ class _Ours:
                              step_intra_op_threads=be.threads, inter_op_threads=1,
                              step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
                                                 if be.decoder_wide is not be.decoder else "always"),
-                             step_graphs=(f"{' below the threshold, '.join(be.step_graphs())} from it"
-                                          if be.fused else be.step_graphs()[0]))
+                             step_graph=be.step_graphs()[0])
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         s = max(len(x) for x in src) + 1

@@ -1,14 +1,14 @@
 """The ONNX Runtime CPU step graph (decoder_step.ort.onnx): the decoder step built from the weights
-with ONNX Runtime's fused contrib ops, for small models at few decoding rows.
+with ONNX Runtime's fused contrib ops, for small models.
 
 Why a second step graph. For a small model a step is a few hundred tiny kernels' worth of work,
 and ONNX Runtime's CPU provider spends it mostly per node: the traced standard graph
 (decoder_step.onnx) has 107 nodes after ONNX Runtime's optimizer for the demo model (2+2 layers,
-d_model 128), this one 36. Measured on the 2-core CI machine (ONNX Runtime 1.31.1, one thread,
-demo-sized weights, 33 cache slots, 3 interleaved runs, us per run): 1 row 135 vs 225, 16 rows
-590 vs 740, 64 rows 2,480 vs 2,520; at the base shape (6+6, d_model 512) both cost the same at 1
-and 64 rows (the weights' memory traffic dominates). So the ONNX Runtime backend runs this graph
-for small models at row counts below its wide-session threshold, and the standard graph otherwise.
+d_model 128), this one 36. Measured on the 2-core CI machine (ONNX Runtime 1.31.1, demo weights, 33
+cache slots, interleaved runs, us per run, fused vs standard): 1 row 154 vs 222 (one thread), 4 rows
+159 vs 326 (one thread), 64 rows 1,386 vs 1,717 (two threads); at the base shape (6+6, d_model 512)
+both cost the same at 1 and 64 rows (the weights' memory traffic dominates), so it is built only for
+models the ONNX Runtime backend runs it for (below SMALL_STEP_MFLOP per row), at every row count.
 
 What it is. Per decoder layer (post-norm, fp32, small models only; `unsupported_reason` says why not otherwise):
   self-attention   Gemm(x, [Wq|Wk|Wv]) -> com.microsoft.GroupQueryAttention with the packed QKV,

@@ -12,10 +12,10 @@ model, 64 rows, 16 of 32 slots filled: 1.47 ms -> ~0.1 ms per layer's K or V).
 Two step graphs. Artifacts of small fp32 post-norm models carry decoder_step.ort.onnx besides the
 standard decoder_step.onnx: the same step with ONNX Runtime's fused contrib ops, whose attention
 writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers).
-On CPU it serves row counts below the wide threshold (one thread); the standard graph, on the whole
-thread budget, serves the others (its fused attention loops over rows and heads: no faster there).
-Demo model, 1 row: 154 vs 222 us per step run. `fused=False` keeps to the standard graph;
-`only_step_graph` pins one (parity checks each).
+On CPU it serves every row count of such models, on one thread below the wide threshold and on the
+whole budget from there. Demo model, us per step run, fused vs standard graph: 1 row 154 vs 222,
+64 rows (two threads) 1,386 vs 1,717. `fused=False` keeps to the standard graph; `only_step_graph`
+pins one of the two (parity checks each).
 
 Device memory: on CPU the buffers are numpy arrays; with the CUDA or TensorRT execution provider
 they are torch CUDA tensors (the only way here to get device memory and small kernels for the slot
@@ -75,10 +75,11 @@ def intra_op_threads(config: dict[str, Any], budget: int) -> int:
 
 
 # A small model's step still gets the whole thread budget once a step has this much arithmetic
-# (rows x MFLOP per row): the one-thread session serves small row counts, a second session with the
-# budget serves large ones. Demo model, ms per step at 1 / 2 threads: 16 rows 0.62 / 0.61,
-# 64 rows 2.67 / 2.33.
-WIDE_STEP_MFLOP = 24.0
+# (rows x MFLOP per row): the one-thread session serves small row counts, a second session of the same
+# graph with the budget serves large ones. Demo model (0.9 MFLOP/row), us per step run at 1 / 2 threads,
+# fused graph (decoder_step.ort.onnx): 4 rows 159 / 242, 8 rows 307 / 381, 12 rows 470 / 536, 16 rows
+# 545 / 440, 64 rows 2,530 / 1,386; standard graph: 16 rows 519 / 545, 64 rows 2,693 / 1,717.
+WIDE_STEP_MFLOP = 14.0
 
 
 @dataclass
@@ -149,12 +150,15 @@ class OnnxRuntimeBackend:
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
                                                 options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted])
             self.fused = fused and self._fused_graph_usable(threads)
-            narrow_path = os.path.join(self.artifact_dir, contract.ORT_STEP_FILE) if self.fused else step_path
-            self.decoder = ort.InferenceSession(narrow_path, options(self.threads),
+            self._step_path = step_path
+            self._options = options
+            path = os.path.join(self.artifact_dir, contract.ORT_STEP_FILE) if self.fused else step_path
+            self.decoder = ort.InferenceSession(path, options(self.threads),
                                                 providers=[(p, dec_opts.get(p, {})) for p in wanted])
             self.decoder_wide = self.decoder
-            if (self.threads != threads or self.fused) and not self.on_device:
-                self.decoder_wide = ort.InferenceSession(step_path, options(threads), providers=["CPUExecutionProvider"])
+            if self.threads != threads and not self.on_device:
+                self.decoder_wide = ort.InferenceSession(path, options(threads), providers=["CPUExecutionProvider"])
+            self._standard = None if self.fused else self.decoder  # decoder_step.onnx, when pinned to it
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
                                      hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
@@ -196,13 +200,16 @@ class OnnxRuntimeBackend:
             self._pinned = before
 
     def _session_for(self, rows: int):
-        if self._pinned is not None:
-            return self.decoder if self._pinned == contract.ORT_STEP_FILE or not self.fused else self.decoder_wide
+        if self._pinned == contract.STEP_FILE and self.fused:
+            if self._standard is None:
+                self._standard = self.ort.InferenceSession(self._step_path, self._options(self.threads),
+                                                           providers=["CPUExecutionProvider"])
+            return self._standard
         return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
 
     def _writes_cache(self, rows: int) -> bool:
-        """Whether the step session for this row count is the fused graph (it writes the cache slot)."""
-        return self.fused and self._session_for(rows) is self.decoder
+        """Whether the step session for this row count runs the fused graph (it writes the cache slot)."""
+        return self.fused and self._session_for(rows) is not self._standard
 
     def _provider_options(self, provider: str, user: dict) -> tuple[dict, dict]:
         """Per-session provider options for the encoder and the step session.
