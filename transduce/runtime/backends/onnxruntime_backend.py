@@ -74,6 +74,16 @@ def intra_op_threads(config: dict[str, Any], budget: int) -> int:
     return budget
 
 
+# ONNX Runtime graph fusions the encoder session turns off. SkipLayerNormFusion: ONNX Runtime 1.31's CPU
+# SkipLayerNormalization kernel is 4-6x slower than the Add + LayerNormalization it replaces once there
+# are many rows (one thread, us: 64 x 128 72 vs 27, 512 x 128 430 vs 98, 512 x 512 1,638 vs 252; the
+# same at one row): base encoder at 16 x 32 tokens 177-189 -> 171-178 ms in three A/B runs (the demo's:
+# the same within noise, 6.3-9.0 ms either way). Not for the
+# step sessions: at 16-64 rows on two threads the extra node's synchronisation costs more (demo fused
+# step, 64 rows: 1,508 us with SkipLayerNormalization, 1,648 without), and one row gains nothing.
+ENCODER_UNFUSED = ["SkipLayerNormFusion"]
+
+
 # A small model's step still gets the whole thread budget once a step has this much arithmetic
 # (rows x MFLOP per row): the one-thread session serves small row counts, a second session of the same
 # graph with the budget serves large ones. Demo model (0.9 MFLOP/row), us per step run at 1 / 2 threads,
@@ -148,7 +158,8 @@ class OnnxRuntimeBackend:
             # threads do not spin after a run (runs are once per batch; spinning would take the second
             # core from the decoding loop: demo beam 4 batch 16, 181 -> 131 ms)
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
-                                                options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted])
+                                                options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted],
+                                                disabled_optimizers=ENCODER_UNFUSED)
             self.fused = fused and self._fused_graph_usable(threads)
             self._step_path = step_path
             self._options = options
