@@ -61,6 +61,7 @@ def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, sm
     # the artifact has two step graphs (decoder_step.ort.onnx at few rows): log-probs checked on each
     assert {s["name"] for s in rep["teacher_forced"]} == {"memory", "cross_kv", "log_probs [decoder_step.ort.onnx]",
                                                          "log_probs [decoder_step.onnx]"}
+    assert "log_probs [decoder_step.ort.onnx]" in r.stdout  # printed whole (brackets are not markup)
     assert "PARITY PASSED" in r.stdout
 
 

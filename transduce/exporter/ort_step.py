@@ -85,6 +85,18 @@ def build_ort_step(model, opset: int) -> Any:
     def linear_t(prefix: str) -> np.ndarray:  # nn.Linear weight (out, in) -> (in, out)
         return sd[f"{prefix}.weight"].T
 
+    def linear(x: str, prefix: str, output: str) -> str:  # nn.Linear on (rows, in)
+        return node("Gemm", [x, weight(f"{prefix}.weight_t", linear_t(prefix)), weight(f"{prefix}.bias", sd[f"{prefix}.bias"])],
+                    output)
+
+    def project_add_norm(x: str, sub: str, proj: str, norm: str, output: str) -> str:
+        """LayerNorm(x + sub W + b) for the nn.Linear `proj` and the LayerNorm `norm` (post-norm)."""
+        y = node("MatMul", [sub, weight(f"{proj}.weight_t", linear_t(proj))], f"{proj}.out")
+        return node("SkipLayerNormalization", [y, x, weight(f"{norm}.weight", sd[f"{norm}.weight"]),
+                                               weight(f"{norm}.bias", sd[f"{norm}.bias"]),
+                                               weight(f"{proj}.bias", sd[f"{proj}.bias"])],
+                    output, domain=CONTRIB, epsilon=eps)
+
     rows_1_d = const("shape_rows_1_d", np.array([-1, 1, d], np.int64))
     rows_d = const("shape_rows_d", np.array([-1, d], np.int64))
     rows_1_3d = const("shape_rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
@@ -127,33 +139,17 @@ def build_ort_step(model, opset: int) -> Any:
             [gqa_out, f"present_key_{i}", f"present_value_{i}"], name=gqa_out, domain=CONTRIB,
             num_heads=h, kv_num_heads=h))
         att = node("Reshape", [gqa_out, rows_d], f"{a}.attended")
-        att = node("MatMul", [att, weight(f"{a}.out_proj.weight_t", linear_t(f"{a}.out_proj"))], f"{a}.out")
-        x = node("SkipLayerNormalization", [att, x, weight(f"{p}.norm1.weight", sd[f"{p}.norm1.weight"]),
-                                            weight(f"{p}.norm1.bias", sd[f"{p}.norm1.bias"]),
-                                            weight(f"{a}.out_proj.bias", sd[f"{a}.out_proj.bias"])],
-                 f"{p}.x1", domain=CONTRIB, epsilon=eps)
+        x = project_add_norm(x, att, f"{a}.out_proj", f"{p}.norm1", f"{p}.x1")
 
-        q = node("Gemm", [x, weight(f"{c}.q_proj.weight_t", linear_t(f"{c}.q_proj")),
-                          weight(f"{c}.q_proj.bias", sd[f"{c}.q_proj.bias"])], f"{c}.q")
-        q = node("Reshape", [q, rows_1_d], f"{c}.q_3d")
+        q = node("Reshape", [linear(x, f"{c}.q_proj", f"{c}.q"), rows_1_d], f"{c}.q_3d")
         att = node("MultiHeadAttention", [q, f"cross_key_{i}", f"cross_value_{i}", "", "", cross_bias],
                    f"{c}.attended_3d", domain=CONTRIB, num_heads=h)
         att = node("Reshape", [att, rows_d], f"{c}.attended")
-        att = node("MatMul", [att, weight(f"{c}.out_proj.weight_t", linear_t(f"{c}.out_proj"))], f"{c}.out")
-        x = node("SkipLayerNormalization", [att, x, weight(f"{p}.norm2.weight", sd[f"{p}.norm2.weight"]),
-                                            weight(f"{p}.norm2.bias", sd[f"{p}.norm2.bias"]),
-                                            weight(f"{c}.out_proj.bias", sd[f"{c}.out_proj.bias"])],
-                 f"{p}.x2", domain=CONTRIB, epsilon=eps)
+        x = project_add_norm(x, att, f"{c}.out_proj", f"{p}.norm2", f"{p}.x2")
 
         f = f"{p}.ffn"
-        hid = node("Gemm", [x, weight(f"{f}.w1.weight_t", linear_t(f"{f}.w1")), weight(f"{f}.w1.bias", sd[f"{f}.w1.bias"])],
-                   f"{f}.hidden_linear")
-        hid = node("Relu", [hid], f"{f}.hidden")
-        out = node("MatMul", [hid, weight(f"{f}.w2.weight_t", linear_t(f"{f}.w2"))], f"{f}.out")
-        x = node("SkipLayerNormalization", [out, x, weight(f"{p}.norm3.weight", sd[f"{p}.norm3.weight"]),
-                                            weight(f"{p}.norm3.bias", sd[f"{p}.norm3.bias"]),
-                                            weight(f"{f}.w2.bias", sd[f"{f}.w2.bias"])],
-                 f"{p}.x3", domain=CONTRIB, epsilon=eps)
+        hid = node("Relu", [linear(x, f"{f}.w1", f"{f}.hidden_linear")], f"{f}.hidden")
+        x = project_add_norm(x, hid, f"{f}.w2", f"{p}.norm3", f"{p}.x3")
 
     out_weight = embed if cfg.share_embeddings else weight("out_proj.weight", sd["out_proj.weight"])
     logits = node("Gemm", [x, out_weight], "logits", transB=1)

@@ -137,6 +137,7 @@ class ParityReport:
         }
 
     def print(self, console=None) -> None:
+        from rich.markup import escape
         from rich.table import Table
 
         from transduce._console import console as default_console
@@ -146,7 +147,8 @@ class ParityReport:
         for col in ("output", "max abs", "mean abs", "p99 abs", "max rel", "p99 rel", "atol / rtol", "result"):
             t.add_column(col, justify="right" if col not in ("output", "result") else "left")
         for s in self.teacher_forced:
-            t.add_row(s.name, f"{s.max_abs:.2e}", f"{s.mean_abs:.2e}", f"{s.p99_abs:.2e}", f"{s.max_rel:.2e}",
+            # escape: the brackets of "log_probs [decoder_step.onnx]" are text, not rich markup
+            t.add_row(escape(s.name), f"{s.max_abs:.2e}", f"{s.mean_abs:.2e}", f"{s.p99_abs:.2e}", f"{s.max_rel:.2e}",
                       f"{s.p99_rel:.2e}", f"{s.atol:.0e} / {s.rtol:.0e}",
                       "[green]pass[/]" if s.passed else f"[red]FAIL ({s.failing} elements)[/]")
         console.print(t)
