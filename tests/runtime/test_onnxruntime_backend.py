@@ -165,3 +165,34 @@ def test_no_fused_graph_for_large_models_or_old_artifacts(tiny_artifact_dir, tmp
     assert not be.fused
     src, lens = _src(be.config, 2, seed=1)
     assert decode(be, src, lens, DecodingOptions(beam_size=2, max_len_b=5))
+
+
+def test_buffers_of_ended_runs_are_reused_and_live_runs_are_not_shared(tiny_artifact_dir, tiny_model, monkeypatch):
+    """Big buffers come back to the pool when a run ends and serve the next run; two live runs never
+    share memory (interleaved teacher forcing gives each its own eager log-probs)."""
+    monkeypatch.setattr(orb._NumpyMemory, "POOL_MIN_BYTES", 1)  # pool every buffer of the tiny model
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+    ref = TorchBackend(tiny_model)
+    cfg = be.config
+    src, lens = _src(cfg, 3, seed=5)
+    prefix = np.random.default_rng(6).integers(4, cfg["vocab_size"], (3, 4))
+    prefix[:, 0] = cfg["bos_id"]
+    want = teacher_forced_log_probs(ref, src, lens, prefix)
+    enc = be.encode(src, lens)
+    a, b = be.begin(enc, np.arange(3), 4), be.begin(enc, np.arange(3), 4)
+    assert not {id(x) for x in a.owned} & {id(x) for x in b.owned}
+    got_a, got_b = [], []
+    for t in range(4):
+        got_a.append(be.step_log_probs(a, prefix[:, t]))
+        got_b.append(be.step_log_probs(b, prefix[:, t]))
+    np.testing.assert_allclose(np.stack(got_a, 1), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.stack(got_b, 1), want, atol=1e-4, rtol=0)
+    owned = {id(x) for x in a.owned}
+    be.end(a)
+    c = be.begin(enc, np.arange(3), 4)
+    assert owned & {id(x) for x in c.owned}  # the ended run's memory serves the next one
+    assert not {id(x) for x in b.owned} & {id(x) for x in c.owned}  # never the live run's
+    np.testing.assert_allclose(teacher_forced_log_probs(be, src, lens, prefix), want, atol=1e-4, rtol=0)
+    opts = DecodingOptions(beam_size=3, nbest=3, max_len_b=8)
+    first, second = decode(be, src, lens, opts), decode(be, src, lens, opts)  # the second on reused memory
+    assert [[h.tokens for h in r.hypotheses] for r in first] == [[h.tokens for h in r.hypotheses] for r in second]

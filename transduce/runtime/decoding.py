@@ -124,6 +124,7 @@ def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> 
             live, tok = live[keep], tok[keep]
             backend.reorder(state, keep, live)
         tokens = tok
+    end_run(backend, state)
     results = []
     for i in range(n):
         m = int(length[i])
@@ -240,6 +241,7 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
         lps.append(n_lp.reshape(-1))
         backend.reorder(state, rows, row_src)
 
+    end_run(backend, state)
     results = []
     for hyps in final:
         hyps.sort(key=lambda h: (-h.score, not h.finished))
@@ -279,4 +281,12 @@ def teacher_forced_log_probs(backend, src_ids: np.ndarray, src_lengths: np.ndarr
     b, t = tgt_in.shape
     state = backend.begin(encoded, np.arange(b), max(t, 1))
     out = [backend.step_log_probs(state, np.ascontiguousarray(tgt_in[:, i], np.int64)) for i in range(t)]
+    end_run(backend, state)
     return np.stack(out, axis=1)
+
+
+def end_run(backend, state) -> None:
+    """Hand a finished run's buffers back to a backend that reuses them (the optional `end`)."""
+    end = getattr(backend, "end", None)
+    if end is not None:
+        end(state)

@@ -10,6 +10,8 @@ A backend owns the device memory of one decoding run:
   reorder(state, rows, row_src)       -> keep/duplicate rows: row i of the new state is row rows[i] of the
                                          old one (beam selection, finished rows dropped); row_src is the
                                          new rows' source index, cross K/V are re-gathered only if it changed
+  end(state)                          -> optional: the run is over, its buffers may be reused by the next
+                                         run (the state is not used again); decoding calls it when present
 
 Tokens and token ids cross the protocol as numpy int64 arrays; everything else stays on the backend's
 device. PAD and BOS are never proposed by `step` (their log-probs are excluded from the top-k), and EOS
