@@ -78,9 +78,9 @@ def intra_op_threads(config: dict[str, Any], budget: int) -> int:
 # SkipLayerNormalization kernel is 4-6x slower than the Add + LayerNormalization it replaces once there
 # are many rows (one thread, us: 64 x 128 72 vs 27, 512 x 128 430 vs 98, 512 x 512 1,638 vs 252; the
 # same at one row): base encoder at 16 x 32 tokens 177-189 -> 171-178 ms in three A/B runs (the demo's:
-# the same within noise, 6.3-9.0 ms either way). Not for the
-# step sessions: at 16-64 rows on two threads the extra node's synchronisation costs more (demo fused
-# step, 64 rows: 1,508 us with SkipLayerNormalization, 1,648 without), and one row gains nothing.
+# the same within noise, 6.3-9.0 ms either way). Not for the step sessions: at 16-64 rows on two
+# threads the extra node's synchronisation costs more (demo fused step, 64 rows: 1,508 us with
+# SkipLayerNormalization, 1,648 without), and one row gains nothing.
 ENCODER_UNFUSED = ["SkipLayerNormFusion"]
 
 
@@ -187,8 +187,8 @@ class OnnxRuntimeBackend:
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
 
     def _fused_graph_usable(self, threads: int) -> bool:
-        """Whether the narrow step session runs the artifact's ONNX Runtime step graph (ort_step.py):
-        on the CPU provider, for small models (where it is faster at few rows), when exported."""
+        """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
+        CPU provider, for small models (where it is faster), when the artifact has one."""
         return (not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
                 and step_mflop_per_row(self.config) < SMALL_STEP_MFLOP)
 
