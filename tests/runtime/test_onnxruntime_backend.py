@@ -23,6 +23,13 @@ def _src(cfg, n, seed):
     return src, lens
 
 
+def _prefixes(cfg, n, t, seed):
+    """(n, t) random target prefixes starting with BOS."""
+    prefix = np.random.default_rng(seed).integers(4, cfg["vocab_size"], (n, t))
+    prefix[:, 0] = cfg["bos_id"]
+    return prefix
+
+
 def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, tiny_model):
     """Rows that stay, a swap (a cycle: each side is overwritten and read), duplicates, growth, then a
     second reorder that drops rows: every row continues the history of the row it was taken from."""
@@ -30,8 +37,7 @@ def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, 
     ref = TorchBackend(tiny_model)
     cfg = be.config
     src, lens = _src(cfg, 5, seed=1)
-    prefix = np.random.default_rng(2).integers(4, cfg["vocab_size"], (5, 6))
-    prefix[:, 0] = cfg["bos_id"]
+    prefix = _prefixes(cfg, 5, 6, seed=2)
     state = be.begin(be.encode(src, lens), np.arange(5), 8)
     for t in range(3):
         be.step_log_probs(state, prefix[:, t])
@@ -175,8 +181,7 @@ def test_buffers_of_ended_runs_are_reused_and_live_runs_are_not_shared(tiny_arti
     ref = TorchBackend(tiny_model)
     cfg = be.config
     src, lens = _src(cfg, 3, seed=5)
-    prefix = np.random.default_rng(6).integers(4, cfg["vocab_size"], (3, 4))
-    prefix[:, 0] = cfg["bos_id"]
+    prefix = _prefixes(cfg, 3, 4, seed=6)
     want = teacher_forced_log_probs(ref, src, lens, prefix)
     enc = be.encode(src, lens)
     a, b = be.begin(enc, np.arange(3), 4), be.begin(enc, np.arange(3), 4)
