@@ -161,7 +161,7 @@ class OnnxRuntimeBackend:
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
                                                 options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted],
                                                 disabled_optimizers=ENCODER_UNFUSED)
-            self.fused = fused and self._fused_graph_usable(threads)
+            self.fused = fused and self._fused_graph_usable()
             self._step_path = step_path
             self._options = options
             path = os.path.join(self.artifact_dir, contract.ORT_STEP_FILE) if self.fused else step_path
@@ -186,7 +186,7 @@ class OnnxRuntimeBackend:
         self._mflop_per_row = step_mflop_per_row(self.config)
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
 
-    def _fused_graph_usable(self, threads: int) -> bool:
+    def _fused_graph_usable(self) -> bool:
         """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
         CPU provider, for small models (where it is faster), when the artifact has one."""
         return (not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
@@ -214,8 +214,12 @@ class OnnxRuntimeBackend:
     def _session_for(self, rows: int):
         if self._pinned == contract.STEP_FILE and self.fused:
             if self._standard is None:
-                self._standard = self.ort.InferenceSession(self._step_path, self._options(self.threads),
-                                                           providers=["CPUExecutionProvider"])
+                try:
+                    self._standard = self.ort.InferenceSession(self._step_path, self._options(self.threads),
+                                                               providers=["CPUExecutionProvider"])
+                except Exception as e:  # onnxruntime's own exception classes
+                    raise BackendUnavailable(f"onnxruntime could not load {self._step_path}: {e}",
+                                             hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
             return self._standard
         return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
 
@@ -306,7 +310,10 @@ class OnnxRuntimeBackend:
         enc = state.enc
         mem = self._mem
         for name in self.cross_names:
+            old = state.cross.get(name)
             state.cross[name] = mem.take(enc[name], row_src, state.owned)
+            if old is not None:
+                mem.free(old, state.owned)  # its bindings are cleared below
         state.cross["src_lengths"] = mem.take(enc["src_lengths"], row_src)
         state.row_src = row_src.copy()
         state.row_src_given = row_src  # decoding passes the same array again while it is unchanged
@@ -382,13 +389,19 @@ class OnnxRuntimeBackend:
     def _grow(self, state: _State, rows: int) -> None:
         """More rows than allocated (beam expansion after step 0): reallocate once, keep contents."""
         mem = self._mem
-        old = state.cache
+        old, old_outputs = state.cache, list(state.outputs.values())
         state.cache = mem.zeros((old.shape[0], rows) + tuple(old.shape[2:]), state.owned)
         mem.copy_rows(state.cache, old)
-        self._alloc_step_buffers(state, rows)
+        self._alloc_step_buffers(state, rows)  # clears the bindings
+        if self._topk is not None:
+            self._topk.bindings.clear()
+        for buf in [old] + old_outputs:
+            mem.free(buf, state.owned)
 
     def end(self, state: _State) -> None:
         """The run is over: its buffers go back to the pool for the next run (the state is dead)."""
+        if self._topk is not None:
+            self._topk.bindings.clear()  # they point into buffers that are about to be reused
         state.bindings.clear()
         state.cross.clear()
         state.outputs.clear()
@@ -422,6 +435,14 @@ class _NumpyMemory:
         owned.append(flat)
         return flat[:nbytes].view(dtype).reshape(shape)
 
+    def free(self, arr, owned):
+        """Back to the pool now: a pooled buffer of this run that nothing uses any more."""
+        flat = arr.base
+        for i, b in enumerate(owned):
+            if b is flat:
+                self._free.append(owned.pop(i))
+                return
+
     def release(self, owned):
         self._free.extend(owned)
         owned.clear()
@@ -452,7 +473,9 @@ class _NumpyMemory:
 
     def take(self, a, idx, owned=None):
         out = self.empty((len(idx),) + a.shape[1:], a.dtype, owned)
-        return np.take(a, idx, axis=0, out=out)
+        # mode="clip": written straight into `out` ("raise" goes through a temporary of its size); the
+        # indices are rows of `a` already
+        return np.take(a, idx, axis=0, out=out, mode="clip")
 
     def bind(self, binding, name, arr, is_input):
         assert arr.flags.c_contiguous, name  # bound by pointer
@@ -519,8 +542,11 @@ class _OrtTopK:
         self.bindings: dict[tuple, tuple] = {}
 
     def __call__(self, buffer: np.ndarray, rows: int, k: int, ban_eos: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k of buffer[:rows], a log-probs buffer whose address is bound once."""
-        key = (id(buffer), rows, k, ban_eos)
+        """Top-k of buffer[:rows], a log-probs buffer whose address is bound once.
+
+        Keyed by the buffer's address, not its id(): a pooled buffer is a view whose id can be reused
+        by a later view of other memory (and the backend's end() clears the bindings anyway)."""
+        key = (buffer.ctypes.data, buffer.shape, rows, k, ban_eos)
         entry = self.bindings.get(key)
         if entry is None:
             log_probs = buffer[:rows]
@@ -568,6 +594,9 @@ class _TorchCudaMemory:
     # torch's CUDA caching allocator pools device memory already: `owned` is unused
     def release(self, owned):
         owned.clear()
+
+    def free(self, t, owned):
+        pass
 
     def zeros(self, shape, owned=None):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
