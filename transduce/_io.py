@@ -53,6 +53,20 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def atomic_output(final: str | os.PathLike, overwrite: bool, error: type[TransduceError], what: str,
+                  hint: str) -> Iterator[str]:
+    """atomic_directory for a command's output: an OSError on the way (disk full, permissions) becomes
+    `error` ("cannot write <what> <final>: ...", with `hint`); transduce's own errors pass through."""
+    try:
+        with atomic_directory(final, overwrite=overwrite) as tmp:
+            yield tmp
+    except TransduceError:
+        raise
+    except OSError as e:
+        raise error(f"cannot write {what} {os.fspath(final)!r}: {e}", hint=hint) from None
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     path = os.fspath(path)
     parent = _check_parent_writable(path)

@@ -66,8 +66,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_directory, check_replaceable, write_json
-from transduce.errors import ArtifactError, BackendUnavailable, EngineError, TransduceError
+from transduce._io import atomic_output, check_replaceable, write_json
+from transduce.errors import ArtifactError, BackendUnavailable, EngineError
 from transduce.runtime import contract
 
 ENGINE_KIND = "transduce-engine"
@@ -846,123 +846,118 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             f"{axis} {r.min}/{r.opt}/{r.max}" for axis, r in (("batch", p.batch), ("src_len", p.src_len),
                                                                ("cache_len", p.cache_len)) if r is not None)
             for p in specs))
-    try:
-        with atomic_directory(out_dir, overwrite=force) as tmp:
-            builder = trt.Builder(logger)
-            cache_bytes = _read_timing_cache(timing_cache, log)
-            timing = None
-            cache_loaded = bool(cache_bytes)
-            graphs_meta: dict[str, Any] = {}
-            keep_alive = []  # parsers own the weights until the build is done
-            for graph, (onnx_name, plan_name) in GRAPHS.items():
-                onnx_path = os.path.join(artifact_dir, onnx_name)
-                network = builder.create_network(_network_flags(trt))
-                parser = trt.OnnxParser(network, logger)
-                keep_alive += [network, parser]
-                log(f"{graph}: parsing {onnx_name}")
-                if not parser.parse_from_file(onnx_path):
-                    errors = parser_errors(parser) or [logger.recent() or "no error reported"]
-                    raise EngineError(f"TensorRT's ONNX parser rejected {onnx_path} ({len(errors)} error(s)):\n  "
-                                      + "\n  ".join(errors),
-                                      hint="re-export the artifact (transduce export ... --force); if it persists, "
-                                           "the graph uses an operator or type this TensorRT does not support")
-                ins, outs = _network_io(network)
-                problems = check_io(ins, graph_inputs(graph, config), precision, f"{onnx_name} input")
-                problems += check_io(outs, graph_outputs(graph, config), precision, f"{onnx_name} output")
-                if problems:
-                    raise EngineError(f"{onnx_path} does not follow the IO contract as TensorRT parses it: "
-                                      + "; ".join(problems), hint=contract.REBUILD_HINT.format(out=artifact_dir))
-                bconfig = builder.create_builder_config()
-                bconfig.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-                if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
-                    bconfig.clear_flag(trt.BuilderFlag.TF32)
-                if timing is None:
-                    timing = bconfig.create_timing_cache(cache_bytes)
-                if not bconfig.set_timing_cache(timing, False):
-                    log(f"timing cache {timing_cache} was made on another GPU or TensorRT version; "
-                        "starting from an empty one")
-                    cache_loaded = False
-                    timing = bconfig.create_timing_cache(b"")
-                    bconfig.set_timing_cache(timing, False)
-                monitor = None
-                if hasattr(trt, "IProgressMonitor"):
-                    monitor = make_progress_monitor(trt, graph, enabled=progress, log=log)
-                    bconfig.progress_monitor = monitor
-                for spec in plan.profiles(graph):
-                    profile = builder.create_optimization_profile()
-                    for name, (mn, opt, mx) in profile_shapes(spec, graph, config).items():
-                        profile.set_shape(name, mn, opt, mx)
-                    if bconfig.add_optimization_profile(profile) < 0:
-                        raise EngineError(f"TensorRT rejected optimization profile {spec.to_dict()} of {graph}: "
-                                          f"{logger.recent() or 'invalid profile'}")
-                log(f"{graph}: building ({precision}, strongly typed, {len(plan.profiles(graph))} profile(s), "
-                    f"workspace {workspace_gb:g} GB)")
-                t0 = time.perf_counter()
-                try:
-                    serialized = builder.build_serialized_network(network, bconfig)
-                finally:
-                    if monitor is not None:
-                        monitor.close()
-                seconds = time.perf_counter() - t0
-                if serialized is None:
-                    raise EngineError(f"TensorRT could not build {onnx_name}:\n{logger.recent() or 'no error reported'}",
-                                      hint="see the TensorRT errors above; a larger --workspace-gb or narrower "
-                                           "limits (--max-batch, --max-src-len, --max-tgt-len) may help")
-                _write_atomic(os.path.join(tmp, plan_name), serialized)
-                del serialized
-                graphs_meta[graph] = {"source": onnx_name, "plan": plan_name, "build_seconds": round(seconds, 2),
-                                      "profiles": len(plan.profiles(graph))}
-                log(f"{graph}: built in {seconds:.1f} s")
-            del keep_alive
-            if timing_cache and timing is not None:
-                _write_atomic(timing_cache, timing.serialize())
-                log(f"timing cache: saved to {timing_cache}")
-            # the plans must load and match the contract and profiles before they replace anything
-            runtime = trt.Runtime(logger)
-            for graph, (_, plan_name) in GRAPHS.items():
-                with open(os.path.join(tmp, plan_name), "rb") as f:
-                    engine = runtime.deserialize_cuda_engine(f.read())
-                if engine is None:
-                    raise EngineError(f"the freshly built {plan_name} does not deserialize: "
-                                      f"{logger.recent() or 'no error reported'}")
-                problems = check_engine(trt, engine, graph, config, precision, plan.profiles(graph))
-                if problems:
-                    raise EngineError(f"the built {plan_name} does not match the contract: " + "; ".join(problems))
-                del engine
-            artifact_files = [contract.MANIFEST_FILE] + sorted(manifest["files"])
-            how = {_link_or_copy(os.path.join(artifact_dir, n), os.path.join(tmp, n)) for n in artifact_files}
-            files = _file_entries(tmp, artifact_files + [ENCODER_PLAN, STEP_PLAN])
-            meta = {
-                "kind": ENGINE_KIND,
-                "engine_format_version": ENGINE_FORMAT_VERSION,
-                "contract_version": contract.CONTRACT_VERSION,
-                "precision": precision,
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "build_seconds": {"total": round(time.perf_counter() - t_start, 2),
-                                  **{g: m["build_seconds"] for g, m in graphs_meta.items()}},
-                "tensorrt": {"version": str(trt.__version__), "strongly_typed": True, "tf32": bool(tf32),
-                             "workspace_gb": workspace_gb, "timing_cache": timing_cache,
-                             "timing_cache_loaded": cache_loaded, "version_compatible": False,
-                             "hardware_compatibility": "none"},
-                "gpu": gpu,
-                "limits": plan.limits,
-                "profiles": {"encoder": [p.to_dict() for p in plan.encoder],
-                             "decoder_step": [p.to_dict() for p in plan.decoder_step]},
-                "graphs": graphs_meta,
-                "artifact": {"path": artifact_dir, "contract_version": manifest["contract_version"],
-                             "precision": precision, "opset": manifest.get("opset"),
-                             "manifest_sha256": files[contract.MANIFEST_FILE]["sha256"],
-                             "copied_as": "hard links" if how == {"link"} else "copies" if how == {"copy"} else "links and copies"},
-                "sources": {onnx: dict(files[onnx]) for onnx, _ in GRAPHS.values()},
-                "tools": _tool_versions(trt),
-                "files": files,
-            }
-            write_json(os.path.join(tmp, ENGINE_MANIFEST), meta)
-    except TransduceError:
-        raise
-    except OSError as e:
-        raise EngineError(f"cannot write the engine directory {out_dir!r}: {e}",
-                          hint="choose an --out path you can write to, on a disk with space") from None
+    with atomic_output(out_dir, force, EngineError, "the engine directory",
+                       hint="choose an --out path you can write to, on a disk with space") as tmp:
+        builder = trt.Builder(logger)
+        cache_bytes = _read_timing_cache(timing_cache, log)
+        timing = None
+        cache_loaded = bool(cache_bytes)
+        graphs_meta: dict[str, Any] = {}
+        keep_alive = []  # parsers own the weights until the build is done
+        for graph, (onnx_name, plan_name) in GRAPHS.items():
+            onnx_path = os.path.join(artifact_dir, onnx_name)
+            network = builder.create_network(_network_flags(trt))
+            parser = trt.OnnxParser(network, logger)
+            keep_alive += [network, parser]
+            log(f"{graph}: parsing {onnx_name}")
+            if not parser.parse_from_file(onnx_path):
+                errors = parser_errors(parser) or [logger.recent() or "no error reported"]
+                raise EngineError(f"TensorRT's ONNX parser rejected {onnx_path} ({len(errors)} error(s)):\n  "
+                                  + "\n  ".join(errors),
+                                  hint="re-export the artifact (transduce export ... --force); if it persists, "
+                                       "the graph uses an operator or type this TensorRT does not support")
+            ins, outs = _network_io(network)
+            problems = check_io(ins, graph_inputs(graph, config), precision, f"{onnx_name} input")
+            problems += check_io(outs, graph_outputs(graph, config), precision, f"{onnx_name} output")
+            if problems:
+                raise EngineError(f"{onnx_path} does not follow the IO contract as TensorRT parses it: "
+                                  + "; ".join(problems), hint=contract.REBUILD_HINT.format(out=artifact_dir))
+            bconfig = builder.create_builder_config()
+            bconfig.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
+            if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
+                bconfig.clear_flag(trt.BuilderFlag.TF32)
+            if timing is None:
+                timing = bconfig.create_timing_cache(cache_bytes)
+            if not bconfig.set_timing_cache(timing, False):
+                log(f"timing cache {timing_cache} was made on another GPU or TensorRT version; "
+                    "starting from an empty one")
+                cache_loaded = False
+                timing = bconfig.create_timing_cache(b"")
+                bconfig.set_timing_cache(timing, False)
+            monitor = None
+            if hasattr(trt, "IProgressMonitor"):
+                monitor = make_progress_monitor(trt, graph, enabled=progress, log=log)
+                bconfig.progress_monitor = monitor
+            for spec in plan.profiles(graph):
+                profile = builder.create_optimization_profile()
+                for name, (mn, opt, mx) in profile_shapes(spec, graph, config).items():
+                    profile.set_shape(name, mn, opt, mx)
+                if bconfig.add_optimization_profile(profile) < 0:
+                    raise EngineError(f"TensorRT rejected optimization profile {spec.to_dict()} of {graph}: "
+                                      f"{logger.recent() or 'invalid profile'}")
+            log(f"{graph}: building ({precision}, strongly typed, {len(plan.profiles(graph))} profile(s), "
+                f"workspace {workspace_gb:g} GB)")
+            t0 = time.perf_counter()
+            try:
+                serialized = builder.build_serialized_network(network, bconfig)
+            finally:
+                if monitor is not None:
+                    monitor.close()
+            seconds = time.perf_counter() - t0
+            if serialized is None:
+                raise EngineError(f"TensorRT could not build {onnx_name}:\n{logger.recent() or 'no error reported'}",
+                                  hint="see the TensorRT errors above; a larger --workspace-gb or narrower "
+                                       "limits (--max-batch, --max-src-len, --max-tgt-len) may help")
+            _write_atomic(os.path.join(tmp, plan_name), serialized)
+            del serialized
+            graphs_meta[graph] = {"source": onnx_name, "plan": plan_name, "build_seconds": round(seconds, 2),
+                                  "profiles": len(plan.profiles(graph))}
+            log(f"{graph}: built in {seconds:.1f} s")
+        del keep_alive
+        if timing_cache and timing is not None:
+            _write_atomic(timing_cache, timing.serialize())
+            log(f"timing cache: saved to {timing_cache}")
+        # the plans must load and match the contract and profiles before they replace anything
+        runtime = trt.Runtime(logger)
+        for graph, (_, plan_name) in GRAPHS.items():
+            with open(os.path.join(tmp, plan_name), "rb") as f:
+                engine = runtime.deserialize_cuda_engine(f.read())
+            if engine is None:
+                raise EngineError(f"the freshly built {plan_name} does not deserialize: "
+                                  f"{logger.recent() or 'no error reported'}")
+            problems = check_engine(trt, engine, graph, config, precision, plan.profiles(graph))
+            if problems:
+                raise EngineError(f"the built {plan_name} does not match the contract: " + "; ".join(problems))
+            del engine
+        artifact_files = [contract.MANIFEST_FILE] + sorted(manifest["files"])
+        how = {_link_or_copy(os.path.join(artifact_dir, n), os.path.join(tmp, n)) for n in artifact_files}
+        files = _file_entries(tmp, artifact_files + [ENCODER_PLAN, STEP_PLAN])
+        meta = {
+            "kind": ENGINE_KIND,
+            "engine_format_version": ENGINE_FORMAT_VERSION,
+            "contract_version": contract.CONTRACT_VERSION,
+            "precision": precision,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "build_seconds": {"total": round(time.perf_counter() - t_start, 2),
+                              **{g: m["build_seconds"] for g, m in graphs_meta.items()}},
+            "tensorrt": {"version": str(trt.__version__), "strongly_typed": True, "tf32": bool(tf32),
+                         "workspace_gb": workspace_gb, "timing_cache": timing_cache,
+                         "timing_cache_loaded": cache_loaded, "version_compatible": False,
+                         "hardware_compatibility": "none"},
+            "gpu": gpu,
+            "limits": plan.limits,
+            "profiles": {"encoder": [p.to_dict() for p in plan.encoder],
+                         "decoder_step": [p.to_dict() for p in plan.decoder_step]},
+            "graphs": graphs_meta,
+            "artifact": {"path": artifact_dir, "contract_version": manifest["contract_version"],
+                         "precision": precision, "opset": manifest.get("opset"),
+                         "manifest_sha256": files[contract.MANIFEST_FILE]["sha256"],
+                         "copied_as": "hard links" if how == {"link"} else "copies" if how == {"copy"} else "links and copies"},
+            "sources": {onnx: dict(files[onnx]) for onnx, _ in GRAPHS.values()},
+            "tools": _tool_versions(trt),
+            "files": files,
+        }
+        write_json(os.path.join(tmp, ENGINE_MANIFEST), meta)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return meta
 

@@ -73,8 +73,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from transduce._io import atomic_directory, check_replaceable, write_json
-from transduce.errors import CheckpointError, ExportError, TransduceError
+from transduce._io import atomic_output, check_replaceable, write_json
+from transduce.errors import CheckpointError, ExportError
 from transduce.runtime import contract
 
 DEFAULT_OPSET = 18
@@ -251,62 +251,57 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     config = model.cfg.to_dict()
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
         raise ExportError(f"max_positions is {model.cfg.max_positions}; export needs >= {MIN_MAX_POSITIONS}")
-    try:
-        with atomic_directory(out_dir, overwrite=force) as tmp:
-            trace_s = export_graphs(model, tmp, precision, opset, log)
-            log("checking graphs (ONNX checker, shape inference, IO contract, TensorRT ops)")
-            t0 = time.perf_counter()
-            graph_info = {
-                contract.ENCODER_FILE: validate.check_graph(os.path.join(tmp, contract.ENCODER_FILE), "encoder",
-                                                            config, precision, opset),
-                contract.STEP_FILE: validate.check_graph(os.path.join(tmp, contract.STEP_FILE), "decoder_step",
-                                                         config, precision, opset),
-            }
-            if os.path.exists(os.path.join(tmp, contract.ORT_STEP_FILE)):
-                graph_info[contract.ORT_STEP_FILE] = validate.check_ort_step_graph(
-                    os.path.join(tmp, contract.ORT_STEP_FILE), config)
-            check_s = time.perf_counter() - t0
-            log("validating against eager PyTorch")
-            t0 = time.perf_counter()
-            validation = validate.validate_graphs(tmp, model, precision, log=log)
-            validation["seconds"] = round(time.perf_counter() - t0, 2)
-            for name in (CONFIG_FILE, TOKENIZER_FILE):
-                shutil.copyfile(os.path.join(model_dir, name), os.path.join(tmp, name))
-            files = file_entries(tmp)
-            for name, info in graph_info.items():
-                info["bytes"] = files[name]["bytes"]
-                info["external_data"] = sorted(f for f in files if f.startswith(name + ".") and f != name)
-            manifest = {
-                "kind": contract.ARTIFACT_KIND,
-                "contract_version": contract.CONTRACT_VERSION,
-                "precision": precision,
-                "opset": opset,
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "export_seconds": {"total": round(time.perf_counter() - t_start, 2), "trace": trace_s,
-                                   "check": round(check_s, 2), "validate": validation["seconds"]},
-                "exporter": EXPORTER,
-                "tools": tool_versions(),
-                "model": config,
-                "model_config_file": CONFIG_FILE,
-                "tokenizer": TOKENIZER_FILE,
-                "source_model": {
-                    "path": model_dir,
-                    "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
-                    "config_sha256": contract.sha256_file(os.path.join(model_dir, CONFIG_FILE)),
-                },
-                "dynamic_axes": {k: list(v) for k, v in contract.dynamic_axis_ranges(config).items()},
-                "static_axes": contract.static_axis_sizes(config),
-                "graphs": graph_info,
-                "tensorrt_ops": {"source": _ops_source(), "unsupported": []},
-                "validation": validation,
-                "files": files,
-            }
-            write_json(os.path.join(tmp, contract.MANIFEST_FILE), manifest)
-    except TransduceError:
-        raise
-    except OSError as e:
-        raise ExportError(f"cannot write the artifact {out_dir!r}: {e}",
-                          hint="choose an output path you can write to, on a disk with space") from None
+    with atomic_output(out_dir, force, ExportError, "the artifact",
+                       hint="choose an output path you can write to, on a disk with space") as tmp:
+        trace_s = export_graphs(model, tmp, precision, opset, log)
+        log("checking graphs (ONNX checker, shape inference, IO contract, TensorRT ops)")
+        t0 = time.perf_counter()
+        graph_info = {
+            contract.ENCODER_FILE: validate.check_graph(os.path.join(tmp, contract.ENCODER_FILE), "encoder",
+                                                        config, precision, opset),
+            contract.STEP_FILE: validate.check_graph(os.path.join(tmp, contract.STEP_FILE), "decoder_step",
+                                                     config, precision, opset),
+        }
+        if os.path.exists(os.path.join(tmp, contract.ORT_STEP_FILE)):
+            graph_info[contract.ORT_STEP_FILE] = validate.check_ort_step_graph(
+                os.path.join(tmp, contract.ORT_STEP_FILE), config)
+        check_s = time.perf_counter() - t0
+        log("validating against eager PyTorch")
+        t0 = time.perf_counter()
+        validation = validate.validate_graphs(tmp, model, precision, log=log)
+        validation["seconds"] = round(time.perf_counter() - t0, 2)
+        for name in (CONFIG_FILE, TOKENIZER_FILE):
+            shutil.copyfile(os.path.join(model_dir, name), os.path.join(tmp, name))
+        files = file_entries(tmp)
+        for name, info in graph_info.items():
+            info["bytes"] = files[name]["bytes"]
+            info["external_data"] = sorted(f for f in files if f.startswith(name + ".") and f != name)
+        manifest = {
+            "kind": contract.ARTIFACT_KIND,
+            "contract_version": contract.CONTRACT_VERSION,
+            "precision": precision,
+            "opset": opset,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "export_seconds": {"total": round(time.perf_counter() - t_start, 2), "trace": trace_s,
+                               "check": round(check_s, 2), "validate": validation["seconds"]},
+            "exporter": EXPORTER,
+            "tools": tool_versions(),
+            "model": config,
+            "model_config_file": CONFIG_FILE,
+            "tokenizer": TOKENIZER_FILE,
+            "source_model": {
+                "path": model_dir,
+                "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
+                "config_sha256": contract.sha256_file(os.path.join(model_dir, CONFIG_FILE)),
+            },
+            "dynamic_axes": {k: list(v) for k, v in contract.dynamic_axis_ranges(config).items()},
+            "static_axes": contract.static_axis_sizes(config),
+            "graphs": graph_info,
+            "tensorrt_ops": {"source": _ops_source(), "unsupported": []},
+            "validation": validation,
+            "files": files,
+        }
+        write_json(os.path.join(tmp, contract.MANIFEST_FILE), manifest)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return manifest
 
