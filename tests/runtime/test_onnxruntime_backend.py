@@ -73,7 +73,7 @@ def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, m
     budget for large row counts; decoding that crosses between them gives the eager model's results."""
     be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=fused)
     assert be.threads == 1 and be.decoder_wide is not be.decoder and be.fused == fused
-    assert be._writes_cache(1) == be._writes_cache(100) == fused
+    assert be._writes_cache(be._session_for(1)) == be._writes_cache(be._session_for(100)) == fused
     monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 6 * be._mflop_per_row)  # wide from 6 rows
     assert be.wide_rows_threshold() == 6
     assert be._session_for(5) is be.decoder and be._session_for(6) is be.decoder_wide

@@ -223,9 +223,9 @@ class OnnxRuntimeBackend:
             return self._standard
         return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
 
-    def _writes_cache(self, rows: int) -> bool:
-        """Whether the step session for this row count runs the fused graph (it writes the cache slot)."""
-        return self.fused and self._session_for(rows) is not self._standard
+    def _writes_cache(self, session) -> bool:
+        """Whether a step session runs the fused graph (it writes the cache slot itself)."""
+        return self.fused and session is not self._standard
 
     def _provider_options(self, provider: str, user: dict) -> tuple[dict, dict]:
         """Per-session provider options for the encoder and the step session.
@@ -319,15 +319,14 @@ class OnnxRuntimeBackend:
         state.row_src_given = row_src  # decoding passes the same array again while it is unchanged
         state.bindings.clear()
 
-    def _binding_for(self, state: _State):
-        """The IOBinding of the current row count; every tensor is bound by pointer once.
+    def _binding_for(self, state: _State, session):
+        """The IOBinding of the current row count on `session`; every tensor is bound by pointer once.
 
         The buffers' contents change in place between runs (tokens, positions, cache slots and rows),
         their addresses do not, so a binding is reused until the row count, the cross K/V or the
         buffers change.
         """
         r = state.rows
-        session = self._session_for(r)
         b = state.bindings.get((r, id(session)))
         if b is None:
             mem = self._mem
@@ -339,7 +338,7 @@ class OnnxRuntimeBackend:
             for i, name in enumerate(self.cache_names):
                 mem.bind(b, name, state.cache[i, :r], True)
             mem.bind(b, "log_probs", state.outputs["log_probs"][:r], False)
-            if self._writes_cache(r):  # the fused graph writes slot `position` of the cache itself
+            if self._writes_cache(session):  # the fused graph writes slot `position` of the cache itself
                 for i, name in enumerate(self.present_names):
                     mem.bind(b, name, state.cache[i, :r], False)
             else:
@@ -356,8 +355,9 @@ class OnnxRuntimeBackend:
         mem = self._mem
         mem.fill(state.tokens, tokens, r)
         mem.fill(state.positions, p, r)
-        self._session_for(r).run_with_iobinding(self._binding_for(state))
-        if not self._writes_cache(r):
+        session = self._session_for(r)
+        session.run_with_iobinding(self._binding_for(state, session))
+        if not self._writes_cache(session):
             mem.write_slot(state.cache, state.outputs["new"], r, p)
         state.position = p + 1
 
