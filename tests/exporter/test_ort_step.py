@@ -20,11 +20,17 @@ def test_fp32_artifact_has_a_validated_ort_step_graph(artifact_fp32):
     assert {f"com.microsoft::{op}" for op in ("GroupQueryAttention", "MultiHeadAttention", "SkipLayerNormalization")} \
         <= set(g["op_histogram"])
     assert g["opsets"]["com.microsoft"] == 1 and g["runtime"].startswith("onnxruntime only")
-    assert [o["name"] for o in g["outputs"]][:2] == ["log_probs", "present_key_0"]
-    assert [i["name"] for i in g["inputs"]] == [i["name"] for i in m["graphs"][contract.STEP_FILE]["inputs"]]
+    outputs = [o["name"] for o in g["outputs"]]
+    assert outputs[:2] == ["log_probs", "present_key_0"] and outputs[-2:] == ["topk_values", "topk_ids"]
+    # the standard step's inputs (cross K/V and src_lengths per source), then the top-k's
+    inputs = {i["name"]: i for i in g["inputs"]}
+    assert list(inputs) == [i["name"] for i in m["graphs"][contract.STEP_FILE]["inputs"]] + ["topk_k", "topk_bias"]
+    assert inputs["cross_key_0"]["axes"][0] == inputs["src_lengths"]["axes"][0] == "sources"
+    assert inputs["tokens"]["axes"] == ["batch"]
     assert g["nodes"] < m["graphs"][contract.STEP_FILE]["nodes"]
     rows = [r for r in m["validation"]["errors"] if r["graph"] == "decoder_step.ort"]
-    assert {r["output"] for r in rows} == {"log_probs"} | {f"new_{kv}_{i}" for i in range(2) for kv in ("key", "value")}
+    assert {r["output"] for r in rows} == ({"log_probs", "topk_values", "topk_ids"}
+                                           | {f"new_{kv}_{i}" for i in range(2) for kv in ("key", "value")})
     assert all(r["passed"] and r["max_abs"] < 1e-4 for r in rows)
 
 

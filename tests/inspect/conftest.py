@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from transduce.runtime import contract
+
 VOCAB, D_MODEL = 50, 8
 # A name that says nothing, consumed by a node whose name holds the module path (as torch.onnx writes them).
 OPAQUE_WEIGHT = "onnx::MatMul_7"
@@ -123,7 +125,7 @@ def engine_dir(artifact_dir, tmp_path):
     engine = {
         "kind": "transduce-engine",
         "engine_format_version": 1,
-        "contract_version": 1,
+        "contract_version": contract.CONTRACT_VERSION,
         "precision": "fp32",
         "created": "2026-01-01T00:00:00+00:00",
         "build_seconds": {"total": 61.2, "encoder": 20.5, "decoder_step": 40.1},
@@ -132,7 +134,7 @@ def engine_dir(artifact_dir, tmp_path):
                 "cuda": "12.4"},
         "limits": {"max_batch": 64, "max_src_len": 128},
         "profiles": {"encoder": [profile], "decoder_step": [dict(profile, cache_len=[1, 32, 128])]},
-        "artifact": {"path": artifact_dir, "contract_version": 1, "precision": "fp32", "opset": 17,
+        "artifact": {"path": artifact_dir, "contract_version": contract.CONTRACT_VERSION, "precision": "fp32", "opset": 17,
                      "manifest_sha256": files["manifest.json"]["sha256"]},
         "sources": {n: files[n] for n in ("encoder.onnx", "decoder_step.onnx")},
         "tools": {"transduce": "0.1.0", "tensorrt": "10.3.0"},

@@ -96,7 +96,8 @@ def _bound_step(session, cfg, rows, cache, pos, seed):
     n, h, dh, s = cfg["decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"], 5
     names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
     feeds = {"tokens": rng.integers(4, cfg["vocab_size"], rows), "positions": np.full(rows, pos, np.int64),
-             "src_lengths": np.array([s, 2, 1][:rows], np.int64)}
+             "src_lengths": np.array([s, 2, 1][:rows], np.int64),
+             "topk_k": np.array([2], np.int64), "topk_bias": np.zeros(cfg["vocab_size"], np.float32)}
     for nm in names:
         feeds[f"cross_{nm}"] = rng.normal(0, 1, (rows, h, s, dh)).astype(np.float32)
     b = session.io_binding()
@@ -203,22 +204,67 @@ def test_buffers_of_ended_runs_are_reused_and_live_runs_are_not_shared(tiny_arti
     assert [[h.tokens for h in r.hypotheses] for r in first] == [[h.tokens for h in r.hypotheses] for r in second]
 
 
-def test_pooled_runs_decode_like_unpooled_ones(tiny_artifact_dir, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-graph", "standard-graph"])
+def test_pooled_runs_decode_like_unpooled_ones(tiny_artifact_dir, monkeypatch, fused):
     """Many beam decodes of changing batch sizes on pooled memory (every buffer pooled) give what a
     backend without the pool gives, and no top-k binding outlives its run: they pointed into pooled
     log-prob buffers by id(), which a later view of other memory could take over (found in review on
     the demo model: 18 of 21 sentences wrong after 37 decodes; the id collision itself is not
     reproducible on demand here, hence the check that end() drops them)."""
     monkeypatch.setattr(orb._NumpyMemory, "POOL_MIN_BYTES", 1)
-    pooled = make_backend(tiny_artifact_dir, "onnxruntime")
-    plain = make_backend(tiny_artifact_dir, "onnxruntime")
+    pooled = make_backend(tiny_artifact_dir, "onnxruntime", fused=fused)
+    plain = make_backend(tiny_artifact_dir, "onnxruntime", fused=fused)
     plain._mem.POOL_MIN_BYTES = 1 << 62
     rng = np.random.default_rng(0)
     opts = DecodingOptions(beam_size=4, max_len_b=8)
     cases = [_src(pooled.config, int(rng.integers(3, 12)), seed=s) for s in range(25)]
     got = [decode(pooled, src, lens, opts) for src, lens in cases]
-    assert pooled._topk.bindings == {}  # end() dropped them with the buffers they point into
+    if not fused:  # the fused graph picks its top-k itself (bound like the rest, per run)
+        assert pooled._topk.bindings == {}  # end() dropped them with the buffers they point into
     for (src, lens), g in zip(cases, got):
         want = decode(plain, src, lens, opts)
         assert [r.best.tokens for r in g] == [r.best.tokens for r in want]
         np.testing.assert_allclose([r.best.score for r in g], [r.best.score for r in want], atol=1e-5)
+
+
+def test_fused_graph_reads_each_sources_cross_kv_once_for_its_beams(tiny_artifact_dir):
+    """With the fused graph, rows in equal blocks of one source (beams) get each source's cross K/V
+    once (the graph attends source r // block); other row layouts get them per row; the log-probs
+    equal the standard graph's, which always reads them per row."""
+    fused = make_backend(tiny_artifact_dir, "onnxruntime")
+    plain = make_backend(tiny_artifact_dir, "onnxruntime", fused=False)
+    src, lens = _src(fused.config, 3, seed=1)
+    runs = {}
+    for be in (fused, plain):
+        state = be.begin(be.encode(src, lens), np.arange(3), 6)
+        out = [be.step_log_probs(state, np.full(3, be.config["bos_id"]))]
+        cross_rows = []
+        for rows in (np.repeat(np.arange(3), 2), np.array([0, 0, 1, 2, 2, 2])):  # beams, then uneven blocks
+            be.reorder(state, rows, rows)
+            cross_rows.append(len(state.cross["cross_key_0"]))
+            out.append(be.step_log_probs(state, np.arange(4, 4 + len(rows))))
+        runs[be.fused] = (out, cross_rows)
+    assert runs[True][1] == [3, 6] and runs[False][1] == [6, 6]
+    for a, b in zip(runs[True][0], runs[False][0]):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_small_encoder_runs_take_a_one_thread_session(tiny_artifact_dir, monkeypatch):
+    """Below NARROW_ENCODER_MFLOP the encoder runs on a second, one-thread session (made once, when
+    first needed), with the same outputs; larger runs and a one-thread budget use the main session."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+    src, lens = _src(be.config, 2, seed=3)
+    assert be.encoder_narrow is be.encoder
+    narrow = be.encoder_outputs(be.encode(src, lens))
+    made = be.encoder_narrow
+    assert made is not be.encoder and made.get_session_options().intra_op_num_threads == 1
+    be.encode(src, lens)
+    assert be.encoder_narrow is made
+    monkeypatch.setattr(orb, "NARROW_ENCODER_MFLOP", 0.0)
+    assert be._encoder_for(src.size) is be.encoder
+    wide = be.encoder_outputs(be.encode(src, lens))
+    for name in narrow:
+        np.testing.assert_allclose(narrow[name], wide[name], atol=1e-5, rtol=0)
+    one = make_backend(tiny_artifact_dir, "onnxruntime", threads=1)
+    monkeypatch.setattr(orb, "NARROW_ENCODER_MFLOP", 1e9)
+    assert one._encoder_for(src.size) is one.encoder

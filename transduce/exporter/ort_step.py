@@ -17,18 +17,26 @@ What it is. Per decoder layer (post-norm, fp32, small models only; `unsupported_
                    present_key/present_value on the same buffers, the op writes this position's K/V
                    into slot `positions[b]` itself and attends over slots <= positions[b] only.
   cross-attention  Gemm(x, Wq) -> com.microsoft.MultiHeadAttention over cross_key/cross_value
-                   (batch, heads, src_len, head_dim) with an additive (batch, 1, 1, src_len) bias
-                   that is -1e9 at padding (a fully padded row gets a uniform average, as eager).
+                   (sources, heads, src_len, head_dim), the rows' queries grouped by source as a
+                   (sources, rows / sources, d) query sequence, key_padding_mask = src_lengths (keys
+                   past a source's length score -1e9; eager uses float32's lowest: both give 0 after
+                   the softmax, and a fully padded row a uniform average). Beam search passes each
+                   sentence's K/V once for its k beams: k times less K/V read per step, none gathered
+                   per reorder.
   residual + norm  com.microsoft.SkipLayerNormalization(sublayer, x, gamma, beta, sublayer bias).
   FFN              Gemm + Relu (ONNX Runtime fuses them), MatMul, SkipLayerNormalization.
-Then logits = x E^T (or the output projection) and LogSoftmax, as in the standard graph.
+Then logits = x E^T (or the output projection) and LogSoftmax, as in the standard graph, and the
+search's candidates: TopK(log_probs + topk_bias, topk_k), so a step needs no second kernel launch
+(and no second pass over log_probs from Python) to pick them.
 
-Inputs are the standard step graph's (contract.step_inputs); outputs are log_probs and, instead of
-new_key_i/new_value_i, present_key_i/present_value_i (contract.ort_step_outputs): the cache with
-slot `positions[b]` written. Run without IO binding, the outputs are fresh copies of the cache;
-the runtime binds them onto its cache buffers so nothing is copied. Contrib ops run on ONNX
-Runtime only (not TensorRT), so the standard graph stays the artifact's portable step graph;
-export validates this one against eager PyTorch like the others (transduce/exporter/validate.py).
+IO (contract.ort_step_inputs / ort_step_outputs): the standard step's inputs, with src_lengths and
+cross_* per source (sources = rows gives exactly the standard step), plus topk_k and topk_bias
+(required: ONNX Runtime warns at every session about inputs with default values); outputs log_probs, present_key_i/present_value_i instead of
+new_key_i/new_value_i (the cache with slot `positions[b]` written: run without IO binding they are
+fresh copies of the cache; the runtime binds them onto its cache buffers so nothing is copied), and
+topk_values/topk_ids. Contrib ops run on ONNX Runtime only (not TensorRT), so the standard graph
+stays the artifact's portable step graph; export validates this one against eager PyTorch like the
+others (transduce/exporter/validate.py), the grouped cross-attention and the top-k included.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import numpy as np
 from transduce.runtime import contract
 
 CONTRIB = "com.microsoft"
-MASKED = -1e9  # additive bias at padded source positions
+MASKED = -1e9  # attention score at padded source positions (eager masks with -1e9 too)
 
 
 def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
@@ -97,15 +105,13 @@ def build_ort_step(model, opset: int) -> Any:
                                                weight(f"{proj}.bias", sd[f"{proj}.bias"])],
                     output, domain=CONTRIB, epsilon=eps)
 
-    rows_1_d = const("shape_rows_1_d", np.array([-1, 1, d], np.int64))
     rows_d = const("shape_rows_d", np.array([-1, d], np.int64))
     rows_1_3d = const("shape_rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
-    bias_shape = const("shape_rows_1_1_src", np.array([0, 1, 1, -1], np.int64))
 
-    # embedding: E[tokens] * sqrt(d_model) + PE[positions]  (rows, d)
-    embed = weight("embed.weight", sd["embed.weight"])
-    x = node("Gather", [embed, "tokens"], "embedded")
-    x = node("Mul", [x, const("sqrt_d_model", np.array(np.sqrt(d), np.float32))], "embedded_scaled")
+    # embedding: (E * sqrt(d_model))[tokens] + PE[positions]  (rows, d); the scaled table is a second
+    # initializer (E itself stays the output projection's), one Mul less per step
+    scaled = weight("embed.weight_scaled", sd["embed.weight"] * np.float32(np.sqrt(d)))
+    x = node("Gather", [scaled, "tokens"], "embedded_scaled")
     pe = node("Gather", [weight("pe", model.pe.float().numpy()), "positions"], "positional")
     x = node("Add", [x, pe], "x_embed")
 
@@ -114,15 +120,11 @@ def build_ort_step(model, opset: int) -> Any:
     total = node("ReduceMax", [seqlens], "max_position", keepdims=1)
     total = node("Add", [total, const("one_i32", np.array([1], np.int32))], "total_sequence_length")
 
-    # cross-attention bias (rows, 1, 1, src_len): 0 at real source tokens, MASKED at padding
-    src_len = node("Gather", [node("Shape", ["cross_key_0"], "cross_shape"), const("axis_2", np.array(2, np.int64))], "src_len")
-    arange = node("Range", [const("zero_i64", np.array(0, np.int64)), src_len, const("one_i64", np.array(1, np.int64))], "src_positions")
-    valid = node("Less", [node("Unsqueeze", [arange, const("axes_0", np.array([0], np.int64))], "src_positions_row"),
-                          node("Unsqueeze", ["src_lengths", const("axes_1", np.array([1], np.int64))], "src_lengths_col")],
-                 "src_valid")  # (rows, src_len)
-    bias = node("Where", [valid, const("zero_f32", np.array(0.0, np.float32)), const("masked_f32", np.array(MASKED, np.float32))],
-                "src_bias_2d")
-    cross_bias = node("Reshape", [bias, bias_shape], "src_bias")
+    # cross-attention: the rows' queries grouped by source, (sources, rows / sources, d), against each
+    # source's K/V once; key_padding_mask = the source lengths (MultiHeadAttention masks keys >= it)
+    q_shape = node("Concat", [node("Shape", ["src_lengths"], "sources"), const("minus_one_d", np.array([-1, d], np.int64))],
+                   "shape_sources_beams_d", axis=0)
+    src_lengths = node("Cast", ["src_lengths"], "src_lengths_i32", to=TensorProto.INT32)
 
     eps = float(cfg.layer_norm_eps)
     for i in range(n):
@@ -141,9 +143,9 @@ def build_ort_step(model, opset: int) -> Any:
         att = node("Reshape", [gqa_out, rows_d], f"{a}.attended")
         x = project_add_norm(x, att, f"{a}.out_proj", f"{p}.norm1", f"{p}.x1")
 
-        q = node("Reshape", [linear(x, f"{c}.q_proj", f"{c}.q"), rows_1_d], f"{c}.q_3d")
-        att = node("MultiHeadAttention", [q, f"cross_key_{i}", f"cross_value_{i}", "", "", cross_bias],
-                   f"{c}.attended_3d", domain=CONTRIB, num_heads=h)
+        q = node("Reshape", [linear(x, f"{c}.q_proj", f"{c}.q"), q_shape], f"{c}.q_3d")  # (sources, beams, d)
+        att = node("MultiHeadAttention", [q, f"cross_key_{i}", f"cross_value_{i}", "", src_lengths],
+                   f"{c}.attended_3d", domain=CONTRIB, num_heads=h, mask_filter_value=MASKED)
         att = node("Reshape", [att, rows_d], f"{c}.attended")
         x = project_add_norm(x, att, f"{c}.out_proj", f"{p}.norm2", f"{p}.x2")
 
@@ -151,19 +153,24 @@ def build_ort_step(model, opset: int) -> Any:
         hid = node("Relu", [linear(x, f"{f}.w1", f"{f}.hidden_linear")], f"{f}.hidden")
         x = project_add_norm(x, hid, f"{f}.w2", f"{p}.norm3", f"{p}.x3")
 
-    out_weight = embed if cfg.share_embeddings else weight("out_proj.weight", sd["out_proj.weight"])
+    out_weight = weight("embed.weight", sd["embed.weight"]) if cfg.share_embeddings else weight("out_proj.weight", sd["out_proj.weight"])
     logits = node("Gemm", [x, out_weight], "logits", transB=1)
-    node("LogSoftmax", [logits], "log_probs", axis=-1)
+    log_probs = node("LogSoftmax", [logits], "log_probs", axis=-1)
+
+    # the search's candidates: top-k of log_probs + topk_bias
+    biased = node("Add", [log_probs, "topk_bias"], "log_probs_biased")
+    nodes.append(helper.make_node("TopK", [biased, "topk_k"], ["topk_values", "topk_ids"], name="topk",
+                                  axis=-1, largest=1, sorted=1))
 
     sizes = contract.static_axis_sizes(cfg.to_dict())
 
     def value_info(spec: contract.TensorSpec):
         elem = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT, "float": TensorProto.FLOAT}[spec.dtype]
-        dims = [a if a in contract.DYNAMIC_AXES else sizes[a] for a in spec.axes]
+        dims = [a if a in contract.DYNAMIC_AXES + contract.ORT_STEP_AXES else sizes[a] for a in spec.axes]
         return helper.make_tensor_value_info(spec.name, elem, dims)
 
     graph = helper.make_graph(nodes, "transduce_decoder_step_ort",
-                              [value_info(s) for s in contract.step_inputs(n)],
+                              [value_info(s) for s in contract.ort_step_inputs(n)],
                               [value_info(s) for s in contract.ort_step_outputs(n)], inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB, 1)],
                               producer_name="transduce")

@@ -85,6 +85,8 @@ def output_kind(name: str) -> str:
         return "cross_kv"
     if name.startswith("new_"):
         return "new_kv"
+    if name in ("topk_values", "topk_ids"):  # the ONNX Runtime step's top-k: log-probs (of the ids)
+        return "log_probs"
     raise ValueError(f"not a contract output: {name}")
 
 
@@ -133,7 +135,7 @@ def contract_problems(model, inputs: list[contract.TensorSpec], outputs: list[co
             want_dtype = contract.resolve_dtype(spec, precision)
             if dtype != want_dtype:
                 problems.append(f"{side} {name} is {dtype}, the contract says {want_dtype}")
-            want_dims = tuple(a if a in contract.DYNAMIC_AXES else sizes[a] for a in spec.axes)
+            want_dims = tuple(a if a in contract.DYNAMIC_AXES + contract.ORT_STEP_AXES else sizes[a] for a in spec.axes)
             if dims != want_dims:
                 problems.append(f"{side} {name} has axes {dims}, the contract says {want_dims}")
     return problems
@@ -223,7 +225,7 @@ def check_ort_step_graph(path: str, config: dict[str, Any]) -> dict[str, Any]:
     name = os.path.basename(path)
     proto = onnx.load(path)
     n = config["decoder_layers"]
-    inputs, outputs = contract.step_inputs(n), contract.ort_step_outputs(n)
+    inputs, outputs = contract.ort_step_inputs(n), contract.ort_step_outputs(n)
     problems = contract_problems(proto, inputs, outputs, config, "fp32")
     reason = ort_unavailable_reason(path)
     if reason:
@@ -330,9 +332,14 @@ class ArtifactRunner:
                                  "src_lengths": np.asarray(src_lengths, np.int64)})
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, src_lengths: np.ndarray,
-             past: list[np.ndarray], cross: list[np.ndarray], graph: str = "decoder_step") -> dict[str, np.ndarray]:
+             past: list[np.ndarray], cross: list[np.ndarray], graph: str = "decoder_step",
+             topk: tuple[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """One step of decoder_step.onnx, or with graph="decoder_step.ort" of decoder_step.ort.onnx,
-        whose written cache slots are returned as new_key_i/new_value_i like the standard graph's."""
+        whose written cache slots are returned as new_key_i/new_value_i like the standard graph's.
+
+        For the ONNX Runtime graph src_lengths and cross may have fewer rows than tokens (per source:
+        row b attends source b // beams), and topk=(k, bias) sets topk_k/topk_bias (default 1 and
+        zeros) and returns topk_values/topk_ids too."""
         n = len(past) // 2
         names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
         feeds = {"tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
@@ -341,11 +348,19 @@ class ArtifactRunner:
         feeds.update({f"cross_{nm}": self._float(a) for nm, a in zip(names, cross)})
         if graph == "decoder_step":
             return self.decoder.run(feeds)
+        if topk is None:
+            vocab = next(i.shape[0] for i in self.ort_decoder.session.get_inputs() if i.name == "topk_bias")
+            topk = (1, np.zeros(vocab, np.float32))
+        k, bias = topk
+        feeds["topk_k"] = np.array([k], np.int64)
+        feeds["topk_bias"] = np.asarray(bias, np.float32)
         out = self.ort_decoder.run(feeds)
         rows = np.arange(len(feeds["positions"]))
         result = {"log_probs": out["log_probs"]}
         for nm in names:  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
             result[f"new_{nm}"] = out[f"present_{nm}"][rows, :, feeds["positions"]][:, :, None]
+        if topk is not None:
+            result["topk_values"], result["topk_ids"] = out["topk_values"], out["topk_ids"]
         return result
 
 
@@ -460,6 +475,26 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
     def check_step(tok, positions, past, ref):
         for g in step_graphs:
             table.add(g, case.name, runner.step(tok, positions, src_lengths, past, cross, graph=g), ref)
+        if runner.ort_decoder is not None:
+            check_beams(tok, positions, past, ref)
+
+    def check_beams(tok, positions, past, ref):
+        """The ONNX Runtime graph as beam search runs it: each source's K/V once for 2 rows (beams)
+        with different tokens, and the top-k of log_probs + a bias that bans PAD and BOS. Its top-k
+        ids are checked by the eager log-probs they point at (near-ties may order them differently)."""
+        other = rng.integers(4, cfg.vocab_size, len(tok), dtype=np.int64)
+        ref2 = _eager_step(model, other, positions, src_lengths, past, cross)
+        both = {k: np.stack([ref[k], ref2[k]], axis=1).reshape((-1,) + ref[k].shape[1:]) for k in ref}
+        k = min(4, cfg.vocab_size - 2)
+        bias = np.zeros(cfg.vocab_size, np.float32)
+        bias[[cfg.pad_id, cfg.bos_id]] = -np.inf
+        out = runner.step(np.stack([tok, other], axis=1).ravel(), np.repeat(positions, 2), src_lengths,
+                          [np.repeat(a, 2, axis=0) for a in past], cross, graph="decoder_step.ort", topk=(k, bias))
+        biased = both["log_probs"] + bias
+        both["topk_values"] = -np.sort(-biased, axis=1)[:, :k]
+        both["topk_ids"] = both["topk_values"]
+        out["topk_ids"] = np.take_along_axis(biased, out["topk_ids"], axis=1)
+        table.add("decoder_step.ort", f"{case.name}, 2 beams", out, both)
     b, s = len(case.src_lengths), max(case.src_lengths)
     src_lengths = np.array(case.src_lengths, dtype=np.int64)
     src_ids = rng.integers(4, cfg.vocab_size, (b, s), dtype=np.int64)

@@ -21,10 +21,19 @@ An artifact directory holds two graphs (and an optional third) and a manifest:
          new_value_{i}  (batch, heads, 1, head_dim)     float   runtime writes into slot positions[b]
 
   decoder_step.ort.onnx  optional, small fp32 post-norm models only: the same step built with ONNX Runtime's
-                     contrib ops (fused attention that writes the cache slot itself), same inputs;
-                     outputs log_probs and present_key_{i}/present_value_{i} (batch, heads, cache_len,
-                     head_dim), the cache with slot positions[b] written. ONNX Runtime only; see
-                     transduce/exporter/ort_step.py. Artifacts without it decode with decoder_step.onnx.
+                     contrib ops (fused attention that writes the cache slot itself); ONNX Runtime only,
+                     see transduce/exporter/ort_step.py. Artifacts without it decode with decoder_step.onnx.
+    in   the step's inputs, except that src_lengths and cross_key_{i}/cross_value_{i} have `sources`
+         rows, a divisor of batch: row b attends source b // (batch / sources). With sources = batch
+         it is the standard graph's step; beam search passes each sentence's K/V once for its beams.
+         topk_k         (1,)                            int64   how many candidates
+         topk_bias      (vocab,)                        float32 added to log_probs before the top-k:
+                                                                -inf bans an id
+    out  log_probs      (batch, vocab)                  float32 as the standard graph's
+         present_key_{i}, present_value_{i} (batch, heads, cache_len, head_dim) the cache with slot
+                                                                positions[b] written (bound onto the input)
+         topk_values    (batch, k)                      float32 the k best of log_probs + topk_bias
+         topk_ids       (batch, k)                      int64   their ids, best first (ties: lower id)
 
 "float" is the graph's precision (manifest "precision": fp32, fp16 or bf16).
 
@@ -78,7 +87,7 @@ from typing import Any
 
 from transduce.errors import ArtifactError
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: decoder_step.ort.onnx takes cross K/V per source and outputs the top-k
 ENCODER_FILE = "encoder.onnx"
 STEP_FILE = "decoder_step.onnx"
 ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: small fp32 post-norm models (transduce/exporter/ort_step.py)
@@ -136,14 +145,35 @@ def step_outputs(decoder_layers: int) -> list[TensorSpec]:
     return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("new", NEW_AXES, decoder_layers)
 
 
+SOURCE_CROSS_AXES = ("sources", "heads", "src_len", "head_dim")
+
+
+def ort_step_inputs(decoder_layers: int) -> list[TensorSpec]:
+    """Inputs of the optional ONNX Runtime step graph: the step's, with cross K/V and src_lengths per
+    source (a divisor of the rows), and the top-k's k and additive bias."""
+    return (
+        [
+            TensorSpec("tokens", ("batch",), "int64"),
+            TensorSpec("positions", ("batch",), "int64"),
+            TensorSpec("src_lengths", ("sources",), "int64"),
+        ]
+        + _per_layer("past", CACHE_AXES, decoder_layers)
+        + _per_layer("cross", SOURCE_CROSS_AXES, decoder_layers)
+        + [TensorSpec("topk_k", ("one",), "int64"), TensorSpec("topk_bias", ("vocab",), "float32")]
+    )
+
+
 def ort_step_outputs(decoder_layers: int) -> list[TensorSpec]:
-    """Outputs of the optional ONNX Runtime step graph: log_probs and each layer's cache with slot
-    `positions[b]` written (bound onto the input cache buffers, the write happens in place)."""
-    return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("present", CACHE_AXES, decoder_layers)
+    """Outputs of the optional ONNX Runtime step graph: log_probs, each layer's cache with slot
+    `positions[b]` written (bound onto the input cache buffers, the write happens in place), and the
+    top-k of log_probs + topk_bias."""
+    return ([TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("present", CACHE_AXES, decoder_layers)
+            + [TensorSpec("topk_values", ("batch", "k"), "float32"), TensorSpec("topk_ids", ("batch", "k"), "int64")])
 
 
 # Axes that vary at run time; the others are fixed by the model config.
 DYNAMIC_AXES = ("batch", "src_len", "cache_len")
+ORT_STEP_AXES = ("sources", "k")  # the ONNX Runtime step graph's own run-time axes
 
 
 def dynamic_axis_ranges(config: dict[str, Any]) -> dict[str, tuple[int, int | None]]:

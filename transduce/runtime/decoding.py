@@ -98,11 +98,17 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
 
 
 def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+    """Greedy search; per step a handful of numpy operations on (rows,) arrays, fewer while every
+    sentence is still decoding (slices instead of fancy indexing) and before any can end."""
     cfg = backend.config
+    eos_id = cfg["eos_id"]
     n = len(max_len)
     cap = int(max_len.max())
     state = backend.begin(encoded, np.arange(n), cap)
     live = np.arange(n)  # sentence of each row
+    everyone = True  # live is arange(n)
+    live_max = max_len  # max_len[live]
+    first_end = int(max_len.min())  # no row reaches its maximum length before this step count
     tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
     out_tok = np.zeros((n, cap), dtype=np.int64)
     out_lp = np.zeros((n, cap), dtype=np.float32)
@@ -110,18 +116,30 @@ def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> 
     finished = np.zeros(n, dtype=bool)
     for t in range(cap):
         vals, ids = backend.step(state, tokens, 1, ban_eos=t + 1 < options.min_length)
-        tok, lp = ids[:, 0], vals[:, 0]
-        out_tok[live, t] = tok
-        out_lp[live, t] = lp
-        length[live] = t + 1
-        eos = tok == cfg["eos_id"]
+        tok = ids[:, 0]
+        if everyone:
+            out_tok[:, t] = tok
+            out_lp[:, t] = vals[:, 0]
+        else:
+            out_tok[live, t] = tok
+            out_lp[live, t] = vals[:, 0]
+        eos = tok == eos_id
+        if t + 1 >= first_end:
+            done = eos | (t + 1 >= live_max)
+        elif eos.any():
+            done = eos
+        else:  # the common step: nobody ends
+            tokens = tok
+            continue
         finished[live[eos]] = True
-        done = eos | (t + 1 >= max_len[live])
+        length[live[done]] = t + 1
         if done.all():
             break
         if done.any():
             keep = np.flatnonzero(~done)
             live, tok = live[keep], tok[keep]
+            everyone, live_max = False, max_len[live]
+            first_end = int(live_max.min())
             backend.reorder(state, keep, live)
         tokens = tok
     end_run(backend, state)
@@ -257,7 +275,8 @@ def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray:
     for it); the other beams fill the remaining rows in score order. Beam order within a sentence
     means nothing to the search (the candidates of all beams are ranked together; only exactly equal
     scores are ordered by it, for every backend alike), so this only changes which rows a reorder moves: with beam 4, from most rows to the duplicated parents'
-    children. A Python loop: a few microseconds at these sizes, where numpy's per-call cost is ~50.
+    children. A Python loop: a vectorised numpy version (a dozen calls) took 2.4x as long at 16
+    sentences of 4 beams (88 vs 37 us).
     """
     perm = []
     for i, row in enumerate(parents.tolist()):

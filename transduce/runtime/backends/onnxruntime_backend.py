@@ -11,11 +11,13 @@ model, 64 rows, 16 of 32 slots filled: 1.47 ms -> ~0.1 ms per layer's K or V).
 
 Two step graphs. Artifacts of small fp32 post-norm models carry decoder_step.ort.onnx besides the
 standard decoder_step.onnx: the same step with ONNX Runtime's fused contrib ops, whose attention
-writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers).
-On CPU it serves every row count of such models, on one thread below the wide threshold and on the
-whole budget from there. Demo model, us per step run, fused vs standard graph: 1 row 154 vs 222,
-64 rows (two threads) 1,386 vs 1,717. `fused=False` keeps to the standard graph; `only_step_graph`
-pins one of the two (parity checks each).
+writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers),
+which picks the top-k itself (no second session run per step), and which reads each source's cross
+K/V once for all its beams (gathered per sentence, not per row). On CPU it serves every row count of
+such models, on one thread below the wide threshold and on the whole budget from there. Demo model,
+us per step run, fused vs standard graph: 1 row 154 vs 222, 64 rows (two threads) 1,386 vs 1,717
+(before the top-k and the grouped cross-attention moved into it). `fused=False` keeps to the
+standard graph; `only_step_graph` pins one of the two (parity checks each).
 
 Device memory: on CPU the buffers are numpy arrays; with the CUDA or TensorRT execution provider
 they are torch CUDA tensors (the only way here to get device memory and small kernels for the slot
@@ -74,6 +76,21 @@ def intra_op_threads(config: dict[str, Any], budget: int) -> int:
     return budget
 
 
+def encoder_mflop_per_token(config: dict[str, Any]) -> float:
+    """Multiply-adds x 2 of the encoder graph per source token: its layers' projections and FFN, and
+    every decoder layer's cross K/V projection."""
+    d, ff = config["d_model"], config["d_ff"]
+    return 2.0 * (config["encoder_layers"] * (4 * d * d + 2 * d * ff) + 2 * config["decoder_layers"] * d * d) / 1e6
+
+
+# An encoder run with less arithmetic than this (MFLOP) runs on one thread: its threads do not spin
+# between runs (see below), so each parallel kernel first wakes a sleeping thread, which costs more
+# than the second core saves on small matrices. Demo model (0.9 MFLOP per token), 32 tokens per
+# sentence, ms per run on 1 / 2 threads: 1 sentence 0.76 / 1.00, 4 sentences 2.57 / 2.47, 16 sentences
+# 8.95 / 7.15.
+NARROW_ENCODER_MFLOP = 60.0
+
+
 # ONNX Runtime graph fusions the encoder session turns off. SkipLayerNormFusion: ONNX Runtime 1.31's CPU
 # SkipLayerNormalization kernel is 4-6x slower than the Add + LayerNormalization it replaces once there
 # are many rows (one thread, us: 64 x 128 72 vs 27, 512 x 128 430 vs 98, 512 x 512 1,638 vs 252; the
@@ -105,7 +122,8 @@ class _State:
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
     row_src_given: Any = None  # the array row_src was copied from (decoding passes it again unchanged)
-    bindings: dict = field(default_factory=dict)  # (rows, session) -> IOBinding, bound once
+    bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once
+    topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
     owned: list = field(default_factory=list)  # pooled memory of this run, released by end()
     position: int = 0
 
@@ -161,6 +179,8 @@ class OnnxRuntimeBackend:
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
                                                 options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted],
                                                 disabled_optimizers=ENCODER_UNFUSED)
+            self.encoder_narrow = self.encoder  # for runs below NARROW_ENCODER_MFLOP (made when first needed)
+            self._encoder_threads = threads
             self.fused = fused and self._fused_graph_usable()
             self._step_path = step_path
             self._options = options
@@ -183,6 +203,9 @@ class OnnxRuntimeBackend:
         self.present_names = [f"present_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.cross_names = [f"cross_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self._topk: _OrtTopK | None = None
+        # the fused graph's top-k inputs: k, and the additive bias banning PAD, BOS (and EOS)
+        self._topk_k: dict[int, np.ndarray] = {}
+        self._ban_bias = {ban: _ban_bias(self.config, ban) for ban in (False, True)}
         self._mflop_per_row = step_mflop_per_row(self.config)
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
 
@@ -261,11 +284,26 @@ class OnnxRuntimeBackend:
         return enc, dec
 
     # -- encoder ----------------------------------------------------------------------------------
+    def _encoder_for(self, tokens: int):
+        """The encoder session for a run over `tokens` source positions: one thread for small runs."""
+        if self._encoder_threads == 1 or tokens * encoder_mflop_per_token(self.config) >= NARROW_ENCODER_MFLOP:
+            return self.encoder
+        if self.encoder_narrow is self.encoder:
+            try:
+                self.encoder_narrow = self.ort.InferenceSession(
+                    os.path.join(self.artifact_dir, contract.ENCODER_FILE), self._options(1, spin=False),
+                    providers=["CPUExecutionProvider"], disabled_optimizers=ENCODER_UNFUSED)
+            except Exception as e:  # onnxruntime's own exception classes
+                raise BackendUnavailable(f"onnxruntime could not load {contract.ENCODER_FILE}: {e}",
+                                         hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
+        return self.encoder_narrow
+
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> dict[str, Any]:
         feeds = {"src_ids": np.ascontiguousarray(src_ids, np.int64), "src_lengths": np.ascontiguousarray(src_lengths, np.int64)}
         if not self.on_device:
-            names = [o.name for o in self.encoder.get_outputs()]
-            outs = dict(zip(names, self.encoder.run(names, feeds)))
+            session = self._encoder_for(feeds["src_ids"].size)
+            names = [o.name for o in session.get_outputs()]
+            outs = dict(zip(names, session.run(names, feeds)))
             outs["src_lengths"] = feeds["src_lengths"]
             return outs
         binding = self.encoder.io_binding()
@@ -302,32 +340,51 @@ class OnnxRuntimeBackend:
                          "new": mem.empty((len(self.new_names), rows, self.heads, 1, self.head_dim), None, state.owned)}
         state.tokens = mem.from_numpy(np.zeros(rows, np.int64))
         state.positions = mem.from_numpy(np.zeros(rows, np.int64))
+        state.topk.clear()
         state.bindings.clear()
 
+    def _cross_rows(self, row_src: np.ndarray) -> np.ndarray:
+        """The encoder rows the step's cross K/V inputs hold: one per decoding row for the standard
+        graph; for the fused graph one per source when the rows come in equal blocks of one source
+        each (beam search's beams: the graph attends source r // block for row r)."""
+        if not self.fused or self._pinned == contract.STEP_FILE or len(row_src) < 2:
+            return row_src
+        block = int(np.argmax(row_src != row_src[0])) or len(row_src)
+        if block > 1 and len(row_src) % block == 0:
+            sources = row_src[::block]
+            if (row_src.reshape(-1, block) == sources[:, None]).all():
+                return sources
+        return row_src
+
     def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
-        if row_src is state.row_src_given or np.array_equal(row_src, state.row_src):
+        if row_src is state.row_src_given:  # decoding passes the same array again while it is unchanged
+            return
+        state.row_src_given = row_src
+        rows = self._cross_rows(row_src)
+        if np.array_equal(rows, state.row_src):
             return
         enc = state.enc
         mem = self._mem
         for name in self.cross_names:
             old = state.cross.get(name)
-            state.cross[name] = mem.take(enc[name], row_src, state.owned)
+            state.cross[name] = mem.take(enc[name], rows, state.owned)
             if old is not None:
                 mem.free(old, state.owned)  # its bindings are cleared below
-        state.cross["src_lengths"] = mem.take(enc["src_lengths"], row_src)
-        state.row_src = row_src.copy()
-        state.row_src_given = row_src  # decoding passes the same array again while it is unchanged
+        state.cross["src_lengths"] = mem.take(enc["src_lengths"], rows)
+        state.row_src = rows.copy()
         state.bindings.clear()
 
-    def _binding_for(self, state: _State, session):
+    def _binding_for(self, state: _State, session, k: int = 1, ban_eos: bool = False):
         """The IOBinding of the current row count on `session`; every tensor is bound by pointer once.
 
         The buffers' contents change in place between runs (tokens, positions, cache slots and rows),
         their addresses do not, so a binding is reused until the row count, the cross K/V or the
-        buffers change.
+        buffers change. The fused graph's also binds its top-k (k, the ban bias and the outputs).
         """
         r = state.rows
-        b = state.bindings.get((r, id(session)))
+        fused = self._writes_cache(session)
+        key = (r, id(session), k, ban_eos) if fused else (r, id(session))
+        b = state.bindings.get(key)
         if b is None:
             mem = self._mem
             b = session.io_binding()
@@ -338,16 +395,31 @@ class OnnxRuntimeBackend:
             for i, name in enumerate(self.cache_names):
                 mem.bind(b, name, state.cache[i, :r], True)
             mem.bind(b, "log_probs", state.outputs["log_probs"][:r], False)
-            if self._writes_cache(session):  # the fused graph writes slot `position` of the cache itself
+            if fused:  # the fused graph writes slot `position` of the cache itself, and picks the top-k
                 for i, name in enumerate(self.present_names):
                     mem.bind(b, name, state.cache[i, :r], False)
+                k_arr = self._topk_k.setdefault(k, np.array([k], np.int64))
+                mem.bind(b, "topk_k", k_arr, True)
+                mem.bind(b, "topk_bias", self._ban_bias[ban_eos], True)
+                values, ids = self._topk_buffers(state, k)
+                mem.bind(b, "topk_values", values[:r], False)
+                mem.bind(b, "topk_ids", ids[:r], False)
             else:
                 for i, name in enumerate(self.new_names):
                     mem.bind(b, name, state.outputs["new"][i, :r], False)
-            state.bindings[(r, id(session))] = b
+            state.bindings[key] = b
         return b
 
-    def _run(self, state: _State, tokens: np.ndarray) -> None:
+    def _topk_buffers(self, state: _State, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fused graph's (R_max, k) top-k outputs (host memory: it runs on the CPU provider only)."""
+        bufs = state.topk.get(k)
+        if bufs is None:
+            n = state.outputs["log_probs"].shape[0]
+            bufs = state.topk[k] = (np.empty((n, k), np.float32), np.empty((n, k), np.int64))
+        return bufs
+
+    def _run(self, state: _State, tokens: np.ndarray, k: int = 1, ban_eos: bool = False) -> bool:
+        """One step; True when it ran the fused graph (its top-k outputs hold this step's k best)."""
         p = state.position
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
@@ -356,13 +428,18 @@ class OnnxRuntimeBackend:
         mem.fill(state.tokens, tokens, r)
         mem.fill(state.positions, p, r)
         session = self._session_for(r)
-        session.run_with_iobinding(self._binding_for(state, session))
-        if not self._writes_cache(session):
+        session.run_with_iobinding(self._binding_for(state, session, k, ban_eos))
+        fused = self._writes_cache(session)
+        if not fused:
             mem.write_slot(state.cache, state.outputs["new"], r, p)
         state.position = p + 1
+        return fused
 
     def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        self._run(state, tokens)
+        k = min(k, self.config["vocab_size"])
+        if self._run(state, tokens, k, ban_eos):
+            values, ids = state.topk[k]
+            return values[: state.rows].copy(), ids[: state.rows].copy()
         log_probs = state.outputs["log_probs"][: state.rows]
         if k > 1 and not self.on_device:
             if self._topk is None:
@@ -392,7 +469,7 @@ class OnnxRuntimeBackend:
         old, old_outputs = state.cache, list(state.outputs.values())
         state.cache = mem.zeros((old.shape[0], rows) + tuple(old.shape[2:]), state.owned)
         mem.copy_rows(state.cache, old)
-        self._alloc_step_buffers(state, rows)  # clears the bindings
+        self._alloc_step_buffers(state, rows)  # clears the bindings and the top-k buffers
         if self._topk is not None:
             self._topk.bindings.clear()
         for buf in [old] + old_outputs:
@@ -405,6 +482,7 @@ class OnnxRuntimeBackend:
         state.bindings.clear()
         state.cross.clear()
         state.outputs.clear()
+        state.topk.clear()
         state.cache = None
         self._mem.release(state.owned)
 
@@ -505,6 +583,13 @@ class _NumpyMemory:
         return numpy_topk(log_probs, k, [])
 
 
+def _ban_bias(config: dict[str, Any], ban_eos: bool) -> np.ndarray:
+    """(V,) float32 added to the log-probs before a top-k: -inf at the banned ids, 0 elsewhere."""
+    b = np.zeros(config["vocab_size"], np.float32)
+    b[banned_ids(config, ban_eos)] = -np.inf
+    return b
+
+
 class _OrtTopK:
     """Top-k of the step's log-probs with ONNX Runtime's TopK kernel (a one-node graph built here).
 
@@ -537,11 +622,7 @@ class _OrtTopK:
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
         self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        self.bias = {}
-        for ban_eos in (False, True):
-            b = np.zeros(v, np.float32)
-            b[banned_ids(config, ban_eos)] = -np.inf
-            self.bias[ban_eos] = b
+        self.bias = {ban_eos: _ban_bias(config, ban_eos) for ban_eos in (False, True)}
         self.bindings: dict[tuple, tuple] = {}
 
     def __call__(self, buffer: np.ndarray, rows: int, k: int, ban_eos: bool) -> tuple[np.ndarray, np.ndarray]:
