@@ -58,7 +58,7 @@ def test_ort_topk_equals_numpy_topk(tiny_artifact_dir, ban_eos):
     cfg = be.config
     rng = np.random.default_rng(0)
     buf = np.log(rng.dirichlet(np.ones(cfg["vocab_size"]), 12)).astype(np.float32)
-    topk = orb._OrtTopK(be.ort, cfg)
+    topk = orb._OrtTopK(be.ort, cfg, be._ban_bias)
     for rows, k in [(12, 8), (3, 8), (12, 2)]:
         vals, ids = topk(buf, rows, k, ban_eos)
         want_vals, want_ids = numpy_topk(buf[:rows], k, banned_ids(cfg, ban_eos))

@@ -31,8 +31,8 @@ search's candidates: TopK(log_probs + topk_bias, topk_k), so a step needs no sec
 
 IO (contract.ort_step_inputs / ort_step_outputs): the standard step's inputs, with src_lengths and
 cross_* per source (sources = rows gives exactly the standard step), plus topk_k and topk_bias
-(required: ONNX Runtime warns at every session about inputs with default values); outputs log_probs, present_key_i/present_value_i instead of
-new_key_i/new_value_i (the cache with slot `positions[b]` written: run without IO binding they are
+(required: ONNX Runtime warns at every session about inputs with default values); outputs
+log_probs, present_key_i/present_value_i instead of new_key_i/new_value_i (the cache with slot `positions[b]` written: run without IO binding they are
 fresh copies of the cache; the runtime binds them onto its cache buffers so nothing is copied), and
 topk_values/topk_ids. Contrib ops run on ONNX Runtime only (not TensorRT), so the standard graph
 stays the artifact's portable step graph; export validates this one against eager PyTorch like the
@@ -48,7 +48,7 @@ import numpy as np
 from transduce.runtime import contract
 
 CONTRIB = "com.microsoft"
-MASKED = -1e9  # attention score at padded source positions (eager masks with -1e9 too)
+MASKED = -1e9  # attention score at padded source positions (eager: float32's lowest; both give 0)
 
 
 def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
@@ -162,12 +162,9 @@ def build_ort_step(model, opset: int) -> Any:
     nodes.append(helper.make_node("TopK", [biased, "topk_k"], ["topk_values", "topk_ids"], name="topk",
                                   axis=-1, largest=1, sorted=1))
 
-    sizes = contract.static_axis_sizes(cfg.to_dict())
-
     def value_info(spec: contract.TensorSpec):
         elem = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT, "float": TensorProto.FLOAT}[spec.dtype]
-        dims = [a if a in contract.DYNAMIC_AXES + contract.ORT_STEP_AXES else sizes[a] for a in spec.axes]
-        return helper.make_tensor_value_info(spec.name, elem, dims)
+        return helper.make_tensor_value_info(spec.name, elem, list(contract.axis_dims(spec, cfg.to_dict())))
 
     graph = helper.make_graph(nodes, "transduce_decoder_step_ort",
                               [value_info(s) for s in contract.ort_step_inputs(n)],

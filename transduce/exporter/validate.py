@@ -123,7 +123,6 @@ def _value_specs(values) -> list[tuple[str, str, tuple]]:
 def contract_problems(model, inputs: list[contract.TensorSpec], outputs: list[contract.TensorSpec],
                       config: dict[str, Any], precision: str) -> list[str]:
     """Differences between a graph's inputs/outputs and the contract's (empty when it conforms)."""
-    sizes = contract.static_axis_sizes(config)
     problems = []
     for side, specs, values in (("input", inputs, model.graph.input), ("output", outputs, model.graph.output)):
         got = _value_specs(values)
@@ -135,7 +134,7 @@ def contract_problems(model, inputs: list[contract.TensorSpec], outputs: list[co
             want_dtype = contract.resolve_dtype(spec, precision)
             if dtype != want_dtype:
                 problems.append(f"{side} {name} is {dtype}, the contract says {want_dtype}")
-            want_dims = tuple(a if a in contract.DYNAMIC_AXES + contract.ORT_STEP_AXES else sizes[a] for a in spec.axes)
+            want_dims = contract.axis_dims(spec, config)
             if dims != want_dims:
                 problems.append(f"{side} {name} has axes {dims}, the contract says {want_dims}")
     return problems
@@ -338,8 +337,8 @@ class ArtifactRunner:
         whose written cache slots are returned as new_key_i/new_value_i like the standard graph's.
 
         For the ONNX Runtime graph src_lengths and cross may have fewer rows than tokens (per source:
-        row b attends source b // beams), and topk=(k, bias) sets topk_k/topk_bias (default 1 and
-        zeros) and returns topk_values/topk_ids too."""
+        row b attends source b // beams), topk=(k, bias) sets topk_k/topk_bias (default 1 and zeros),
+        and topk_values/topk_ids are returned too."""
         n = len(past) // 2
         names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
         feeds = {"tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
@@ -359,8 +358,7 @@ class ArtifactRunner:
         result = {"log_probs": out["log_probs"]}
         for nm in names:  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
             result[f"new_{nm}"] = out[f"present_{nm}"][rows, :, feeds["positions"]][:, :, None]
-        if topk is not None:
-            result["topk_values"], result["topk_ids"] = out["topk_values"], out["topk_ids"]
+        result["topk_values"], result["topk_ids"] = out["topk_values"], out["topk_ids"]
         return result
 
 

@@ -145,22 +145,12 @@ def step_outputs(decoder_layers: int) -> list[TensorSpec]:
     return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("new", NEW_AXES, decoder_layers)
 
 
-SOURCE_CROSS_AXES = ("sources", "heads", "src_len", "head_dim")
-
-
 def ort_step_inputs(decoder_layers: int) -> list[TensorSpec]:
     """Inputs of the optional ONNX Runtime step graph: the step's, with cross K/V and src_lengths per
     source (a divisor of the rows), and the top-k's k and additive bias."""
-    return (
-        [
-            TensorSpec("tokens", ("batch",), "int64"),
-            TensorSpec("positions", ("batch",), "int64"),
-            TensorSpec("src_lengths", ("sources",), "int64"),
-        ]
-        + _per_layer("past", CACHE_AXES, decoder_layers)
-        + _per_layer("cross", SOURCE_CROSS_AXES, decoder_layers)
-        + [TensorSpec("topk_k", ("one",), "int64"), TensorSpec("topk_bias", ("vocab",), "float32")]
-    )
+    per_source = [TensorSpec(s.name, ("sources",) + s.axes[1:], s.dtype)
+                  if s.name == "src_lengths" or s.name.startswith("cross_") else s for s in step_inputs(decoder_layers)]
+    return per_source + [TensorSpec("topk_k", ("one",), "int64"), TensorSpec("topk_bias", ("vocab",), "float32")]
 
 
 def ort_step_outputs(decoder_layers: int) -> list[TensorSpec]:
@@ -196,6 +186,12 @@ def static_axis_sizes(config: dict[str, Any]) -> dict[str, int]:
         "vocab": config["vocab_size"],
         "one": 1,
     }
+
+
+def axis_dims(spec: TensorSpec, config: dict[str, Any]) -> tuple[int | str, ...]:
+    """A tensor's dims as a graph declares them: run-time axes by name, fixed ones by size."""
+    sizes = static_axis_sizes(config)
+    return tuple(a if a in DYNAMIC_AXES + ORT_STEP_AXES else sizes[a] for a in spec.axes)
 
 
 def resolve_dtype(spec: TensorSpec, precision: str) -> str:

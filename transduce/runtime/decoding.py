@@ -274,8 +274,8 @@ def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray:
     is among them takes that row (its cache is already there: the backend's reorder copies nothing
     for it); the other beams fill the remaining rows in score order. Beam order within a sentence
     means nothing to the search (the candidates of all beams are ranked together; only exactly equal
-    scores are ordered by it, for every backend alike), so this only changes which rows a reorder moves: with beam 4, from most rows to the duplicated parents'
-    children. A Python loop: a vectorised numpy version (a dozen calls) took 2.4x as long at 16
+    scores are ordered by it, for every backend alike), so this only changes which rows a reorder
+    moves: with beam 4, from most rows to the duplicated parents' children. A Python loop: a vectorised numpy version (a dozen calls) took 2.4x as long at 16
     sentences of 4 beams (88 vs 37 us).
     """
     perm = []

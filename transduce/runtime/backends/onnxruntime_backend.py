@@ -114,14 +114,14 @@ class _State:
     enc: dict[str, Any]  # encoder outputs (B rows)
     rows: int  # current number of decoding rows
     capacity: int
-    row_src: np.ndarray
+    cross_rows: np.ndarray  # the encoder rows the gathered cross K/V hold (per row, or per source)
     cache: Any  # every layer's self-attention K and V in one buffer: (2L, R_max, H, C, Dh), in the
     # contract's order (key_0, value_0, key_1, ...); cache[i, :rows] is what past_<i> is bound to
     cross: dict[str, Any] = field(default_factory=dict)  # name -> (R, ...) gathered cross K/V + src_lengths
     outputs: dict[str, Any] = field(default_factory=dict)  # name -> preallocated output buffer (R_max, ...)
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
-    row_src_given: Any = None  # the array row_src was copied from (decoding passes it again unchanged)
+    row_src_given: Any = None  # the row_src array last given (decoding passes it again while unchanged)
     bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once
     topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
     owned: list = field(default_factory=list)  # pooled memory of this run, released by end()
@@ -234,8 +234,12 @@ class OnnxRuntimeBackend:
         finally:
             self._pinned = before
 
+    def _pinned_to_standard(self) -> bool:
+        """Whether an artifact with the fused graph is meanwhile run on the standard one only."""
+        return self.fused and self._pinned == contract.STEP_FILE
+
     def _session_for(self, rows: int):
-        if self._pinned == contract.STEP_FILE and self.fused:
+        if self._pinned_to_standard():
             if self._standard is None:
                 try:
                     self._standard = self.ort.InferenceSession(self._step_path, self._options(self.threads),
@@ -327,7 +331,7 @@ class OnnxRuntimeBackend:
         cap = max(int(capacity), 1)
         mem = self._mem
         owned: list = []
-        state = _State(enc=enc, rows=rows, capacity=cap, row_src=np.array([-1]), owned=owned,
+        state = _State(enc=enc, rows=rows, capacity=cap, cross_rows=np.array([-1]), owned=owned,
                        cache=mem.zeros((len(self.cache_names), rows, self.heads, cap, self.head_dim), owned))
         self._alloc_step_buffers(state, rows)
         self._gather_cross(state, np.asarray(row_src, np.int64))
@@ -347,7 +351,7 @@ class OnnxRuntimeBackend:
         """The encoder rows the step's cross K/V inputs hold: one per decoding row for the standard
         graph; for the fused graph one per source when the rows come in equal blocks of one source
         each (beam search's beams: the graph attends source r // block for row r)."""
-        if not self.fused or self._pinned == contract.STEP_FILE or len(row_src) < 2:
+        if not self.fused or self._pinned_to_standard() or len(row_src) < 2:
             return row_src
         block = int(np.argmax(row_src != row_src[0])) or len(row_src)
         if block > 1 and len(row_src) % block == 0:
@@ -361,7 +365,7 @@ class OnnxRuntimeBackend:
             return
         state.row_src_given = row_src
         rows = self._cross_rows(row_src)
-        if np.array_equal(rows, state.row_src):
+        if np.array_equal(rows, state.cross_rows):
             return
         enc = state.enc
         mem = self._mem
@@ -371,7 +375,7 @@ class OnnxRuntimeBackend:
             if old is not None:
                 mem.free(old, state.owned)  # its bindings are cleared below
         state.cross["src_lengths"] = mem.take(enc["src_lengths"], rows)
-        state.row_src = rows.copy()
+        state.cross_rows = rows.copy()
         state.bindings.clear()
 
     def _binding_for(self, state: _State, session, k: int = 1, ban_eos: bool = False):
@@ -443,7 +447,7 @@ class OnnxRuntimeBackend:
         log_probs = state.outputs["log_probs"][: state.rows]
         if k > 1 and not self.on_device:
             if self._topk is None:
-                self._topk = _OrtTopK(self.ort, self.config)
+                self._topk = _OrtTopK(self.ort, self.config, self._ban_bias)
             return self._topk(state.outputs["log_probs"], state.rows, k, ban_eos)
         return self._mem.topk(log_probs, k, banned_ids(self.config, ban_eos))
 
@@ -598,7 +602,7 @@ class _OrtTopK:
     go to the lower id (ONNX TopK), like numpy_topk's stable sort.
     """
 
-    def __init__(self, ort, config: dict[str, Any]):
+    def __init__(self, ort, config: dict[str, Any], bias: dict[bool, np.ndarray]):
         import onnx
         from onnx import TensorProto, helper
 
@@ -622,7 +626,7 @@ class _OrtTopK:
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
         self.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        self.bias = {ban_eos: _ban_bias(config, ban_eos) for ban_eos in (False, True)}
+        self.bias = bias  # ban_eos -> (V,) additive bias: -inf at the banned ids
         self.bindings: dict[tuple, tuple] = {}
 
     def __call__(self, buffer: np.ndarray, rows: int, k: int, ban_eos: bool) -> tuple[np.ndarray, np.ndarray]:
