@@ -160,6 +160,38 @@ def test_throughput_ratios_pair_rounds():
     assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
 
 
+class _FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.mark.parametrize("busy_until, expected", [(0.0, (0.05, 0.07)), (0.2, (0.23, 0.26)), (5.0, (1.0, 1.02))])
+def test_settle_waits_until_the_worker_stops_using_cpu(monkeypatch, busy_until, expected):
+    """A worker whose pool still spins (its CPU ticks advance) is waited for until its ticks stand
+    still for SETTLE_QUIET_SECONDS, never past SETTLE_MAX_SECONDS."""
+    from transduce.bench import harness
+
+    clock = _FakeClock()
+    monkeypatch.setattr(harness, "process_ticks", lambda pid: round(min(clock.t, busy_until) * 100))
+    waited = harness.settle(123, clock=clock, sleep=clock.sleep)
+    assert expected[0] <= waited <= expected[1]
+
+
+def test_settle_without_proc_waits_a_fixed_time(monkeypatch):
+    from transduce.bench import harness
+
+    clock = _FakeClock()
+    monkeypatch.setattr(harness, "process_ticks", lambda pid: None)
+    assert harness.settle(123, clock=clock, sleep=clock.sleep) == pytest.approx(harness.SETTLE_BLIND_SECONDS)
+    assert harness.process_ticks(os.getpid()) is None or harness.process_ticks(os.getpid()) >= 0
+
+
 def test_cell_stats_derives_step_and_encoder():
     raw = {"decode": [0.40, 0.44, 0.42], "first": [0.05, 0.06, 0.04], "direct_encode": [0.01], "direct_step": [0.012]}
     st = cell_stats(raw, batch=4, steps=11)

@@ -150,17 +150,18 @@ def test_fused_and_standard_step_graphs_decode_alike(tiny_artifact_dir, tiny_mod
         np.testing.assert_allclose([h.score for h in x.hypotheses], [h.score for h in z.hypotheses], atol=1e-4)
 
 
-def test_no_fused_graph_for_large_models_or_old_artifacts(tiny_artifact_dir, tmp_path, monkeypatch):
-    """Large models (above SMALL_STEP_MFLOP per row) and artifacts without decoder_step.ort.onnx
-    decode on the standard step graph only."""
+def test_fused_graph_at_every_model_size_and_none_for_old_artifacts(tiny_artifact_dir, tmp_path, monkeypatch):
+    """The fused step graph serves models of every size (also those whose steps run on the whole
+    thread budget); artifacts without decoder_step.ort.onnx decode on the standard step graph only."""
     import json
     import os
     import shutil
 
     from transduce.runtime import contract
 
-    monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)
-    assert not make_backend(tiny_artifact_dir, "onnxruntime").fused
+    monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if the tiny model were large
+    big = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+    assert big.fused and big.threads == 2 and big.step_graphs()[0] == contract.ORT_STEP_FILE
     monkeypatch.undo()
     old = tmp_path / "old"
     shutil.copytree(tiny_artifact_dir, old)

@@ -49,7 +49,45 @@ CT2_SETTINGS: dict[str, dict[str, str | None]] = {
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_USE_MKL": None},
     "mkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "1"},
 }
-SETTLE_SECONDS = 0.02  # pause between two measurements: spinning thread pools of the last system go idle
+# Between two measurements the measured worker must be idle: thread pools keep spinning after a call
+# (ONNX Runtime's ~50 ms here, CTranslate2's ~20 ms), and a pool still spinning when the next system
+# starts takes a core from it. settle() waits until the worker's CPU time has stopped advancing for
+# SETTLE_QUIET_SECONDS (checked every SETTLE_POLL_SECONDS; /proc counts in 10 ms ticks), at least
+# SETTLE_SECONDS, at most SETTLE_MAX_SECONDS; without /proc it waits SETTLE_BLIND_SECONDS.
+SETTLE_SECONDS = 0.02
+SETTLE_POLL_SECONDS = 0.01
+SETTLE_QUIET_SECONDS = 0.03
+SETTLE_MAX_SECONDS = 1.0
+SETTLE_BLIND_SECONDS = 0.1
+
+
+def process_ticks(pid: int) -> int | None:
+    """CPU time (user + system, in clock ticks) a process has used so far; None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            stat = f.read().rsplit(")", 1)[1].split()
+        return int(stat[11]) + int(stat[12])  # utime, stime (fields 14 and 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def settle(pid: int, clock=time.monotonic, sleep=time.sleep) -> float:
+    """Wait until process `pid` is idle (see SETTLE_SECONDS); -> seconds waited."""
+    start = clock()
+    sleep(SETTLE_SECONDS)
+    last = process_ticks(pid)
+    if last is None:
+        sleep(max(0.0, SETTLE_BLIND_SECONDS - SETTLE_SECONDS))
+        return clock() - start
+    quiet_since = clock()
+    while clock() - start < SETTLE_MAX_SECONDS:
+        sleep(SETTLE_POLL_SECONDS)
+        now = process_ticks(pid)
+        if now != last:
+            last, quiet_since = now, clock()
+        elif clock() - quiet_since >= SETTLE_QUIET_SECONDS:
+            break
+    return clock() - start
 
 
 @dataclass
@@ -257,14 +295,10 @@ def cpu_sample(pids: list[int]) -> tuple[int, int, int] | None:
             fields = [int(x) for x in f.readline().split()[1:]]
         total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
         busy = total - fields[3] - fields[4]
-        ours = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-            ours += int(stat[11]) + int(stat[12])  # utime, stime (fields 14 and 15)
-        return busy, total, ours
     except (OSError, ValueError, IndexError):
         return None
+    ticks = [process_ticks(pid) for pid in pids]
+    return None if None in ticks else (busy, total, sum(ticks))
 
 
 def foreign_cpu_share(before, after) -> float | None:
@@ -337,13 +371,13 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
         w = workers[name]
         try:
             d = w.call({"op": "decode", "src": src, "beam": beam, "steps": cfg.steps})
-            time.sleep(SETTLE_SECONDS)
+            settle(w.proc.pid)
             f = w.call({"op": "decode", "src": src, "beam": beam, "steps": 1})
-            time.sleep(SETTLE_SECONDS)
+            settle(w.proc.pid)
             direct = None
             if not is_ct2(name):
                 direct = w.call({"op": "direct", "src": src, "beam": beam, "steps": cfg.steps})
-                time.sleep(SETTLE_SECONDS)
+                settle(w.proc.pid)
         except WorkerError as e:
             failed[name] = str(e)
             log(f"[bench] {name} failed: {e}")

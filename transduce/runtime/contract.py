@@ -20,7 +20,7 @@ An artifact directory holds two graphs (and an optional third) and a manifest:
          new_key_{i}    (batch, heads, 1, head_dim)     float   this step's K and V of layer i, which the
          new_value_{i}  (batch, heads, 1, head_dim)     float   runtime writes into slot positions[b]
 
-  decoder_step.ort.onnx  optional, small fp32 post-norm models only: the same step built with ONNX Runtime's
+  decoder_step.ort.onnx  optional, fp32 post-norm models only: the same step built with ONNX Runtime's
                      contrib ops (fused attention that writes the cache slot itself); ONNX Runtime only,
                      see transduce/exporter/ort_step.py. Artifacts without it decode with decoder_step.onnx.
     in   the step's inputs, except that src_lengths and cross_key_{i}/cross_value_{i} have `sources`
@@ -90,7 +90,7 @@ from transduce.errors import ArtifactError
 CONTRACT_VERSION = 2  # 2: decoder_step.ort.onnx takes cross K/V per source and outputs the top-k
 ENCODER_FILE = "encoder.onnx"
 STEP_FILE = "decoder_step.onnx"
-ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: small fp32 post-norm models (transduce/exporter/ort_step.py)
+ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: fp32 post-norm models (transduce/exporter/ort_step.py)
 MANIFEST_FILE = "manifest.json"
 ARTIFACT_KIND = "transduce-artifact"
 PRECISIONS = ("fp32", "fp16", "bf16")

@@ -9,12 +9,13 @@ row changed and only their filled slots (the prefix < position): beam search kee
 and fills the cache gradually, so this copies a fraction of what a whole-buffer gather would (base
 model, 64 rows, 16 of 32 slots filled: 1.47 ms -> ~0.1 ms per layer's K or V).
 
-Two step graphs. Artifacts of small fp32 post-norm models carry decoder_step.ort.onnx besides the
+Two step graphs. Artifacts of fp32 post-norm models carry decoder_step.ort.onnx besides the
 standard decoder_step.onnx: the same step with ONNX Runtime's fused contrib ops, whose attention
 writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers),
 which picks the top-k itself (no second session run per step), and which reads each source's cross
 K/V once for all its beams (gathered per sentence, not per row). On CPU it serves every row count of
-such models, on one thread below the wide threshold and on the whole budget from there. Demo model,
+such models, of every size (see transduce/exporter/ort_step.py), small models on one thread below
+the wide threshold and on the whole budget from there. Demo model,
 us per step run, fused vs standard graph: 1 row 154 vs 222, 64 rows (two threads) 1,386 vs 1,717
 (before the top-k and the grouped cross-attention moved into it). `fused=False` keeps to the
 standard graph; `only_step_graph` pins one of the two (parity checks each).
@@ -211,9 +212,8 @@ class OnnxRuntimeBackend:
 
     def _fused_graph_usable(self) -> bool:
         """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
-        CPU provider, for small models (where it is faster), when the artifact has one."""
-        return (not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
-                and step_mflop_per_row(self.config) < SMALL_STEP_MFLOP)
+        CPU provider, when the artifact has one."""
+        return not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
 
     def wide_rows_threshold(self) -> int:
         """Row count from which a step runs on the whole thread budget."""
