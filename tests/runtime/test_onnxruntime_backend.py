@@ -269,3 +269,36 @@ def test_small_encoder_runs_take_a_one_thread_session(tiny_artifact_dir, monkeyp
     one = make_backend(tiny_artifact_dir, "onnxruntime", threads=1)
     monkeypatch.setattr(orb, "NARROW_ENCODER_MFLOP", 1e9)
     assert one._encoder_for(src.size) is one.encoder
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bind", "public-bind"])
+def test_binding_paths_decode_alike(tiny_artifact_dir, tiny_model, native):
+    """Tensors are bound through the IOBinding's native methods, or through onnxruntime's public
+    wrapper where those are not reachable: both decode exactly like eager PyTorch."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+    assert be._mem._host is not None  # this onnxruntime has the internals the native path uses
+    if not native:
+        be._mem._host = None
+    src, lens = _src(be.config, 5, seed=3)
+    opts = DecodingOptions(beam_size=3, nbest=3, max_len_b=8)
+    ours, ref = decode(be, src, lens, opts), decode(TorchBackend(tiny_model), src, lens, opts)
+    assert [[h.tokens for h in r.hypotheses] for r in ours] == [[h.tokens for h in r.hypotheses] for r in ref]
+    assert (be._mem._host is None) == (not native)
+
+
+def test_a_refused_native_bind_falls_back_to_the_public_wrapper(tiny_artifact_dir):
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+
+    class Refusing:  # a native IOBinding of another signature
+        def bind_input(self, *args):
+            raise TypeError("incompatible function arguments")
+
+        bind_output = bind_input
+
+    binding = be.decoder.io_binding()
+    binding._iobinding, native = Refusing(), binding._iobinding
+    public = []
+    binding.bind_input = lambda *args: public.append(args)
+    be._mem.bind(binding, "tokens", np.zeros(3, np.int64), True)
+    assert be._mem._host is None and public and public[0][0] == "tokens"
+    binding._iobinding = native
