@@ -192,6 +192,46 @@ def test_settle_without_proc_waits_a_fixed_time(monkeypatch):
     assert harness.process_ticks(os.getpid()) is None or harness.process_ticks(os.getpid()) >= 0
 
 
+def test_quantized_rows_config_and_names():
+    from transduce.bench.harness import quantized_system
+
+    assert BenchConfig(quantize=["int8"]).quantize == ["int8"]
+    with pytest.raises(TransduceError, match="unknown quantization"):
+        BenchConfig(quantize=["int4"])
+    with pytest.raises(TransduceError, match="keep onnxruntime"):
+        BenchConfig(quantize=["int8"], backends=["torch"])
+    assert quantized_system("onnxruntime-int8") == "int8"
+    assert quantized_system("onnxruntime") is None and quantized_system("ctranslate2-avx2") is None
+
+
+@pytest.mark.parametrize("quantized_text, passed", [("a b c d e f", True), ("a b x y e f", False)])
+def test_quality_gate_compares_bleu_with_fp32(monkeypatch, tmp_path, quantized_text, passed):
+    """The int8 rows are timed only if BLEU on the demo data is at most 0.5 below fp32's."""
+    from types import SimpleNamespace
+
+    from transduce.bench import harness
+    from transduce.runtime import api
+
+    pairs = [("s1", "a b c d e f"), ("s2", "a b c d e f")]
+    monkeypatch.setattr(harness, "held_out_pairs", lambda prepared, n: pairs[:n])
+
+    class FakeTranslator:
+        def __init__(self, text):
+            self.text = text
+
+        def translate(self, sources, beam_size):
+            assert beam_size == 4
+            return [SimpleNamespace(text=self.text) for _ in sources]
+
+    texts = {"fp32": "a b c d e f", "int8": quantized_text}
+    monkeypatch.setattr(api, "load", lambda path, threads: FakeTranslator(texts[os.path.basename(path)]))
+    prepared = SimpleNamespace(artifact_dir=str(tmp_path / "fp32"), quantized_dirs={"int8": str(tmp_path / "int8")},
+                               size="demo")
+    gate = harness.quality_gate(prepared, "int8", BenchConfig(check_sentences=2), log=lambda m: None)
+    assert gate["passed"] is passed and gate["bleu_fp32"] == 100.0 and gate["sentences"] == 2
+    assert (gate["bleu_int8"] == 100.0) is passed
+
+
 def test_cell_stats_derives_step_and_encoder():
     raw = {"decode": [0.40, 0.44, 0.42], "first": [0.05, 0.06, 0.04], "direct_encode": [0.01], "direct_step": [0.012]}
     st = cell_stats(raw, batch=4, steps=11)

@@ -52,6 +52,9 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
               "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1).  [default: default,avx2]")
 @click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
               "(timed when CUDA is available). Repeatable.")
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["int8"]),
+              help="Also time ONNX Runtime on an export quantized this way (transduce export --quantize), if its "
+                   "BLEU on the demo data is within 0.5 of fp32's. Repeatable.")
 @click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check.  [default: 100]")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate (no floors).")
 @click.option("--cache-dir", type=click.Path(), help="Where prepared models, exports and conversions go.  [default: OUT/models]")
@@ -62,7 +65,7 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--seed", default=0, show_default=True)
 @cli_errors
 def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, steps, src_len, threads,
-          ct2_settings, engines, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
+          ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
     """Benchmark our backends against CTranslate2 on identical weights: encoder and per-step latency,
     tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings.
 
@@ -75,7 +78,7 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
                    repeats=repeats, warmup=warmup, steps=steps, src_len=src_len, threads=threads,
                    ct2_settings=_csv(ct2_settings), check_sentences=check_sentences, model_dir=model_dir,
                    artifact_dir=artifact_dir, cache_dir=cache_dir, out_dir=out_dir, engines=_engines(engines),
-                   ceilings=not no_ceilings, seed=seed)
+                   ceilings=not no_ceilings, seed=seed, quantize=list(quantize) or None)
     given = {k: v for k, v in options.items() if v is not None}
     cfg = BenchConfig.quick_preset(**given) if quick else BenchConfig(**given)
     result = run_bench(cfg, log=lambda msg: click.echo(msg, err=True))

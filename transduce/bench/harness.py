@@ -107,6 +107,7 @@ class BenchConfig:
     artifact_dir: str | None = None  # its ONNX export, if one exists elsewhere
     engines: dict[str, str] = field(default_factory=dict)  # size -> TensorRT engine directory
     ct2_settings: list[str] = field(default_factory=lambda: ["default", "avx2"])
+    quantize: list[str] = field(default_factory=list)  # extra ONNX Runtime rows on quantized exports ("int8")
     check_sentences: int = 100  # held-out demo sentences for the natural-stopping check
     check_inputs: int = 4  # random inputs for the forced-length check
     ceilings: bool = True
@@ -139,6 +140,11 @@ class BenchConfig:
                 problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")
         if self.threads < 1:
             problems.append("--threads must be >= 1")
+        for q in self.quantize:
+            if q not in QUANTIZE_METHODS:
+                problems.append(f"unknown quantization {q!r} ({', '.join(QUANTIZE_METHODS)})")
+        if self.quantize and "onnxruntime" not in self.backends:
+            problems.append("--quantize adds ONNX Runtime rows: keep onnxruntime in --backends")
         if problems:
             raise TransduceError("invalid bench options: " + "; ".join(problems))
 
@@ -165,6 +171,19 @@ def ct2_system_name(setting: str) -> str:
 
 def is_ct2(name: str) -> bool:
     return name.startswith("ctranslate2")
+
+
+QUANTIZE_METHODS = ("int8",)
+# A quantized export is timed only if its BLEU on the demo task's held-out sentences (beam 4) is within
+# this much of the fp32 export's (the issue's gate); sizes without reference translations (base: random
+# weights) are timed when the demo size passed the gate in the same run.
+QUALITY_GATE_BLEU = 0.5
+
+
+def quantized_system(name: str) -> str | None:
+    """The quantization of an ONNX Runtime system name ("onnxruntime-int8" -> "int8"), else None."""
+    head, _, tail = name.partition("-")
+    return tail if head == "onnxruntime" and tail in QUANTIZE_METHODS else None
 
 
 # -- workers ----------------------------------------------------------------------------------------
@@ -269,19 +288,24 @@ def random_sources(rng: np.random.Generator, batch: int, src_len: int, vocab_siz
     return rng.integers(4, vocab_size, size=(batch, src_len - 1)).tolist()
 
 
-def held_out_sources(prepared, n: int) -> list[list[int]]:
-    """The demo task's held-out sentences, as ids of the model's tokenizer."""
-    from transduce.models.checkpoint import load_tokenizer
-
+def held_out_pairs(prepared, n: int) -> list[tuple[str, str]]:
+    """The demo task's first n held-out (source, reference) sentence pairs."""
     valid_tsv = os.path.join(os.path.dirname(prepared.model_dir), "data", "valid.tsv")
     if os.path.isfile(valid_tsv):
         from transduce.models.data import read_parallel
 
-        pairs = read_parallel(valid_tsv)
-    else:
-        from transduce.models.corpus import demo_corpus
+        return read_parallel(valid_tsv)[:n]
+    from transduce.models.corpus import demo_corpus
 
-        _, pairs = demo_corpus(n_train=10, n_valid=max(n, 1), seed=1234)
+    _, pairs = demo_corpus(n_train=10, n_valid=max(n, 1), seed=1234)
+    return pairs[:n]
+
+
+def held_out_sources(prepared, n: int) -> list[list[int]]:
+    """The demo task's held-out sentences, as ids of the model's tokenizer."""
+    from transduce.models.checkpoint import load_tokenizer
+
+    pairs = held_out_pairs(prepared, n)
     tok = load_tokenizer(prepared.model_dir)
     limit = prepared.config["max_positions"] - 1
     return [ids for ids in (tok.encode(src)[:limit] for src, _ in pairs[:n]) if ids]
@@ -338,6 +362,27 @@ def machine_info() -> dict[str, Any]:
 
 
 # -- the run ----------------------------------------------------------------------------------------
+def quality_gate(prepared, method: str, cfg: BenchConfig, log) -> dict[str, Any]:
+    """BLEU of ONNX Runtime decoding (beam 4) with the fp32 and the `method` export on the demo task's
+    held-out sentences; passed when the quantized one is at most QUALITY_GATE_BLEU below."""
+    import sacrebleu
+
+    from transduce.runtime.api import load
+
+    pairs = held_out_pairs(prepared, cfg.check_sentences)
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    bleu = {}
+    for label, path in (("fp32", prepared.artifact_dir), (method, prepared.quantized_dirs[method])):
+        hyps = [r.text for r in load(path, threads=cfg.threads).translate(sources, beam_size=4)]
+        bleu[label] = sacrebleu.corpus_bleu(hyps, [refs]).score
+    gate = {"method": method, "sentences": len(pairs), "beam": 4, "bleu_fp32": round(bleu["fp32"], 2),
+            f"bleu_{method}": round(bleu[method], 2), "max_drop": QUALITY_GATE_BLEU,
+            "passed": bleu[method] >= bleu["fp32"] - QUALITY_GATE_BLEU, "size": prepared.size}
+    log(f"[gate] {method}: BLEU {bleu[method]:.2f} vs fp32 {bleu['fp32']:.2f} on {len(pairs)} held-out demo sentences "
+        f"(beam 4): {'pass' if gate['passed'] else 'FAIL: not timed'}")
+    return gate
+
+
 def _checks(prepared, cfg: BenchConfig, log) -> list[dict[str, Any]]:
     from transduce.bench.ctranslate2_export import check_greedy_equality, load_translator
     from transduce.runtime.backends.torch_backend import TorchBackend
@@ -438,17 +483,19 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
 
     # workers: one per system, started together (imports overlap), loaded per size
     names = [b for b in cfg.backends if b in ("torch", "onnxruntime")]
+    names += [f"onnxruntime-{q}" for q in cfg.quantize]
     if "tensorrt" in cfg.backends or cfg.engines:
         names.append("tensorrt")
     if want_ct2 and not ct2_missing:
         names += [ct2_system_name(s) for s in cfg.ct2_settings]
     workers: dict[str, Worker] = {}
+    gates: dict[str, dict[str, Any]] = {}  # quantization -> the demo size's quality gate (see quality_gate)
     try:
         for n in names:
             env = CT2_SETTINGS[n.split("-", 1)[1] if "-" in n else "default"] if is_ct2(n) else {}
             workers[n] = Worker(n, env, os.path.join(logs, f"worker-{n}.log"))
         for i, size in enumerate(cfg.sizes):
-            result["sizes"].append(_run_size(size, cfg, cache, workers, ct2_missing, log))
+            result["sizes"].append(_run_size(size, cfg, cache, workers, ct2_missing, log, gates))
             if i + 1 < len(cfg.sizes):
                 measure_ceilings(f"after {size}")
     finally:
@@ -471,21 +518,26 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
 
 
 def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker], ct2_missing: str | None,
-              log) -> dict[str, Any]:
+              log, gates: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from transduce.bench.models import prepare
 
     log(f"[{size}] preparing the model, its ONNX export and its CTranslate2 conversion")
     model_dir = cfg.model_dir if size == "demo" else None
     want_ct2 = any(is_ct2(n) for n in workers)
     prepared = prepare(size, cache, model_dir=model_dir, with_ct2=want_ct2,
-                       artifact_dir=cfg.artifact_dir if size == "demo" else None, log=lambda m: log(f"[{size}] {m}"))
+                       artifact_dir=cfg.artifact_dir if size == "demo" else None, log=lambda m: log(f"[{size}] {m}"),
+                       quantize=cfg.quantize)
     entry: dict[str, Any] = {
         "size": size,
         "model": {"description": prepared.description, "trained": prepared.trained, "config": prepared.config,
                   "model_dir": prepared.model_dir, "artifact_dir": prepared.artifact_dir, "ct2_dir": prepared.ct2_dir,
                   "notes": prepared.notes},
-        "systems": {}, "checks": [], "cells": [],
+        "systems": {}, "checks": [], "cells": [], "quality_gates": {},
     }
+    gates = {} if gates is None else gates
+    if size == "demo":
+        for q in cfg.quantize:
+            gates[q] = entry["quality_gates"][q] = quality_gate(prepared, q, cfg, log)
     if ct2_missing:
         for s in cfg.ct2_settings:
             entry["systems"][ct2_system_name(s)] = {"status": "skipped", "reason": ct2_missing}
@@ -507,6 +559,19 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
                 entry["systems"][name] = {"status": "skipped", "reason": reason}
                 continue
             req = {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir, "threads": cfg.threads}
+        elif quantized_system(name):
+            q = quantized_system(name)
+            gate = gates.get(q)
+            if gate is None or not gate["passed"]:
+                reason = (f"its BLEU on the demo data is more than {QUALITY_GATE_BLEU} below fp32's ({gate[f'bleu_{q}']} vs "
+                          f"{gate['bleu_fp32']})" if gate else
+                          "its quality gate (BLEU on the demo data) runs on the demo size first: add demo to --sizes")
+                entry["systems"][name] = {"status": "skipped", "reason": reason}
+                continue
+            if size != "demo":
+                entry["quality_gates"][q] = {**gate, "from": "demo"}
+            req = {"op": "load", "system": "onnxruntime", "path": prepared.quantized_dirs[q], "model_dir": prepared.model_dir,
+                   "threads": cfg.threads}
         elif name == "tensorrt":
             if size not in cfg.engines:
                 entry["systems"][name] = {"status": "skipped", "reason": f"no TensorRT engine given for {size} (--engine {size}=DIR)"}

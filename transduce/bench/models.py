@@ -36,6 +36,7 @@ class PreparedModel:
     description: str
     trained: bool  # False for seeded random weights
     notes: list[str] = field(default_factory=list)
+    quantized_dirs: dict[str, str] = field(default_factory=dict)  # method ("int8") -> its quantized export
 
 
 def synthetic_tokenizer(vocab_size: int):
@@ -94,9 +95,9 @@ def ensure_random_demo_model(path: str) -> str:
     return path
 
 
-def ensure_artifact(model_dir: str, candidates: list[str], log=print) -> str:
-    """An ONNX export of model_dir: the first candidate that is a valid export of these weights, else a
-    fresh export into the last candidate."""
+def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: str | None = None) -> str:
+    """An ONNX export of model_dir (quantized with `quantize`, or not at all): the first candidate that
+    is a valid such export of these weights, else a fresh export into the last candidate."""
     from transduce.exporter import ort_step
     from transduce.models.checkpoint import read_config
     from transduce.runtime import contract
@@ -113,18 +114,18 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print) -> str:
             stale = (contract.ORT_STEP_FILE not in manifest["files"]
                      and ort_step.unsupported_reason(manifest["model"], "fp32") is None)
             if (manifest.get("source_model", {}).get("weights_sha256") == weights and manifest.get("precision") == "fp32"
-                    and not stale):
+                    and contract.quantization(manifest) == quantize and not stale):
                 return cand
     from transduce.exporter.onnx_export import export_artifact
 
     out = candidates[-1]
-    log(f"exporting {model_dir} to ONNX in {out} (once; reused while the weights match)")
-    export_artifact(model_dir, out, force=True, log=log)
+    log(f"exporting {model_dir} to ONNX{' (' + quantize + ')' if quantize else ''} in {out} (once; reused while the weights match)")
+    export_artifact(model_dir, out, force=True, log=log, quantize=quantize)
     return out
 
 
 def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: bool = True,
-            artifact_dir: str | None = None, log=print) -> PreparedModel:
+            artifact_dir: str | None = None, log=print, quantize: list[str] | tuple[str, ...] = ()) -> PreparedModel:
     """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size."""
     from transduce.models.checkpoint import read_config
 
@@ -155,5 +156,7 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
         from transduce.bench.ctranslate2_export import convert_to_ctranslate2
 
         ct2_dir = convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2"))
+    quantized = {q: os.path.abspath(ensure_artifact(model_dir, [os.path.join(root, f"artifact-{q}")], log=log, quantize=q))
+                 for q in quantize}
     return PreparedModel(size, os.path.abspath(model_dir), os.path.abspath(artifact),
-                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes)
+                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized)

@@ -103,6 +103,11 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                     t += f" (our log-prob margin {d['margin']:.1e})"
             lines.append(t)
         lines.append("")
+    for q, g in s.get("quality_gates", {}).items():
+        lines.append(f"{q} quality gate{' (the demo size' + chr(39) + 's)' if g.get('from') else ''}: BLEU {g[f'bleu_{q}']:.2f} "
+                     f"vs fp32 {g['bleu_fp32']:.2f} on {g['sentences']} held-out demo sentences (beam {g['beam']}; at most "
+                     f"{g['max_drop']} below): {'pass, timed as onnxruntime-' + q if g['passed'] else 'FAIL, not timed'}.")
+        lines.append("")
     skipped = {n: x for n, x in s["systems"].items() if x["status"] != "ok"}
     for n, x in skipped.items():
         lines.append(f"- {n} not timed: {x['reason'].splitlines()[0]}")

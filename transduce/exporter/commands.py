@@ -16,9 +16,12 @@ from transduce.runtime.contract import PRECISIONS
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=int, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET}).")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS),
               help="Float precision of the graphs (fp16/bf16 keep LayerNorm, softmax and log_probs in fp32).")
+@click.option("--quantize", type=click.Choice(["int8"]), default=None,
+              help="Also quantize encoder.onnx and decoder_step.ort.onnx (int8 weights, ONNX Runtime dynamic "
+                   "quantization; ONNX Runtime CPU only).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @cli_errors
-def export(model_dir, out_dir, force, opset, precision, quiet):
+def export(model_dir, out_dir, force, opset, precision, quantize, quiet):
     """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json.
 
     The graphs are checked (ONNX checker, IO contract, TensorRT operator support) and validated
@@ -27,14 +30,16 @@ def export(model_dir, out_dir, force, opset, precision, quiet):
     from transduce.exporter.onnx_export import export_artifact
 
     log = None if quiet else (lambda msg: click.echo(f"[export] {msg}", err=True))
-    manifest = export_artifact(model_dir, out_dir, force=force, opset=opset, precision=precision, log=log)
+    manifest = export_artifact(model_dir, out_dir, force=force, opset=opset, precision=precision, log=log,
+                               quantize=quantize)
     click.echo(summary(out_dir, manifest))
 
 
 def summary(out_dir: str, manifest: dict) -> str:
     """A few lines: files and sizes, the validation's worst errors, the time taken."""
-    lines = [f"artifact {out_dir} ({manifest['precision']}, opset {manifest['opset']}, "
-             f"IO contract v{manifest['contract_version']})"]
+    quant = manifest.get("quantization")
+    lines = [f"artifact {out_dir} ({manifest['precision']}{', ' + quant['method'] + ' weights' if quant else ''}, "
+             f"opset {manifest['opset']}, IO contract v{manifest['contract_version']})"]
     for name, meta in manifest["files"].items():
         lines.append(f"  {name:<20} {meta['bytes']:>12,} bytes")
     val = manifest["validation"]
@@ -46,6 +51,14 @@ def summary(out_dir: str, manifest: dict) -> str:
     lines.append(f"validated on {val['engine']} against {val['reference']}:")
     for key, row in worst.items():
         lines.append(f"  {key:<14} max abs {row['max_abs']:.2e}  (tolerance {row['atol']:g} + {row['rtol']:g}*|ref|)")
+    if quant:
+        rms: dict[str, float] = {}
+        for row in quant["validation"]["errors"]:
+            if row["graph"] + ".onnx" in quant["graphs"]:
+                key = row["output"] if row["output"] in ("memory", "log_probs") else row["output"].rsplit("_", 1)[0] + "_*"
+                rms[key] = max(rms.get(key, 0.0), row["rel_rms"])
+        lines.append(f"{quant['method']} graphs ({', '.join(quant['graphs'])}), relative RMS error against eager:")
+        lines += [f"  {key:<14} {v:.3f}" for key, v in rms.items()]
     lines.append(f"exported in {manifest['export_seconds']['total']:.1f} s")
     return "\n".join(lines)
 

@@ -832,6 +832,10 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     artifact_dir, out_dir = os.path.abspath(os.fspath(artifact_dir)), os.path.abspath(os.fspath(out_dir))
     manifest = contract.read_manifest(artifact_dir, verify_hashes=True)
     config, precision = manifest["model"], manifest["precision"]
+    if contract.quantization(manifest):
+        raise EngineError(f"{artifact_dir} has {contract.quantization(manifest)} graphs for ONNX Runtime's CPU provider "
+                          "(transduce export --quantize); TensorRT engines are built from an unquantized export",
+                          hint=f"transduce export MODEL_DIR OUT_DIR --precision {precision} (without --quantize), then build from it")
     _check_destination(artifact_dir, out_dir, force)
     plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
                            opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)

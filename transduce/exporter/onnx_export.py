@@ -93,9 +93,16 @@ def _quiet(_: str) -> None:
 # -- checks before any work ----------------------------------------------------------------------
 
 
-def check_options(precision: str, opset: int) -> None:
+def check_options(precision: str, opset: int, quantize: str | None = None, config: dict[str, Any] | None = None) -> None:
     if precision not in contract.PRECISIONS:
         raise ExportError(f"unknown precision {precision!r}", hint=f"choose one of {', '.join(contract.PRECISIONS)}")
+    if quantize is not None and config is not None:
+        from transduce.exporter import quantize as q
+
+        reason = q.unsupported_reason(quantize, config, precision)
+        if reason:
+            raise ExportError(f"cannot quantize: {reason}",
+                              hint="--quantize int8 needs --precision fp32 and a post-norm model")
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise ExportError(
             f"opset {opset} is not supported: LayerNormalization needs >= {MIN_OPSET}, and ONNX Runtime 1.31 "
@@ -231,7 +238,8 @@ def file_entries(directory: str) -> dict[str, dict[str, Any]]:
 
 
 def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
-                    opset: int = DEFAULT_OPSET, precision: str = "fp32", log: Log | None = None) -> dict[str, Any]:
+                    opset: int = DEFAULT_OPSET, precision: str = "fp32", log: Log | None = None,
+                    quantize: str | None = None) -> dict[str, Any]:
     """Export MODEL_DIR to the artifact OUT_DIR (see the module docstring); -> the manifest.
 
     Raises CheckpointError for a bad model directory and ExportError for everything else (output
@@ -249,6 +257,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     check_destination(model_dir, out_dir, force)
     model, _, cfg = load_model(model_dir)
     config = model.cfg.to_dict()
+    check_options(precision, opset, quantize, config)
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
         raise ExportError(f"max_positions is {model.cfg.max_positions}; export needs >= {MIN_MAX_POSITIONS}")
     with atomic_output(out_dir, force, ExportError, "the artifact",
@@ -270,6 +279,16 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
         t0 = time.perf_counter()
         validation = validate.validate_graphs(tmp, model, precision, log=log)
         validation["seconds"] = round(time.perf_counter() - t0, 2)
+        quantization = None
+        if quantize:  # the fp32 graphs are validated above; then quantized, and validated again
+            from transduce.exporter import quantize as q
+
+            log(f"quantizing {', '.join(q.QUANTIZED_FILES)} ({quantize}, ONNX Runtime dynamic quantization)")
+            t0 = time.perf_counter()
+            quantization = q.quantize_graphs(tmp, quantize)
+            log(f"validating the {quantize} graphs against eager PyTorch")
+            quantization["validation"] = validate.validate_graphs(tmp, model, precision, log=log, tolerances=quantize)
+            quantization["seconds"] = round(time.perf_counter() - t0, 2)
         for name in (CONFIG_FILE, TOKENIZER_FILE):
             shutil.copyfile(os.path.join(model_dir, name), os.path.join(tmp, name))
         files = file_entries(tmp)
@@ -299,6 +318,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
             "graphs": graph_info,
             "tensorrt_ops": {"source": _ops_source(), "unsupported": []},
             "validation": validation,
+            **({"quantization": quantization} if quantization else {}),
             "files": files,
         }
         write_json(os.path.join(tmp, contract.MANIFEST_FILE), manifest)

@@ -61,6 +61,18 @@ TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
     "fp16": {"memory": (2e-2, 1e-2), "cross_kv": (4e-2, 1e-2), "log_probs": (2.5e-2, 1e-2), "new_kv": (4e-2, 1e-2)},
     "bf16": {"memory": (0.25, 5e-2), "cross_kv": (0.5, 5e-2), "log_probs": (0.3, 5e-2), "new_kv": (0.5, 5e-2)},
 }
+# Quantized graphs (transduce export --quantize int8) are judged per tensor, not per element: int8
+# weights move single elements as far as a wiring bug would (demo model: cross K up to 1.3, log-probs
+# 0.4), but not a whole tensor. An output fails where ||graph - eager|| / ||eager|| > RELATIVE_RMS[kind].
+# Measured (worst over the validation cases): the trained demo model memory/cross K/V 0.024-0.026, new
+# K/V 0.046-0.053, log-probs 0.009; the untrained base shape (random weights, 6+6 layers, where the
+# dynamic activation quantization errors compound) 0.35-0.39, 0.29-0.31 and 0.025; the top-k's ids
+# (judged by the eager log-probs they point at) 0.004 / 0.037, but 0.14 on the tests' tiny random model,
+# whose near-flat distributions swap near-ties. A tensor from the wrong weights or positions is off by
+# ~1 or more. Quality is gated by BLEU (transduce bench --quantize).
+RELATIVE_RMS: dict[str, dict[str, float]] = {
+    "int8": {"memory": 0.6, "cross_kv": 0.6, "log_probs": 0.25, "new_kv": 0.6},
+}
 PAST_LENGTHS = (0, 1, 2, 5, 11)
 PADDED_SRC_LEN = 40
 # No control flow (one straight-line step graph), nothing that only makes sense in training.
@@ -397,7 +409,9 @@ class ErrorTable:
 
     def add(self, graph: str, case: str, got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> None:
         for name, r in ref.items():
-            atol, rtol = TOLERANCES[self.precision][output_kind(name)]
+            kind = output_kind(name)
+            rms_limit = RELATIVE_RMS.get(self.precision, {}).get(kind)
+            atol, rtol = TOLERANCES[self.precision][kind] if rms_limit is None else (float("inf"), 0.0)
             g = np.asarray(got[name]).astype(np.float64)
             r = np.asarray(r, dtype=np.float64)
             if g.shape != r.shape:
@@ -407,12 +421,16 @@ class ErrorTable:
             max_abs = float(diff.max()) if finite else float("inf")
             big = np.abs(r) >= atol
             max_rel = float((diff[big] / np.abs(r[big])).max()) if finite and big.any() else (0.0 if finite else float("inf"))
-            passed = finite and bool((diff <= atol + rtol * np.abs(r)).all())
+            rel_rms = float(np.linalg.norm(g - r) / max(float(np.linalg.norm(r)), 1e-30)) if finite else float("inf")
+            passed = finite and (bool((diff <= atol + rtol * np.abs(r)).all()) if rms_limit is None else rel_rms <= rms_limit)
             row = self.rows.setdefault(f"{graph}/{name}", {"graph": graph, "output": name, "max_abs": 0.0, "max_rel": 0.0,
-                                              "atol": atol, "rtol": rtol, "passed": True, "worst_case": case})
+                                              "rel_rms": 0.0, "atol": atol, "rtol": rtol, "passed": True, "worst_case": case})
+            if rms_limit is not None:
+                row["rel_rms_limit"] = rms_limit
             if max_abs > row["max_abs"]:
                 row["max_abs"], row["worst_case"] = max_abs, case
             row["max_rel"] = max(row["max_rel"], max_rel)
+            row["rel_rms"] = max(row["rel_rms"], rel_rms)
             row["passed"] = row["passed"] and passed
 
     def failures(self) -> list[dict[str, Any]]:
@@ -535,11 +553,13 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
 
 
 def validate_graphs(directory: str, model, precision: str, engine: str | None = None, seed: int = 0,
-                    log: Log = _quiet) -> dict[str, Any]:
-    """Numeric validation of the graphs in `directory` against the eager fp32 `model`.
+                    log: Log = _quiet, tolerances: str | None = None) -> dict[str, Any]:
+    """Numeric validation of the graphs in `directory` against the eager fp32 `model`, with
+    TOLERANCES[tolerances] (default: the precision's; "int8" for quantized graphs).
 
     Returns the manifest's "validation" record; raises ExportError if an output is out of tolerance.
     """
+    tolerances = tolerances or precision
     if engine is None and precision != "bf16":
         engine = "onnxruntime"  # what the runtime will use: it must load the graphs
     try:
@@ -549,7 +569,7 @@ def validate_graphs(directory: str, model, precision: str, engine: str | None = 
                           hint="this is a bug in the exporter; nothing was written") from None
     if runner.engine_reason:
         log(f"validating on onnx.reference.ReferenceEvaluator: {runner.engine_reason.splitlines()[0]}")
-    table = ErrorTable(precision)
+    table = ErrorTable(tolerances)
     rng = np.random.default_rng(seed)
     with torch_threads(1):
         cases = [_run_case(c, model, runner, table, rng) for c in validation_cases(model.cfg.to_dict())]
@@ -558,17 +578,22 @@ def validate_graphs(directory: str, model, precision: str, engine: str | None = 
                    else "onnx.reference.ReferenceEvaluator"),
         "engine_reason": runner.engine_reason,
         "reference": "eager PyTorch, fp32 weights",
-        "criterion": "|graph - eager| <= atol + rtol * |eager| elementwise, outputs finite",
-        "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in TOLERANCES[precision].items()},
+        **({"criterion": "||graph - eager|| / ||eager|| <= relative_rms per output tensor, outputs finite",
+            "tolerances": {k: {"relative_rms": v} for k, v in RELATIVE_RMS[tolerances].items()}}
+           if tolerances in RELATIVE_RMS else
+           {"criterion": "|graph - eager| <= atol + rtol * |eager| elementwise, outputs finite",
+            "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in TOLERANCES[tolerances].items()}}),
         "cases": cases,
         "errors": table.records(),
     }
     failed = table.failures()
     if failed:
-        lines = [f"{r['graph']} {r['output']}: max abs error {r['max_abs']:.3g} (atol {r['atol']:g}, rtol {r['rtol']:g}, "
-                 f"worst in case {r['worst_case']!r})" for r in failed]
+        lines = [f"{r['graph']} {r['output']}: " + (
+            f"relative RMS error {r['rel_rms']:.3g} (limit {r['rel_rms_limit']:g})" if "rel_rms_limit" in r else
+            f"max abs error {r['max_abs']:.3g} (atol {r['atol']:g}, rtol {r['rtol']:g}, worst in case {r['worst_case']!r})")
+            for r in failed]
         raise ExportError(
-            f"the exported {precision} graphs do not match eager PyTorch ({record['engine']}):\n  " + "\n  ".join(lines),
+            f"the exported {tolerances} graphs do not match eager PyTorch ({record['engine']}):\n  " + "\n  ".join(lines),
             hint="nothing was written; this is a bug in the exporter or the model code (or too tight a tolerance)",
         )
     return record

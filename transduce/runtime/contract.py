@@ -75,7 +75,9 @@ ModelConfig dict), `source_model` {path, weights_sha256, config_sha256}, `dynami
 outputs, op_histogram, ...}, `validation` {engine, tolerances, cases, errors: [{graph, output,
 max_abs, max_rel, atol, rtol, passed}]}, `tools`, `export_seconds`, and `files` {name: {sha256,
 bytes}} for every other file of the directory (the graphs, any external-data file, and config.json
-and tokenizer.json copied from the model directory).
+and tokenizer.json copied from the model directory). An artifact exported with `--quantize int8`
+also has `quantization` {method, graphs, ops, validation, ...} (transduce/exporter/quantize.py): its
+encoder.onnx and decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider only.
 """
 
 from __future__ import annotations
@@ -211,6 +213,12 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def file_entry(path: str | os.PathLike) -> dict[str, Any]:
     """{"sha256", "bytes"} of one file: how every manifest (model, artifact, engine) records a file."""
     return {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
+
+
+def quantization(manifest: dict[str, Any]) -> str | None:
+    """The artifact's quantization ("int8": `transduce export --quantize int8`), None if it has none."""
+    q = manifest.get("quantization")
+    return q.get("method") if isinstance(q, dict) else None
 
 
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:

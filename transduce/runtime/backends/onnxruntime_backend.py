@@ -150,6 +150,11 @@ class OnnxRuntimeBackend:
                 f"{wanted[0]} is not available in this onnxruntime ({ort.get_available_providers()})",
                 hint="install onnxruntime-gpu for CUDA/TensorRT providers, or use --device cpu",
             )
+        if provider != "cpu" and contract.quantization(self.manifest):
+            raise BackendUnavailable(
+                f"{self.artifact_dir} has {contract.quantization(self.manifest)} graphs (transduce export --quantize), "
+                f"which run on ONNX Runtime's CPU provider only, not {provider}",
+                hint="decode it with --device cpu, or export again without --quantize for the GPU")
         self.provider = provider
         self.on_device = provider != "cpu"
         level = {

@@ -1,0 +1,128 @@
+"""transduce export --quantize int8: ONNX Runtime dynamic quantization of the encoder and the ONNX
+Runtime step graph, its per-tensor validation, and the places that must refuse a quantized artifact."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from transduce.errors import BackendUnavailable, EngineError, ExportError
+from transduce.exporter import quantize, validate
+from transduce.exporter.onnx_export import export_artifact
+from transduce.runtime import contract
+
+
+@pytest.fixture(scope="module")
+def artifact_int8(tmp_path_factory, tiny_model_dir):
+    path = tmp_path_factory.mktemp("int8") / "artifact"
+    manifest = export_artifact(tiny_model_dir, path, quantize="int8")
+    return str(path), manifest
+
+
+def test_int8_export_quantizes_the_onnx_runtime_graphs_only(artifact_int8, artifact_fp32):
+    path, m = artifact_int8
+    q = m["quantization"]
+    assert contract.quantization(m) == "int8" and contract.quantization(artifact_fp32.manifest) is None
+    assert q["graphs"] == [contract.ENCODER_FILE, contract.ORT_STEP_FILE] and q["unquantized"] == [contract.STEP_FILE]
+    import onnx
+
+    for name in q["graphs"]:  # every MatMul/Gemm weight became int8; float ones multiply activations only
+        ops = q["ops"][name]
+        assert ops.get("DynamicQuantizeMatMul", 0) + ops.get("MatMulInteger", 0) > 0, ops
+        graph = onnx.load(os.path.join(path, name)).graph
+        weights = {t.name for t in graph.initializer}
+        assert not [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and set(n.input) & weights]
+        assert m["files"][name]["bytes"] < artifact_fp32.manifest["files"][name]["bytes"]
+    assert m["files"][contract.STEP_FILE]["sha256"] == artifact_fp32.manifest["files"][contract.STEP_FILE]["sha256"]
+    # the fp32 graphs were validated as usual, the int8 ones per tensor, and both passed
+    assert all(r["passed"] for r in m["validation"]["errors"])
+    rows = q["validation"]["errors"]
+    assert {r["graph"] for r in rows} == {"encoder", "decoder_step", "decoder_step.ort"}
+    assert all(r["passed"] and r["rel_rms"] <= r["rel_rms_limit"] for r in rows)
+    assert any(r["rel_rms"] > 1e-4 for r in rows if r["graph"] == "encoder")  # really quantized
+    assert "relative_rms" in q["validation"]["tolerances"]["memory"]
+
+
+def test_int8_artifact_steps_close_to_eager(artifact_int8, tiny_model):
+    """Teacher-forced through the backend (the fused int8 step graph writing its cache): the log-probs
+    are eager's plus int8 noise, per tensor within the export's limit, and decoding runs."""
+    from transduce.runtime.api import make_backend
+    from transduce.runtime.backends.torch_backend import TorchBackend
+    from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+
+    be = make_backend(artifact_int8[0], "onnxruntime")
+    assert be.fused
+    rng = np.random.default_rng(4)
+    v = be.config["vocab_size"]
+    src = rng.integers(4, v, size=(6, 9)).astype(np.int64)
+    src[:, -1] = be.config["eos_id"]
+    lens = np.full(6, 9, np.int64)
+    prefix = np.concatenate([np.full((6, 1), be.config["bos_id"]), rng.integers(4, v, size=(6, 7))], axis=1)
+    got = teacher_forced_log_probs(be, src, lens, prefix)
+    want = teacher_forced_log_probs(TorchBackend(tiny_model), src, lens, prefix)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 1e-5 < rel < validate.RELATIVE_RMS["int8"]["log_probs"]
+    assert all(r.best.tokens for r in decode(be, src, lens, DecodingOptions(beam_size=2, max_len_b=8)))
+
+
+def test_cli_export_quantize_prints_the_int8_errors(tiny_model_dir, tmp_path, copied_graphs):
+    from transduce.cli import main
+
+    res = CliRunner().invoke(main, ["export", tiny_model_dir, str(tmp_path / "q"), "--quantize", "int8", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "fp32, int8 weights" in res.output and "relative RMS error against eager" in res.output
+
+
+def test_quantize_needs_fp32_and_the_onnx_runtime_step_graph(tiny_model, tiny_model_dir, tmp_path):
+    cfg = tiny_model.cfg.to_dict()
+    assert quantize.unsupported_reason("int8", cfg, "fp32") is None
+    assert "fp32" in quantize.unsupported_reason("int8", cfg, "fp16")
+    assert "post-norm" in quantize.unsupported_reason("int8", {**cfg, "norm_first": True}, "fp32")
+    assert "unknown quantization" in quantize.unsupported_reason("int4", cfg, "fp32")
+    with pytest.raises(ExportError, match="cannot quantize"):
+        export_artifact(tiny_model_dir, tmp_path / "fp16", precision="fp16", quantize="int8")
+    assert not (tmp_path / "fp16").exists()
+
+
+def test_int8_validation_fails_a_wrong_tensor_and_leaves_nothing(tiny_model_dir, tmp_path, copied_graphs, monkeypatch):
+    monkeypatch.setitem(validate.RELATIVE_RMS, "int8", {k: 1e-6 for k in validate.RELATIVE_RMS["int8"]})
+    with pytest.raises(ExportError, match="relative RMS error"):
+        export_artifact(tiny_model_dir, tmp_path / "bad", quantize="int8")
+    assert not os.path.exists(tmp_path / "bad")
+
+
+def test_relative_rms_criterion_separates_noise_from_a_wrong_tensor():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(4, 8, 16))
+    table = validate.ErrorTable("int8")
+    table.add("encoder", "noise", {"memory": ref + 0.05 * rng.normal(size=ref.shape)}, {"memory": ref})
+    assert not table.failures()
+    table.add("encoder", "wrong", {"memory": rng.permutation(ref.ravel()).reshape(ref.shape)}, {"memory": ref})
+    (row,) = table.failures()
+    assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == validate.RELATIVE_RMS["int8"]["memory"]
+
+
+def test_gpu_paths_refuse_an_int8_artifact(artifact_int8, tmp_path, monkeypatch):
+    import onnxruntime
+
+    from transduce.exporter import engine as eng
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(BackendUnavailable, match="CPU provider only") as e:
+        OnnxRuntimeBackend(artifact_int8[0], provider="cuda")
+    assert "without --quantize" in e.value.hint
+    with pytest.raises(EngineError, match="unquantized export"):
+        eng.build_engines(artifact_int8[0], tmp_path / "engine")
+    assert not (tmp_path / "engine").exists()
+
+
+def test_parity_holds_an_int8_artifact_to_the_int8_policy(artifact_int8):
+    from transduce.runtime.parity import parity_for_artifact
+
+    report = parity_for_artifact(artifact_int8[0], sentences=12, beam=2)
+    assert report.precision == "int8" and "(int8)" in report.candidate
