@@ -45,6 +45,8 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--modes", help="greedy and/or beamN.  [default: greedy,beam4; --quick: greedy,beam2]")
 @click.option("--repeats", type=int, help="Timed rounds per cell after the warm-up.  [default: 5; --quick: 2]")
 @click.option("--warmup", type=int, help="Warm-up rounds per cell.  [default: 1]")
+@click.option("--min-seconds", type=float, help="One measurement: the median of back-to-back calls filling this "
+              "long (one call for slower cells).  [default: 0.2; --quick: 0]")
 @click.option("--steps", type=int, help="Generated tokens per sentence, forced.  [default: 32; --quick: 6]")
 @click.option("--src-len", type=int, help="Encoder positions per sentence, EOS included.  [default: 32; --quick: 8]")
 @click.option("--threads", default=2, show_default=True, help="Threads of every system.")
@@ -64,7 +66,7 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
               "instrument, not a measurement.")
 @click.option("--seed", default=0, show_default=True)
 @cli_errors
-def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, steps, src_len, threads,
+def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, min_seconds, steps, src_len, threads,
           ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
     """Benchmark our backends against CTranslate2 on identical weights: encoder and per-step latency,
     tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings.
@@ -75,7 +77,7 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
     from transduce.bench.report import write_reports
 
     options = dict(sizes=_csv(sizes), backends=_csv(backends), batches=_ints(batches), modes=_csv(modes),
-                   repeats=repeats, warmup=warmup, steps=steps, src_len=src_len, threads=threads,
+                   repeats=repeats, warmup=warmup, min_seconds=min_seconds, steps=steps, src_len=src_len, threads=threads,
                    ct2_settings=_csv(ct2_settings), check_sentences=check_sentences, model_dir=model_dir,
                    artifact_dir=artifact_dir, cache_dir=cache_dir, out_dir=out_dir, engines=_engines(engines),
                    ceilings=not no_ceilings, seed=seed, quantize=list(quantize) or None)

@@ -108,6 +108,11 @@ class BenchConfig:
     engines: dict[str, str] = field(default_factory=dict)  # size -> TensorRT engine directory
     ct2_settings: list[str] = field(default_factory=lambda: ["default", "avx2"])
     quantize: list[str] = field(default_factory=list)  # extra ONNX Runtime rows on quantized exports ("int8")
+    # one measurement: the median of back-to-back decode calls that fill this many seconds (one call for
+    # slower cells). A single call of a few ms after an idle pause measures thread wake-ups and cold
+    # caches as much as decoding: demo greedy batch 1, single calls, 5 rounds: our/CTranslate2 ratios
+    # 0.55-3.27 in one run.
+    min_seconds: float = 0.2
     check_sentences: int = 100  # held-out demo sentences for the natural-stopping check
     check_inputs: int = 4  # random inputs for the forced-length check
     ceilings: bool = True
@@ -120,6 +125,8 @@ class BenchConfig:
             problems.append(f"--steps must be >= 2 (per-step latency is derived from 1 and N steps), got {self.steps}")
         if self.src_len < 2:
             problems.append(f"--src-len must be >= 2, got {self.src_len}")
+        if self.min_seconds < 0:
+            problems.append(f"--min-seconds must be >= 0, got {self.min_seconds}")
         if self.repeats < 1 or self.warmup < 0:
             problems.append("--repeats must be >= 1 and --warmup >= 0")
         if not self.batches or any(b < 1 for b in self.batches):
@@ -152,7 +159,7 @@ class BenchConfig:
     def quick_preset(cls, **overrides) -> BenchConfig:
         """A smoke run: the demo size, a few steps, two rounds, small ceilings."""
         base = dict(sizes=["demo"], batches=[1, 4], modes=["greedy", "beam2"], repeats=2, warmup=1, steps=6,
-                    src_len=8, check_sentences=8, check_inputs=2, quick=True)
+                    src_len=8, check_sentences=8, check_inputs=2, quick=True, min_seconds=0.0)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -415,9 +422,9 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
     def measure(name: str, record: bool, position: int) -> None:
         w = workers[name]
         try:
-            d = w.call({"op": "decode", "src": src, "beam": beam, "steps": cfg.steps})
+            d = w.call({"op": "decode", "src": src, "beam": beam, "steps": cfg.steps, "min_seconds": cfg.min_seconds})
             settle(w.proc.pid)
-            f = w.call({"op": "decode", "src": src, "beam": beam, "steps": 1})
+            f = w.call({"op": "decode", "src": src, "beam": beam, "steps": 1, "min_seconds": cfg.min_seconds})
             settle(w.proc.pid)
             direct = None
             if not is_ct2(name):

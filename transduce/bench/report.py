@@ -40,7 +40,9 @@ def markdown(result: dict[str, Any]) -> str:
                  f"{cfg['steps']} generated tokens per sentence (EOS banned, maximum length {cfg['steps']}), so every "
                  "system does the same work. Throughput counts the best hypothesis' tokens.")
     lines.append(f"Timing: {cfg['warmup']} warm-up, then {cfg['repeats']} rounds; each round runs every system once, "
-                 "in an order rotated each round. Shown: median [min–max] over rounds. `step` = (decode − first) / "
+                 "in an order rotated each round, after the last one's threads went idle; one measurement is the median "
+                 f"of back-to-back calls filling {cfg.get('min_seconds', 0):g} s (one call for slower cells). "
+                 "Shown: median [min–max] over rounds. `step` = (decode − first) / "
                  "(steps − 1) and `enc≈` = first − step are derived alike for every system; `first` is a decode of "
                  "one step (`enc≈` can come out negative when the noise exceeds the encoder's cost). Ratios: our tokens/s ÷ the faster CTranslate2 setting's in that cell, per round "
                  "(same round, so machine drift cancels), median [min–max].")
