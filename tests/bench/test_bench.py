@@ -277,3 +277,14 @@ def test_synthetic_tokenizer_has_the_base_vocabulary():
     assert tok.vocab_size == BASE_VOCAB
     assert [tok.id_to_token(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
     assert tok.encode("w4 w7999 zzz") == [4, 7999, 3]
+
+
+def test_a_measurement_repeats_short_calls_and_reports_their_median():
+    from transduce.bench.worker import MAX_CALLS, repeated
+
+    times = iter([0.05, 0.01, 0.02, 0.03, 0.04, 0.2])
+    reply = repeated(lambda: {"seconds": next(times), "tokens": 7}, min_seconds=0.1)
+    assert reply == {"seconds": pytest.approx(0.025), "calls": 4, "tokens": 7}  # 0.05 + 0.01 + 0.02 + 0.03 >= 0.1
+    assert repeated(lambda: {"seconds": 0.5}, min_seconds=0.1)["calls"] == 1
+    assert repeated(lambda: {"seconds": 0.0}, min_seconds=1.0)["calls"] == MAX_CALLS
+    assert repeated(lambda: {"seconds": 0.01}, min_seconds=0.0)["calls"] == 1
