@@ -14,6 +14,10 @@ Per model size:
                `steps`: our min_length steps+1 / max_len_b steps, CTranslate2's min = max = steps);
       first    the same with one step (encoder + one step);
       direct   (our backends) backend.encode alone and `steps` calls of backend.step at batch x beam rows.
+    decode and first are each the median of back-to-back calls filling `min_seconds` (one call for
+    slower cells), and a system is measured only once the last one's threads are idle (settle()).
+ 3b. quantized rows (`quantize`, e.g. onnxruntime-int8): ONNX Runtime on a quantized export of the same
+    weights, timed only if quality_gate() passes on the demo size (BLEU within QUALITY_GATE_BLEU).
     Derived for every system alike: step = (decode - first) / (steps - 1), encoder ~ first - step.
     Throughput: target tokens / s = batch x steps / decode (beam search counts the best hypothesis
     only), sentences / s = batch / decode.
