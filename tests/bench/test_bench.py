@@ -200,36 +200,66 @@ def test_quantized_rows_config_and_names():
         BenchConfig(quantize=["int4"])
     with pytest.raises(TransduceError, match="keep onnxruntime"):
         BenchConfig(quantize=["int8"], backends=["torch"])
+    with pytest.raises(TransduceError, match="needs the demo size"):
+        BenchConfig(quantize=["int8"], sizes=["base"])
+    cfg = BenchConfig(quantize=["int8", "int8"], sizes=["base", "demo"])
+    assert cfg.quantize == ["int8"] and cfg.sizes == ["demo", "base"]  # the gate runs first
     assert quantized_system("onnxruntime-int8") == "int8"
     assert quantized_system("onnxruntime") is None and quantized_system("ctranslate2-avx2") is None
 
 
 @pytest.mark.parametrize("quantized_text, passed", [("a b c d e f", True), ("a b x y e f", False)])
 def test_quality_gate_compares_bleu_with_fp32(monkeypatch, tmp_path, quantized_text, passed):
+    _run_gate(monkeypatch, tmp_path, {"int8": quantized_text}, passed)
+
+
+def test_quality_gate_threshold_is_half_a_bleu_point(monkeypatch, tmp_path):
+    """99 identical sentences and one that differs: BLEU drops by less than 0.5 for a one-word change in
+    a long corpus and by more for a wholly different sentence (threshold, not just 'equal or not')."""
+    from transduce.bench import harness
+
+    long = " ".join(f"w{i}" for i in range(12))
+    refs = [long] * 100
+    gate = _run_gate(monkeypatch, tmp_path, {"int8": [long] * 99 + [long.replace("w5", "x")]}, True, refs)
+    assert 0 < gate["bleu_fp32"] - gate["bleu_int8"] <= harness.QUALITY_GATE_BLEU
+    gate = _run_gate(monkeypatch, tmp_path, {"int8": [long] * 97 + ["zz yy"] * 3}, False, refs)
+    assert gate["bleu_fp32"] - gate["bleu_int8"] > harness.QUALITY_GATE_BLEU and "below fp32" in gate["reason"]
+
+
+def test_quality_gate_refuses_an_untrained_demo_model(monkeypatch, tmp_path):
+    gate = _run_gate(monkeypatch, tmp_path, {"int8": "a b c d e f"}, False, trained=False)
+    assert "untrained" in gate["reason"] and "bleu_fp32" not in gate
+
+
+def _run_gate(monkeypatch, tmp_path, texts, passed, refs=None, trained=True):
     """The int8 rows are timed only if BLEU on the demo data is at most 0.5 below fp32's."""
     from types import SimpleNamespace
 
     from transduce.bench import harness
     from transduce.runtime import api
 
-    pairs = [("s1", "a b c d e f"), ("s2", "a b c d e f")]
+    refs = refs or ["a b c d e f", "a b c d e f"]
+    pairs = [(f"s{i}", r) for i, r in enumerate(refs)]
     monkeypatch.setattr(harness, "held_out_pairs", lambda prepared, n: pairs[:n])
 
     class FakeTranslator:
-        def __init__(self, text):
-            self.text = text
+        def __init__(self, out):
+            self.out = out
 
-        def translate(self, sources, beam_size):
-            assert beam_size == 4
-            return [SimpleNamespace(text=self.text) for _ in sources]
+        def translate(self, sources, beam_size, truncate):
+            assert beam_size == 4 and truncate
+            outs = self.out if isinstance(self.out, list) else [self.out] * len(sources)
+            return [SimpleNamespace(text=t) for t in outs]
 
-    texts = {"fp32": "a b c d e f", "int8": quantized_text}
+    texts = {"fp32": refs, **texts}
     monkeypatch.setattr(api, "load", lambda path, threads: FakeTranslator(texts[os.path.basename(path)]))
     prepared = SimpleNamespace(artifact_dir=str(tmp_path / "fp32"), quantized_dirs={"int8": str(tmp_path / "int8")},
-                               size="demo")
-    gate = harness.quality_gate(prepared, "int8", BenchConfig(check_sentences=2), log=lambda m: None)
-    assert gate["passed"] is passed and gate["bleu_fp32"] == 100.0 and gate["sentences"] == 2
-    assert (gate["bleu_int8"] == 100.0) is passed
+                               size="demo", trained=trained, quantize_errors={})
+    gate = harness.quality_gate(prepared, "int8", BenchConfig(check_sentences=len(refs)), log=lambda m: None)
+    assert gate["passed"] is passed and gate["sentences"] == len(refs)
+    if trained:
+        assert gate["bleu_fp32"] == 100.0
+    return gate
 
 
 def test_cell_stats_derives_step_and_encoder():

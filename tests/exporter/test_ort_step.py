@@ -42,7 +42,9 @@ def test_not_built_for_reduced_precision_or_pre_norm(artifact_fp16, tiny_model):
     assert "fp32" in ort_step.unsupported_reason(cfg, "fp16")
     assert "post-norm" in ort_step.unsupported_reason({**cfg, "norm_first": True}, "fp32")
     base = {**cfg, "d_model": 512, "d_ff": 2048, "decoder_layers": 6, "vocab_size": 8000}
-    assert ort_step.unsupported_reason(base, "fp32") is None  # built at every size
+    assert ort_step.unsupported_reason(base, "fp32") is None  # built at every size that fits one ONNX file
+    huge = {**base, "d_model": 4096, "d_ff": 16384, "decoder_layers": 24, "vocab_size": 32000}
+    assert "2 GB" in ort_step.unsupported_reason(huge, "fp32")
 
 
 def test_a_wrong_ort_step_graph_fails_the_export(artifact_fp32, tiny_model_dir, tmp_path, monkeypatch):

@@ -65,7 +65,8 @@ def test_int8_artifact_steps_close_to_eager(artifact_int8, tiny_model):
     want = teacher_forced_log_probs(TorchBackend(tiny_model), src, lens, prefix)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert 1e-5 < rel < validate.RELATIVE_RMS["int8"]["log_probs"]
-    assert all(r.best.tokens for r in decode(be, src, lens, DecodingOptions(beam_size=2, max_len_b=8)))
+    opts = DecodingOptions(beam_size=2, min_length=3, max_len_b=8)
+    assert all(len(r.best.tokens) >= 2 for r in decode(be, src, lens, opts))
 
 
 def test_cli_export_quantize_prints_the_int8_errors(tiny_model_dir, tmp_path, copied_graphs):
@@ -103,6 +104,28 @@ def test_relative_rms_criterion_separates_noise_from_a_wrong_tensor():
     table.add("encoder", "wrong", {"memory": rng.permutation(ref.ravel()).reshape(ref.shape)}, {"memory": ref})
     (row,) = table.failures()
     assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == validate.RELATIVE_RMS["int8"]["memory"]
+    assert row["worst_case"] == "wrong" and "atol" not in row
+
+
+def test_log_probs_are_judged_without_their_offset():
+    """Log-probs sit near -log V: compared as they are, two unrelated near-flat distributions would be
+    close in relative terms. Each row's mean is taken out first, so they fail at the real limit."""
+    rng = np.random.default_rng(1)
+
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    ref = log_softmax(rng.normal(size=(6, 8000)))
+    other = log_softmax(rng.normal(size=(6, 8000)))
+    assert np.linalg.norm(other - ref) / np.linalg.norm(ref) < 0.25  # what a plain relative RMS would see
+    table = validate.ErrorTable("int8")
+    table.add("decoder_step.ort", "noise", {"log_probs": log_softmax(np.log(np.exp(ref)) + 0.03 * rng.normal(size=ref.shape))},
+              {"log_probs": ref})
+    assert not table.failures()
+    table.add("decoder_step.ort", "unrelated", {"log_probs": other}, {"log_probs": ref})
+    (row,) = table.failures()
+    assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == validate.RELATIVE_RMS["int8"]["log_probs"]
 
 
 def test_gpu_paths_refuse_an_int8_artifact(artifact_int8, tmp_path, monkeypatch):

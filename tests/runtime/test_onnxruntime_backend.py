@@ -277,13 +277,27 @@ def test_binding_paths_decode_alike(tiny_artifact_dir, tiny_model, native):
     wrapper where those are not reachable: both decode exactly like eager PyTorch."""
     be = make_backend(tiny_artifact_dir, "onnxruntime")
     assert be._mem._host is not None  # this onnxruntime has the internals the native path uses
+    assert hasattr(be.decoder.io_binding(), "_iobinding")
     if not native:
         be._mem._host = None
+    public = []
+    real_bind = orb._NumpyMemory.bind
+
+    def spy(mem, binding, name, arr, is_input):  # count the calls that reach the public wrapper
+        original = binding.bind_input
+        binding.bind_input = lambda *a: (public.append(a[0]), original(*a))
+        try:
+            real_bind(mem, binding, name, arr, is_input)
+        finally:
+            binding.bind_input = original
+
+    be._mem.bind = spy.__get__(be._mem)
     src, lens = _src(be.config, 5, seed=3)
     opts = DecodingOptions(beam_size=3, nbest=3, max_len_b=8)
     ours, ref = decode(be, src, lens, opts), decode(TorchBackend(tiny_model), src, lens, opts)
     assert [[h.tokens for h in r.hypotheses] for r in ours] == [[h.tokens for h in r.hypotheses] for r in ref]
     assert (be._mem._host is None) == (not native)
+    assert bool(public) == (not native)  # the native path never goes through the wrapper
 
 
 def test_a_refused_native_bind_falls_back_to_the_public_wrapper(tiny_artifact_dir):

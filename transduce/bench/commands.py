@@ -57,7 +57,8 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--quantize", "quantize", multiple=True, type=click.Choice(["int8"]),
               help="Also time ONNX Runtime on an export quantized this way (transduce export --quantize), if its "
                    "BLEU on the demo data is within 0.5 of fp32's. Repeatable.")
-@click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check.  [default: 100]")
+@click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check and "
+              "the --quantize BLEU gate.  [default: 100]")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate (no floors).")
 @click.option("--cache-dir", type=click.Path(), help="Where prepared models, exports and conversions go.  [default: OUT/models]")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(),

@@ -16,11 +16,12 @@ Per model size:
       direct   (our backends) backend.encode alone and `steps` calls of backend.step at batch x beam rows.
     decode and first are each the median of back-to-back calls filling `min_seconds` (one call for
     slower cells), and a system is measured only once the last one's threads are idle (settle()).
- 3b. quantized rows (`quantize`, e.g. onnxruntime-int8): ONNX Runtime on a quantized export of the same
-    weights, timed only if quality_gate() passes on the demo size (BLEU within QUALITY_GATE_BLEU).
     Derived for every system alike: step = (decode - first) / (steps - 1), encoder ~ first - step.
     Throughput: target tokens / s = batch x steps / decode (beam search counts the best hypothesis
     only), sentences / s = batch / decode.
+    Quantized rows (`quantize`, e.g. onnxruntime-int8): ONNX Runtime on a quantized export of the same
+    weights, timed only if quality_gate() passes on the demo size (BLEU within QUALITY_GATE_BLEU; the
+    demo size runs first, and other sizes are quantized only after it passed).
  4. ratios: per round, our throughput / the faster CTranslate2 setting's (the one with the lower median
     decode time in that cell), from the same round; the median over rounds and its min and max.
 
@@ -151,11 +152,16 @@ class BenchConfig:
                 problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")
         if self.threads < 1:
             problems.append("--threads must be >= 1")
+        self.quantize = list(dict.fromkeys(self.quantize))
         for q in self.quantize:
             if q not in QUANTIZE_METHODS:
                 problems.append(f"unknown quantization {q!r} ({', '.join(QUANTIZE_METHODS)})")
         if self.quantize and "onnxruntime" not in self.backends:
             problems.append("--quantize adds ONNX Runtime rows: keep onnxruntime in --backends")
+        if self.quantize and "demo" not in self.sizes:
+            problems.append("--quantize needs the demo size: its BLEU on the demo data gates the quantized rows")
+        elif self.quantize:  # the gate runs on the demo size, before any other size's quantized row
+            self.sizes = ["demo"] + [s for s in self.sizes if s != "demo"]
         if problems:
             raise TransduceError("invalid bench options: " + "; ".join(problems))
 
@@ -382,15 +388,29 @@ def quality_gate(prepared, method: str, cfg: BenchConfig, log) -> dict[str, Any]
 
     pairs = held_out_pairs(prepared, cfg.check_sentences)
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    bleu = {}
-    for label, path in (("fp32", prepared.artifact_dir), (method, prepared.quantized_dirs[method])):
-        hyps = [r.text for r in load(path, threads=cfg.threads).translate(sources, beam_size=4)]
-        bleu[label] = sacrebleu.corpus_bleu(hyps, [refs]).score
-    gate = {"method": method, "sentences": len(pairs), "beam": 4, "bleu_fp32": round(bleu["fp32"], 2),
-            f"bleu_{method}": round(bleu[method], 2), "max_drop": QUALITY_GATE_BLEU,
-            "passed": bleu[method] >= bleu["fp32"] - QUALITY_GATE_BLEU, "size": prepared.size}
-    log(f"[gate] {method}: BLEU {bleu[method]:.2f} vs fp32 {bleu['fp32']:.2f} on {len(pairs)} held-out demo sentences "
-        f"(beam 4): {'pass' if gate['passed'] else 'FAIL: not timed'}")
+    gate: dict[str, Any] = {"method": method, "sentences": len(pairs), "beam": 4, "max_drop": QUALITY_GATE_BLEU,
+                            "size": prepared.size, "passed": False}
+    if not prepared.trained:
+        gate["reason"] = "the demo model is untrained (random weights), so BLEU says nothing: run `transduce demo` first"
+    elif method in getattr(prepared, "quantize_errors", {}):
+        gate["reason"] = f"its export failed: {prepared.quantize_errors[method]}"
+    else:
+        try:
+            bleu = {}
+            for label, path in (("fp32", prepared.artifact_dir), (method, prepared.quantized_dirs[method])):
+                hyps = [r.text for r in load(path, threads=cfg.threads).translate(sources, beam_size=4, truncate=True)]
+                bleu[label] = sacrebleu.corpus_bleu(hyps, [refs]).score
+        except TransduceError as e:
+            gate["reason"] = f"decoding the held-out sentences failed: {e}"
+        else:
+            gate.update({"bleu_fp32": round(bleu["fp32"], 2), f"bleu_{method}": round(bleu[method], 2),
+                         "passed": bleu[method] >= bleu["fp32"] - QUALITY_GATE_BLEU})
+            if not gate["passed"]:
+                gate["reason"] = (f"its BLEU on the demo data is more than {QUALITY_GATE_BLEU} below fp32's "
+                                  f"({gate[f'bleu_{method}']} vs {gate['bleu_fp32']})")
+    log(f"[gate] {method}: " + (f"BLEU {gate[f'bleu_{method}']:.2f} vs fp32 {gate['bleu_fp32']:.2f} on {len(pairs)} "
+                                f"held-out demo sentences (beam 4): " if "bleu_fp32" in gate else "")
+        + ("pass" if gate["passed"] else f"FAIL, not timed: {gate['reason']}"))
     return gate
 
 
@@ -532,12 +552,14 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
               log, gates: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from transduce.bench.models import prepare
 
+    gates = {} if gates is None else gates
     log(f"[{size}] preparing the model, its ONNX export and its CTranslate2 conversion")
     model_dir = cfg.model_dir if size == "demo" else None
     want_ct2 = any(is_ct2(n) for n in workers)
     prepared = prepare(size, cache, model_dir=model_dir, with_ct2=want_ct2,
                        artifact_dir=cfg.artifact_dir if size == "demo" else None, log=lambda m: log(f"[{size}] {m}"),
-                       quantize=cfg.quantize)
+                       # the other sizes' quantized exports only once the demo size's gate passed
+                       quantize=[q for q in cfg.quantize if size == "demo" or gates.get(q, {}).get("passed")])
     entry: dict[str, Any] = {
         "size": size,
         "model": {"description": prepared.description, "trained": prepared.trained, "config": prepared.config,
@@ -545,7 +567,6 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
                   "notes": prepared.notes},
         "systems": {}, "checks": [], "cells": [], "quality_gates": {},
     }
-    gates = {} if gates is None else gates
     if size == "demo":
         for q in cfg.quantize:
             gates[q] = entry["quality_gates"][q] = quality_gate(prepared, q, cfg, log)
@@ -573,10 +594,12 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         elif quantized_system(name):
             q = quantized_system(name)
             gate = gates.get(q)
+            reason = None
             if gate is None or not gate["passed"]:
-                reason = (f"its BLEU on the demo data is more than {QUALITY_GATE_BLEU} below fp32's ({gate[f'bleu_{q}']} vs "
-                          f"{gate['bleu_fp32']})" if gate else
-                          "its quality gate (BLEU on the demo data) runs on the demo size first: add demo to --sizes")
+                reason = gate["reason"] if gate else "its quality gate (BLEU on the demo data) did not run"
+            elif q in prepared.quantize_errors:
+                reason = f"its export failed: {prepared.quantize_errors[q]}"
+            if reason:
                 entry["systems"][name] = {"status": "skipped", "reason": reason}
                 continue
             if size != "demo":

@@ -37,6 +37,7 @@ class PreparedModel:
     trained: bool  # False for seeded random weights
     notes: list[str] = field(default_factory=list)
     quantized_dirs: dict[str, str] = field(default_factory=dict)  # method ("int8") -> its quantized export
+    quantize_errors: dict[str, str] = field(default_factory=dict)  # method -> why its export failed
 
 
 def synthetic_tokenizer(vocab_size: int):
@@ -156,7 +157,12 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
         from transduce.bench.ctranslate2_export import convert_to_ctranslate2
 
         ct2_dir = convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2"))
-    quantized = {q: os.path.abspath(ensure_artifact(model_dir, [os.path.join(root, f"artifact-{q}")], log=log, quantize=q))
-                 for q in quantize}
+    quantized, errors = {}, {}
+    for q in quantize:
+        try:
+            quantized[q] = os.path.abspath(ensure_artifact(model_dir, [os.path.join(root, f"artifact-{q}")], log=log, quantize=q))
+        except TransduceError as e:  # e.g. the model loses too much to int8: that row is not timed
+            errors[q] = f"{e}" + (f" ({e.hint})" if getattr(e, "hint", None) else "")
+            log(f"the {q} export failed: {errors[q]}")
     return PreparedModel(size, os.path.abspath(model_dir), os.path.abspath(artifact),
-                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized)
+                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized, errors)

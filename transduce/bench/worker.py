@@ -4,8 +4,9 @@ Every system (torch, onnxruntime, tensorrt, and CTranslate2 under each environme
 process of its own, so that
 - environment settings that must precede a library's loading (ONEDNN_MAX_CPU_ISA for CTranslate2's
   oneDNN) differ between systems of one run;
-- thread pools do not meet: each process has only its system's threads, idle (blocked on a pipe)
-  while another system is being timed;
+- thread pools do not meet: each process has only its system's threads, idle (blocked on a pipe, once
+  their post-call spinning is over: the harness waits for that, harness.settle) while another system
+  is being timed;
 - the parent can interleave systems (A B A B ...) at the granularity of one measurement.
 
 Protocol: one JSON object per line on stdin, one JSON reply per line on the original stdout (fd 1 is

@@ -15,7 +15,7 @@ each source's cross K/V read once for all its beams do: base shape (6+6 layers, 
 (the artifact is about as large again: base, 105 + 122 MB) and the CPU backend runs it at every size
 and row count.
 
-What it is. Per decoder layer (post-norm, fp32, small models only; `unsupported_reason` says why not otherwise):
+What it is. Per decoder layer (post-norm, fp32; `unsupported_reason` says why not otherwise):
   self-attention   Gemm(x, [Wq|Wk|Wv]) -> com.microsoft.GroupQueryAttention with the packed QKV,
                    past_key/past_value = the runtime's cache (batch, heads, cache_len, head_dim),
                    seqlens_k = positions, total_sequence_length = max(positions) + 1. Bound with
@@ -62,7 +62,24 @@ def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
         return f"the ONNX Runtime step graph is built for fp32 artifacts only, not {precision}"
     if config["norm_first"]:
         return "the ONNX Runtime step graph is built for post-norm models only (norm_first is set)"
+    size = weight_bytes(config)
+    if size > MAX_INLINE_BYTES:
+        return (f"the ONNX Runtime step graph keeps its weights inline, and this model's ({size / 1e9:.1f} GB) pass "
+                f"what one ONNX file holds ({MAX_INLINE_BYTES / 1e9:.1f} GB of its 2 GB)")
     return None
+
+
+MAX_INLINE_BYTES = 1.8e9  # protobuf's 2 GB limit on one ONNX file, less room for the graph itself
+
+
+def weight_bytes(config: dict[str, Any]) -> int:
+    """The step graph's initializer bytes (fp32): the decoder layers, the embedding twice (the pre-scaled
+    copy) and the positional table."""
+    d, ff, n = config["d_model"], config["d_ff"], config["decoder_layers"]
+    # self-attention Q/K/V/out and cross-attention Q/out (its K/V are the encoder's), FFN, their biases,
+    # three LayerNorms
+    per_layer = 6 * d * d + 2 * d * ff + 13 * d + ff
+    return 4 * (n * per_layer + 2 * config["vocab_size"] * d + config["max_positions"] * d)
 
 
 def build_ort_step(model, opset: int) -> Any:

@@ -22,6 +22,8 @@ quantized step graph is decoder_step.ort.onnx).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections import Counter
 from typing import Any
@@ -47,6 +49,19 @@ def unsupported_reason(method: str, config: dict[str, Any], precision: str) -> s
     return None
 
 
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """quantize_dynamic logs a warning to the root logger for every graph ("consider pre-processing",
+    meant for image models): nothing a user of this export can act on."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(before)
+
+
 def quantize_graphs(directory: str, method: str) -> dict[str, Any]:
     """Quantize QUANTIZED_FILES of an export directory in place; -> the manifest's "quantization" record."""
     import onnx
@@ -57,11 +72,15 @@ def quantize_graphs(directory: str, method: str) -> dict[str, Any]:
     for name in QUANTIZED_FILES:
         path = os.path.join(directory, name)
         tmp = path + ".int8.tmp"
+        if any(f.startswith(name + ".") for f in os.listdir(directory)):
+            raise ExportError(f"{name} keeps its weights in external data files (a model of more than 2 GB): "
+                              "--quantize int8 handles graphs with inline weights only", hint=UNQUANTIZED_HINT)
         try:
             # DefaultTensorType: ONNX shape inference gives no type to contrib ops' outputs
             # (GroupQueryAttention, MultiHeadAttention); every float tensor of these graphs is fp32
-            quantize_dynamic(path, tmp, weight_type=QuantType.QInt8, op_types_to_quantize=list(OP_TYPES),
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            with _quiet_root_logger():
+                quantize_dynamic(path, tmp, weight_type=QuantType.QInt8, op_types_to_quantize=list(OP_TYPES),
+                                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         except Exception as e:  # onnxruntime.quantization raises plain RuntimeError/ValueError/onnx errors
             if os.path.exists(tmp):
                 os.remove(tmp)

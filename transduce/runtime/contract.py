@@ -76,8 +76,10 @@ outputs, op_histogram, ...}, `validation` {engine, tolerances, cases, errors: [{
 max_abs, max_rel, atol, rtol, passed}]}, `tools`, `export_seconds`, and `files` {name: {sha256,
 bytes}} for every other file of the directory (the graphs, any external-data file, and config.json
 and tokenizer.json copied from the model directory). An artifact exported with `--quantize int8`
-also has `quantization` {method, graphs, ops, validation, ...} (transduce/exporter/quantize.py): its
-encoder.onnx and decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider only.
+also has `quantization` {method, graphs, ops, validation (rows {graph, output, max_abs, rel_rms,
+rel_rms_limit, passed, worst_case}), ...} (transduce/exporter/quantize.py): its encoder.onnx and
+decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider only; `graphs`
+describes them before quantization.
 """
 
 from __future__ import annotations

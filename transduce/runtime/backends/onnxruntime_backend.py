@@ -584,7 +584,7 @@ class _NumpyMemory:
                 (native.bind_input if is_input else native.bind_output)(name, self._host, arr.dtype, list(arr.shape),
                                                                         arr.ctypes.data)
                 return
-            except TypeError:  # another signature: the argument conversion refused before binding anything
+            except Exception:  # noqa: BLE001 - another signature or internal: the public wrapper from now on
                 self._host = None
         (binding.bind_input if is_input else binding.bind_output)(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
 
