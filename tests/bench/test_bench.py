@@ -263,8 +263,10 @@ def _run_gate(monkeypatch, tmp_path, texts, passed, refs=None, trained=True):
 
 
 def test_cell_stats_derives_step_and_encoder():
-    raw = {"decode": [0.40, 0.44, 0.42], "first": [0.05, 0.06, 0.04], "direct_encode": [0.01], "direct_step": [0.012]}
+    raw = {"decode": [0.40, 0.44, 0.42], "first": [0.05, 0.06, 0.04], "direct_encode": [0.01], "direct_step": [0.012],
+           "calls": [1, 2, 1]}
     st = cell_stats(raw, batch=4, steps=11)
+    assert st["calls_per_measurement"]["median"] == 1 and st["calls_per_measurement"]["max"] == 2
     assert st["decode_ms"]["median"] == pytest.approx(420.0)
     assert st["tokens_per_s"]["median"] == pytest.approx(4 * 11 / 0.42)
     assert st["sentences_per_s"]["max"] == pytest.approx(4 / 0.40)

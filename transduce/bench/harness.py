@@ -293,6 +293,8 @@ def cell_stats(raw: dict[str, Any], batch: int, steps: int) -> dict[str, Any]:
         step = (statistics.median(dec) - statistics.median(first)) / (steps - 1)
         out["step_ms_derived"] = step * 1e3
         out["encoder_ms_derived"] = (statistics.median(first) - step) * 1e3
+    if raw.get("calls"):
+        out["calls_per_measurement"] = summary([float(c) for c in raw["calls"]])
     if raw.get("direct_encode"):
         out["encoder_ms_direct"] = summary([t * 1e3 for t in raw["direct_encode"]])
         out["step_ms_direct"] = summary([t * 1e3 for t in raw["direct_step"]])
@@ -440,7 +442,7 @@ def _checks(prepared, cfg: BenchConfig, log) -> list[dict[str, Any]]:
 def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]], beam: int, cfg: BenchConfig,
                log) -> dict[str, dict[str, list]]:
     raw: dict[str, dict[str, list]] = {n: {"decode": [], "first": [], "direct_encode": [], "direct_step": [],
-                                           "order": []} for n in names}
+                                           "order": [], "calls": []} for n in names}
     failed: dict[str, str] = {}
 
     def measure(name: str, record: bool, position: int) -> None:
@@ -462,6 +464,7 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
             raw[name]["decode"].append(d["seconds"])
             raw[name]["first"].append(f["seconds"])
             raw[name]["order"].append(position)
+            raw[name]["calls"].append(d.get("calls", 1))  # decode calls behind each decode median
             if direct is not None:
                 raw[name]["direct_encode"].append(direct["encode_seconds"])
                 raw[name]["direct_step"].append(float(np.mean(direct["step_seconds"])))
