@@ -6,6 +6,7 @@ import click
 
 from transduce.cli_errors import cli_errors
 from transduce.errors import TransduceError
+from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -54,7 +55,7 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
               "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1).  [default: default,avx2]")
 @click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
               "(timed when CUDA is available). Repeatable.")
-@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["int8"]),
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(QUANTIZE_METHODS),
               help="Also time ONNX Runtime on an export quantized this way (transduce export --quantize), if its "
                    "BLEU on the demo data is within 0.5 of fp32's. Repeatable.")
 @click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check and "

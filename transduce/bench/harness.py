@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import TransduceError
+from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
 OUR_BACKENDS = ("torch", "onnxruntime", "tensorrt")
 CT2_SETTINGS: dict[str, dict[str, str | None]] = {
@@ -190,7 +191,6 @@ def is_ct2(name: str) -> bool:
     return name.startswith("ctranslate2")
 
 
-QUANTIZE_METHODS = ("int8",)
 # A quantized export is timed only if its BLEU on the demo task's held-out sentences (beam 4) is within
 # this much of the fp32 export's (the issue's gate); sizes without reference translations (base: random
 # weights) are timed when the demo size passed the gate in the same run.
@@ -327,7 +327,7 @@ def held_out_sources(prepared, n: int) -> list[list[int]]:
     pairs = held_out_pairs(prepared, n)
     tok = load_tokenizer(prepared.model_dir)
     limit = prepared.config["max_positions"] - 1
-    return [ids for ids in (tok.encode(src)[:limit] for src, _ in pairs[:n]) if ids]
+    return [ids for ids in (tok.encode(src)[:limit] for src, _ in pairs) if ids]
 
 
 # -- machine ----------------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ def quality_gate(prepared, method: str, cfg: BenchConfig, log) -> dict[str, Any]
                             "size": prepared.size, "passed": False}
     if not prepared.trained:
         gate["reason"] = "the demo model is untrained (random weights), so BLEU says nothing: run `transduce demo` first"
-    elif method in getattr(prepared, "quantize_errors", {}):
+    elif method in prepared.quantize_errors:
         gate["reason"] = f"its export failed: {prepared.quantize_errors[method]}"
     else:
         try:
@@ -552,10 +552,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
 
 
 def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker], ct2_missing: str | None,
-              log, gates: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              log, gates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One model size; `gates` holds the quantized exports' quality gates, set by the demo size."""
     from transduce.bench.models import prepare
 
-    gates = {} if gates is None else gates
     log(f"[{size}] preparing the model, its ONNX export and its CTranslate2 conversion")
     model_dir = cfg.model_dir if size == "demo" else None
     want_ct2 = any(is_ct2(n) for n in workers)

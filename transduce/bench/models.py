@@ -162,7 +162,7 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
         try:
             quantized[q] = os.path.abspath(ensure_artifact(model_dir, [os.path.join(root, f"artifact-{q}")], log=log, quantize=q))
         except TransduceError as e:  # e.g. the model loses too much to int8: that row is not timed
-            errors[q] = f"{e}" + (f" ({e.hint})" if getattr(e, "hint", None) else "")
+            errors[q] = str(e)  # its hint included
             log(f"the {q} export failed: {errors[q]}")
     return PreparedModel(size, os.path.abspath(model_dir), os.path.abspath(artifact),
                          os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized, errors)

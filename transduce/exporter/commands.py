@@ -6,6 +6,7 @@ import click
 
 from transduce.cli_errors import cli_errors
 from transduce.exporter.onnx_export import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET  # no framework imported
+from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 from transduce.runtime.contract import PRECISIONS
 
 
@@ -16,7 +17,7 @@ from transduce.runtime.contract import PRECISIONS
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=int, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET}).")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS),
               help="Float precision of the graphs (fp16/bf16 keep LayerNorm, softmax and log_probs in fp32).")
-@click.option("--quantize", type=click.Choice(["int8"]), default=None,
+@click.option("--quantize", type=click.Choice(QUANTIZE_METHODS), default=None,
               help="Also quantize encoder.onnx and decoder_step.ort.onnx (int8 weights, ONNX Runtime dynamic "
                    "quantization; ONNX Runtime CPU only).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -35,6 +36,11 @@ def export(model_dir, out_dir, force, opset, precision, quantize, quiet):
     click.echo(summary(out_dir, manifest))
 
 
+def _output_group(name: str) -> str:
+    """memory and log_probs as they are; per-layer (and top-k) outputs as one group: cross_key_* ..."""
+    return name if name in ("memory", "log_probs") else name.rsplit("_", 1)[0] + "_*"
+
+
 def summary(out_dir: str, manifest: dict) -> str:
     """A few lines: files and sizes, the validation's worst errors, the time taken."""
     quant = manifest.get("quantization")
@@ -45,7 +51,7 @@ def summary(out_dir: str, manifest: dict) -> str:
     val = manifest["validation"]
     worst: dict[str, dict] = {}
     for row in val["errors"]:
-        key = row["output"] if row["output"] in ("memory", "log_probs") else row["output"].rsplit("_", 1)[0] + "_*"
+        key = _output_group(row["output"])
         if key not in worst or row["max_abs"] > worst[key]["max_abs"]:
             worst[key] = row
     lines.append(f"validated on {val['engine']} against {val['reference']}:")
@@ -55,7 +61,7 @@ def summary(out_dir: str, manifest: dict) -> str:
         rms: dict[str, float] = {}
         for row in quant["validation"]["errors"]:
             if row["graph"] + ".onnx" in quant["graphs"]:
-                key = row["output"] if row["output"] in ("memory", "log_probs") else row["output"].rsplit("_", 1)[0] + "_*"
+                key = _output_group(row["output"])
                 rms[key] = max(rms.get(key, 0.0), row["rel_rms"])
         lines.append(f"{quant['method']} graphs ({', '.join(quant['graphs'])}), relative RMS error against eager:")
         lines += [f"  {key:<14} {v:.3f}" for key, v in rms.items()]

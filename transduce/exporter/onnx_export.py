@@ -93,22 +93,24 @@ def _quiet(_: str) -> None:
 # -- checks before any work ----------------------------------------------------------------------
 
 
-def check_options(precision: str, opset: int, quantize: str | None = None, config: dict[str, Any] | None = None) -> None:
+def check_options(precision: str, opset: int) -> None:
     if precision not in contract.PRECISIONS:
         raise ExportError(f"unknown precision {precision!r}", hint=f"choose one of {', '.join(contract.PRECISIONS)}")
-    if quantize is not None and config is not None:
-        from transduce.exporter import quantize as q
-
-        reason = q.unsupported_reason(quantize, config, precision)
-        if reason:
-            raise ExportError(f"cannot quantize: {reason}",
-                              hint="--quantize int8 needs --precision fp32 and a post-norm model")
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise ExportError(
             f"opset {opset} is not supported: LayerNormalization needs >= {MIN_OPSET}, and ONNX Runtime 1.31 "
             f"loads <= {MAX_OPSET}",
             hint=f"use --opset {DEFAULT_OPSET} (the default)",
         )
+
+
+def check_quantize(quantize: str, config: dict[str, Any], precision: str) -> None:
+    """Refuse a quantization this model and precision cannot have (quantize.unsupported_reason)."""
+    from transduce.exporter import quantize as q
+
+    reason = q.unsupported_reason(quantize, config, precision)
+    if reason:
+        raise ExportError(f"cannot quantize: {reason}", hint="--quantize int8 needs --precision fp32 and a post-norm model")
 
 
 def check_destination(model_dir: str, out_dir: str, force: bool) -> None:
@@ -257,7 +259,8 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     check_destination(model_dir, out_dir, force)
     model, _, cfg = load_model(model_dir)
     config = model.cfg.to_dict()
-    check_options(precision, opset, quantize, config)
+    if quantize:
+        check_quantize(quantize, config, precision)
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
         raise ExportError(f"max_positions is {model.cfg.max_positions}; export needs >= {MIN_MAX_POSITIONS}")
     with atomic_output(out_dir, force, ExportError, "the artifact",

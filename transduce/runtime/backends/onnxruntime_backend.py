@@ -15,9 +15,9 @@ writes the new K/V into the cache itself (its present_* outputs are bound onto t
 which picks the top-k itself (no second session run per step), and which reads each source's cross
 K/V once for all its beams (gathered per sentence, not per row). On CPU it serves every row count of
 such models, of every size (see transduce/exporter/ort_step.py), small models on one thread below
-the wide threshold and on the whole budget from there. Demo model,
-us per step run, fused vs standard graph: 1 row 154 vs 222, 64 rows (two threads) 1,386 vs 1,717
-(before the top-k and the grouped cross-attention moved into it). `fused=False` keeps to the
+the wide threshold and on the whole budget from there. Demo model, us per step run, fused vs
+standard graph: 1 row 154 vs 222, 64 rows (two threads) 1,386 vs 1,717 (before the top-k and the
+grouped cross-attention moved into it). `fused=False` keeps to the
 standard graph; `only_step_graph` pins one of the two (parity checks each).
 
 Device memory: on CPU the buffers are numpy arrays; with the CUDA or TensorRT execution provider
