@@ -30,9 +30,12 @@ def _prefixes(cfg, n, t, seed):
     return prefix
 
 
-def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, tiny_model):
+@pytest.mark.parametrize("whole_max", [0, orb._NumpyMemory.MOVE_WHOLE_MAX_BYTES], ids=["per-array", "whole-cache"])
+def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, tiny_model, monkeypatch, whole_max):
     """Rows that stay, a swap (a cycle: each side is overwritten and read), duplicates, growth, then a
-    second reorder that drops rows: every row continues the history of the row it was taken from."""
+    second reorder that drops rows: every row continues the history of the row it was taken from
+    (with the rows moved one layer's K or V at a time, and all at once)."""
+    monkeypatch.setattr(orb._NumpyMemory, "MOVE_WHOLE_MAX_BYTES", whole_max)
     be = make_backend(tiny_artifact_dir, "onnxruntime")
     ref = TorchBackend(tiny_model)
     cfg = be.config
@@ -50,6 +53,19 @@ def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, 
     origin = first[second]
     want = teacher_forced_log_probs(ref, src[origin], lens[origin], prefix[origin, :5])[:, 4]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("whole_max", [0, 1 << 40], ids=["per-array", "whole-cache"])
+def test_move_rows_moves_the_filled_slots_of_the_given_rows(monkeypatch, whole_max):
+    monkeypatch.setattr(orb._NumpyMemory, "MOVE_WHOLE_MAX_BYTES", whole_max)
+    mem = orb._NumpyMemory("fp32")
+    cache = np.random.default_rng(0).standard_normal((4, 6, 2, 5, 3)).astype(np.float32)  # (2L, R, H, C, Dh)
+    want = cache.copy()
+    dst, src, p = np.array([0, 1, 2, 4]), np.array([1, 0, 5, 5]), 3  # a swap, a duplicate
+    for d, s in zip(dst, src):
+        want[:, d, :, :p] = cache[:, s, :, :p]
+    mem.move_rows(cache, dst, src, p)
+    np.testing.assert_array_equal(cache, want)  # slots >= p and rows 3, 5 untouched
 
 
 @pytest.mark.parametrize("ban_eos", [False, True])
