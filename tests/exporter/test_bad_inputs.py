@@ -117,7 +117,7 @@ def test_wrong_graph_is_caught_by_validation(artifact_fp32, tiny_model_dir, tmp_
 
     from transduce.exporter import onnx_export
 
-    def export_perturbed(model, directory, precision, opset, log=None):
+    def export_perturbed(model, directory, precision, opset, log=None, ort_step_graph=True):
         shutil.copyfile(os.path.join(artifact_fp32.path, "encoder.onnx"), os.path.join(directory, "encoder.onnx"))
         step = onnx.load(os.path.join(artifact_fp32.path, "decoder_step.onnx"))
         init = next(t for t in step.graph.initializer if t.name.endswith("embed.weight"))

@@ -193,7 +193,7 @@ def test_external_data_is_checked_validated_and_hashed(artifact_fp32, tiny_model
 
     from transduce.exporter import onnx_export
 
-    def export_external(model, directory, precision, opset, log=None):
+    def export_external(model, directory, precision, opset, log=None, ort_step_graph=True):
         for name in ("encoder.onnx", "decoder_step.onnx"):
             proto = onnx.load(os.path.join(artifact_fp32.path, name))
             # like torch.onnx's saver (onnx_ir, size_threshold_bytes=256): tensors under 256 bytes stay

@@ -56,7 +56,7 @@ def test_a_wrong_ort_step_graph_fails_the_export(artifact_fp32, tiny_model_dir, 
     from transduce.exporter import onnx_export
     from transduce.exporter.onnx_export import export_artifact
 
-    def fake_export_graphs(model, directory, precision, opset, log=None):
+    def fake_export_graphs(model, directory, precision, opset, log=None, ort_step_graph=True):
         for name in ("encoder.onnx", "decoder_step.onnx"):
             shutil.copyfile(os.path.join(artifact_fp32.path, name), os.path.join(directory, name))
         proto = onnx.load(os.path.join(artifact_fp32.path, contract.ORT_STEP_FILE))
@@ -70,3 +70,37 @@ def test_a_wrong_ort_step_graph_fails_the_export(artifact_fp32, tiny_model_dir, 
     with pytest.raises(ExportError, match=r"decoder_step\.ort log_probs"):
         export_artifact(tiny_model_dir, out)
     assert not out.exists() and not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+
+
+def test_no_ort_step_leaves_the_graph_out(artifact_fp32, tiny_model_dir, tmp_path, copied_graphs):
+    """`transduce export --no-ort-step`: no decoder_step.ort.onnx in the files or the manifest; the ONNX
+    Runtime backend decodes it with decoder_step.onnx, as the full artifact's standard graph does."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+    from transduce.runtime.api import make_backend
+    from transduce.runtime.decoding import DecodingOptions, decode
+
+    out = tmp_path / "slim"
+    result = CliRunner().invoke(main, ["export", tiny_model_dir, str(out), "--no-ort-step"])
+    assert result.exit_code == 0, result.output
+    manifest = contract.read_manifest(out)
+    assert contract.ORT_STEP_FILE not in os.listdir(out)
+    assert contract.ORT_STEP_FILE not in manifest["files"] and contract.ORT_STEP_FILE not in manifest["graphs"]
+    assert not any(row["graph"] == "decoder_step.ort" for row in manifest["validation"]["errors"])
+    slim, full = make_backend(out, "onnxruntime"), make_backend(artifact_fp32.path, "onnxruntime")
+    assert not slim.fused and slim.step_graphs() == [contract.STEP_FILE]
+    src = np.array([[5, 6, 7, slim.config["eos_id"]]], np.int64)
+    opts = DecodingOptions(beam_size=2, max_len_a=0.0, max_len_b=6)
+    with full.only_step_graph(contract.STEP_FILE):
+        want = decode(full, src, np.array([4]), opts)
+    assert decode(slim, src, np.array([4]), opts) == want
+
+
+def test_no_ort_step_refuses_quantize(tiny_model_dir, tmp_path):
+    from transduce.exporter.onnx_export import export_artifact
+
+    with pytest.raises(ExportError, match="--no-ort-step") as e:
+        export_artifact(tiny_model_dir, tmp_path / "q", quantize="int8", ort_step_graph=False)
+    assert e.value.hint == "drop one of the two options"
+    assert not (tmp_path / "q").exists()

@@ -20,10 +20,15 @@ from transduce.runtime.contract import PRECISIONS
 @click.option("--quantize", type=click.Choice(QUANTIZE_METHODS), default=None,
               help="Also quantize encoder.onnx and decoder_step.ort.onnx (int8 weights, ONNX Runtime dynamic "
                    "quantization; ONNX Runtime CPU only).")
+@click.option("--no-ort-step", "no_ort_step", is_flag=True,
+              help="Leave out decoder_step.ort.onnx, the ONNX Runtime CPU step graph (a second copy of the decoder's "
+                   "weights): for TensorRT or CUDA deployment; ONNX Runtime on CPU then decodes with "
+                   "decoder_step.onnx, more slowly.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @cli_errors
-def export(model_dir, out_dir, force, opset, precision, quantize, quiet):
-    """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json.
+def export(model_dir, out_dir, force, opset, precision, quantize, no_ort_step, quiet):
+    """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json,
+    and for fp32 post-norm models decoder_step.ort.onnx (the same step with ONNX Runtime's fused ops).
 
     The graphs are checked (ONNX checker, IO contract, TensorRT operator support) and validated
     against eager PyTorch; if anything fails nothing is written.
@@ -32,7 +37,7 @@ def export(model_dir, out_dir, force, opset, precision, quantize, quiet):
 
     log = None if quiet else (lambda msg: click.echo(f"[export] {msg}", err=True))
     manifest = export_artifact(model_dir, out_dir, force=force, opset=opset, precision=precision, log=log,
-                               quantize=quantize)
+                               quantize=quantize, ort_step_graph=not no_ort_step)
     click.echo(summary(out_dir, manifest))
 
 

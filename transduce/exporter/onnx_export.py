@@ -175,9 +175,10 @@ def export_graph(module, args: tuple, dynamic_shapes: dict, input_names: list[st
     program.save(path)
 
 
-def export_graphs(model, directory: str, precision: str, opset: int, log: Log = _quiet) -> dict[str, float]:
+def export_graphs(model, directory: str, precision: str, opset: int, log: Log = _quiet,
+                  ort_step_graph: bool = True) -> dict[str, float]:
     """Write encoder.onnx and decoder_step.onnx for `model` (fp32, eval) in `precision`, and
-    decoder_step.ort.onnx where ort_step can build it; -> seconds per graph."""
+    decoder_step.ort.onnx where ort_step can build it (unless ort_step_graph is False); -> seconds per graph."""
     from transduce.exporter import graphs, ort_step
 
     cfg = model.cfg
@@ -202,7 +203,7 @@ def export_graphs(model, directory: str, precision: str, opset: int, log: Log = 
         export_graph(module.eval(), args, shapes, [s.name for s in ins], [s.name for s in outs],
                      os.path.join(directory, filename), opset, doc, metadata)
         seconds[name] = round(time.perf_counter() - t0, 2)
-    if ort_step.unsupported_reason(cfg.to_dict(), precision) is None:
+    if ort_step_graph and ort_step.unsupported_reason(cfg.to_dict(), precision) is None:
         import onnx
 
         log(f"building {contract.ORT_STEP_FILE} (ONNX Runtime contrib ops)")
@@ -241,8 +242,12 @@ def file_entries(directory: str) -> dict[str, dict[str, Any]]:
 
 def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
                     opset: int = DEFAULT_OPSET, precision: str = "fp32", log: Log | None = None,
-                    quantize: str | None = None) -> dict[str, Any]:
+                    quantize: str | None = None, ort_step_graph: bool = True) -> dict[str, Any]:
     """Export MODEL_DIR to the artifact OUT_DIR (see the module docstring); -> the manifest.
+
+    ort_step_graph=False leaves out decoder_step.ort.onnx (a second copy of the decoder's weights):
+    for artifacts that are built into TensorRT engines or decoded on CUDA only; ONNX Runtime on CPU
+    decodes them with decoder_step.onnx, more slowly.
 
     Raises CheckpointError for a bad model directory and ExportError for everything else (output
     exists, unwritable, tracing failed, a check or the numeric validation failed); nothing is left
@@ -261,11 +266,14 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     config = model.cfg.to_dict()
     if quantize:
         check_quantize(quantize, config, precision)
+        if not ort_step_graph:
+            raise ExportError(f"--quantize {quantize} quantizes {contract.ORT_STEP_FILE}, which --no-ort-step leaves out",
+                              hint="drop one of the two options")
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
         raise ExportError(f"max_positions is {model.cfg.max_positions}; export needs >= {MIN_MAX_POSITIONS}")
     with atomic_output(out_dir, force, ExportError, "the artifact",
                        hint="choose an output path you can write to, on a disk with space") as tmp:
-        trace_s = export_graphs(model, tmp, precision, opset, log)
+        trace_s = export_graphs(model, tmp, precision, opset, log, ort_step_graph=ort_step_graph)
         log("checking graphs (ONNX checker, shape inference, IO contract, TensorRT ops)")
         t0 = time.perf_counter()
         graph_info = {
