@@ -187,7 +187,9 @@ def test_engine_with_a_missing_plan(engine_dir):
     report = inspect_path(engine_dir)
     assert any("encoder.plan is listed but missing" in p for p in report["problems"])
     result = _cli("inspect", engine_dir)
-    assert result.exit_code == 0 and "problems" in result.output and "missing" in result.output
+    assert result.exit_code == 1 and "problems" in result.output and "missing" in result.output
+    result = _cli("inspect", engine_dir, "--json")
+    assert result.exit_code == 1 and json.loads(result.output)["problems"]
 
 
 # -- anything else: a clear error -----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -56,7 +57,10 @@ def attention(model_dir, source, target, out_dir, token, token_attention, layer,
 @cli_errors
 def inspect(path, as_json, verify):
     """Show what a model directory, an exported artifact or an engine directory holds: config, parameters
-    by component, tokenizer size, graph inputs/outputs, opsets, op histograms, files and build figures."""
+    by component, tokenizer size, graph inputs/outputs, opsets, op histograms, files and build figures.
+
+    Exit status 0 for a sound directory, 1 when the report lists problems (a missing, truncated or
+    changed file, an unreadable graph or header), 2 for a path that is not one of the three."""
     from transduce.inspect.inspect import inspect_path, render_report
 
     report = inspect_path(path, verify=verify)
@@ -64,6 +68,8 @@ def inspect(path, as_json, verify):
         click.echo(json.dumps(report, indent=2))
     else:
         render_report(report)
+    if report.get("problems"):
+        sys.exit(1)
 
 
 COMMANDS = [attention, inspect]
