@@ -332,3 +332,40 @@ def test_a_refused_native_bind_falls_back_to_the_public_wrapper(tiny_artifact_di
     be._mem.bind(binding, "tokens", np.zeros(3, np.int64), True)
     assert be._mem._host is None and public and public[0][0] == "tokens"
     binding._iobinding = native
+
+
+def _config_entry(session, key):
+    try:
+        return session.get_session_options().get_session_config_entry(key)
+    except RuntimeError:  # not set
+        return None
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_pools_spin_briefly_where_onnxruntime_bounds_it(tiny_artifact_dir, monkeypatch, bounded):
+    """Where onnxruntime bounds idle spinning, the encoder's and the steps' pools spin at most a short
+    while (the tiny model is small: its steps as briefly as the encoder); elsewhere the encoder does not
+    spin and the steps keep onnxruntime's default."""
+    monkeypatch.setattr(orb, "bounded_spin", lambda ort: bounded)
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+    assert be.decoder_wide is not be.decoder  # a small model: a one-thread step session and a wide one
+    spin = "session.intra_op.spin_duration_us"
+    if bounded:
+        assert _config_entry(be.encoder, spin) == str(orb.ENCODER_SPIN_US)
+        assert _config_entry(be.decoder_wide, spin) == str(orb.SMALL_STEP_SPIN_US)
+        monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session, spinning longer
+        large = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+        assert large.decoder_wide is large.decoder and _config_entry(large.decoder, spin) == str(orb.STEP_SPIN_US)
+    else:
+        assert _config_entry(be.encoder, "session.intra_op.allow_spinning") == "0"
+        assert _config_entry(be.encoder, spin) is None and _config_entry(be.decoder_wide, spin) is None
+        assert _config_entry(be.decoder_wide, "session.intra_op.allow_spinning") is None
+
+
+def test_bounded_spin_needs_onnxruntime_1_26():
+    def ort(version):
+        return type("Ort", (), {"__version__": version})
+
+    assert not orb.bounded_spin(ort("1.25.1")) and not orb.bounded_spin(ort("1.18.0"))
+    assert orb.bounded_spin(ort("1.26.0")) and orb.bounded_spin(ort("1.31.1")) and orb.bounded_spin(ort("2.0.0"))
+    assert orb.bounded_spin(ort("1.27.0.dev20260101"))

@@ -75,7 +75,7 @@ class _Ours:
                              step_intra_op_threads=be.threads, inter_op_threads=1,
                              step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
                                                 if be.decoder_wide is not be.decoder else "always"),
-                             step_graph=be.step_graphs()[0])
+                             step_graph=be.step_graphs()[0], pool_spin_us=be.pool_spin_us)
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         s = max(len(x) for x in src) + 1

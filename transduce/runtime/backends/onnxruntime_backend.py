@@ -85,12 +85,40 @@ def encoder_mflop_per_token(config: dict[str, Any]) -> float:
     return 2.0 * (config["encoder_layers"] * (4 * d * d + 2 * d * ff) + 2 * config["decoder_layers"] * d * d) / 1e6
 
 
-# An encoder run with less arithmetic than this (MFLOP) runs on one thread: its threads do not spin
-# between runs (see below), so each parallel kernel first wakes a sleeping thread, which costs more
-# than the second core saves on small matrices. Demo model (0.9 MFLOP per token), 32 tokens per
-# sentence, ms per run on 1 / 2 threads: 1 sentence 0.76 / 1.00, 4 sentences 2.57 / 2.47, 16 sentences
-# 8.95 / 7.15.
+# An encoder run with less arithmetic than this (MFLOP) runs on one thread: the second core saves
+# nothing on its small matrices. Demo model (0.9 MFLOP per token), 32 tokens per sentence, ms per run on
+# 1 / 2 threads not spinning: 1 sentence 0.76 / 1.00, 4 sentences 2.57 / 2.47, 16 sentences 8.95 /
+# 7.15; 1 sentence inside decodes, 1 thread / 2 threads spinning at most ENCODER_SPIN_US: 0.90 / 0.88.
 NARROW_ENCODER_MFLOP = 60.0
+
+
+# How long (us) an idle thread of the encoder's and the steps' pools spins before it sleeps, on an
+# onnxruntime that can bound it (session.intra_op.spin_duration_us, 1.26 and later; older ones spin ~16
+# ms here, and there the encoder does not spin at all, see below). The two sessions' pools share the
+# cores: a pool spinning on after its last run takes a core from the other's next runs (the encoder's
+# after it from the first steps, the step pool's after a decode's last step from the next batch's
+# encoder). Bounded, the encoder's threads spin through its run's kernels instead of sleeping between
+# them, and both pools get out of the way soon after. A small model's step pool (only its wide session
+# has threads) spins as briefly as the encoder's; a larger model's steps run for milliseconds with
+# pauses between them, and its pool spins longer. Decodes back to back, 30 (demo) or 10-12 (base)
+# rounds, median of per-round ratios to not spinning the encoder and default step spinning: demo greedy
+# batch 16 0.90 and 0.90 (encoder 8.6 -> 6.5 ms), beam 4 batch 16 0.95, batch 1 1.02 (greedy) and 0.98
+# (beam 4, both on the one-thread encoder); base with 300 / 3,000 us step spinning: greedy batch 16
+# 0.94 / 0.94 (encoder 204 -> 167 ms), beam 4 batch 16 1.01 / 1.01, greedy batch 1 1.01 / 0.94,
+# beam 4 batch 1 1.00 / 0.98. A 1-2 ms bound for a small model's steps was worse (demo batch 16:
+# 1.01-1.14).
+ENCODER_SPIN_US = 300
+SMALL_STEP_SPIN_US = 300  # models below SMALL_STEP_MFLOP
+STEP_SPIN_US = 3000
+BOUNDED_SPIN_SINCE = (1, 26)
+
+
+def bounded_spin(ort) -> bool:
+    """Whether this onnxruntime bounds its pools' idle spinning (session.intra_op.spin_duration_us)."""
+    try:
+        return tuple(int(x) for x in ort.__version__.split(".")[:2]) >= BOUNDED_SPIN_SINCE
+    except ValueError:  # not a release version string: assume a recent one
+        return True
 
 
 # ONNX Runtime graph fusions the encoder session turns off. SkipLayerNormFusion: ONNX Runtime 1.31's CPU
@@ -164,13 +192,22 @@ class OnnxRuntimeBackend:
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         }[optimization]
 
-        def options(n_threads: int, spin: bool = True):
+        self.bounded_spin = bounded_spin(ort)
+        small = step_mflop_per_row(self.config) < SMALL_STEP_MFLOP
+        step_spin_us = (SMALL_STEP_SPIN_US if small else STEP_SPIN_US) if self.bounded_spin else None
+        # idle spinning per pool, us (0: none, None: onnxruntime's default), for reports
+        self.pool_spin_us = {"encoder": ENCODER_SPIN_US if self.bounded_spin else 0, "steps": step_spin_us}
+
+        def options(n_threads: int, spin_us: int | None = step_spin_us):
+            """spin_us: how long idle pool threads spin (0: not at all, None: onnxruntime's default)."""
             so = ort.SessionOptions()
             if n_threads:
                 so.intra_op_num_threads = n_threads
                 so.inter_op_num_threads = 1
-            if not spin:
+            if spin_us == 0:
                 so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            elif spin_us is not None:
+                so.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_us))
             so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             so.graph_optimization_level = level
             return so
@@ -181,10 +218,11 @@ class OnnxRuntimeBackend:
         step_path = os.path.join(self.artifact_dir, contract.STEP_FILE)
         try:
             # the encoder always gets the whole budget: it runs over every source token at once. Its
-            # threads do not spin after a run (runs are once per batch; spinning would take the second
-            # core from the decoding loop: demo beam 4 batch 16, 181 -> 131 ms)
+            # threads spin at most ENCODER_SPIN_US after a run, or not at all where onnxruntime cannot
+            # bound that (runs are once per batch; spinning ~16 ms would take the second core from the
+            # decoding loop: demo beam 4 batch 16, 181 -> 131 ms without spinning)
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
-                                                options(threads, spin=False), providers=[(p, enc_opts.get(p, {})) for p in wanted],
+                                                options(threads, self.pool_spin_us["encoder"]), providers=[(p, enc_opts.get(p, {})) for p in wanted],
                                                 disabled_optimizers=ENCODER_UNFUSED)
             self.encoder_narrow = self.encoder  # for runs below NARROW_ENCODER_MFLOP (made when first needed)
             self._encoder_threads = threads
@@ -301,7 +339,7 @@ class OnnxRuntimeBackend:
         if self.encoder_narrow is self.encoder:
             try:
                 self.encoder_narrow = self.ort.InferenceSession(
-                    os.path.join(self.artifact_dir, contract.ENCODER_FILE), self._options(1, spin=False),
+                    os.path.join(self.artifact_dir, contract.ENCODER_FILE), self._options(1, 0),
                     providers=["CPUExecutionProvider"], disabled_optimizers=ENCODER_UNFUSED)
             except Exception as e:  # onnxruntime's own exception classes
                 raise BackendUnavailable(f"onnxruntime could not load {contract.ENCODER_FILE}: {e}",
