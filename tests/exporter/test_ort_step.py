@@ -100,7 +100,22 @@ def test_no_ort_step_leaves_the_graph_out(artifact_fp32, tiny_model_dir, tmp_pat
 def test_no_ort_step_refuses_quantize(tiny_model_dir, tmp_path):
     from transduce.exporter.onnx_export import export_artifact
 
-    with pytest.raises(ExportError, match="--no-ort-step") as e:
+    with pytest.raises(ExportError, match="no-ort-step") as e:
         export_artifact(tiny_model_dir, tmp_path / "q", quantize="int8", ort_step_graph=False)
     assert e.value.hint == "drop one of the two options"
     assert not (tmp_path / "q").exists()
+
+
+def test_export_graphs_builds_no_ort_step_graph_when_told(tiny_model, tmp_path, monkeypatch):
+    """export_graphs itself (tracing stubbed) skips ort_step.build_ort_step with ort_step_graph=False."""
+    from transduce.exporter import onnx_export
+
+    def must_not_build(model, opset):
+        raise AssertionError("build_ort_step called")
+
+    monkeypatch.setattr(onnx_export, "export_graph", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ort_step, "build_ort_step", must_not_build)
+    seconds = onnx_export.export_graphs(tiny_model, str(tmp_path), "fp32", 18, ort_step_graph=False)
+    assert set(seconds) == {"encoder", "decoder_step"} and not os.listdir(tmp_path)
+    with pytest.raises(AssertionError, match="build_ort_step called"):
+        onnx_export.export_graphs(tiny_model, str(tmp_path), "fp32", 18)

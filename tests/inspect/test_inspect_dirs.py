@@ -134,6 +134,17 @@ def test_artifact_of_another_contract_version_is_still_shown(artifact_dir):
     report = inspect_path(artifact_dir)
     assert report["manifest"]["contract_version"] == 99 and "version 99" in report["runtime_check"]
     assert set(report["graphs"]) == {"encoder.onnx", "decoder_step.onnx"}
+    assert report["problems"] == []
+    result = _cli("inspect", artifact_dir)  # no problem listed, but the runtime would refuse it
+    assert result.exit_code == 1 and "version 99" in result.output
+
+
+def test_runtime_checks_that_could_not_run_do_not_fail_inspect():
+    from transduce.inspect.commands import runtime_accepts
+
+    assert runtime_accepts({"runtime_check": "ok"}) and runtime_accepts({"kind": "model"})
+    assert runtime_accepts({"runtime_check": "not checked (No module named 'tensorrt')"})
+    assert not runtime_accepts({"runtime_check": "artifact contract version 99, this runtime reads 2"})
 
 
 # -- engine directories -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from transduce.runtime import contract
 from transduce.runtime.api import make_backend
 from transduce.runtime.backends import onnxruntime_backend as orb
 from transduce.runtime.backends.base import banned_ids, numpy_topk
@@ -30,7 +31,7 @@ def _prefixes(cfg, n, t, seed):
     return prefix
 
 
-@pytest.mark.parametrize("whole_max", [0, orb._NumpyMemory.MOVE_WHOLE_MAX_BYTES], ids=["per-array", "whole-cache"])
+@pytest.mark.parametrize("whole_max", [0, 1 << 40], ids=["per-array", "whole-cache"])
 def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, tiny_model, monkeypatch, whole_max):
     """Rows that stay, a swap (a cycle: each side is overwritten and read), duplicates, growth, then a
     second reorder that drops rows: every row continues the history of the row it was taken from
@@ -353,6 +354,10 @@ def test_pools_spin_briefly_where_onnxruntime_bounds_it(tiny_artifact_dir, monke
     if bounded:
         assert _config_entry(be.encoder, spin) == str(orb.ENCODER_SPIN_US)
         assert _config_entry(be.decoder_wide, spin) == str(orb.SMALL_STEP_SPIN_US)
+        with be.only_step_graph(contract.STEP_FILE):  # made when first needed, like the steps' sessions
+            assert _config_entry(be._session_for(1), spin) == str(orb.SMALL_STEP_SPIN_US)
+        narrow = be._encoder_for(1)  # one thread: no pool, nothing to spin
+        assert narrow is not be.encoder and _config_entry(narrow, "session.intra_op.allow_spinning") == "0"
         monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session, spinning longer
         large = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
         assert large.decoder_wide is large.decoder and _config_entry(large.decoder, spin) == str(orb.STEP_SPIN_US)

@@ -56,7 +56,8 @@ CT2_SETTINGS: dict[str, dict[str, str | None]] = {
     "mkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "1"},
 }
 # Between two measurements the measured worker must be idle: thread pools keep spinning after a call
-# (ONNX Runtime's ~50 ms here, CTranslate2's ~20 ms), and a pool still spinning when the next system
+# (ONNX Runtime's ~16-50 ms here unless bounded, as our backend does on onnxruntime 1.26+: 0.3-3 ms;
+# CTranslate2's ~20 ms), and a pool still spinning when the next system
 # starts takes a core from it. settle() waits until the worker's CPU time has stopped advancing for
 # SETTLE_QUIET_SECONDS (checked every SETTLE_POLL_SECONDS; /proc counts in 10 ms ticks), at least
 # SETTLE_SECONDS, at most SETTLE_MAX_SECONDS; without /proc it waits SETTLE_BLIND_SECONDS.

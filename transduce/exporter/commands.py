@@ -23,12 +23,13 @@ from transduce.runtime.contract import PRECISIONS
 @click.option("--no-ort-step", "no_ort_step", is_flag=True,
               help="Leave out decoder_step.ort.onnx, the ONNX Runtime CPU step graph (a second copy of the decoder's "
                    "weights): for TensorRT or CUDA deployment; ONNX Runtime on CPU then decodes with "
-                   "decoder_step.onnx, more slowly.")
+                   "decoder_step.onnx, more slowly. Not with --quantize.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @cli_errors
 def export(model_dir, out_dir, force, opset, precision, quantize, no_ort_step, quiet):
     """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json,
-    and for fp32 post-norm models decoder_step.ort.onnx (the same step with ONNX Runtime's fused ops).
+    and for fp32 post-norm models decoder_step.ort.onnx (the same step with ONNX Runtime's fused ops)
+    unless --no-ort-step.
 
     The graphs are checked (ONNX checker, IO contract, TensorRT operator support) and validated
     against eager PyTorch; if anything fails nothing is written.

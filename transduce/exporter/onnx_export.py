@@ -4,7 +4,8 @@
     encoder.onnx        Transformer.encode, exactly per transduce/runtime/contract.py
     decoder_step.onnx   Transformer.decode_step: one graph for every step, past length 0 included
     decoder_step.ort.onnx  fp32 post-norm models: the same step with ONNX Runtime's fused contrib ops,
-                        built from the weights (transduce/exporter/ort_step.py), validated like the others
+                        built from the weights (transduce/exporter/ort_step.py), validated like the others;
+                        left out with ort_step_graph=False (`--no-ort-step`)
                         (a graph whose weights pass 1.5 GB, torch.onnx's threshold below protobuf's
                         2 GB limit, keeps them in <name>.data beside it)
     config.json         copied from the model directory, with
@@ -260,15 +261,15 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     t_start = time.perf_counter()
     model_dir, out_dir = os.path.abspath(os.fspath(model_dir)), os.path.abspath(os.fspath(out_dir))
     check_options(precision, opset)
+    if quantize and not ort_step_graph:
+        raise ExportError(f"quantization ({quantize}) quantizes {contract.ORT_STEP_FILE}, which ort_step_graph=False "
+                          "(--no-ort-step) leaves out", hint="drop one of the two options")
     opset = int(opset)
     check_destination(model_dir, out_dir, force)
     model, _, cfg = load_model(model_dir)
     config = model.cfg.to_dict()
     if quantize:
         check_quantize(quantize, config, precision)
-        if not ort_step_graph:
-            raise ExportError(f"--quantize {quantize} quantizes {contract.ORT_STEP_FILE}, which --no-ort-step leaves out",
-                              hint="drop one of the two options")
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
         raise ExportError(f"max_positions is {model.cfg.max_positions}; export needs >= {MIN_MAX_POSITIONS}")
     with atomic_output(out_dir, force, ExportError, "the artifact",

@@ -59,8 +59,9 @@ def inspect(path, as_json, verify):
     """Show what a model directory, an exported artifact or an engine directory holds: config, parameters
     by component, tokenizer size, graph inputs/outputs, opsets, op histograms, files and build figures.
 
-    Exit status 0 for a sound directory, 1 when the report lists problems (a missing, truncated or
-    changed file, an unreadable graph or header), 2 for a path that is not one of the three."""
+    Exit status 0 for a sound directory; 1 when the report lists problems (e.g. a missing or truncated
+    file, with --verify a changed one, an unreadable graph or header) or the runtime would refuse the
+    directory; 2 for a path that is none of the three or whose description file cannot be read."""
     from transduce.inspect.inspect import inspect_path, render_report
 
     report = inspect_path(path, verify=verify)
@@ -68,8 +69,15 @@ def inspect(path, as_json, verify):
         click.echo(json.dumps(report, indent=2))
     else:
         render_report(report)
-    if report.get("problems"):
+    if report.get("problems") or not runtime_accepts(report):
         sys.exit(1)
+
+
+def runtime_accepts(report: dict) -> bool:
+    """False when the report's runtime check says the runtime would refuse the directory (not when it
+    could not be checked, e.g. without TensorRT's Python package)."""
+    check = report.get("runtime_check", "ok")
+    return check == "ok" or check.startswith("not checked")
 
 
 COMMANDS = [attention, inspect]

@@ -9,7 +9,7 @@ row changed and only their filled slots (the prefix < position): beam search kee
 and fills the cache gradually, so this copies a fraction of what a whole-buffer gather would (base
 model, 64 rows, 16 of 32 slots filled: 1.47 ms -> ~0.1 ms per layer's K or V).
 
-Two step graphs. Artifacts of fp32 post-norm models carry decoder_step.ort.onnx besides the
+Two step graphs. Artifacts of fp32 post-norm models (unless exported with --no-ort-step) carry decoder_step.ort.onnx besides the
 standard decoder_step.onnx: the same step with ONNX Runtime's fused contrib ops, whose attention
 writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers),
 which picks the top-k itself (no second session run per step), and which reads each source's cross
