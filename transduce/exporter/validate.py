@@ -41,6 +41,7 @@ import numpy as np
 from transduce.errors import ExportError
 from transduce.exporter import opcheck
 from transduce.runtime import contract
+from transduce.runtime.backends.base import ban_bias
 
 # (atol, rtol) per precision and output kind, against eager fp32 PyTorch. An element fails when
 # |graph - eager| > atol + rtol * |eager|.
@@ -523,8 +524,7 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
         ref2 = _eager_step(model, other, positions, src_lengths, past, cross)
         both = {k: np.stack([ref[k], ref2[k]], axis=1).reshape((-1,) + ref[k].shape[1:]) for k in ref}
         k = min(4, cfg.vocab_size - 2)
-        bias = np.zeros(cfg.vocab_size, np.float32)
-        bias[[cfg.pad_id, cfg.bos_id]] = -np.inf
+        bias = ban_bias(cfg.to_dict(), ban_eos=False)
         out = runner.step(np.stack([tok, other], axis=1).ravel(), np.repeat(positions, 2), src_lengths,
                           [np.repeat(a, 2, axis=0) for a in past], cross, graph="decoder_step.ort", topk=(k, bias))
         biased = both["log_probs"] + bias

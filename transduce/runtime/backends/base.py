@@ -62,3 +62,10 @@ def banned_ids(config: dict[str, Any], ban_eos: bool) -> list[int]:
     if ban_eos:
         ids.append(config["eos_id"])
     return ids
+
+
+def ban_bias(config: dict[str, Any], ban_eos: bool) -> np.ndarray:
+    """(V,) float32 added to the log-probs before a top-k: -inf at the banned ids, 0 elsewhere."""
+    b = np.zeros(config["vocab_size"], np.float32)
+    b[banned_ids(config, ban_eos)] = -np.inf
+    return b

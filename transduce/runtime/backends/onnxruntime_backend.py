@@ -37,7 +37,7 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable
 from transduce.runtime import contract
-from transduce.runtime.backends.base import banned_ids, numpy_topk
+from transduce.runtime.backends.base import ban_bias, banned_ids, numpy_topk
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -194,11 +194,11 @@ class OnnxRuntimeBackend:
 
         self.bounded_spin = bounded_spin(ort)
         small = step_mflop_per_row(self.config) < SMALL_STEP_MFLOP
-        step_spin_us = (SMALL_STEP_SPIN_US if small else STEP_SPIN_US) if self.bounded_spin else None
-        # idle spinning per pool, us (0: none, None: onnxruntime's default), for reports
-        self.pool_spin_us = {"encoder": ENCODER_SPIN_US if self.bounded_spin else 0, "steps": step_spin_us}
+        # idle spinning per pool, us (0: none, None: onnxruntime's default); the bench reports it
+        self.pool_spin_us = {"encoder": ENCODER_SPIN_US if self.bounded_spin else 0,
+                             "steps": (SMALL_STEP_SPIN_US if small else STEP_SPIN_US) if self.bounded_spin else None}
 
-        def options(n_threads: int, spin_us: int | None = step_spin_us):
+        def options(n_threads: int, spin_us: int | None = self.pool_spin_us["steps"]):
             """spin_us: how long idle pool threads spin (0: not at all, None: onnxruntime's default)."""
             so = ort.SessionOptions()
             if n_threads:
@@ -250,7 +250,7 @@ class OnnxRuntimeBackend:
         self._topk: _OrtTopK | None = None
         # the fused graph's top-k inputs: k, and the additive bias banning PAD, BOS (and EOS)
         self._topk_k: dict[int, np.ndarray] = {}
-        self._ban_bias = {ban: _ban_bias(self.config, ban) for ban in (False, True)}
+        self._ban_bias = {ban: ban_bias(self.config, ban) for ban in (False, True)}
         self._mflop_per_row = step_mflop_per_row(self.config)
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
 
@@ -656,13 +656,6 @@ class _NumpyMemory:
     def topk(self, log_probs, k, banned):
         log_probs[:, banned] = -np.inf  # our output buffer: overwritten by the next run anyway
         return numpy_topk(log_probs, k, [])
-
-
-def _ban_bias(config: dict[str, Any], ban_eos: bool) -> np.ndarray:
-    """(V,) float32 added to the log-probs before a top-k: -inf at the banned ids, 0 elsewhere."""
-    b = np.zeros(config["vocab_size"], np.float32)
-    b[banned_ids(config, ban_eos)] = -np.inf
-    return b
 
 
 class _OrtTopK:
