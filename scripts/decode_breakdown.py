@@ -1,0 +1,129 @@
+"""Where one decode's time goes: the encoder, the step runs, the backend's work around them, the
+beam reorders (of which the cache moves) and the search's own bookkeeping (transduce/runtime/decoding.py).
+
+    python scripts/decode_breakdown.py ARTIFACT [--backend onnxruntime] [--batch 1] [--beam 1]
+        [--steps 32] [--src-len 32] [--threads 2] [--repeats 20]
+
+`transduce bench` says how fast each backend decodes; this says why, for one cell of its table. It
+decodes random source ids (--src-len tokens, EOS included) with the length forced to --steps tokens
+(EOS banned until then, as the bench does), so every decode does the same work, and times the parts
+by wrapping the backend's methods with perf_counter:
+
+  encoder        backend.encode
+  begin / end    backend.begin and backend.end (buffers, the cross K/V gathered for the rows)
+  step           backend.step, of which (ONNX Runtime only)
+    run            the step sessions' run_with_iobinding: the graph itself
+    around         the rest of step(): filling inputs, bindings, the cache slot write, the top-k copy
+  reorder        backend.reorder, of which (ONNX Runtime on CPU only) `moves`, the cache rows moved
+  search         everything else: decoding.py's numpy bookkeeping between the steps
+
+Each wrapper adds about a microsecond per call. The decodes run back to back (as in the bench), after
+three untimed ones; printed are ms per decode and us per step, the medians over --repeats decodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+class Timer:
+    """Accumulates seconds per part; wrap(obj, name, part) times every call of obj.name."""
+
+    def __init__(self):
+        self.total: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj, name: str, part: str) -> None:
+        inner = getattr(obj, name)
+        total = self.total
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                total[part] += time.perf_counter() - t
+
+        setattr(obj, name, timed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", help="an artifact directory (transduce export), or an engine directory for tensorrt")
+    ap.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch", "tensorrt"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--beam", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=32, help="target tokens per sentence (forced)")
+    ap.add_argument("--src-len", type=int, default=32, help="source tokens per sentence, EOS included")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    if min(args.batch, args.beam, args.steps, args.repeats) < 1 or args.src_len < 2:
+        ap.error("--batch, --beam, --steps and --repeats must be >= 1, --src-len >= 2")
+
+    from transduce.runtime.api import make_backend
+    from transduce.runtime.decoding import DecodingOptions, decode
+
+    be = make_backend(args.artifact, backend=args.backend, device=args.device, threads=args.threads)
+    cfg = be.config
+    rng = np.random.default_rng(0)
+    src = rng.integers(4, cfg["vocab_size"], size=(args.batch, args.src_len - 1))
+    ids = np.concatenate([src, np.full((args.batch, 1), cfg["eos_id"])], axis=1).astype(np.int64)
+    lens = np.full(args.batch, args.src_len, np.int64)
+    opts = DecodingOptions(beam_size=args.beam, min_length=args.steps + 1, max_len_a=0.0, max_len_b=args.steps)
+
+    timer = Timer()
+    for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
+                       ("step", "step"), ("reorder", "reorder")):
+        if hasattr(be, name):
+            timer.wrap(be, name, part)
+    inner = []  # parts measured inside another one: (part, of which part)
+    if args.backend == "onnxruntime":
+        for session in {id(s): s for s in (be.decoder, be.decoder_wide)}.values():
+            timer.wrap(session, "run_with_iobinding", "run")
+        inner.append(("run", "step"))
+        if hasattr(be._mem, "move_rows"):
+            timer.wrap(be._mem, "move_rows", "moves")
+            inner.append(("moves", "reorder"))
+
+    for _ in range(3):
+        decode(be, ids, lens, opts)
+    per_decode: dict[str, list[float]] = defaultdict(list)
+    for _ in range(args.repeats):
+        timer.total.clear()
+        t = time.perf_counter()
+        results = decode(be, ids, lens, opts)
+        total = time.perf_counter() - t
+        assert all(len(r.best.tokens) == args.steps for r in results), "forced length not reached"
+        parts = dict(timer.total)
+        outer = ("encoder", "begin / end", "step", "reorder")
+        parts["search"] = total - sum(parts.get(p, 0.0) for p in outer)
+        for part, of in inner:
+            if of not in parts:  # never called (greedy search does not reorder)
+                continue
+            parts.setdefault(part, 0.0)
+            parts[f"{of}: around {part}" if part == "run" else f"{of}: other"] = parts[of] - parts[part]
+        parts["total"] = total
+        for k, v in parts.items():
+            per_decode[k].append(v)
+
+    print(f"{args.artifact}  backend {args.backend} ({args.device}), batch {args.batch}, beam {args.beam}, "
+          f"{args.steps} steps, {args.src_len} source tokens, {args.threads} threads, median of {args.repeats}")
+    order = ["total", "encoder", "begin / end", "step", "run", "step: around run", "reorder", "moves",
+             "reorder: other", "search"]
+    total = statistics.median(per_decode["total"])
+    for k in order:
+        if k not in per_decode:
+            continue
+        ms = statistics.median(per_decode[k]) * 1e3
+        indent = "    " if k in ("run", "step: around run", "moves", "reorder: other") else "  "
+        print(f"{indent}{k:<18s} {ms:9.3f} ms  {ms * 1e3 / args.steps:9.1f} us/step  {ms / (total * 1e3):6.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""scripts/decode_breakdown.py: it runs over each CPU backend and its parts add up to the whole decode.
+No timing assertions."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "decode_breakdown.py")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("decode_breakdown", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parts(out: str) -> dict[str, float]:
+    return {m[1].strip(): float(m[2]) for m in re.finditer(r"^\s+([a-z /:]+?)\s+([\d.]+) ms", out, re.M)}
+
+
+@pytest.mark.parametrize("backend,beam", [("onnxruntime", 1), ("onnxruntime", 3), ("torch", 2)])
+def test_breakdown_parts_add_up(tiny_artifact_dir, tiny_model_dir, capsys, backend, beam):
+    _script().main([tiny_artifact_dir, "--backend", backend, "--batch", "2", "--beam", str(beam), "--steps", "4",
+                    "--src-len", "5", "--threads", "1", "--repeats", "2"])
+    parts = _parts(capsys.readouterr().out)
+    top = ["encoder", "begin / end", "step", "search"] + (["reorder"] if beam > 1 else [])
+    assert set(top) <= set(parts), parts
+    # with two repeats every median is a mean, so the parts' medians add up to the total's (to the
+    # printed 0.001 ms); with more they need not
+    assert sum(parts[p] for p in top) == pytest.approx(parts["total"], abs=0.005)
+    if backend == "onnxruntime":
+        assert parts["run"] > 0 and parts["run"] <= parts["step"]
+        if beam > 1:
+            assert parts["moves"] <= parts["reorder"]
+    else:
+        assert "run" not in parts
+
+
+def test_breakdown_refuses_bad_sizes(tiny_artifact_dir):
+    with pytest.raises(SystemExit):
+        _script().main([tiny_artifact_dir, "--steps", "0"])
