@@ -102,6 +102,46 @@ def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, m
         assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
 
 
+def test_a_step_reuses_the_last_binding_only_while_it_applies(tiny_artifact_dir, tiny_model, monkeypatch):
+    """The last step's session and binding are reused for the same rows, k and ban; a new row count
+    (wide session), k, ban or pinned graph, and a reorder that changes the rows, each get their own, and
+    a run switched between them mid-decode still gives the eager model's log-probs."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 3 * be._mflop_per_row)  # wide from 3 rows
+    runs = []
+    for session in {be.decoder, be.decoder_wide}:
+        run = session.run_with_iobinding
+        monkeypatch.setattr(session, "run_with_iobinding",
+                            lambda b, run=run, session=session: (runs.append((session, b)), run(b))[1])
+    ref = TorchBackend(tiny_model)
+    cfg = be.config
+    src, lens = _src(cfg, 2, seed=5)
+    enc, renc = be.encode(src, lens), ref.encode(src, lens)
+    st, rst = be.begin(enc, np.arange(2), 12), ref.begin(renc, np.arange(2), 12)
+    rng = np.random.default_rng(0)
+
+    def step(k=1, ban=False):
+        tokens = rng.integers(4, cfg["vocab_size"], st.rows).astype(np.int64)
+        got, want = be.step(st, tokens, k, ban), ref.step(rst, tokens, k, ban)
+        np.testing.assert_allclose(got[0], want[0], atol=1e-4)
+
+    step(), step()
+    assert runs[0] == runs[1]  # the same session and binding
+    step(k=3)
+    step(ban=True)
+    assert len({id(b) for _, b in runs}) == 3
+    with be.only_step_graph(contract.STEP_FILE):
+        step()
+        assert len(runs) == 4  # the standard graph's own session ran it
+    step()
+    assert runs[-1] == runs[1]
+    for rows in ([1, 0, 1, 0], [3, 2]):  # 4 rows (the wide session), then 2 again
+        be.reorder(st, np.array(rows), np.repeat(np.arange(2), len(rows) // 2))
+        ref.reorder(rst, np.array(rows), np.repeat(np.arange(2), len(rows) // 2))
+        step()
+    assert runs[-2][0] is be.decoder_wide and runs[-1][0] is be.decoder and runs[-1][1] is not runs[1][1]
+
+
 def test_one_thread_budget_has_one_step_session(tiny_artifact_dir):
     be = make_backend(tiny_artifact_dir, "onnxruntime", threads=1, fused=False)
     assert be.threads == 1 and be.decoder_wide is be.decoder and not be.fused

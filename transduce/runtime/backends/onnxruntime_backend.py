@@ -139,6 +139,9 @@ ENCODER_UNFUSED = ["SkipLayerNormFusion"]
 WIDE_STEP_MFLOP = 14.0
 
 
+_LAST = "last step"  # the key of _State.bindings' entry for the last step's (key, session, binding, fused)
+
+
 @dataclass
 class _State:
     enc: dict[str, Any]  # encoder outputs (B rows)
@@ -152,7 +155,8 @@ class _State:
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
     row_src_given: Any = None  # the row_src array last given (decoding passes it again while unchanged)
-    bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once
+    bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once;
+    # _LAST -> the last step's (key, session, binding, fused graph)
     topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
     owned: list = field(default_factory=list)  # pooled memory of this run, released by end()
     position: int = 0
@@ -475,9 +479,20 @@ class OnnxRuntimeBackend:
         mem = self._mem
         mem.fill(state.tokens, tokens, r)
         mem.fill(state.positions, p, r)
-        session = self._session_for(r)
-        session.run_with_iobinding(self._binding_for(state, session, k, ban_eos))
-        fused = self._writes_cache(session)
+        # the previous step's session and binding, while they still apply: a step usually repeats the
+        # last one's rows and k, and every Python call costs several microseconds here, right after a
+        # run has streamed the weights through the caches (kept in `bindings`, so whatever clears
+        # those clears this too)
+        key = (r, k, ban_eos, self._pinned)
+        last = state.bindings.get(_LAST)
+        if last is not None and last[0] == key:
+            _, session, binding, fused = last
+        else:
+            session = self._session_for(r)
+            binding = self._binding_for(state, session, k, ban_eos)
+            fused = self._writes_cache(session)
+            state.bindings[_LAST] = (key, session, binding, fused)
+        session.run_with_iobinding(binding)
         if not fused:
             mem.write_slot(state.cache, state.outputs["new"], r, p)
         state.position = p + 1
