@@ -75,21 +75,21 @@ def main(argv: list[str] | None = None) -> None:
     src = rng.integers(4, cfg["vocab_size"], size=(args.batch, args.src_len - 1))
     ids = np.concatenate([src, np.full((args.batch, 1), cfg["eos_id"])], axis=1).astype(np.int64)
     lens = np.full(args.batch, args.src_len, np.int64)
-    opts = DecodingOptions(beam_size=args.beam, min_length=args.steps + 1, max_len_a=0.0, max_len_b=args.steps)
+    opts = DecodingOptions.forced(args.steps, beam_size=args.beam)
 
     timer = Timer()
     for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
                        ("step", "step"), ("reorder", "reorder")):
         if hasattr(be, name):
             timer.wrap(be, name, part)
-    inner = []  # parts measured inside another one: (part, of which part)
+    inner = []  # parts measured inside another one: (part, the part it is in, the label of the rest)
     if args.backend == "onnxruntime":
         for session in {id(s): s for s in (be.decoder, be.decoder_wide)}.values():
             timer.wrap(session, "run_with_iobinding", "run")
-        inner.append(("run", "step"))
+        inner.append(("run", "step", "step: around run"))
         if hasattr(be._mem, "move_rows"):
             timer.wrap(be._mem, "move_rows", "moves")
-            inner.append(("moves", "reorder"))
+            inner.append(("moves", "reorder", "reorder: other"))
 
     for _ in range(3):
         decode(be, ids, lens, opts)
@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> None:
         parts = dict(timer.total)
         outer = ("encoder", "begin / end", "step", "reorder")
         parts["search"] = total - sum(parts.get(p, 0.0) for p in outer)
-        for part, of in inner:
+        for part, of, rest in inner:
             if of not in parts:  # never called (greedy search does not reorder)
                 continue
             parts.setdefault(part, 0.0)
-            parts[f"{of}: around {part}" if part == "run" else f"{of}: other"] = parts[of] - parts[part]
+            parts[rest] = parts[of] - parts[part]
         parts["total"] = total
         for k, v in parts.items():
             per_decode[k].append(v)

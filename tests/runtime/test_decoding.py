@@ -104,6 +104,16 @@ def test_min_length_and_max_length(tiny_model):
         assert np.isclose(sum(h.token_log_probs), h.log_prob)
 
 
+def test_forced_options_decode_exactly_that_many_tokens(tiny_model):
+    """Whatever the source length, every hypothesis has exactly `steps` tokens and none ended."""
+    backend = TorchBackend(tiny_model)
+    src, lens = np.array([[5, 6, 2, 0, 0, 0], [5, 6, 7, 8, 9, 2]]), np.array([3, 6])
+    for beam in (1, 3):
+        for res in decode(backend, src, lens, DecodingOptions.forced(5, beam_size=beam, nbest=beam)):
+            assert [len(h.tokens) for h in res.hypotheses] == [5] * beam
+            assert not any(h.finished for h in res.hypotheses)
+
+
 def test_invalid_options():
     with pytest.raises(InputError, match="nbest"):
         DecodingOptions(beam_size=2, nbest=3)

@@ -333,8 +333,7 @@ def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size
     translator = translator or load_translator(ct2_dir, threads)
     vocab = ct2_vocab(ct2_dir)
     if forced_steps is not None:
-        opts = DecodingOptions(beam_size=1, length_penalty=0.0, min_length=forced_steps + 1, max_len_a=0.0,
-                               max_len_b=forced_steps)
+        opts = DecodingOptions.forced(forced_steps, length_penalty=0.0)
         mode = f"forced-{forced_steps}"
     else:
         opts = DecodingOptions(beam_size=1, length_penalty=0.0)

@@ -89,7 +89,7 @@ class _Ours:
         from transduce.runtime.decoding import DecodingOptions, decode
 
         ids, lens = self._batch(src)
-        opts = DecodingOptions(beam_size=beam, min_length=steps + 1, max_len_a=0.0, max_len_b=steps)
+        opts = DecodingOptions.forced(steps, beam_size=beam)
         t = time.perf_counter()
         results = decode(self.backend, ids, lens, opts)
         seconds = time.perf_counter() - t

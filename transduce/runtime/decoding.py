@@ -50,6 +50,13 @@ class DecodingOptions:
         if self.min_length < 0 or self.max_len_a < 0 or self.max_len_b < 0:
             raise InputError("min_length, max_len_a and max_len_b must be >= 0")
 
+    @classmethod
+    def forced(cls, steps: int, beam_size: int = 1, **options) -> DecodingOptions:
+        """Exactly `steps` tokens per sentence, whatever the source (EOS banned until then, and the
+        maximum length then; capped by the model's max_positions): every system compared does the same
+        work (`transduce bench`, CTranslate2's min = max decoding length)."""
+        return cls(beam_size=beam_size, min_length=steps + 1, max_len_a=0.0, max_len_b=steps, **options)
+
     def penalty(self, length: int | np.ndarray) -> float | np.ndarray:
         if self.length_penalty_form == "none" or self.length_penalty == 0:
             return np.ones_like(length, dtype=np.float64) if isinstance(length, np.ndarray) else 1.0
