@@ -29,9 +29,64 @@ def test_fp32_artifact_has_a_validated_ort_step_graph(artifact_fp32):
     assert inputs["tokens"]["axes"] == ["batch"]
     assert g["nodes"] < m["graphs"][contract.STEP_FILE]["nodes"]
     rows = [r for r in m["validation"]["errors"] if r["graph"] == "decoder_step.ort"]
+    # new_*: the slot each row wrote; present_*: the whole cache after the in-place write (IO binding,
+    # present bound onto past, as the runtime runs it)
     assert {r["output"] for r in rows} == ({"log_probs", "topk_values", "topk_ids"}
-                                           | {f"new_{kv}_{i}" for i in range(2) for kv in ("key", "value")})
+                                           | {f"{p}_{kv}_{i}" for p in ("new", "present") for i in range(2)
+                                              for kv in ("key", "value")})
     assert all(r["passed"] and r["max_abs"] < 1e-4 for r in rows)
+
+
+def test_the_validation_runs_the_ort_step_in_place_and_checks_the_whole_cache(artifact_fp32, tiny_model):
+    """ArtifactRunner runs decoder_step.ort.onnx with present_* bound onto the past_* buffers, like the
+    runtime: the caller's arrays are left alone, the returned cache has slot positions[b] written and
+    every other slot as it was; a graph that also wrote another slot fails the export's validation."""
+    from transduce.exporter.validate import ArtifactRunner, _eager_step
+
+    cfg = tiny_model.cfg
+    rng = np.random.default_rng(7)
+    runner = ArtifactRunner(artifact_fp32.path)
+    src = rng.integers(4, cfg.vocab_size, (3, 6))
+    lengths = np.array([6, 2, 4])
+    enc = runner.encode(src, lengths)
+    cross = [enc[f"cross_{kv}_{i}"] for i in range(cfg.decoder_layers) for kv in ("key", "value")]
+    past = [rng.standard_normal((3, cfg.n_heads, 7, cfg.head_dim)).astype(np.float32) for _ in cross]
+    before = [a.copy() for a in past]
+    tokens, positions = np.array([5, 9, 11]), np.array([0, 4, 6])
+    out = runner.step(tokens, positions, lengths, past, cross, graph="decoder_step.ort")
+    for a, b in zip(past, before):
+        np.testing.assert_array_equal(a, b)  # the caller's past is not the buffer written
+    ref = _eager_step(tiny_model, tokens, positions, lengths, past, cross)
+    rows = np.arange(3)
+    for i, nm in enumerate(f"{kv}_{j}" for j in range(cfg.decoder_layers) for kv in ("key", "value")):
+        cache = out[f"present_{nm}"]
+        np.testing.assert_allclose(cache[rows, :, positions], ref[f"new_{nm}"][:, :, 0], atol=1e-5)
+        untouched = cache.copy()
+        untouched[rows, :, positions] = past[i][rows, :, positions]
+        np.testing.assert_array_equal(untouched, past[i])
+        np.testing.assert_array_equal(out[f"new_{nm}"][:, :, 0], cache[rows, :, positions])
+
+
+def test_a_step_that_changes_another_cache_slot_fails_the_validation(artifact_fp32, tiny_model, monkeypatch):
+    """The export's validation compares the whole cache the ONNX Runtime graph leaves behind: a step
+    that also changed a slot other than positions[b] (here: the next one, by 0.01) is refused."""
+    from transduce.exporter import validate
+
+    step = validate.ArtifactRunner.step
+
+    def clobbering_step(self, tokens, positions, *args, graph="decoder_step", **kwargs):
+        out = step(self, tokens, positions, *args, graph=graph, **kwargs)
+        if graph == "decoder_step.ort":
+            cache = out["present_value_1"]
+            row = int(np.argmin(positions))
+            if positions[row] + 1 < cache.shape[2]:
+                cache[row, :, positions[row] + 1] += 0.01
+        return out
+
+    monkeypatch.setattr(validate.ArtifactRunner, "step", clobbering_step)
+    with pytest.raises(ExportError, match=r"decoder_step\.ort present_value_1") as e:
+        validate.validate_graphs(artifact_fp32.path, tiny_model, "fp32")
+    assert "new_value_1" not in str(e.value) and "log_probs" not in str(e.value)
 
 
 def test_not_built_for_reduced_precision_or_pre_norm(artifact_fp16, tiny_model):

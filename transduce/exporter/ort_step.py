@@ -41,7 +41,8 @@ log_probs, present_key_i/present_value_i instead of new_key_i/new_value_i (the c
 fresh copies of the cache; the runtime binds them onto its cache buffers so nothing is copied), and
 topk_values/topk_ids. Contrib ops run on ONNX Runtime only (not TensorRT), so the standard graph
 stays the artifact's portable step graph; export validates this one against eager PyTorch like the
-others (transduce/exporter/validate.py), the grouped cross-attention and the top-k included.
+others (transduce/exporter/validate.py), the grouped cross-attention, the top-k and the in-place
+cache write (run with present bound onto past, as the runtime runs it) included.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ Numbers (`validate_graphs`): the graphs against the eager fp32 PyTorch model on 
 Each case encodes a batch of sources, then steps the decoder from past length 0, writing the eager
 model's new K/V into a preallocated cache exactly as the runtime does (slots at or beyond a row's
 position hold garbage, so broken masking shows), and compares the graph's outputs at the past
-lengths in PAST_LENGTHS:
+lengths in PAST_LENGTHS. decoder_step.ort.onnx runs as the runtime runs it, its present_* outputs
+bound onto the past_* buffers, and the whole cache it leaves is compared too (present_*: slot
+positions[b] against the eager K/V, every other slot unchanged). The cases:
   batch1    one source, a cache longer than needed, and also past length 0 with cache_len 1
   padded    three sources of lengths 1, n and n/2 (n = min(40, max_positions)), then one step with
             a different position in every row
@@ -109,7 +111,7 @@ def output_kind(name: str) -> str:
         return name
     if name.startswith("cross_"):
         return "cross_kv"
-    if name.startswith("new_"):
+    if name.startswith("new_") or name.startswith("present_"):  # present_: the whole cache after a step's write
         return "new_kv"
     if name in ("topk_values", "topk_ids"):  # the ONNX Runtime step's top-k: log-probs (of the ids)
         return "log_probs"
@@ -362,9 +364,12 @@ class ArtifactRunner:
         """One step of decoder_step.onnx, or with graph="decoder_step.ort" of decoder_step.ort.onnx,
         whose written cache slots are returned as new_key_i/new_value_i like the standard graph's.
 
-        For the ONNX Runtime graph src_lengths and cross may have fewer rows than tokens (per source:
-        row b attends source b // beams), topk=(k, bias) sets topk_k/topk_bias (default 1 and zeros),
-        and topk_values/topk_ids are returned too."""
+        The ONNX Runtime graph runs as the runtime runs it: present_key_i/present_value_i bound onto
+        the past_key_i/past_value_i buffers (copies of `past`), so the graph writes slot positions[b]
+        in place; those whole buffers are returned too, as present_key_i/present_value_i (every other
+        slot must come back as it went in). Its src_lengths and cross may have fewer rows than tokens
+        (per source: row b attends source b // beams), topk=(k, bias) sets topk_k/topk_bias (default 1
+        and zeros), and topk_values/topk_ids are returned too."""
         n = len(past) // 2
         names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
         feeds = {"tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
@@ -379,12 +384,26 @@ class ArtifactRunner:
         k, bias = topk
         feeds["topk_k"] = np.array([k], np.int64)
         feeds["topk_bias"] = np.asarray(bias, np.float32)
-        out = self.ort_decoder.run(feeds)
+        session = self.ort_decoder.session
+        binding = session.io_binding()
+        caches = {}
+        for name, arr in feeds.items():
+            if name.startswith("past_"):  # the runtime's cache buffer: read, and written in place
+                caches[name[len("past_"):]] = arr = arr.copy()
+                binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+            else:
+                binding.bind_cpu_input(name, arr)
+        fresh = ["log_probs", "topk_values", "topk_ids"]
+        for name in fresh:
+            binding.bind_output(name, "cpu")
+        for nm, buf in caches.items():
+            binding.bind_output(f"present_{nm}", "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+        session.run_with_iobinding(binding)
+        result = {name: v.numpy() for name, v in zip(fresh, binding.get_outputs())}
         rows = np.arange(len(feeds["positions"]))
-        result = {"log_probs": out["log_probs"]}
         for nm in names:  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
-            result[f"new_{nm}"] = out[f"present_{nm}"][rows, :, feeds["positions"]][:, :, None]
-        result["topk_values"], result["topk_ids"] = out["topk_values"], out["topk_ids"]
+            result[f"new_{nm}"] = caches[nm][rows, :, feeds["positions"]][:, :, None].copy()
+        result.update({f"present_{nm}": caches[nm] for nm in names})
         return result
 
 
@@ -510,9 +529,22 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
     cfg = model.cfg
     step_graphs = ["decoder_step"] + (["decoder_step.ort"] if runner.ort_decoder is not None else [])
 
+    def written(past, positions, ref):
+        """The whole cache after the step as the runtime keeps it: `past` with slot positions[b] of row
+        b set to the step's new K/V, and every other slot as it was (the ONNX Runtime graph writes its
+        slot in place, into the buffers it reads)."""
+        rows = np.arange(len(positions))
+        out = {}
+        for a, name in zip(past, (n for n in ref if n.startswith("new_"))):
+            cache = np.array(a, dtype=np.float32)
+            cache[rows, :, positions] = ref[name][:, :, 0]
+            out["present_" + name[len("new_"):]] = cache
+        return out
+
     def check_step(tok, positions, past, ref):
         for g in step_graphs:
-            table.add(g, case.name, runner.step(tok, positions, src_lengths, past, cross, graph=g), ref)
+            want = ref if g == "decoder_step" else {**ref, **written(past, positions, ref)}
+            table.add(g, case.name, runner.step(tok, positions, src_lengths, past, cross, graph=g), want)
         if runner.ort_decoder is not None:
             check_beams(tok, positions, past, ref)
 
@@ -525,8 +557,10 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
         both = {k: np.stack([ref[k], ref2[k]], axis=1).reshape((-1,) + ref[k].shape[1:]) for k in ref}
         k = min(4, cfg.vocab_size - 2)
         bias = ban_bias(cfg.to_dict(), ban_eos=False)
-        out = runner.step(np.stack([tok, other], axis=1).ravel(), np.repeat(positions, 2), src_lengths,
-                          [np.repeat(a, 2, axis=0) for a in past], cross, graph="decoder_step.ort", topk=(k, bias))
+        past2, positions2 = [np.repeat(a, 2, axis=0) for a in past], np.repeat(positions, 2)
+        out = runner.step(np.stack([tok, other], axis=1).ravel(), positions2, src_lengths, past2, cross,
+                          graph="decoder_step.ort", topk=(k, bias))
+        both.update(written(past2, positions2, both))
         biased = both["log_probs"] + bias
         both["topk_values"] = -np.sort(-biased, axis=1)[:, :k]
         both["topk_ids"] = both["topk_values"]
