@@ -200,7 +200,8 @@ def classify_parameter(name: str) -> tuple[str, str, tuple[str, int] | None]:
         return "embeddings", "embedding (target, or shared)", None
     if re.search(rf"(?:^|{_SEP})out_proj(?:{_SEP}|$)", name):
         return "embeddings", "output projection", None
-    if re.search(rf"(?:^|{_SEP})pe(?:{_SEP}|$)", name):
+    # the buffer `pe`, by its module path or as torch.export lifts it into a graph (b_pe, b_model_pe)
+    if re.search(rf"(?:^|{_SEP})pe(?:{_SEP}|$)", name) or re.search(r"(?:^|[^\w])b_(?:model_)?pe\b", name):
         return "embeddings", "positional encoding table", None
     return "other", "other", None
 
@@ -298,9 +299,11 @@ def _nodes(graph) -> Iterable:
 
 def _node_scope(node) -> str:
     """What a node says about the module it comes from: its name ("/encoder_layers.0/ffn/w1/MatMul" from the
-    TorchScript exporter) and its "namespace" metadata ("...m.encoder_layers.0.ffn.w1: ...Linear/..." from dynamo)."""
-    namespace = next((p.value for p in node.metadata_props if p.key == "namespace"), "")
-    return f"{node.name} {namespace}".strip()
+    TorchScript exporter), its "namespace" metadata ("...m.encoder_layers.0.ffn.w1: ...Linear/..." from dynamo)
+    and the lifted parameters and buffers its FX node reads ("%b_model_pe": the buffer model.pe)."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    lifted = re.findall(r"%([bp]_\w+)", meta.get("pkg.torch.onnx.fx_node", ""))
+    return " ".join([node.name, meta.get("namespace", ""), *lifted]).strip()
 
 
 def _initializer_scopes(graph) -> dict[str, str]:
