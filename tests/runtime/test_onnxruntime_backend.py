@@ -414,3 +414,69 @@ def test_bounded_spin_needs_onnxruntime_1_26():
     assert not orb.bounded_spin(ort("1.25.1")) and not orb.bounded_spin(ort("1.18.0"))
     assert orb.bounded_spin(ort("1.26.0")) and orb.bounded_spin(ort("1.31.1")) and orb.bounded_spin(ort("2.0.0"))
     assert orb.bounded_spin(ort("1.27.0.dev20260101"))
+
+
+def test_device_memory_keeps_to_its_own_stream(monkeypatch):
+    """The CUDA/TensorRT providers' buffers: every kernel, copy and allocation runs with the backend's
+    stream current (ORT runs on it), and only meanwhile: making the backend does not set the thread's
+    current stream, which would move the caller's torch work onto it (and a second backend would take
+    it over for both). A stand-in for torch records the current stream at each call (no GPU here)."""
+    import contextlib
+    import sys
+    import types
+
+    class Cuda:
+        current = "default"
+
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def Stream(device):
+            return f"stream {len(made)}"
+
+        @staticmethod
+        def set_stream(stream):
+            raise AssertionError("the thread's current stream was set")
+
+        @staticmethod
+        @contextlib.contextmanager
+        def stream(stream):
+            before, Cuda.current = Cuda.current, stream
+            try:
+                yield
+            finally:
+                Cuda.current = before
+
+    calls = []
+
+    class Tensor:
+        dtype, shape = "float32", (2, 3)
+
+        def __getitem__(self, index):
+            return self
+
+        def fill_(self, value):
+            calls.append(("fill_", Cuda.current))
+
+        def copy_(self, other, non_blocking=False):
+            calls.append(("copy_", Cuda.current))
+
+    fake = types.SimpleNamespace(cuda=Cuda, float32="float32", float16="float16", bfloat16="bfloat16", int64="int64",
+                                 device=lambda *args: "cuda:0")
+    fake.zeros = lambda shape, dtype, device: calls.append(("zeros", Cuda.current)) or Tensor()
+    fake.empty = lambda shape, dtype, device: calls.append(("empty", Cuda.current)) or Tensor()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    made = []
+    made.append(orb._TorchCudaMemory("fp32"))
+    made.append(orb._TorchCudaMemory("fp16"))
+    first, second = made
+    assert first.stream != second.stream and Cuda.current == "default"
+    cache = first.zeros((2, 3))
+    first.empty((4,), np.float32)
+    second.fill(second.empty((5,)), 7, 5)
+    first.copy_rows(cache, Tensor())
+    assert calls == [("zeros", first.stream), ("empty", first.stream), ("empty", second.stream),
+                     ("fill_", second.stream), ("copy_", first.stream)]
+    assert Cuda.current == "default"

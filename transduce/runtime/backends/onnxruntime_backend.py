@@ -28,6 +28,7 @@ write, the gather and the top-k without a host round trip; torch is imported onl
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -734,8 +735,22 @@ class _OrtTopK:
         return values.copy(), ids.copy()
 
 
+def _on_stream(method):
+    """A _TorchCudaMemory method run with the memory's stream current, and only meanwhile: ORT runs on
+    that stream (user_compute_stream), so the cache writes, gathers and reads back are ordered with its
+    runs, and the caller's own current stream is left as it was (two backends each keep their own)."""
+
+    @functools.wraps(method)
+    def on_stream(self, *args, **kwargs):
+        with self.torch.cuda.stream(self.stream):
+            return method(self, *args, **kwargs)
+
+    return on_stream
+
+
 class _TorchCudaMemory:
-    """CUDA buffers (torch tensors) for the CUDA and TensorRT execution providers."""
+    """CUDA buffers (torch tensors) for the CUDA and TensorRT execution providers; every kernel, copy
+    and allocation on the backend's own stream (see _on_stream)."""
 
     _DT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -752,10 +767,10 @@ class _TorchCudaMemory:
         self.torch = torch
         self.dtype = getattr(torch, self._DT[precision])
         self.device = torch.device("cuda", 0)
-        # ORT runs on this stream (user_compute_stream) and so do our cache writes, gathers and top-k:
-        # it becomes the current torch stream of this thread, which orders them without syncs.
+        # ORT runs on this stream (user_compute_stream) and so do our cache writes, gathers and top-k,
+        # each made current only while it runs (not set for the thread: that would move the caller's
+        # own torch work onto it, and a second backend would take it over for both)
         self.stream = torch.cuda.Stream(self.device)
-        torch.cuda.set_stream(self.stream)
         self._np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64}
 
     # torch's CUDA caching allocator pools device memory already: `owned` is unused
@@ -765,23 +780,29 @@ class _TorchCudaMemory:
     def free(self, t, owned):
         pass
 
+    @_on_stream
     def zeros(self, shape, owned=None):
         return self.torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    @_on_stream
     def empty(self, shape, dtype=None, owned=None):
         dt = self.torch.float32 if dtype is np.float32 or dtype == self.torch.float32 else self.dtype
         return self.torch.empty(shape, dtype=dt, device=self.device)
 
+    @_on_stream
     def from_numpy(self, a):
         return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True)
 
+    @_on_stream
     def from_ortvalue(self, v):
         """A device OrtValue -> a torch tensor on the device (copied once, so ORT can free its buffer)."""
         return self.torch.from_dlpack(v).clone()
 
+    @_on_stream
     def to_numpy(self, t):
         return t.float().cpu().numpy() if t.dtype == self.torch.bfloat16 else t.cpu().numpy()
 
+    @_on_stream
     def take(self, t, idx, owned=None):
         return t.index_select(0, self.from_numpy(np.asarray(idx, np.int64))).contiguous()
 
@@ -790,22 +811,27 @@ class _TorchCudaMemory:
         np_dtype = self._np_of[t.dtype]
         (binding.bind_input if is_input else binding.bind_output)(name, "cuda", 0, np_dtype, list(t.shape), t.data_ptr())
 
+    @_on_stream
     def fill(self, buf, values, rows):
         if isinstance(values, np.ndarray):
             buf[:rows].copy_(self.torch.from_numpy(np.ascontiguousarray(values, np.int64)), non_blocking=True)
         else:
             buf[:rows].fill_(values)
 
+    @_on_stream
     def write_slot(self, cache, new, rows, p):
         cache[:, :rows, :, p : p + 1].copy_(new[:, :rows])
 
+    @_on_stream
     def move_rows(self, cache, dst, src, p):
         d, s = self.from_numpy(dst), self.from_numpy(src)
         cache[:, :, :, :p].index_copy_(1, d, cache[:, :, :, :p].index_select(1, s))
 
+    @_on_stream
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]].copy_(src)
 
+    @_on_stream
     def topk(self, log_probs, k, banned):
         log_probs[:, banned] = float("-inf")  # our output buffer: overwritten by the next run anyway
         vals, ids = log_probs.topk(min(k, log_probs.shape[1]), dim=-1)
