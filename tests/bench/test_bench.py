@@ -320,3 +320,33 @@ def test_a_measurement_repeats_short_calls_and_reports_their_median():
     assert repeated(lambda: {"seconds": 0.5}, min_seconds=0.1)["calls"] == 1
     assert repeated(lambda: {"seconds": 0.0}, min_seconds=1.0)["calls"] == MAX_CALLS
     assert repeated(lambda: {"seconds": 0.01}, min_seconds=0.0)["calls"] == 1
+
+
+def test_quantized_rows_get_no_fp32_floor_percentage():
+    """The floors are derived for fp32 weights: an int8 row faster than the floor is not reported as the
+    ceilings being under-measured (†), it gets no floor% and its own note (‡); an fp32 row faster than
+    the floor still gets the dagger."""
+    from transduce.bench.report import _size_section
+
+    def stats(decode_ms):
+        one = {"median": decode_ms, "min": decode_ms, "max": decode_ms, "n": 1}
+        tps = {"median": 32 / decode_ms * 1e3, "min": 32 / decode_ms * 1e3, "max": 32 / decode_ms * 1e3, "n": 1}
+        return {"stats": {"decode_ms": one, "tokens_per_s": tps, "sentences_per_s": tps, "first_ms": one}, "raw": {}}
+
+    cell = {"mode": "greedy", "beam": 1, "batch": 1, "src_len": 32, "steps": 32, "ratios": {}, "ct2_best": None,
+            "ct2_settings_ratio": {}, "foreign_cpu_share": 0.0,
+            "floor": {"decode_ms": 100.0, "seconds": 0.1, "step_seconds": 0.003, "step_bound": "memory",
+                      "encoder_seconds": 0.004},
+            "systems": {"onnxruntime": stats(200.0), "onnxruntime-int8": stats(80.0)}}
+    size = {"size": "base", "model": {"config": {"encoder_layers": 6, "decoder_layers": 6, "d_model": 512, "n_heads": 8,
+                                                 "d_ff": 2048, "vocab_size": 8000}, "description": "random"},
+            "systems": {"onnxruntime": {"status": "ok"}, "onnxruntime-int8": {"status": "ok"}}, "cells": [cell]}
+    text = "\n".join(_size_section(size, {"steps": 32}))
+    rows = {line.split("|")[3].strip(): line.split("|")[10].strip() for line in text.splitlines()
+            if line.startswith("| greedy | 1 |") and "*floor*" not in line}
+    assert rows == {"onnxruntime": "50%", "onnxruntime-int8": "n/a‡"}
+    assert "‡ the floors are for fp32 weights" in text and "†" not in text
+
+    cell["systems"]["onnxruntime"] = stats(90.0)  # fp32 faster than its floor: the ceilings were under-measured
+    text = "\n".join(_size_section(size, {"steps": 32}))
+    assert "111%†" in text and "† measured faster than the floor" in text
