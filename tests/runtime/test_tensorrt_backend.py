@@ -1,7 +1,7 @@
 """The TensorRT backend.
 
 On CPU: the import fails cleanly without TensorRT, and the backend's own logic (profiles, row chunks,
-preallocated cache and slot writes, reorders with the spare buffer, cross K/V gathers, top-k with
+preallocated cache and slot writes, in-place reorders, cross K/V gathers, top-k with
 banned ids) runs against the TensorRT test double (tests/tensorrt_fake.py, which executes the eager
 model on the bound host memory) and must decode exactly like the torch backend.
 
@@ -157,6 +157,30 @@ def test_encoder_outputs_and_log_probs_match(wide, batch, reference):
             b.reorder(sb, keep, rows[keep])
             reference.reorder(sr, keep, rows[keep])
             tokens = tokens[keep]
+
+
+def test_reorders_move_rows_within_one_cache(wide, batch, reference):
+    """A beam reorder moves rows inside the run's one cache buffer (every layer's K and V): the engine's
+    cache addresses stay (a captured CUDA graph stays valid), no second cache is held, and the moved,
+    duplicated and dropped rows step on exactly like the torch backend's."""
+    src, lens = batch
+    b = _backend(wide)
+    rows = np.arange(4)
+    sb, sr = b.begin(b.encode(src[:4], lens[:4]), rows, 8), reference.begin(reference.encode(src[:4], lens[:4]), rows, 8)
+    assert sb.cache.shape == (2 * b.n_layers, 4, b.heads, 8, b.head_dim)
+    addresses = [t.data_ptr() for t in sb.caches]
+    assert addresses == [sb.cache[i].data_ptr() for i in range(2 * b.n_layers)]
+    tokens = np.full(4, b.config["bos_id"], np.int64)
+    for keep in (None, np.array([3, 0, 0, 2]), np.array([1, 1, 3]), None):
+        if keep is not None:
+            b.reorder(sb, keep, rows[keep])
+            reference.reorder(sr, keep, rows[keep])
+            rows, tokens = rows[keep], tokens[keep]
+        lp_b, lp_r = b.step_log_probs(sb, tokens), reference.step_log_probs(sr, tokens)
+        np.testing.assert_allclose(lp_b, lp_r, atol=1e-5)
+        tokens = lp_r[:, 4:].argmax(1) + 4
+        assert [t.data_ptr() for t in sb.caches] == addresses
+    assert not hasattr(sb, "spare")
 
 
 def test_step_bans_pad_bos_and_eos(wide, batch):

@@ -9,9 +9,11 @@ which every torch op of the backend (copies, slot writes, gathers, top-k) is als
 stream orders everything and only the chosen token ids (and their log-probs) come back to the host.
 
 Memory of one decoding run (`begin` .. last `step`), allocated once and reused by every step:
-- the self-attention cache, (rows, heads, capacity, head_dim) per layer for K and for V, zeroed, plus
-  a spare buffer of each: a beam reorder gathers the selected rows into the spare buffer on the
-  device (index_select with out=) and swaps the two;
+- the self-attention cache, one zeroed buffer (2 x layers, rows, heads, capacity, head_dim) whose
+  per-layer K and V views are what the engine binds: a beam reorder moves, in place, only the rows
+  whose source changed and only their filled slots, for every layer at once (an index_select of the
+  sources, then an index_copy_: two kernels), so the cache keeps its addresses (and a captured CUDA
+  graph stays valid) and no second cache is held;
 - this step's outputs (log_probs (rows, vocab) fp32, new_key_i / new_value_i (rows, heads, 1,
   head_dim)); after the engine runs, new K/V are copied into slot `position` of the cache on the
   same stream (the graph reads `past_*` and writes `new_*`, distinct buffers: the cache is never
@@ -37,8 +39,8 @@ the same shapes (TensorRT's own rule: enqueue once before capturing so shape-dep
 not captured), and a captured graph is replayed only while the context's last run had its shapes.
 A graph is invalid, and is not used again, when any of its inputs changes: rows (sentences finish,
 beams expand), the capacity or src_len (a new batch: every `begin` starts with no graphs), or a
-buffer address (the cache/spare swap of a beam reorder alternates between two address sets, each
-captured once; a regather of cross K/V to other buffers). Steps that run in several row chunks are
+buffer address (a regather of cross K/V to other buffers; beam reorders move rows within the
+cache, whose addresses stay). Steps that run in several row chunks are
 never captured. If a capture fails (an engine with operations that cannot be captured), graphs are
 switched off for this backend with a warning and steps run normally.
 
@@ -176,8 +178,8 @@ class _State:
     row_cap: int  # rows the buffers hold
     capacity: int  # cache slots
     row_src: np.ndarray
-    caches: list[Any] = field(default_factory=list)  # past_key_0, past_value_0, ... (row_cap, H, C, Dh)
-    spare: list[Any] = field(default_factory=list)
+    cache: Any = None  # every layer's K and V: (2 x layers, row_cap, H, C, Dh)
+    caches: list[Any] = field(default_factory=list)  # its views past_key_0, past_value_0, ... (row_cap, H, C, Dh)
     outputs: dict[str, Any] = field(default_factory=dict)  # log_probs, new_* (row_cap, ...)
     tokens: Any = None  # (row_cap,) device
     tokens_host: Any = None  # (row_cap,) pinned host
@@ -322,13 +324,12 @@ class TensorRTBackend:
         self._gather_cross(state, np.asarray(row_src, np.int64))
         return state
 
-    def _allocate(self, state: _State, rows: int, keep_caches: bool = False) -> None:
-        """(Re)allocate every per-row buffer for `rows` rows; the caches only unless keep_caches."""
+    def _allocate(self, state: _State, rows: int) -> None:
+        """(Re)allocate every per-row buffer, the cache included, for `rows` rows."""
         torch = self.torch
-        shape = (rows, self.heads, state.capacity, self.head_dim)
-        if not keep_caches:
-            state.caches = [torch.zeros(shape, dtype=self.float_dtype, device=self.device) for _ in self.cache_names]
-        state.spare = [torch.zeros(shape, dtype=self.float_dtype, device=self.device) for _ in self.cache_names]
+        shape = (len(self.cache_names), rows, self.heads, state.capacity, self.head_dim)
+        state.cache = torch.zeros(shape, dtype=self.float_dtype, device=self.device)
+        state.caches = list(state.cache.unbind(0))  # contiguous views, bound to the engine by address
         dt = self._step.dtypes
         state.outputs = {"log_probs": torch.empty((rows, self.vocab), dtype=dt["log_probs"], device=self.device)}
         for name in self.new_names:
@@ -462,20 +463,22 @@ class TensorRTBackend:
             return state.outputs["log_probs"][: state.rows].float().cpu().numpy().copy()
 
     def reorder(self, state: _State, rows: np.ndarray, row_src: np.ndarray) -> None:
+        """Row i continues row rows[i]: in place, only the rows whose source changed move, and only their
+        filled slots, all layers at once; the sources are gathered before anything is written (a source
+        may be a destination too)."""
         torch = self.torch
         rows = np.asarray(rows, np.int64)
-        n = len(rows)
+        n, p = len(rows), state.position
         with self._on_stream():
-            idx = self._to_device(rows, torch.long)
-            old = state.caches
-            if n > state.row_cap:  # beams expand after step 0: new buffers, gathered into directly
+            if n > state.row_cap:  # beams expand after step 0: a new cache, gathered into directly
+                old, old_rows = state.cache, state.rows
                 self._allocate(state, n)
-                dst = state.caches
+                torch.index_select(old[:, :old_rows], 1, self._to_device(rows, torch.long), out=state.cache)
             else:
-                dst = state.spare
-            for src, out in zip(old, dst):
-                torch.index_select(src[: state.rows], 0, idx, out=out[:n])
-            if dst is state.spare:
-                state.caches, state.spare = state.spare, state.caches
+                moved = np.flatnonzero(rows != np.arange(n))
+                if moved.size and p:
+                    filled = state.cache[:, :, :, :p]  # (2L, row_cap, H, p, Dh) view
+                    dst, src = self._to_device(moved, torch.long), self._to_device(rows[moved], torch.long)
+                    filled.index_copy_(1, dst, filled.index_select(1, src))
         state.rows = n
         self._gather_cross(state, np.asarray(row_src, np.int64))
