@@ -170,6 +170,12 @@ def test_reorders_move_rows_within_one_cache(wide, batch, reference):
     assert sb.cache.shape == (2 * b.n_layers, 4, b.heads, 8, b.head_dim)
     addresses = [t.data_ptr() for t in sb.caches]
     assert addresses == [sb.cache[i].data_ptr() for i in range(2 * b.n_layers)]
+    # each layer's K or V is contiguous and starts a multiple of 256 bytes into the buffer (TensorRT's
+    # alignment; the tiny model's 4 x 8 x 8 fp32 values per row are 1 KiB, so also with 3 rows below)
+    assert all(t.is_contiguous() and (a - addresses[0]) % 256 == 0 for t, a in zip(sb.caches, addresses))
+    odd = b._stacked_zeros(3, (3, b.heads, 5, b.head_dim))  # 3 x 5 slots x 32 floats x 4 bytes: 1,920 bytes each
+    assert [t.data_ptr() - odd.data_ptr() for t in odd.unbind(0)] == [0, 2048, 4096]
+    assert all(t.is_contiguous() for t in odd.unbind(0)) and not odd.any()
     tokens = np.full(4, b.config["bos_id"], np.int64)
     for keep in (None, np.array([3, 0, 0, 2]), np.array([1, 1, 3]), None):
         if keep is not None:

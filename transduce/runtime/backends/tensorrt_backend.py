@@ -324,11 +324,22 @@ class TensorRTBackend:
         self._gather_cross(state, np.asarray(row_src, np.int64))
         return state
 
+    def _stacked_zeros(self, n: int, shape: tuple[int, ...]):
+        """(n, *shape) zeros in one buffer whose n tensors are each contiguous and start 256 bytes apart
+        (or a multiple): TensorRT wants every tensor address 256-byte aligned, and torch aligns only the
+        buffer itself (the first axis' stride is padded where shape's bytes are not a multiple of 256)."""
+        torch = self.torch
+        numel = int(np.prod(shape))
+        per_256 = max(1, 256 // torch.empty((), dtype=self.float_dtype).element_size())  # elements per 256 bytes
+        stride = -(-numel // per_256) * per_256
+        inner = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        flat = torch.zeros(n * stride, dtype=self.float_dtype, device=self.device)
+        return flat.as_strided((n,) + tuple(shape), (stride,) + inner)
+
     def _allocate(self, state: _State, rows: int) -> None:
         """(Re)allocate every per-row buffer, the cache included, for `rows` rows."""
         torch = self.torch
-        shape = (len(self.cache_names), rows, self.heads, state.capacity, self.head_dim)
-        state.cache = torch.zeros(shape, dtype=self.float_dtype, device=self.device)
+        state.cache = self._stacked_zeros(len(self.cache_names), (rows, self.heads, state.capacity, self.head_dim))
         state.caches = list(state.cache.unbind(0))  # contiguous views, bound to the engine by address
         dt = self._step.dtypes
         state.outputs = {"log_probs": torch.empty((rows, self.vocab), dtype=dt["log_probs"], device=self.device)}
@@ -473,12 +484,13 @@ class TensorRTBackend:
             if n > state.row_cap:  # beams expand after step 0: a new cache, gathered into directly
                 old, old_rows = state.cache, state.rows
                 self._allocate(state, n)
-                torch.index_select(old[:, :old_rows], 1, self._to_device(rows, torch.long), out=state.cache)
+                state.cache.copy_(old[:, :old_rows].index_select(1, self._to_device(rows, torch.long)))
             else:
                 moved = np.flatnonzero(rows != np.arange(n))
                 if moved.size and p:
                     filled = state.cache[:, :, :, :p]  # (2L, row_cap, H, p, Dh) view
-                    dst, src = self._to_device(moved, torch.long), self._to_device(rows[moved], torch.long)
+                    idx = self._to_device(np.concatenate([moved, rows[moved]]), torch.long)  # one copy to the device
+                    dst, src = idx[: moved.size], idx[moved.size:]
                     filled.index_copy_(1, dst, filled.index_select(1, src))
         state.rows = n
         self._gather_cross(state, np.asarray(row_src, np.int64))
