@@ -38,7 +38,7 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable
 from transduce.runtime import contract
-from transduce.runtime.backends.base import ban_bias, banned_ids, numpy_topk
+from transduce.runtime.backends.base import ban_bias, banned_ids, move_rows_torch, numpy_topk
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -824,8 +824,7 @@ class _TorchCudaMemory:
 
     @_on_stream
     def move_rows(self, cache, dst, src, p):
-        d, s = self.from_numpy(dst), self.from_numpy(src)
-        cache[:, :, :, :p].index_copy_(1, d, cache[:, :, :, :p].index_select(1, s))
+        move_rows_torch(cache, self.from_numpy(dst), self.from_numpy(src), p)
 
     @_on_stream
     def copy_rows(self, dst, src):

@@ -65,7 +65,7 @@ import numpy as np
 from transduce.errors import BackendUnavailable, EngineError
 from transduce.exporter import engine as eng
 from transduce.runtime import contract
-from transduce.runtime.backends.base import banned_ids
+from transduce.runtime.backends.base import banned_ids, move_rows_torch
 
 MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
 
@@ -328,13 +328,11 @@ class TensorRTBackend:
         """(n, *shape) zeros in one buffer whose n tensors are each contiguous and start 256 bytes apart
         (or a multiple): TensorRT wants every tensor address 256-byte aligned, and torch aligns only the
         buffer itself (the first axis' stride is padded where shape's bytes are not a multiple of 256)."""
-        torch = self.torch
         numel = int(np.prod(shape))
-        per_256 = max(1, 256 // torch.empty((), dtype=self.float_dtype).element_size())  # elements per 256 bytes
+        per_256 = max(1, 256 // self.float_dtype.itemsize)  # elements per 256 bytes
         stride = -(-numel // per_256) * per_256
-        inner = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
-        flat = torch.zeros(n * stride, dtype=self.float_dtype, device=self.device)
-        return flat.as_strided((n,) + tuple(shape), (stride,) + inner)
+        flat = self.torch.zeros(n * stride, dtype=self.float_dtype, device=self.device)
+        return flat.view(n, stride)[:, :numel].unflatten(1, tuple(shape))
 
     def _allocate(self, state: _State, rows: int) -> None:
         """(Re)allocate every per-row buffer, the cache included, for `rows` rows."""
@@ -488,9 +486,7 @@ class TensorRTBackend:
             else:
                 moved = np.flatnonzero(rows != np.arange(n))
                 if moved.size and p:
-                    filled = state.cache[:, :, :, :p]  # (2L, row_cap, H, p, Dh) view
                     idx = self._to_device(np.concatenate([moved, rows[moved]]), torch.long)  # one copy to the device
-                    dst, src = idx[: moved.size], idx[moved.size:]
-                    filled.index_copy_(1, dst, filled.index_select(1, src))
+                    move_rows_torch(state.cache, idx[: moved.size], idx[moved.size:], p)
         state.rows = n
         self._gather_cross(state, np.asarray(row_src, np.int64))
