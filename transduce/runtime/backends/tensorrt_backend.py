@@ -28,8 +28,9 @@ Profiles: engine.json lists each engine's optimization profiles; one execution c
 is created when first used (`set_optimization_profile_async` once, so contexts never switch
 profiles), and each run picks the profile for its shapes (`engine.choose_chunks`). A batch wider
 than every profile's max batch runs in chunks of rows (rows are independent; the chunk's tensors
-are bound at row offsets); a source or cache longer than the engines were built for is an
-EngineError naming the `transduce build` flag to raise.
+are bound at row offsets, and a row offset whose address is not 256-byte aligned, which TensorRT
+requires of every tensor address, is staged through an aligned scratch copy); a source or cache
+longer than the engines were built for is an EngineError naming the `transduce build` flag to raise.
 
 CUDA graphs (cuda_graph=True): with the cache preallocated, the step graph's input shapes are fixed
 for a given (rows, capacity, src_len), and its addresses for a given set of buffers. The step's
@@ -68,6 +69,7 @@ from transduce.runtime import contract
 from transduce.runtime.backends.base import banned_ids, move_rows_torch
 
 MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
+ALIGN = 256  # bytes: every tensor address given to TensorRT is a multiple of this (IExecutionContext.setTensorAddress)
 
 
 def _torch():
@@ -150,7 +152,8 @@ class _EngineRunner:
             if c.addresses.get(name) != ptr:
                 if not c.ctx.set_tensor_address(name, ptr):
                     c.addresses.pop(name, None)
-                    raise EngineError(f"{self.graph}: TensorRT refused the address of {name}: {self.logger.recent()}")
+                    raise EngineError(f"{self.graph}: TensorRT refused the address of {name} ({ptr:#x}; it needs "
+                                      f"{ALIGN}-byte aligned addresses): {self.logger.recent()}")
                 c.addresses[name] = ptr
 
     def run(self, index: int, shapes, addresses, out_shapes, stream_handle: int) -> _Context:
@@ -258,7 +261,7 @@ class TensorRTBackend:
                                   f"{self._step.dtypes[name]}", hint=f"rebuild the engines with: {rebuild}")
         self.float_dtype = self._step.dtypes[self.cache_names[0]]
         with self._on_stream():  # made on the stream that uses them (a side stream does not wait for the default one)
-            self._placeholder = torch.zeros(16, dtype=torch.uint8, device=self.device)
+            self._placeholder = self._zeros((16,), torch.uint8)
             self._banned = {flag: torch.tensor(banned_ids(cfg, flag), dtype=torch.long, device=self.device)
                             for flag in (False, True)}
         self._sync()
@@ -274,8 +277,46 @@ class TensorRTBackend:
         assert t.is_contiguous()
         return int(t.data_ptr())
 
+    def _empty(self, shape, dtype):
+        """A contiguous tensor starting at a multiple of ALIGN bytes on any device (torch's CUDA allocator
+        aligns to 512 bytes, its CPU one to 64, numpy to 16: the test double runs on the CPU)."""
+        n = int(np.prod(shape)) * dtype.itemsize
+        raw = self.torch.empty(n + ALIGN, dtype=self.torch.uint8, device=self.device)
+        start = -int(raw.data_ptr()) % ALIGN
+        return raw[start : start + n].view(dtype).view(tuple(shape))
+
+    def _zeros(self, shape, dtype):
+        return self._empty(shape, dtype).zero_()
+
     def _to_device(self, a: np.ndarray, dtype):
-        return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype=dtype)
+        a = np.ascontiguousarray(a)
+        t = self._empty(a.shape, dtype)
+        t.copy_(self.torch.from_numpy(a))
+        return t
+
+    def _chunk_addresses(self, inputs: dict[str, Any], outputs: dict[str, Any], a: int, b: int):
+        """Addresses of rows a:b of each input and output tensor (row-major, rows first) for one run.
+
+        Rows a:b of a buffer start a * row bytes in, which need not be ALIGN-aligned when a batch runs in
+        chunks: such a slice is staged through an aligned scratch tensor (an input copied in before the
+        run, an output copied back after it: `copy_back`, to do on the stream after the run; the scratch
+        tensors live in `keep` until then). Aligned slices, every slice of a one-chunk run among them,
+        are bound in place."""
+        addresses, keep, copy_back = {}, [], []
+        for name, t in inputs.items():
+            v = t[a:b]
+            if v.numel() and v.data_ptr() % ALIGN:
+                v = self._empty(v.shape, v.dtype).copy_(v)
+                keep.append(v)
+            addresses[name] = self._ptr(v)
+        for name, t in outputs.items():
+            v = t[a:b]
+            if v.numel() and v.data_ptr() % ALIGN:
+                scratch = self._empty(v.shape, v.dtype)
+                copy_back.append((v, scratch))
+                v = scratch
+            addresses[name] = self._ptr(v)
+        return addresses, keep, copy_back
 
     def _sync(self) -> None:
         if self.on_cuda:
@@ -283,7 +324,6 @@ class TensorRTBackend:
 
     # -- encoder ----------------------------------------------------------------------------------
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> _Encoded:
-        torch = self.torch
         src_ids = np.ascontiguousarray(src_ids, np.int64)
         batch, src_len = src_ids.shape
         chunks = eng.choose_chunks(batch, self.plan.encoder, src_len)
@@ -292,17 +332,20 @@ class TensorRTBackend:
         with self._on_stream():
             ids = self._to_device(src_ids, dt["src_ids"])
             lens = self._to_device(np.asarray(src_lengths, np.int64), dt["src_lengths"])
-            outs = {"memory": torch.empty((batch, src_len, d), dtype=dt["memory"], device=self.device)}
+            outs = {"memory": self._empty((batch, src_len, d), dt["memory"])}
             for name in self.cross_names:
-                outs[name] = torch.empty((batch, h, src_len, dh), dtype=dt[name], device=self.device)
+                outs[name] = self._empty((batch, h, src_len, dh), dt[name])
             for a, b, prof in chunks:
                 n = b - a
                 shapes = {"src_ids": (n, src_len), "src_lengths": (n,)}
                 out_shapes = {name: (n,) + tuple(t.shape[1:]) for name, t in outs.items()}
-                addresses = {"src_ids": self._ptr(ids[a:b]), "src_lengths": self._ptr(lens[a:b])}
-                addresses.update({name: self._ptr(t[a:b]) for name, t in outs.items()})
+                addresses, keep, copy_back = self._chunk_addresses({"src_ids": ids, "src_lengths": lens}, outs, a, b)
                 self._enc.run(prof, shapes, addresses, out_shapes, self.stream_handle)
-            step_lens = lens.to(self._step.dtypes["src_lengths"])
+                for dst, scratch in copy_back:
+                    dst.copy_(scratch)
+            step_lens = lens
+            if lens.dtype != self._step.dtypes["src_lengths"]:
+                step_lens = self._empty(lens.shape, self._step.dtypes["src_lengths"]).copy_(lens)
         memory = outs.pop("memory")
         return _Encoded(memory, outs, step_lens, batch, src_len)
 
@@ -326,12 +369,12 @@ class TensorRTBackend:
 
     def _stacked_zeros(self, n: int, shape: tuple[int, ...]):
         """(n, *shape) zeros in one buffer whose n tensors are each contiguous and start 256 bytes apart
-        (or a multiple): TensorRT wants every tensor address 256-byte aligned, and torch aligns only the
-        buffer itself (the first axis' stride is padded where shape's bytes are not a multiple of 256)."""
+        (or a multiple) from an ALIGN-aligned start: TensorRT wants every tensor address 256-byte aligned
+        (the first axis' stride is padded where shape's bytes are not a multiple of 256)."""
         numel = int(np.prod(shape))
         per_256 = max(1, 256 // self.float_dtype.itemsize)  # elements per 256 bytes
         stride = -(-numel // per_256) * per_256
-        flat = self.torch.zeros(n * stride, dtype=self.float_dtype, device=self.device)
+        flat = self._zeros((n * stride,), self.float_dtype)
         return flat.view(n, stride)[:, :numel].unflatten(1, tuple(shape))
 
     def _allocate(self, state: _State, rows: int) -> None:
@@ -340,11 +383,11 @@ class TensorRTBackend:
         state.cache = self._stacked_zeros(len(self.cache_names), (rows, self.heads, state.capacity, self.head_dim))
         state.caches = list(state.cache.unbind(0))  # contiguous views, bound to the engine by address
         dt = self._step.dtypes
-        state.outputs = {"log_probs": torch.empty((rows, self.vocab), dtype=dt["log_probs"], device=self.device)}
+        state.outputs = {"log_probs": self._empty((rows, self.vocab), dt["log_probs"])}
         for name in self.new_names:
-            state.outputs[name] = torch.empty((rows, self.heads, 1, self.head_dim), dtype=dt[name], device=self.device)
-        state.tokens = torch.zeros(rows, dtype=dt["tokens"], device=self.device)
-        state.positions = torch.zeros(rows, dtype=dt["positions"], device=self.device)
+            state.outputs[name] = self._empty((rows, self.heads, 1, self.head_dim), dt[name])
+        state.tokens = self._zeros((rows,), dt["tokens"])
+        state.positions = self._zeros((rows,), dt["positions"])
         state.tokens_host = torch.zeros(rows, dtype=dt["tokens"], pin_memory=self.on_cuda)
         state.cross_buf = None  # gathered cross K/V must be gathered again into buffers of the new size
         state.row_src = np.array([-1])
@@ -365,10 +408,9 @@ class TensorRTBackend:
             with self._on_stream():
                 if state.cross_buf is None or state.cross_buf["src_lengths"].shape[0] < n:
                     rows = max(n, state.row_cap)
-                    state.cross_buf = {name: torch.empty((rows,) + tuple(enc.cross[name].shape[1:]),
-                                                         dtype=enc.cross[name].dtype, device=self.device)
+                    state.cross_buf = {name: self._empty((rows,) + tuple(enc.cross[name].shape[1:]), enc.cross[name].dtype)
                                        for name in self.cross_names}
-                    state.cross_buf["src_lengths"] = torch.empty(rows, dtype=enc.src_lengths.dtype, device=self.device)
+                    state.cross_buf["src_lengths"] = self._empty((rows,), enc.src_lengths.dtype)
                 idx = self._to_device(row_src, torch.long)
                 for name in self.cross_names:
                     torch.index_select(enc.cross[name], 0, idx, out=state.cross_buf[name][:n])
@@ -377,23 +419,22 @@ class TensorRTBackend:
         state.row_src = row_src.copy()
 
     def _step_io(self, state: _State, a: int, b: int):
+        """Shapes, addresses and output shapes of the step engine's run over rows a:b (plus the chunk's
+        staging, see _chunk_addresses)."""
         n, c, s = b - a, state.capacity, state.enc.src_len
         h, dh = self.heads, self.head_dim
         shapes = {"tokens": (n,), "positions": (n,), "src_lengths": (n,)}
-        addresses = {"tokens": self._ptr(state.tokens[a:b]), "positions": self._ptr(state.positions[a:b]),
-                     "src_lengths": self._ptr(state.cross["src_lengths"][a:b])}
+        inputs = {"tokens": state.tokens, "positions": state.positions, "src_lengths": state.cross["src_lengths"]}
         for name, t in zip(self.cache_names, state.caches):
             shapes[name] = (n, h, c, dh)
-            addresses[name] = self._ptr(t[a:b])
+            inputs[name] = t
         for name in self.cross_names:
             shapes[name] = (n, h, s, dh)
-            addresses[name] = self._ptr(state.cross[name][a:b])
+            inputs[name] = state.cross[name]
         out_shapes = {"log_probs": (n, self.vocab)}
-        addresses["log_probs"] = self._ptr(state.outputs["log_probs"][a:b])
-        for name in self.new_names:
-            out_shapes[name] = (n, h, 1, dh)
-            addresses[name] = self._ptr(state.outputs[name][a:b])
-        return shapes, addresses, out_shapes
+        out_shapes.update({name: (n, h, 1, dh) for name in self.new_names})
+        addresses, keep, copy_back = self._chunk_addresses(inputs, {name: state.outputs[name] for name in out_shapes}, a, b)
+        return shapes, addresses, out_shapes, keep, copy_back
 
     def _launch(self, state: _State, prof: int, shapes, addresses, out_shapes, single_chunk: bool) -> None:
         """Run the step engine once: a captured CUDA graph where one is valid, else execute_async_v3."""
@@ -448,8 +489,11 @@ class TensorRTBackend:
             state.tokens[:r].copy_(state.tokens_host[:r], non_blocking=self.on_cuda)
             state.positions[:r].fill_(p)
             for a, b, prof in chunks:
-                shapes, addresses, out_shapes = self._step_io(state, a, b)
-                self._launch(state, prof, shapes, addresses, out_shapes, len(chunks) == 1)
+                shapes, addresses, out_shapes, keep, copy_back = self._step_io(state, a, b)
+                # staged (scratch) addresses are new every step: only a run bound in place is captured
+                self._launch(state, prof, shapes, addresses, out_shapes, len(chunks) == 1 and not (keep or copy_back))
+                for dst, scratch in copy_back:
+                    dst.copy_(scratch)
             for cache, name in zip(state.caches, self.new_names):
                 cache[:r, :, p : p + 1].copy_(state.outputs[name][:r])  # slot p, in place
         state.position = p + 1
