@@ -162,6 +162,30 @@ def test_row_chunks_bind_aligned_addresses(wide, narrow, batch, reference):
         assert all(a == 0 for a, _, _ in staged) != chunked
 
 
+def test_encoder_chunks_stage_misaligned_outputs(tmp_path_factory, artifact, batch, reference):
+    """Engines of max batch 1 and an odd source width: the encoder's outputs for row 1 on start 128 x 17
+    bytes in (the tiny model's 32 fp32 values per position), so they run through scratch tensors
+    copied back; the outputs and a decode still equal the torch backend's."""
+    src, lens = batch
+    src = np.pad(src, ((0, 0), (0, 17 - src.shape[1])))  # PAD columns: the same sentences
+    b = _backend(_engines(tmp_path_factory, artifact, max_batch=1, beam=1, max_src_len=24, max_tgt_len=40))
+    copied = []
+    real = b._chunk_addresses
+
+    def spy(inputs, outputs, a, c):
+        addresses, keep, copy_back = real(inputs, outputs, a, c)
+        if "memory" in outputs:
+            copied.append(len(copy_back))
+        return addresses, keep, copy_back
+
+    b._chunk_addresses = spy
+    got, want = b.encoder_outputs(b.encode(src, lens)), reference.encoder_outputs(reference.encode(src, lens))
+    assert copied[0] == 0 and all(copied[1::2]) and len(copied) == len(src)  # odd rows: memory and cross K/V
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+    _same(decode(b, src, lens, OPTS[0]), decode(reference, src, lens, OPTS[0]))
+
+
 def test_encoder_outputs_and_log_probs_match(wide, batch, reference):
     src, lens = batch
     b = _backend(wide)

@@ -278,9 +278,13 @@ class TensorRTBackend:
         return int(t.data_ptr())
 
     def _empty(self, shape, dtype):
-        """A contiguous tensor starting at a multiple of ALIGN bytes on any device (torch's CUDA allocator
-        aligns to 512 bytes, its CPU one to 64, numpy to 16: the test double runs on the CPU)."""
-        n = int(np.prod(shape)) * dtype.itemsize
+        """A contiguous tensor starting at a multiple of ALIGN bytes on any device. torch's CUDA allocator
+        aligns to 512 bytes, so on a GPU this is a plain allocation of the exact size; its CPU allocator
+        aligns to 64 (the test double runs on the CPU): there, ALIGN more bytes and an aligned start."""
+        t = self.torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        if t.data_ptr() % ALIGN == 0:
+            return t
+        n = t.numel() * dtype.itemsize
         raw = self.torch.empty(n + ALIGN, dtype=self.torch.uint8, device=self.device)
         start = -int(raw.data_ptr()) % ALIGN
         return raw[start : start + n].view(dtype).view(tuple(shape))
@@ -301,7 +305,8 @@ class TensorRTBackend:
         chunks: such a slice is staged through an aligned scratch tensor (an input copied in before the
         run, an output copied back after it: `copy_back`, to do on the stream after the run; the scratch
         tensors live in `keep` until then). Aligned slices, every slice of a one-chunk run among them,
-        are bound in place."""
+        are bound in place. Called on the backend's stream (`_on_stream`): scratch memory freed after the
+        call is reused by the caching allocator only for later work on that stream, queued after the run."""
         addresses, keep, copy_back = {}, [], []
         for name, t in inputs.items():
             v = t[a:b]
