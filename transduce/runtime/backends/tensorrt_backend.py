@@ -302,23 +302,21 @@ class TensorRTBackend:
         """Addresses of rows a:b of each input and output tensor (row-major, rows first) for one run.
 
         Rows a:b of a buffer start a * row bytes in, which need not be ALIGN-aligned when a batch runs in
-        chunks: such a slice is staged through an aligned scratch tensor (an input copied in before the
-        run, an output copied back after it: `copy_back`, to do on the stream after the run; the scratch
-        tensors live in `keep` until then). Aligned slices, every slice of a one-chunk run among them,
-        are bound in place. Called on the backend's stream (`_on_stream`): scratch memory freed after the
-        call is reused by the caching allocator only for later work on that stream, queued after the run."""
+        chunks: such a slice is staged through an aligned scratch tensor, an input's copied in now (the
+        staged inputs' scratch tensors are `keep`), an output's copied back after the run (`copy_back`:
+        (slice, scratch) pairs, to copy on the stream after the run). Aligned slices, every slice of a
+        one-chunk run among them, are bound in place. Called on the backend's stream (`_on_stream`):
+        scratch memory freed after the call is reused by the caching allocator only for later work on
+        that stream, queued after the run."""
         addresses, keep, copy_back = {}, [], []
-        for name, t in inputs.items():
-            v = t[a:b]
-            if v.numel() and v.data_ptr() % ALIGN:
-                v = self._empty(v.shape, v.dtype).copy_(v)
-                keep.append(v)
-            addresses[name] = self._ptr(v)
-        for name, t in outputs.items():
+        for name, t in {**inputs, **outputs}.items():
             v = t[a:b]
             if v.numel() and v.data_ptr() % ALIGN:
                 scratch = self._empty(v.shape, v.dtype)
-                copy_back.append((v, scratch))
+                if name in inputs:
+                    keep.append(scratch.copy_(v))
+                else:
+                    copy_back.append((v, scratch))
                 v = scratch
             addresses[name] = self._ptr(v)
         return addresses, keep, copy_back
@@ -374,11 +372,11 @@ class TensorRTBackend:
 
     def _stacked_zeros(self, n: int, shape: tuple[int, ...]):
         """(n, *shape) zeros in one buffer whose n tensors are each contiguous and start 256 bytes apart
-        (or a multiple) from an ALIGN-aligned start: TensorRT wants every tensor address 256-byte aligned
-        (the first axis' stride is padded where shape's bytes are not a multiple of 256)."""
+        (or a multiple) from an ALIGN-aligned start: TensorRT wants every tensor address ALIGN-aligned
+        (the first axis' stride is padded where shape's bytes are not a multiple of ALIGN)."""
         numel = int(np.prod(shape))
-        per_256 = max(1, 256 // self.float_dtype.itemsize)  # elements per 256 bytes
-        stride = -(-numel // per_256) * per_256
+        per_align = max(1, ALIGN // self.float_dtype.itemsize)  # elements per ALIGN bytes
+        stride = -(-numel // per_align) * per_align
         flat = self._zeros((n * stride,), self.float_dtype)
         return flat.view(n, stride)[:, :numel].unflatten(1, tuple(shape))
 
