@@ -2,7 +2,8 @@
 
 Sentences are NFKC-normalised and split SentencePiece-style (Metaspace: a word boundary becomes "▁"),
 then segmented by BPE. Characters never seen in training become <unk>. Specials have fixed ids:
-<pad>=0, <s>=1, </s>=2, <unk>=3 (the defaults of ModelConfig).
+<pad>=0, <s>=1, </s>=2, <unk>=3 (the defaults of ModelConfig); their spellings in input text are
+ordinary characters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class Tokenizer:
             if tok.token_to_id(s) != i:
                 raise CheckpointError(f"tokenizer special {s!r} has id {tok.token_to_id(s)}, expected {i}")
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
+        # Text is text: "</s>" or "<pad>" typed in a sentence (or found in a corpus) is split like any other
+        # characters, never matched as the special token (tokenizers' default would end a source early or
+        # drop a target token from the loss)
+        tok.encode_special_tokens = True
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
