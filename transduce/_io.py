@@ -14,7 +14,7 @@ from typing import Any
 from transduce.errors import TransduceError
 
 
-def _check_parent_writable(final: str) -> str:
+def check_parent_writable(final: str) -> str:
     parent = os.path.dirname(os.path.abspath(final)) or "."
     try:
         os.makedirs(parent, exist_ok=True)
@@ -27,6 +27,17 @@ def _check_parent_writable(final: str) -> str:
     return parent
 
 
+def _umask_modes(top: str) -> None:
+    """The modes a plain mkdir / open would have given (mkdtemp makes 0700, mkstemp and safetensors 0600):
+    another account (a server's) can read what was written, as far as the umask allows."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for root, _, files in os.walk(top):
+        os.chmod(root, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[str]:
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
@@ -34,12 +45,13 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     On an exception the temporary directory is removed and `final` is left as it was.
     """
     final = os.path.abspath(os.fspath(final))
-    parent = _check_parent_writable(final)
+    parent = check_parent_writable(final)
     if os.path.exists(final) and not overwrite:
         raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=parent)
     try:
         yield tmp
+        _umask_modes(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -67,20 +79,24 @@ def atomic_output(final: str | os.PathLike, overwrite: bool, error: type[Transdu
         raise error(f"cannot write {what} {os.fspath(final)!r}: {e}", hint=hint) from None
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a UTF-8 file under a temporary name beside it and rename it into place."""
     path = os.fspath(path)
-    parent = _check_parent_writable(path)
+    parent = check_parent_writable(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -105,3 +121,35 @@ def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: 
     if os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, marker)):
         raise error(f"{out_dir!r} is not {kind} (it has files but no {marker}); --force replaces only {kinds}",
                     hint=f"choose another {option}")
+
+
+def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str = "input file") -> list[str]:
+    """A UTF-8 text file ("-": stdin) as its lines: split at "\n" only (a "\r" before it is dropped; Unicode's
+    other line breaks, such as U+2028 or form feed, stay inside their line, as `wc -l` counts), a leading
+    byte-order mark dropped, no empty last line for the final newline. Unreadable input is `error`
+    naming the file (and the line of an invalid byte)."""
+    import sys
+
+    name = "standard input" if os.fspath(path) == "-" else repr(os.fspath(path))
+    try:
+        if os.fspath(path) == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        raise error(f"{what} {name} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {name} is a directory", hint="give a text file, one sentence per line") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {name}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise error(f"{what} {name} is not UTF-8 text: line {line} has an invalid byte ({e.reason})",
+                    hint="convert it, e.g. iconv -f LATIN1 -t UTF-8") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]

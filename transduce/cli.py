@@ -35,6 +35,8 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
         if "=" not in item:
             raise TransduceError(f"--set expects FIELD=VALUE, got {item!r}", hint="for example --set d_model=256")
         k, v = item.split("=", 1)
+        if v.strip().lower() in ("true", "false"):  # Python's spelling too: --set norm_first=True
+            v = v.strip().lower()
         try:
             out[k.strip()] = json.loads(v)
         except ValueError:
@@ -63,9 +65,11 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
 @click.option("--seed", default=1, show_default=True)
 @click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out (model, optimizer, schedule, RNG).")
+@click.option("--force", is_flag=True, help="Replace the model directory at --out (never a directory of other files).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
-          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, seed, threads, resume, no_progress):
+          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, seed, threads, resume, force,
+          no_progress):
     """Train the reference Transformer on parallel text and write a model directory."""
     from transduce.models.train import TrainConfig, train_from_files
 
@@ -74,7 +78,7 @@ def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, override
                       label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
                       save_every=save_every, seed=seed, threads=threads)
     summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
-                               valid_size=valid_size, resume=resume, progress=not no_progress)
+                               valid_size=valid_size, resume=resume, progress=not no_progress, force=force)
     click.echo(json.dumps(summary, indent=2))
 
 

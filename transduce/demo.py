@@ -58,7 +58,7 @@ def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = N
     cfg = DEMO_TRAIN if steps is None else replace(DEMO_TRAIN, max_steps=steps, save_every=steps,
                                                    eval_every=max(steps // 2, 1))
     t0 = time.perf_counter()
-    summary = train(train_pairs, valid_pairs, model_dir, cfg, log=log)
+    summary = train(train_pairs, valid_pairs, model_dir, cfg, log=log, force=True)  # the demo's own model
     log(f"trained in {time.perf_counter() - t0:.0f}s: exact match {100 * summary['exact_match']:.1f}%, "
         f"BLEU {summary['bleu']:.1f} on {cfg.eval_sentences} held-out sentences")
     return model_dir

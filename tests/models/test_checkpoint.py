@@ -84,3 +84,19 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, tiny_model, tin
         save_model_dir(path, tiny_model, BadTokenizer())
     assert {p: (path / p).read_bytes() for p in os.listdir(path)} == before
     assert [p for p in os.listdir(tmp_path) if p != "m"] == []  # no temporary left behind
+
+
+def test_directories_get_the_umask_modes(tmp_path, tiny_model, tiny_tokenizer):
+    """mkdtemp's 0700 (and safetensors' 0600) would hide a model from a serving account."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "m"
+        save_model_dir(path, tiny_model, tiny_tokenizer, optimizer_state={}, train_state={"step": 0})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
+    for root, dirs, files in os.walk(path):
+        assert all(stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode) == 0o755 for d in dirs)
+        assert all(stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode) == 0o644 for f in files), files

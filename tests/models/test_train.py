@@ -97,3 +97,120 @@ def test_demo_task_is_learned(demo_model_dir):
     assert metrics["step"] == 200
     assert metrics["exact_match"] >= 0.30, metrics  # measured: 0.71 on 100 held-out numbers
     assert metrics["bleu"] >= 40.0, metrics  # measured: 60.1
+
+
+QUIET = dict(progress=False, log=lambda *a: None)
+
+
+def test_out_is_never_replaced_unasked(tmp_path, small_corpus):
+    from transduce.errors import ConfigError, TransduceError
+
+    train_pairs, valid_pairs = small_corpus
+    lines = []
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("mine")
+    for force in (False, True):  # a directory of other files: refused, --force or not
+        with pytest.raises(ConfigError, match="precious"):
+            train(train_pairs[:50], valid_pairs[:2], str(precious), _cfg(1, 1), force=force, **QUIET)
+    assert os.listdir(precious) == ["thesis.txt"]
+    model = tmp_path / "model"
+    train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
+    with pytest.raises(ConfigError, match="already holds a model") as e:
+        train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
+    assert "--resume" in e.value.hint and "--force" in e.value.hint
+    train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(2, 2), force=True, **QUIET)
+    assert json.loads((model / "training" / "state.json").read_text())["step"] == 2
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TransduceError, match="cannot create directory"):  # found before any training step
+        train(train_pairs[:50], valid_pairs[:2], str(tmp_path / "file" / "model"), _cfg(1, 1), progress=False,
+              log=lines.append)
+    assert lines == []
+
+
+def test_resume_refuses_other_options_or_data(tmp_path, small_corpus):
+    from dataclasses import replace
+
+    from transduce.errors import ConfigError
+
+    train_pairs, valid_pairs = small_corpus
+    out = str(tmp_path / "m")
+    train(train_pairs[:100], valid_pairs[:2], out, _cfg(2, 2), **QUIET)
+    with pytest.raises(ConfigError, match=r"warmup 4 -> 9; seed 3 -> 4"):
+        train(train_pairs[:100], valid_pairs[:2], out, replace(_cfg(3, 3), warmup=9, seed=4), resume=True, **QUIET)
+    with pytest.raises(ConfigError, match="training data differ"):
+        train(train_pairs[1:101], valid_pairs[:2], out, _cfg(3, 3), resume=True, **QUIET)
+    # what may change: when to stop, evaluate and save; and the validation set
+    train(train_pairs[:100], valid_pairs[2:4], out, replace(_cfg(3, 3), eval_every=7, threads=0), resume=True, **QUIET)
+    assert json.loads((tmp_path / "m" / "training" / "state.json").read_text())["step"] == 3
+
+
+def test_training_options_are_checked():
+    from transduce.errors import ConfigError
+
+    for bad in (dict(eval_every=0), dict(save_every=0), dict(threads=-1), dict(vocab_size=3), dict(lr_scale=-1.0),
+                dict(clip_norm=-1.0), dict(label_smoothing=1.0)):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            TrainConfig(**bad)
+
+
+def test_model_overrides_are_typed(small_corpus):
+    from transduce.cli import _parse_overrides
+    from transduce.errors import ConfigError
+    from transduce.models.config import preset
+    from transduce.models.train import prepare
+
+    assert _parse_overrides(("norm_first=False", "d_model=64", "dropout=0.2")) == {
+        "norm_first": False, "d_model": 64, "dropout": 0.2}
+    for bad, match in (({"norm_first": "no"}, "norm_first must be true or false"), ({"d_model": 64.0}, "d_model must be an integer"),
+                       ({"dropout": None}, "dropout must be a number"), ({"foo": 1}, "unknown model config field"),
+                       ({"vocab_size": 9}, "--vocab-size")):
+        with pytest.raises(ConfigError, match=match):
+            preset("tiny", 100, bad)
+    train_pairs, valid_pairs = small_corpus
+    with pytest.raises(ConfigError, match=r"pad_id 5 \(the tokenizer's is 0\)"):
+        prepare(train_pairs[:50], valid_pairs[:2], replace_cfg(model_overrides={"pad_id": 5, "unk_id": 6}))
+
+
+def replace_cfg(**changes):
+    from dataclasses import replace
+
+    return replace(_cfg(1, 1), **changes)
+
+
+def test_corpus_lines_split_at_newlines_only(tmp_path):
+    tsv = tmp_path / "c.tsv"
+    tsv.write_bytes("\ufeffone\u2028two\tun deux\r\nthree\x0cfour\ttrois\x85quatre\n\nfive\tcinq".encode())
+    assert read_parallel(tsv) == [("one\u2028two", "un deux"), ("three\x0cfour", "trois\x85quatre"), ("five", "cinq")]
+    (tmp_path / "s.txt").write_bytes(b"a\x0cb\nc\n")
+    (tmp_path / "t.txt").write_bytes(b"x\ny\n")
+    assert read_parallel(tmp_path / "s.txt", tmp_path / "t.txt") == [("a\x0cb", "x"), ("c", "y")]
+    (tmp_path / "latin1.tsv").write_bytes(b"one\tun\nd\xe9j\xe0\tdeja\n")
+    with pytest.raises(DataError, match="not UTF-8 text: line 2"):
+        read_parallel(tmp_path / "latin1.tsv")
+    with pytest.raises(DataError, match="is a directory"):
+        read_parallel(tmp_path)
+    (tmp_path / "half.tsv").write_text("one\t \n")
+    with pytest.raises(DataError, match="got an empty target"):
+        read_parallel(tmp_path / "half.tsv")
+
+
+def test_a_failed_save_is_one_error_and_keeps_the_last_checkpoint(tmp_path, small_corpus, monkeypatch):
+    import safetensors.torch
+
+    from transduce.errors import CheckpointError
+
+    train_pairs, valid_pairs = small_corpus
+    out = tmp_path / "m"
+    train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(1, 1), **QUIET)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def full_disk(*args, **kwargs):
+        raise safetensors.SafetensorError("Error while serializing: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(CheckpointError, match="No space left") as e:
+        train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(2, 2), resume=True, **QUIET)
+    assert "unchanged" in e.value.hint
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert sorted(os.listdir(tmp_path)) == ["m"]  # no temporary directory left behind

@@ -64,7 +64,7 @@ def _random_model_dir(path: str, preset: str, tokenizer, seed: int = 0, **overri
     from transduce.models.transformer import Transformer
 
     torch.manual_seed(seed)
-    model = Transformer(make_preset(preset, tokenizer.vocab_size, **overrides)).eval()
+    model = Transformer(make_preset(preset, tokenizer.vocab_size, overrides)).eval()
     save_model_dir(path, model, tokenizer, training={"note": f"random weights (seed {seed}) made by transduce bench"})
 
 

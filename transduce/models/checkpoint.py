@@ -42,7 +42,20 @@ def save_model_dir(
     optimizer_state: dict[str, Any] | None = None,
     train_state: dict[str, Any] | None = None,
 ) -> None:
-    """Write a model directory atomically (replacing an existing one)."""
+    """Write a model directory atomically (replacing an existing one; callers check that it may be).
+
+    A write that fails (disk full, permissions) is a CheckpointError and leaves `path` as it was."""
+    from safetensors import SafetensorError
+
+    try:
+        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state)
+    except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error class
+        raise CheckpointError(f"cannot write the model directory {os.fspath(path)!r}: {e}",
+                              hint="free some disk space or choose another output directory; the last "
+                                   "complete checkpoint there (if any) is unchanged") from None
+
+
+def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state) -> None:
     import torch
     from safetensors.torch import save_file
 

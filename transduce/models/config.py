@@ -32,6 +32,16 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        for f in dataclasses.fields(self):  # a hand-edited config.json or a --set value of the wrong type
+            v = getattr(self, f.name)
+            if f.type == "bool":
+                ok, what, example = isinstance(v, bool), "true or false", str(f.default).lower()
+            else:  # int, float (an int is a float here); a bool is neither
+                ok = isinstance(v, (int, float) if f.type == "float" else int) and not isinstance(v, bool)
+                what, example = ("a number" if f.type == "float" else "an integer"), f.default
+            if not ok:
+                raise ConfigError(f"invalid model config: {f.name} must be {what}, got {v!r}",
+                                  hint=f"for example --set {f.name}={example}" if f.default is not dataclasses.MISSING else None)
         if self.vocab_size < 4:
             problems.append(f"vocab_size must be >= 4 (the specials), got {self.vocab_size}")
         if self.d_model % self.n_heads:
@@ -80,7 +90,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset(name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
+def preset(name: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """A preset with `overrides` (--set) applied; vocab_size comes from the tokenizer."""
+    overrides = overrides or {}
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}", hint=f"choose one of {sorted(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ConfigError(f"unknown model config field(s) {unknown}", hint=f"--set takes one of {sorted(fields)}")
+    if "vocab_size" in overrides:
+        raise ConfigError("vocab_size comes from the tokenizer", hint="use --vocab-size instead of --set vocab_size")
     return ModelConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})

@@ -16,29 +16,26 @@ from transduce.errors import DataError
 
 
 def read_parallel(source: str | os.PathLike, target: str | os.PathLike | None = None) -> list[tuple[str, str]]:
-    """Read a TSV corpus (target=None) or two aligned files. Empty lines are errors, named by number."""
+    """Read a TSV corpus (target=None) or two aligned files (UTF-8, lines split as _io.read_lines does).
+    Blank TSV lines are skipped; a malformed line or an empty side is an error, named by number."""
+    from transduce._io import read_lines
+
     source = os.fspath(source)
-    for p in (source, target):
-        if p is not None and not os.path.isfile(p):
-            raise DataError(f"corpus file {os.fspath(p)!r} does not exist")
     pairs: list[tuple[str, str]] = []
     if target is None:
-        with open(source, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.rstrip("\n").rstrip("\r")
-                if not line.strip():
-                    continue
-                parts = line.split("\t")
-                if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
-                    raise DataError(
-                        f"{source}:{n}: expected 'source<TAB>target' with both sides non-empty, "
-                        f"got {len(parts)} field(s)",
-                        hint="give a TSV with exactly one tab per line, or two aligned files",
-                    )
-                pairs.append((parts[0].strip(), parts[1].strip()))
+        for n, line in enumerate(read_lines(source, DataError, "corpus file"), 1):
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+                got = f"{len(parts)} fields" if len(parts) != 2 else f"an empty {'source' if not parts[0].strip() else 'target'}"
+                raise DataError(
+                    f"{source}:{n}: expected 'source<TAB>target' with both sides non-empty, got {got}",
+                    hint="give a TSV with exactly one tab per line, or two aligned files",
+                )
+            pairs.append((parts[0].strip(), parts[1].strip()))
     else:
-        with open(source, encoding="utf-8") as fs, open(target, encoding="utf-8") as ft:
-            src_lines, tgt_lines = fs.read().splitlines(), ft.read().splitlines()
+        src_lines, tgt_lines = read_lines(source, DataError, "corpus file"), read_lines(target, DataError, "corpus file")
         if len(src_lines) != len(tgt_lines):
             raise DataError(
                 f"{source} has {len(src_lines)} lines but {os.fspath(target)} has {len(tgt_lines)}: "

@@ -9,14 +9,18 @@ the model, optimizer, step, epoch position and RNG state, and continues as if un
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from transduce._io import check_replaceable
 from transduce.errors import ConfigError, DataError
 from transduce.models.data import Example
+
+MIN_VOCAB = 8  # the 4 specials and a few symbols; the BPE vocabulary never ends smaller than the alphabet
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,20 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1 or self.warmup < 1 or self.max_tokens < 8:
-            raise ConfigError("max_steps and warmup must be >= 1 and max_tokens >= 8")
+        problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in
+                    (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
+                     ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB))
+                    if getattr(self, name) < low]
+        if not self.lr_scale > 0:
+            problems.append(f"lr_scale must be > 0, got {self.lr_scale}")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if problems:
+            raise ConfigError("invalid training options: " + "; ".join(problems), hint="see transduce train --help")
+
+    # What --resume may change: when to stop, evaluate and save, how many threads. Every other field
+    # decides the tokenizer, the model, the batches or the schedule the checkpoint was made with.
+    RESUMABLE_CHANGES = ("max_steps", "eval_every", "save_every", "eval_sentences", "threads")
 
 
 def learning_rate(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -115,12 +129,41 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
 
     if tokenizer is None:
         tokenizer = Tokenizer.train((s for p in train_pairs for s in p), train_cfg.vocab_size)
-    mcfg = preset(train_cfg.preset, tokenizer.vocab_size, **train_cfg.model_overrides)
+    mcfg = preset(train_cfg.preset, tokenizer.vocab_size, train_cfg.model_overrides)
+    fixed = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "unk_id": tokenizer.unk_id}
+    wrong = [f"{k} {getattr(mcfg, k)} (the tokenizer's is {v})" for k, v in fixed.items() if getattr(mcfg, k) != v]
+    if wrong:
+        raise ConfigError(f"the model's special ids must be the tokenizer's: {', '.join(wrong)}",
+                          hint="drop these --set overrides")
     train_ex, kept = encode_pairs(tokenizer, train_pairs, mcfg.max_positions)
     valid_ex, vkept = encode_pairs(tokenizer, valid_pairs, mcfg.max_positions)
     if not train_ex:
         raise DataError("no training pair fits the model's max_positions")
     return tokenizer, mcfg, train_ex, valid_ex, [valid_pairs[i] for i in vkept], len(train_pairs) - len(kept)
+
+
+def pairs_sha256(pairs: list[tuple[str, str]]) -> str:
+    """A fingerprint of the training pairs, in order (the batches and their order derive from them)."""
+    h = hashlib.sha256()
+    for src, tgt in pairs:
+        h.update(src.encode("utf-8", "surrogatepass") + b"\t" + tgt.encode("utf-8", "surrogatepass") + b"\n")
+    return h.hexdigest()
+
+
+def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: str, out_dir: str) -> None:
+    """Refuse to resume with options or data other than the checkpoint's (beyond RESUMABLE_CHANGES)."""
+    saved = state.get("train_config", {})
+    changed = [f"{name} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
+               if name in saved and name not in TrainConfig.RESUMABLE_CHANGES and saved[name] != value]
+    if changed:
+        raise ConfigError(f"--resume: this run's options differ from those {out_dir!r} was trained with: "
+                          + "; ".join(changed),
+                          hint="pass the saved values (they are in training/state.json), or train a new model "
+                               f"into another --out; --resume may change only {', '.join(TrainConfig.RESUMABLE_CHANGES)}")
+    if state.get("data_sha256") not in (None, data_sha256):
+        raise ConfigError(f"--resume: the training data differ from those {out_dir!r} was trained on "
+                          "(another file, other lines, or a different --valid-size split)",
+                          hint="pass the same --data/--source/--target and --valid/--valid-size as the first run")
 
 
 def train(
@@ -131,19 +174,33 @@ def train(
     resume: bool = False,
     progress: bool = True,
     log=print,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Train and write the model directory `out_dir`. Returns the final summary (metrics, timings)."""
+    """Train and write the model directory `out_dir`. Returns the final summary (metrics, timings).
+
+    Without resume, an existing `out_dir` is an error unless force, and even then only a model
+    directory (or an empty one) is replaced; its parent must be writable before training starts.
+    """
     import torch
 
-    from transduce.models.checkpoint import load_model_dir, load_training_state, save_model_dir
+    from transduce._io import check_parent_writable
+    from transduce.models.checkpoint import CONFIG_FILE, load_model_dir, load_training_state, save_model_dir
     from transduce.models.data import collate, epoch_order, make_batches
     from transduce.models.transformer import Transformer
 
+    if not resume:
+        if not force and os.path.isfile(os.path.join(out_dir, CONFIG_FILE)):
+            raise ConfigError(f"{out_dir!r} already holds a model",
+                              hint="pass --resume to continue its run, --force to replace it, or choose another --out")
+        check_replaceable(out_dir, force, CONFIG_FILE, "a model directory", "model directories", ConfigError, "--out")
+        check_parent_writable(out_dir)
+    data_sha256 = pairs_sha256(train_pairs)
     if train_cfg.threads:
         torch.set_num_threads(train_cfg.threads)
     if resume:
         model, tokenizer, saved = load_model_dir(out_dir)
         state, opt_state, rng = load_training_state(out_dir)
+        check_resumable(state, train_cfg, data_sha256, out_dir)
         if state.get("train_config", {}).get("max_steps") != train_cfg.max_steps:
             log(f"resume: max_steps {state['train_config'].get('max_steps')} -> {train_cfg.max_steps}")
         tokenizer, mcfg, train_ex, valid_ex, valid_pairs, dropped = prepare(
@@ -179,7 +236,7 @@ def train(
     def checkpoint(metrics: dict[str, Any] | None = None) -> None:
         train_state = {"step": step, "epoch": epoch, "batch": bpos, "tokens": total_tokens,
                        "history": history, "train_seconds": train_seconds,
-                       "train_config": asdict(train_cfg)}
+                       "train_config": asdict(train_cfg), "data_sha256": data_sha256}
         summary = {"step": step, "train_seconds": round(train_seconds, 1), **(metrics or {})}
         save_model_dir(out_dir, model, tokenizer, training=summary, optimizer_state=opt.state_dict(),
                        train_state=train_state)
@@ -251,11 +308,13 @@ def default_out_dir() -> str:
 
 def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = None, source: str | None = None,
                      target: str | None = None, valid: str | None = None, valid_size: int = 300,
-                     resume: bool = False, progress: bool = True) -> dict[str, Any]:
+                     resume: bool = False, progress: bool = True, force: bool = False) -> dict[str, Any]:
     """`transduce train`: read the corpus (or make the embedded one), hold out a validation set, train."""
     from transduce.models.corpus import demo_corpus
     from transduce.models.data import read_parallel
 
+    if valid_size < 1:
+        raise ConfigError(f"--valid-size must be >= 1, got {valid_size}", hint="or pass --valid FILE")
     if data and (source or target):
         raise ConfigError("give either --data (TSV) or --source/--target (aligned files), not both")
     if bool(source) != bool(target):
@@ -273,4 +332,4 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
         pairs, valid_pairs = demo_corpus()
         if valid:
             valid_pairs = read_parallel(valid)
-    return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress)
+    return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress, force=force)
