@@ -75,6 +75,9 @@ def test_existing_output_needs_force(tiny_model_dir, tmp_path):
 def test_output_over_the_model_dir(model_copy):
     _fail(model_copy, model_copy, "--force", match="would replace the model directory")
     assert os.path.isfile(os.path.join(model_copy, "model.safetensors"))
+    # inside it, the next training checkpoint (which replaces the model directory) would delete it
+    _fail(model_copy, os.path.join(model_copy, "artifact"), match="is inside the model directory")
+    assert not os.path.exists(os.path.join(model_copy, "artifact"))
 
 
 def test_unwritable_output_path(tiny_model_dir, tmp_path):

@@ -79,3 +79,52 @@ def test_parity_needs_the_model_when_the_manifest_path_is_gone(tiny_artifact_dir
     r = CliRunner().invoke(main, ["parity", str(art), "-n", "2"])
     assert r.exit_code == 2 and "--model" in r.stderr
     assert os.path.isdir(art)
+
+
+def test_decode_keeps_one_output_line_per_input_line(tiny_artifact_dir, tmp_path):
+    """Lines end at "\\n" only: Unicode's other line breaks stay in their line; a BOM is not text."""
+    text = "\ufefftwo\nsix\u2028seven\neight\x0cnine\r\nten\x85eleven\n\ntwelve"
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"], input=text.encode())
+    assert r.exit_code == 0, r.output
+    assert len(r.stdout.split("\n")[:-1]) == 6
+    alone = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"], input="two\n")
+    assert r.stdout.split("\n")[0] == alone.stdout.split("\n")[0]  # the BOM changed nothing
+    src = tmp_path / "in.txt"
+    src.write_bytes(text.encode())
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--beam", "3", "--nbest", "2",
+                                  "--max-len-b", "2"])
+    assert r.exit_code == 0, r.output
+    ids = [int(line.split(" ||| ")[0]) for line in r.stdout.splitlines()]
+    assert ids == [i for i in range(6) for _ in range(2)]  # nbest lines for every input, the blank one too
+
+
+def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, tmp_path, monkeypatch):
+    from transduce.runtime import api
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("loaded the artifact")
+
+    monkeypatch.setattr(api, "load", must_not_load)
+    for args, stdin, message in (
+        (["--output", str(tmp_path / "missing" / "x" / "out.txt"), "--input", str(tmp_path / "nope.txt")], None, "does not exist"),
+        (["--output", str(tmp_path)], "one\n", "is a directory"),
+        (["--input", str(tmp_path)], None, "is a directory"),
+        ([], b"f\xffive\n", "standard input is not UTF-8 text: line 1"),
+    ):
+        r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, *args], input=stdin)
+        assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)
+        assert "Traceback" not in r.output
+    (tmp_path / "file").write_text("x")
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--output", str(tmp_path / "file" / "out.txt")], input="one\n")
+    assert r.exit_code == 2 and "cannot create directory" in r.stderr
+
+
+def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_dir, tmp_path):
+    for args, message in ((["-n", "0"], "--sentences must be >= 1"), (["--json", str(tmp_path)], "--json"),
+                          (["--input", str(tmp_path / "nope.txt")], "does not exist")):
+        r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, *args])
+        assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n")
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, "--input", str(empty)])
+    assert r.exit_code == 2 and "has no sentences" in r.stderr

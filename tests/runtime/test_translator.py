@@ -69,3 +69,12 @@ def test_one_long_and_many_short(translator):
 def test_string_instead_of_list(translator):
     with pytest.raises(InputError, match="list of sentences"):
         translator.translate("one two")
+
+
+def test_any_iterable_of_strings(translator):
+    texts = ["one", "two hundred"]
+    want = [t.tokens for t in translator.translate(texts, beam_size=1, max_len_b=3)]
+    assert [t.tokens for t in translator.translate((t for t in texts), beam_size=1, max_len_b=3)] == want
+    for bad in (["one", None], ["one", 2]):
+        with pytest.raises(InputError, match="sentence 2 is a"):
+            translator.translate(bad)

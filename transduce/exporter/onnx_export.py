@@ -120,6 +120,9 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> None:
     if real_out == real_model or real_model.startswith(real_out + os.sep):
         raise ExportError(f"the output directory {out_dir!r} would replace the model directory {model_dir!r}",
                           hint="choose another output directory")
+    if real_out.startswith(real_model + os.sep):  # the next checkpoint of that model would delete it
+        raise ExportError(f"the output directory {out_dir!r} is inside the model directory {model_dir!r}",
+                          hint="choose an output directory outside it")
     check_replaceable(out_dir, force, contract.MANIFEST_FILE, "an artifact directory", "artifacts", ExportError)
 
 

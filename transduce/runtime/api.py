@@ -15,6 +15,10 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
 
     src = manifest.get("source_model", {})
     path = model_dir or src.get("path")
+    if model_dir and not os.path.isdir(model_dir):
+        raise ArtifactError(f"--model {model_dir!r} is not a directory",
+                            hint=f"pass the model directory {artifact_dir!r} was exported from"
+                                 + (f" (its manifest names {src['path']!r})" if src.get("path") else ""))
     if not path or not os.path.isdir(path):
         raise ArtifactError(
             f"the eager model that {artifact_dir!r} was exported from is not available"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -14,15 +13,24 @@ BACKEND_CHOICE = click.Choice(["onnxruntime", "torch", "tensorrt"])
 
 
 def _read_lines(path: str) -> list[str]:
+    from transduce._io import read_lines
+
+    return read_lines(path, InputError)
+
+
+def _check_output(path: str, option: str = "--output") -> None:
+    """Before any work: the output file can be created (a long job is not lost at the end)."""
+    import os
+
+    from transduce._io import check_parent_writable
+
     if path == "-":
-        return sys.stdin.read().splitlines()
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        raise InputError(f"input file {path!r} does not exist") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"input file {path!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        return
+    if os.path.isdir(path):
+        raise InputError(f"{option} {path!r} is a directory", hint="give a file path")
+    check_parent_writable(path)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
 
 
 @click.command()
@@ -50,9 +58,10 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
 
     from transduce.runtime.api import load
 
+    _check_output(output_path)
+    lines = _read_lines(input_path)
     translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
                       max_batch_tokens=batch_tokens)
-    lines = _read_lines(input_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = translator.translate(lines, beam_size=beam, nbest=nbest, length_penalty=length_penalty,
@@ -60,20 +69,25 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
                                        min_length=min_length, truncate=truncate)
     for w in caught:
         click.secho(f"warning: {w.message}", fg="yellow", err=True)
-    out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
-    try:
-        for i, r in enumerate(results):
-            if r.unknown:
-                click.secho(f"warning: input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>",
-                            fg="yellow", err=True)
-            if nbest > 1:
-                for c in r.nbest:
-                    out.write(f"{i} ||| {c.text} ||| {c.score:.4f}\n")
-            else:
-                out.write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    out_lines = []
+    for i, r in enumerate(results):
+        if r.unknown:
+            click.secho(f"warning: input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>",
+                        fg="yellow", err=True)
+        if nbest > 1:
+            # nbest lines for every input, a blank one included (its one empty candidate, repeated)
+            out_lines.extend(f"{i} ||| {c.text} ||| {c.score:.4f}\n" for c in (r.nbest * nbest if r.empty else r.nbest))
+        else:
+            out_lines.append(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
+    if output_path == "-":
+        sys.stdout.writelines(out_lines)
+    else:  # whole or not at all: a temporary file beside it, renamed into place
+        from transduce._io import write_text_atomic
+
+        try:
+            write_text_atomic(output_path, "".join(out_lines))
+        except OSError as e:
+            raise InputError(f"cannot write --output {output_path!r}: {e}", hint="free disk space or choose another --output") from None
 
 
 @click.command()
@@ -95,12 +109,18 @@ def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device
     """
     from transduce.runtime.parity import parity_for_artifact
 
+    if json_path:
+        _check_output(json_path, "--json")  # before the run, not after it
     report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
                                  sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest)
     report.print()
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(report.to_dict(), f, indent=2)
+        from transduce._io import write_json_atomic
+
+        try:
+            write_json_atomic(json_path, report.to_dict())
+        except OSError as e:
+            raise InputError(f"cannot write --json {json_path!r}: {e}", hint="choose another path") from None
     sys.exit(0 if report.passed else 1)
 
 

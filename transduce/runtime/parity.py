@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from transduce.errors import InputError
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
 
 
@@ -303,6 +304,8 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     from transduce.runtime.backends.torch_backend import TorchBackend
     from transduce.tokenizer import Tokenizer
 
+    if sentences < 1:
+        raise InputError(f"--sentences must be >= 1, got {sentences}")
     candidate = make_backend(artifact_dir, backend, device)
     art_dir = getattr(candidate, "artifact_dir", artifact_dir)
     manifest = contract.read_manifest(art_dir, verify_hashes=False)
@@ -315,8 +318,11 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
         pairs = read_parallel(data)[:sentences]
         sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
     elif input_path:
-        with open(input_path, encoding="utf-8") as f:
-            sources = [line.strip() for line in f if line.strip()][:sentences]
+        from transduce._io import read_lines
+
+        sources = [line.strip() for line in read_lines(input_path, InputError) if line.strip()][:sentences]
+        if not sources:
+            raise InputError(f"--input {input_path!r} has no sentences", hint="one source sentence per line")
     else:
         from transduce.models.corpus import demo_corpus
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,11 +94,15 @@ class Translator:
             out.append(cur)
         return out
 
-    def translate(self, texts: Sequence[str], beam_size: int = 4, nbest: int = 1, length_penalty: float = 0.6,
+    def translate(self, texts: Iterable[str], beam_size: int = 4, nbest: int = 1, length_penalty: float = 0.6,
                   length_penalty_form: str = "gnmt", min_length: int = 0, max_len_a: float = 1.0,
                   max_len_b: int = 50, truncate: bool = False) -> list[Translation]:
         if isinstance(texts, str):
             raise InputError("translate() takes a list of sentences, not one string", hint="wrap it: [text]")
+        texts = list(texts)  # any iterable (a generator is read once)
+        for n, text in enumerate(texts, 1):
+            if not isinstance(text, str):
+                raise InputError(f"sentence {n} is a {type(text).__name__}, not a str", hint="pass strings only")
         opts = DecodingOptions(beam_size=beam_size, length_penalty=length_penalty,
                                length_penalty_form=length_penalty_form, max_len_a=max_len_a,
                                max_len_b=max_len_b, min_length=min_length, nbest=nbest)
