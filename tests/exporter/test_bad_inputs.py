@@ -70,6 +70,12 @@ def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     output = _fail(tiny_model_dir, str(out), "--force", match="not an artifact directory")
     assert "--force replaces only artifacts" in output
     assert (out / "keep.txt").read_text() == "mine"
+    engine = tmp_path / "engine"  # an engine directory holds a copy of the artifact's manifest.json
+    engine.mkdir()
+    for name in ("engine.json", "manifest.json", "encoder.plan"):
+        (engine / name).write_text("{}")
+    _fail(tiny_model_dir, str(engine), "--force", match="is an engine directory")
+    assert sorted(os.listdir(engine)) == ["encoder.plan", "engine.json", "manifest.json"]
 
 
 def test_output_over_the_model_dir(model_copy):

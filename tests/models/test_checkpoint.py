@@ -100,3 +100,15 @@ def test_directories_get_the_umask_modes(tmp_path, tiny_model, tiny_tokenizer):
     for root, dirs, files in os.walk(path):
         assert all(stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode) == 0o755 for d in dirs)
         assert all(stat.S_IMODE(os.stat(os.path.join(root, f)).st_mode) == 0o644 for f in files), files
+
+
+def test_hand_edited_file_entries_are_checkpoint_errors(tmp_path, tiny_model, tiny_tokenizer):
+    for edit in (lambda c: c.update(files=[]), lambda c: c["files"]["model.safetensors"].pop("bytes"),
+                 lambda c: c["files"].update({"tokenizer.json": None})):
+        path = tmp_path / f"m{len(os.listdir(tmp_path))}"
+        save_model_dir(path, tiny_model, tiny_tokenizer)
+        cfg = json.loads((path / "config.json").read_text())
+        edit(cfg)
+        (path / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(CheckpointError, match="does not list"):
+            load_model_dir(path)

@@ -135,6 +135,10 @@ def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_p
     open(os.path.join(art2, "manifest.json"), "w").write(json.dumps(m))
     with pytest.raises(ArtifactError, match="contract version 999.*\n.*transduce export"):
         load(art2)
+    m["contract_version"], m["files"]["tokenizer.json"] = 2, None  # a hand-edited entry
+    open(os.path.join(art2, "manifest.json"), "w").write(json.dumps(m))
+    with pytest.raises(ArtifactError, match="the entry of tokenizer.json is not"):
+        load(art2)
 
 
 def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:

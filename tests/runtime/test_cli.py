@@ -121,6 +121,7 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
 
 def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_dir, tmp_path):
     for args, message in ((["-n", "0"], "--sentences must be >= 1"), (["--json", str(tmp_path)], "--json"),
+                          (["--backend", "torch"], "eager PyTorch with itself"),
                           (["--input", str(tmp_path / "nope.txt")], "does not exist")):
         r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, *args])
         assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)

@@ -114,11 +114,13 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
 def _verify(path: str, cfg: dict[str, Any], name: str) -> str:
     fpath = os.path.join(path, name)
-    entry = cfg.get("files", {}).get(name)
+    files = cfg.get("files")
+    entry = files.get(name) if isinstance(files, dict) else None
     if not os.path.isfile(fpath):
         raise CheckpointError(f"{fpath} is missing")
-    if entry is None:
-        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} does not list {name}")
+    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} does not list {name} with its bytes and sha256",
+                              hint="the config was edited by hand: restore it, or save the model again")
     size = os.path.getsize(fpath)
     if size != entry["bytes"]:
         raise CheckpointError(

@@ -240,9 +240,9 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if not isinstance(manifest, dict) or manifest.get("kind") != ARTIFACT_KIND:
         raise ArtifactError(f"{path} is not a transduce artifact manifest", hint=hint)
     version = manifest.get("contract_version")
-    if version != CONTRACT_VERSION:
+    if version != CONTRACT_VERSION:  # a string "2" too: its repr below says why
         raise ArtifactError(
-            f"{artifact_dir!r} was exported for IO contract version {version}; "
+            f"{artifact_dir!r} was exported for IO contract version {version!r}; "
             f"this transduce reads version {CONTRACT_VERSION}",
             hint=hint,
         )
@@ -253,6 +253,8 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
         raise ArtifactError(f"{path} does not list {ENCODER_FILE} and {STEP_FILE}", hint=hint)
     for name, meta in files.items():
         fpath = os.path.join(artifact_dir, name)
+        if not isinstance(meta, dict):
+            raise ArtifactError(f"{path}: the entry of {name} is not {{sha256, bytes}}", hint=hint)
         if not os.path.isfile(fpath):
             raise ArtifactError(f"artifact file {fpath} is missing", hint=hint)
         size = os.path.getsize(fpath)

@@ -306,6 +306,9 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
 
     if sentences < 1:
         raise InputError(f"--sentences must be >= 1, got {sentences}")
+    if backend == "torch":
+        raise InputError("parity --backend torch would compare eager PyTorch with itself",
+                         hint="check an exported backend: --backend onnxruntime or tensorrt")
     candidate = make_backend(artifact_dir, backend, device)
     art_dir = getattr(candidate, "artifact_dir", artifact_dir)
     manifest = contract.read_manifest(art_dir, verify_hashes=False)
