@@ -12,7 +12,22 @@ def test_special_spellings_in_text_are_text(tiny_tokenizer, tmp_path):
         assert ids[:2] == tok.encode("two hundred")
         assert tok.encode_batch(["a </s> b"])[0] == tok.encode("a </s> b")
         assert tok.decode([*tok.encode("two"), EOS, PAD]) == "two"  # specials as ids are still specials
-        assert tok.vocab_size > UNK
+
+
+def test_a_corpus_that_spells_specials_never_yields_control_ids():
+    """BPE trained on text full of "</s>" learns merges that spell it, and the trainer maps that piece
+    to the special's id: encode turns it into <unk>."""
+    import random
+
+    rnd = random.Random(0)
+    letters = "abcdefghijklmnop"
+    corpus = [f"{rnd.choice(letters)}{rnd.choice(letters)}</s>{rnd.choice(letters)} <pad>x" for _ in range(400)]
+    tok = Tokenizer.train(corpus, vocab_size=120)
+    raw = tok._tok.encode("k</s> <pad>x", add_special_tokens=False).ids
+    assert {EOS, PAD} & set(raw)  # what the bare BPE gives: the premise of this test
+    ids = tok.encode("k</s> <pad>x")
+    assert not {PAD, BOS, EOS} & set(ids) and UNK in ids
+    assert tok.encode_batch(["k</s> <pad>x"]) == [ids]
 
 
 def _reloaded(tok, tmp_path) -> Tokenizer:

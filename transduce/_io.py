@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -27,15 +28,31 @@ def check_parent_writable(final: str) -> str:
     return parent
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it (os.umask can only set it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _umask_modes(top: str) -> None:
     """The modes a plain mkdir / open would have given (mkdtemp makes 0700, mkstemp and safetensors 0600):
-    another account (a server's) can read what was written, as far as the umask allows."""
-    mask = os.umask(0)
-    os.umask(mask)
+    another account (a server's) can read what was written, as far as the umask allows. Files with other
+    links (an engine directory hard-links its artifact's files) keep theirs: they are not only ours."""
+    mask = _umask()
     for root, _, files in os.walk(top):
         os.chmod(root, 0o777 & ~mask)
         for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+            path = os.path.join(root, name)
+            if os.stat(path, follow_symlinks=False).st_nlink == 1 and not os.path.islink(path):
+                os.chmod(path, 0o666 & ~mask)
 
 
 @contextlib.contextmanager
@@ -80,14 +97,21 @@ def atomic_output(final: str | os.PathLike, overwrite: bool, error: type[Transdu
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a UTF-8 file under a temporary name beside it and rename it into place."""
+    """Write a UTF-8 file under a temporary name beside it and rename it into place (a regular file: it is
+    whole or unchanged; an existing one keeps its mode, a new one gets the umask's). Anything else at
+    `path` (/dev/null, a FIFO, a symlink) is written in place, as a plain open would."""
     path = os.fspath(path)
+    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~_umask()
     parent = check_parent_writable(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.chmod(tmp, mode)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -146,7 +170,7 @@ def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        line = e.object.count(b"\n", 0, e.start) + 1  # e.object: the bytes after a BOM, which e.start counts in
         raise error(f"{what} {name} is not UTF-8 text: line {line} has an invalid byte ({e.reason})",
                     hint="convert it, e.g. iconv -f LATIN1 -t UTF-8") from None
     lines = text.split("\n")

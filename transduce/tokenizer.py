@@ -65,11 +65,11 @@ class Tokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        """Text -> token ids, without specials."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Text -> token ids, never PAD, BOS or EOS (see _text_ids)."""
+        return _text_ids(self._tok.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [_text_ids(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids -> text; specials are dropped."""
@@ -80,3 +80,9 @@ class Tokenizer:
 
     def tokens(self, text: str) -> list[str]:
         return self._tok.encode(text, add_special_tokens=False).tokens
+
+
+def _text_ids(ids: list[int]) -> list[int]:
+    """Ids of text: BPE can still spell a special from its merges when a corpus held "</s>" often enough
+    (the trainer gives the piece the special's id); such a piece becomes <unk>, never a control token."""
+    return [UNK if i in (PAD, BOS, EOS) else i for i in ids] if min(ids, default=UNK) <= EOS else ids

@@ -112,3 +112,23 @@ def test_hand_edited_file_entries_are_checkpoint_errors(tmp_path, tiny_model, ti
         (path / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(CheckpointError, match="does not list"):
             load_model_dir(path)
+
+
+def test_modes_of_hard_linked_files_are_left_alone(tmp_path):
+    """An engine directory hard-links its artifact's files: setting modes there must not touch the artifact."""
+    import stat
+
+    from transduce._io import atomic_directory
+
+    src = tmp_path / "artifact.onnx"
+    src.write_text("x")
+    os.chmod(src, 0o444)
+    with atomic_directory(tmp_path / "engine") as tmp:
+        os.link(src, os.path.join(tmp, "artifact.onnx"))
+        with open(os.path.join(tmp, "engine.plan"), "w") as f:
+            f.write("plan")
+        os.chmod(os.path.join(tmp, "engine.plan"), 0o600)
+    assert stat.S_IMODE(os.stat(src).st_mode) == 0o444
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert stat.S_IMODE(os.stat(tmp_path / "engine" / "engine.plan").st_mode) == 0o666 & ~mask

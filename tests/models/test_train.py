@@ -111,10 +111,11 @@ def test_out_is_never_replaced_unasked(tmp_path, small_corpus):
     precious.mkdir()
     (precious / "thesis.txt").write_text("mine")
     for force in (False, True):  # a directory of other files: refused, --force or not
-        with pytest.raises(ConfigError, match="precious"):
+        with pytest.raises(ConfigError, match="precious.*holds files but no model"):
             train(train_pairs[:50], valid_pairs[:2], str(precious), _cfg(1, 1), force=force, **QUIET)
     assert os.listdir(precious) == ["thesis.txt"]
     model = tmp_path / "model"
+    model.mkdir()  # an empty directory (mkdir -p): nothing to lose, no --force needed
     train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
     with pytest.raises(ConfigError, match="already holds a model") as e:
         train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
@@ -149,7 +150,7 @@ def test_training_options_are_checked():
     from transduce.errors import ConfigError
 
     for bad in (dict(eval_every=0), dict(save_every=0), dict(threads=-1), dict(vocab_size=3), dict(lr_scale=-1.0),
-                dict(clip_norm=-1.0), dict(label_smoothing=1.0)):
+                dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")), dict(label_smoothing=1.0)):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             TrainConfig(**bad)
 
@@ -185,9 +186,10 @@ def test_corpus_lines_split_at_newlines_only(tmp_path):
     (tmp_path / "s.txt").write_bytes(b"a\x0cb\nc\n")
     (tmp_path / "t.txt").write_bytes(b"x\ny\n")
     assert read_parallel(tmp_path / "s.txt", tmp_path / "t.txt") == [("a\x0cb", "x"), ("c", "y")]
-    (tmp_path / "latin1.tsv").write_bytes(b"one\tun\nd\xe9j\xe0\tdeja\n")
-    with pytest.raises(DataError, match="not UTF-8 text: line 2"):
-        read_parallel(tmp_path / "latin1.tsv")
+    for bom in (b"", b"\xef\xbb\xbf"):
+        (tmp_path / "latin1.tsv").write_bytes(bom + b"one\tun\nd\xe9j\xe0\tdeja\n")
+        with pytest.raises(DataError, match="not UTF-8 text: line 2"):
+            read_parallel(tmp_path / "latin1.tsv")
     with pytest.raises(DataError, match="is a directory"):
         read_parallel(tmp_path)
     (tmp_path / "half.tsv").write_text("one\t \n")

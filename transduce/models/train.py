@@ -16,7 +16,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from transduce._io import check_replaceable
 from transduce.errors import ConfigError, DataError
 from transduce.models.data import Example
 
@@ -45,8 +44,10 @@ class TrainConfig:
                     (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
                      ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB))
                     if getattr(self, name) < low]
-        if not self.lr_scale > 0:
-            problems.append(f"lr_scale must be > 0, got {self.lr_scale}")
+        if not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
+            problems.append(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
+        if not math.isfinite(self.clip_norm):
+            problems.append(f"clip_norm must be finite (0: off), got {self.clip_norm}")
         if not 0.0 <= self.label_smoothing < 1.0:
             problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if problems:
@@ -142,6 +143,25 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     return tokenizer, mcfg, train_ex, valid_ex, [valid_pairs[i] for i in vkept], len(train_pairs) - len(kept)
 
 
+def check_train_output(out_dir: str, force: bool) -> None:
+    """A new run may write `out_dir` if nothing is there, an empty directory, or (with force) a model
+    directory; never over other files (replacing a model directory deletes what was in it)."""
+    from transduce.models.checkpoint import CONFIG_FILE
+
+    if not os.path.lexists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"{out_dir!r} exists and is not a directory", hint="choose another output directory")
+    if not os.listdir(out_dir):
+        return
+    if not os.path.isfile(os.path.join(out_dir, CONFIG_FILE)):
+        raise ConfigError(f"{out_dir!r} holds files but no model ({CONFIG_FILE}); training never replaces that",
+                          hint="choose another output directory")
+    if not force:
+        raise ConfigError(f"{out_dir!r} already holds a model",
+                          hint="pass --resume to continue its run, --force to replace it, or choose another --out")
+
+
 def pairs_sha256(pairs: list[tuple[str, str]]) -> str:
     """A fingerprint of the training pairs, in order (the batches and their order derive from them)."""
     h = hashlib.sha256()
@@ -184,15 +204,12 @@ def train(
     import torch
 
     from transduce._io import check_parent_writable
-    from transduce.models.checkpoint import CONFIG_FILE, load_model_dir, load_training_state, save_model_dir
+    from transduce.models.checkpoint import load_model_dir, load_training_state, save_model_dir
     from transduce.models.data import collate, epoch_order, make_batches
     from transduce.models.transformer import Transformer
 
     if not resume:
-        if not force and os.path.isfile(os.path.join(out_dir, CONFIG_FILE)):
-            raise ConfigError(f"{out_dir!r} already holds a model",
-                              hint="pass --resume to continue its run, --force to replace it, or choose another --out")
-        check_replaceable(out_dir, force, CONFIG_FILE, "a model directory", "model directories", ConfigError, "--out")
+        check_train_output(out_dir, force)
         check_parent_writable(out_dir)
     data_sha256 = pairs_sha256(train_pairs)
     if train_cfg.threads:
@@ -313,8 +330,6 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
     from transduce.models.corpus import demo_corpus
     from transduce.models.data import read_parallel
 
-    if valid_size < 1:
-        raise ConfigError(f"--valid-size must be >= 1, got {valid_size}", hint="or pass --valid FILE")
     if data and (source or target):
         raise ConfigError("give either --data (TSV) or --source/--target (aligned files), not both")
     if bool(source) != bool(target):
@@ -324,6 +339,8 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
         if valid:
             valid_pairs = read_parallel(valid)
         else:
+            if valid_size < 1:
+                raise ConfigError(f"--valid-size must be >= 1, got {valid_size}", hint="or pass --valid FILE")
             if len(pairs) <= valid_size:
                 raise DataError(f"the corpus has {len(pairs)} pairs, too few to hold out {valid_size}",
                                 hint="pass --valid FILE or a smaller --valid-size")

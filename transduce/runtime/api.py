@@ -26,7 +26,9 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
             hint="pass --model MODEL_DIR",
         )
     want = src.get("weights_sha256")
-    have = read_config(path).get("files", {}).get("model.safetensors", {}).get("sha256")
+    files = read_config(path).get("files")
+    entry = files.get("model.safetensors") if isinstance(files, dict) else None
+    have = entry.get("sha256") if isinstance(entry, dict) else None
     if want and have != want:
         raise ArtifactError(f"{path!r} holds other weights than the ones {artifact_dir!r} was exported from",
                             hint="pass --model with the model directory the artifact was exported from, or re-export")

@@ -28,9 +28,10 @@ def _check_output(path: str, option: str = "--output") -> None:
         return
     if os.path.isdir(path):
         raise InputError(f"{option} {path!r} is a directory", hint="give a file path")
-    check_parent_writable(path)
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
+    if not os.path.exists(path) or (os.path.isfile(path) and not os.path.islink(path)):
+        check_parent_writable(path)  # written beside it and renamed (/dev/null, a FIFO: written in place)
 
 
 @click.command()

@@ -309,11 +309,6 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     if backend == "torch":
         raise InputError("parity --backend torch would compare eager PyTorch with itself",
                          hint="check an exported backend: --backend onnxruntime or tensorrt")
-    candidate = make_backend(artifact_dir, backend, device)
-    art_dir = getattr(candidate, "artifact_dir", artifact_dir)
-    manifest = contract.read_manifest(art_dir, verify_hashes=False)
-    reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=device)
-    tokenizer = Tokenizer.from_file(os.path.join(art_dir, "tokenizer.json"))
     targets = None
     if data:
         from transduce.models.data import read_parallel
@@ -331,6 +326,11 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
 
         _, valid = demo_corpus(n_train=0, n_valid=sentences)
         sources, targets = [s for s, _ in valid], [t for _, t in valid]
+    candidate = make_backend(artifact_dir, backend, device)
+    art_dir = getattr(candidate, "artifact_dir", artifact_dir)
+    manifest = contract.read_manifest(art_dir, verify_hashes=False)
+    reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=device)
+    tokenizer = Tokenizer.from_file(os.path.join(art_dir, "tokenizer.json"))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime; eager
     # PyTorch and TensorRT engines (built from unquantized exports only) to the precision's
     quantized = contract.quantization(manifest) if backend == "onnxruntime" else None
