@@ -191,3 +191,14 @@ def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_mo
     assert lp_bad["log_probs [decoder_step.onnx]"].failing > 0 and lp_bad["log_probs [decoder_step.onnx]"].max_abs > 1e-3
     assert lp_bad["log_probs [decoder_step.ort.onnx]"].passed  # the untouched fused graph still matches
     assert json.loads(json.dumps(bad.to_dict()))["passed"] is False
+
+
+def test_parity_says_when_it_cuts_long_sources(tiny_artifact_dir, tiny_model_dir, tiny_tokenizer):
+    from transduce.runtime.parity import run_parity
+
+    ref = TorchBackend.from_model_dir(tiny_model_dir)
+    long = " ".join(["nine hundred and ninety"] * 40)  # past the tiny model's 63 source tokens
+    with pytest.warns(UserWarning, match=r"parity: 1 source\(s\) longer than 63 tokens"):
+        report = run_parity(ref, make_backend(tiny_artifact_dir, "onnxruntime"), tiny_tokenizer, [long, "one"], None,
+                            beam_size=2)
+    assert report.sentences == 2

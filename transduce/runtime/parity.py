@@ -14,6 +14,7 @@ divergence, a large margin is a bug. The report is JSON-serialisable and prints 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -227,7 +228,12 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     cfg = reference.config
     eos, pad, bos = cfg["eos_id"], cfg["pad_id"], cfg["bos_id"]
     limit = cfg["max_positions"] - 1
-    src_tok = [ids[:limit] for ids in tokenizer.encode_batch(sources)]
+    src_tok = tokenizer.encode_batch(sources)
+    cut = sum(len(ids) > limit for ids in src_tok)
+    if cut:  # both backends see the same cut sources; decode would refuse them (or --truncate them)
+        warnings.warn(f"parity: {cut} source(s) longer than {limit} tokens (max_positions {cfg['max_positions']} "
+                      f"with EOS) were cut to their first {limit} for the check", stacklevel=2)
+    src_tok = [ids[:limit] for ids in src_tok]
     keep = [i for i, ids in enumerate(src_tok) if ids]
     src_tok = [src_tok[i] + [eos] for i in keep]
     report = ParityReport(candidate_name or getattr(candidate, "name", "candidate"),
