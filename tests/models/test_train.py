@@ -216,3 +216,27 @@ def test_a_failed_save_is_one_error_and_keeps_the_last_checkpoint(tmp_path, smal
     assert "unchanged" in e.value.hint
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert sorted(os.listdir(tmp_path)) == ["m"]  # no temporary directory left behind
+
+
+def test_ctrl_c_saves_the_last_whole_step(tmp_path, small_corpus):
+    """A first SIGINT lets the step finish, checkpoints it and stops; --resume continues from there."""
+    import signal
+    from dataclasses import replace
+
+    train_pairs, valid_pairs = small_corpus
+    lines = []
+
+    def log(msg):
+        lines.append(msg)
+        if msg.startswith("step 2:"):  # inside step 2 (its evaluation), as if Ctrl-C came then
+            os.kill(os.getpid(), signal.SIGINT)
+
+    out = tmp_path / "m"
+    cfg = replace(_cfg(6, 1000), eval_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(train_pairs[:100], valid_pairs[:2], str(out), cfg, progress=False, log=log)
+    assert json.loads((out / "training" / "state.json").read_text())["step"] == 2
+    assert any(line.startswith("interrupted at step 2") for line in lines)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    train(train_pairs[:100], valid_pairs[:2], str(out), cfg, resume=True, **QUIET)
+    assert json.loads((out / "training" / "state.json").read_text())["step"] == 6

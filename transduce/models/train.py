@@ -9,9 +9,12 @@ the model, optimizer, step, epoch position and RNG state, and continues as if un
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -162,6 +165,29 @@ def check_train_output(out_dir: str, force: bool) -> None:
                           hint="pass --resume to continue its run, --force to replace it, or choose another --out")
 
 
+@contextlib.contextmanager
+def _interrupt_after_the_step(log):
+    """Yield a list that a first Ctrl-C (SIGINT) makes non-empty instead of stopping the process mid-step
+    (a half-applied optimizer step would make an inconsistent checkpoint); a second one stops at once.
+    Only in the main thread, where Python delivers signals."""
+    flag: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def on_sigint(signum, frame):
+        if flag:
+            raise KeyboardInterrupt
+        flag.append(True)
+        log("interrupt: saving a checkpoint after this step (Ctrl-C again to stop without one)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def pairs_sha256(pairs: list[tuple[str, str]]) -> str:
     """A fingerprint of the training pairs, in order (the batches and their order derive from them)."""
     h = hashlib.sha256()
@@ -250,7 +276,11 @@ def train(
         f"{len(train_ex)} training pairs in {len(batches)} batches, {len(valid_ex)} held out; "
         f"torch threads {torch.get_num_threads()}")
 
+    saved_step = step
+
     def checkpoint(metrics: dict[str, Any] | None = None) -> None:
+        nonlocal saved_step
+        saved_step = step
         train_state = {"step": step, "epoch": epoch, "batch": bpos, "tokens": total_tokens,
                        "history": history, "train_seconds": train_seconds,
                        "train_config": asdict(train_cfg), "data_sha256": data_sha256}
@@ -267,52 +297,61 @@ def train(
                    mininterval=0.5, disable=None)
     t_window, tok_window = time.perf_counter(), 0
     last_metrics: dict[str, Any] = {}
-    while step < train_cfg.max_steps:
-        order = epoch_order(len(batches), train_cfg.seed, epoch)
-        while bpos < len(order) and step < train_cfg.max_steps:
-            t0 = time.perf_counter()
-            idx = batches[order[bpos]]
-            src, lens, tin, tout = collate([train_ex[i] for i in idx], mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
-            step += 1
-            bpos += 1
-            lr = learning_rate(step, mcfg.d_model, train_cfg.warmup, train_cfg.lr_scale)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            loss, nll = label_smoothed_loss(model(src, lens, tin), tout, train_cfg.label_smoothing, mcfg.pad_id)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if train_cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.clip_norm)
-            opt.step()
-            ntok = int((tout != mcfg.pad_id).sum())
-            total_tokens += ntok
-            tok_window += ntok
-            train_seconds += time.perf_counter() - t0
-            if bar is not None:
-                now = time.perf_counter()
-                bar.update(1)
-                if step % 10 == 0:
-                    bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{tok_window / max(now - t_window, 1e-9):.0f}")
-                    t_window, tok_window = now, 0
-            if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
-                t_eval = time.perf_counter()
-                last_metrics = evaluate(model, tokenizer, valid_ex, valid_pairs, train_cfg.eval_sentences,
-                                        train_cfg.max_tokens)
-                last_metrics = {"step": step, "train_loss": round(float(loss.detach()), 4), "lr": lr,
-                                **{k: round(v, 4) for k, v in last_metrics.items()}}
-                history.append(last_metrics)
-                msg = (f"step {step}: train loss {float(loss.detach()):.3f}, valid nll {last_metrics['valid_nll']:.3f}, "
-                       f"exact match {100 * last_metrics['exact_match']:.1f}%, BLEU {last_metrics['bleu']:.1f} "
-                       f"(eval {time.perf_counter() - t_eval:.1f}s)")
+    with _interrupt_after_the_step(log) as interrupted:
+        while step < train_cfg.max_steps:
+            order = epoch_order(len(batches), train_cfg.seed, epoch)
+            while bpos < len(order) and step < train_cfg.max_steps:
+                t0 = time.perf_counter()
+                idx = batches[order[bpos]]
+                src, lens, tin, tout = collate([train_ex[i] for i in idx], mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
+                step += 1
+                bpos += 1
+                lr = learning_rate(step, mcfg.d_model, train_cfg.warmup, train_cfg.lr_scale)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                loss, nll = label_smoothed_loss(model(src, lens, tin), tout, train_cfg.label_smoothing, mcfg.pad_id)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if train_cfg.clip_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.clip_norm)
+                opt.step()
+                ntok = int((tout != mcfg.pad_id).sum())
+                total_tokens += ntok
+                tok_window += ntok
+                train_seconds += time.perf_counter() - t0
                 if bar is not None:
-                    bar.write(msg)
-                else:
-                    log(msg)
-            if step % train_cfg.save_every == 0 or step == train_cfg.max_steps:
-                checkpoint(last_metrics)
-        if bpos >= len(order):
-            epoch, bpos = epoch + 1, 0
+                    now = time.perf_counter()
+                    bar.update(1)
+                    if step % 10 == 0:
+                        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lr=f"{lr:.2e}",
+                                        tok_s=f"{tok_window / max(now - t_window, 1e-9):.0f}")
+                        t_window, tok_window = now, 0
+                if step % train_cfg.eval_every == 0 or step == train_cfg.max_steps:
+                    t_eval = time.perf_counter()
+                    last_metrics = evaluate(model, tokenizer, valid_ex, valid_pairs, train_cfg.eval_sentences,
+                                            train_cfg.max_tokens)
+                    last_metrics = {"step": step, "train_loss": round(float(loss.detach()), 4), "lr": lr,
+                                    **{k: round(v, 4) for k, v in last_metrics.items()}}
+                    history.append(last_metrics)
+                    msg = (f"step {step}: train loss {float(loss.detach()):.3f}, valid nll {last_metrics['valid_nll']:.3f}, "
+                           f"exact match {100 * last_metrics['exact_match']:.1f}%, BLEU {last_metrics['bleu']:.1f} "
+                           f"(eval {time.perf_counter() - t_eval:.1f}s)")
+                    if bar is not None:
+                        bar.write(msg)
+                    else:
+                        log(msg)
+                if step % train_cfg.save_every == 0 or step == train_cfg.max_steps:
+                    checkpoint(last_metrics)
+                if interrupted:  # Ctrl-C: the step is whole, so is its checkpoint
+                    if saved_step != step:
+                        checkpoint(last_metrics)
+                    if bar is not None:
+                        bar.close()
+                    log(f"interrupted at step {step}: checkpoint saved in {out_dir} (continue with the same "
+                        "command and --resume)")
+                    raise KeyboardInterrupt
+            if bpos >= len(order):
+                epoch, bpos = epoch + 1, 0
     if bar is not None:
         bar.close()
     return {"step": step, "train_seconds": round(train_seconds, 1), "tokens": total_tokens,
