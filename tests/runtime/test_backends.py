@@ -202,3 +202,21 @@ def test_parity_says_when_it_cuts_long_sources(tiny_artifact_dir, tiny_model_dir
         report = run_parity(ref, make_backend(tiny_artifact_dir, "onnxruntime"), tiny_tokenizer, [long, "one"], None,
                             beam_size=2)
     assert report.sentences == 2
+
+
+def test_graphs_that_do_not_match_their_manifest_are_refused(tiny_artifact_dir, tmp_path):
+    """A hand-edited manifest (or a graph from another export): the IO contract is checked on load."""
+    edits = {
+        "precision": (lambda m: m.update(precision="fp16"), r"encoder.onnx does not match its manifest \(fp16.*float32"),
+        "heads": (lambda m: m["model"].update(n_heads=m["model"]["n_heads"] * 2), r"does not match its manifest.*dims"),
+        "layers": (lambda m: m["model"].update(decoder_layers=m["model"]["decoder_layers"] + 1), "outputs"),
+        "no model": (lambda m: m.pop("model"), "no model config"),
+    }
+    for name, (edit, match) in edits.items():
+        art = _copy(tiny_artifact_dir, tmp_path / name.replace(" ", "_"))
+        m = json.loads(open(os.path.join(art, "manifest.json")).read())
+        edit(m)
+        open(os.path.join(art, "manifest.json"), "w").write(json.dumps(m))
+        with pytest.raises(ArtifactError, match=match) as e:
+            load(art)
+        assert "transduce export" in e.value.hint, name

@@ -248,6 +248,10 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
         )
     if manifest.get("precision") not in PRECISIONS:
         raise ArtifactError(f"{path}: unknown precision {manifest.get('precision')!r}", hint=hint)
+    model = manifest.get("model")
+    needed = ("vocab_size", "decoder_layers", "d_model", "n_heads", "max_positions")  # what the IO checks read
+    if not isinstance(model, dict) or not all(isinstance(model.get(k), int) for k in needed):
+        raise ArtifactError(f"{path}: no model config, or one without integer {', '.join(needed)}", hint=hint)
     files = manifest.get("files")
     if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE} <= set(files):
         raise ArtifactError(f"{path} does not list {ENCODER_FILE} and {STEP_FILE}", hint=hint)
@@ -270,3 +274,44 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
                 hint=hint,
             )
     return manifest
+
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+              "tensor(int64)": "int64", "tensor(int32)": "int32"}
+
+
+def io_mismatches(graph_inputs, graph_outputs, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                  precision: str, config: dict[str, Any]) -> list[str]:
+    """How a loaded graph's IO differs from the contract: its inputs and outputs as (name, dtype, dims)
+    triples (dims: ints for fixed sizes, anything else for symbolic ones), against the specs for
+    `precision` and the model config. Empty: they agree."""
+    problems = []
+    for kind, got, specs in (("input", graph_inputs, inputs), ("output", graph_outputs, outputs)):
+        names = [g[0] for g in got]
+        if names != [sp.name for sp in specs]:
+            problems.append(f"{kind}s {names} instead of {[sp.name for sp in specs]}")
+            continue
+        for (name, dtype, dims), spec in zip(got, specs):
+            want = resolve_dtype(spec, precision)
+            if dtype != want:
+                problems.append(f"{kind} {name} is {dtype}, the contract says {want}")
+            want_dims = axis_dims(spec, config)
+            fixed = [(i, d, w) for i, (d, w) in enumerate(zip(dims, want_dims)) if isinstance(d, int) and isinstance(w, int)]
+            if len(dims) != len(want_dims) or any(d != w for _, d, w in fixed):
+                problems.append(f"{kind} {name} has dims {list(dims)}, the contract says {list(want_dims)}")
+    return problems
+
+
+def check_session_io(session, inputs: list[TensorSpec], outputs: list[TensorSpec], precision: str,
+                     manifest: dict[str, Any], label: str, artifact_dir: str) -> None:
+    """Refuse an ONNX Runtime session whose graph's IO is not the contract's for the manifest's
+    precision and model (a graph swapped in from another export, a hand-edited manifest)."""
+    def triples(args):
+        return [(a.name, _ORT_TYPES.get(a.type, a.type), tuple(a.shape)) for a in args]
+
+    problems = io_mismatches(triples(session.get_inputs()), triples(session.get_outputs()), inputs, outputs,
+                             precision, manifest["model"])
+    if problems:
+        raise ArtifactError(f"{os.path.join(artifact_dir, label)} does not match its manifest ({precision}, "
+                            f"{manifest['model'].get('decoder_layers')} decoder layers): " + "; ".join(problems[:4]),
+                            hint=REBUILD_HINT.format(out=artifact_dir))

@@ -245,6 +245,15 @@ class OnnxRuntimeBackend:
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
                                      hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
         self.n_layers = self.config["decoder_layers"]
+        n = self.n_layers
+        contract.check_session_io(self.encoder, contract.encoder_inputs(), contract.encoder_outputs(n), self.precision,
+                                  self.manifest, contract.ENCODER_FILE, self.artifact_dir)
+        if self.fused:
+            contract.check_session_io(self.decoder, contract.ort_step_inputs(n), contract.ort_step_outputs(n),
+                                      self.precision, self.manifest, contract.ORT_STEP_FILE, self.artifact_dir)
+        else:
+            contract.check_session_io(self.decoder, contract.step_inputs(n), contract.step_outputs(n),
+                                      self.precision, self.manifest, contract.STEP_FILE, self.artifact_dir)
         self.heads = self.config["n_heads"]
         self.head_dim = self.config["d_model"] // self.heads
         self.float_dtype = np.dtype(contract.FLOAT_DTYPE[self.precision]) if self.precision != "bf16" else None
@@ -296,6 +305,9 @@ class OnnxRuntimeBackend:
                 except Exception as e:  # onnxruntime's own exception classes
                     raise BackendUnavailable(f"onnxruntime could not load {self._step_path}: {e}",
                                              hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
+                n = self.n_layers
+                contract.check_session_io(self._standard, contract.step_inputs(n), contract.step_outputs(n),
+                                          self.precision, self.manifest, contract.STEP_FILE, self.artifact_dir)
             return self._standard
         return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
 
