@@ -71,6 +71,25 @@ def test_model_dir_with_a_damaged_weights_file_is_reported(tiny_model_dir, tmp_p
     assert any("16 bytes, recorded" in p for p in report["problems"])
 
 
+def test_model_dir_that_loading_would_refuse_is_reported(tiny_model_dir, tmp_path):
+    """A config whose model has other weights than the file, and unrecorded files: problems, as the loader says."""
+    import shutil
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model"]["decoder_layers"] += 1
+    cfg["model"]["d_ff"] *= 2
+    cfg["files"]["tokenizer.json"] = None
+    (path / "config.json").write_text(json.dumps(cfg))
+    problems = inspect_path(path)["problems"]
+    assert any(p.startswith("weights missing for this config: decoder_layers.2.") for p in problems), problems
+    assert any(p.startswith("weights of other shapes than the config's: encoder_layers.0.ffn.w1.weight") for p in problems)
+    assert any("does not record tokenizer.json" in p for p in problems)
+    os.symlink(path / "nowhere", path / "dangling")
+    assert any("is a link to nothing" in p for p in inspect_path(path)["problems"])
+
+
 def test_json_output_is_the_report(tiny_model_dir):
     result = _cli("inspect", tiny_model_dir, "--json")
     assert result.exit_code == 0, result.output

@@ -161,9 +161,12 @@ def files_report(directory: str, recorded: dict[str, dict[str, Any]], verify: bo
     for name in sorted(present | set(recorded)):
         fpath = os.path.join(directory, name)
         meta = recorded.get(name, {})
-        row = {"name": name, "bytes": os.path.getsize(fpath) if name in present else None,
+        readable = name in present and os.path.exists(fpath)  # a dangling symlink is present, not readable
+        row = {"name": name, "bytes": os.path.getsize(fpath) if readable else None,
                "recorded_bytes": meta.get("bytes"), "sha256": meta.get("sha256"), "sha256_ok": None}
-        if name not in present:
+        if name in present and not readable:
+            problems.append(f"{fpath} is a link to nothing")
+        elif name not in present:
             problems.append(f"{fpath} is listed but missing")
         elif row["recorded_bytes"] is not None and row["recorded_bytes"] != row["bytes"]:
             problems.append(f"{fpath} has {row['bytes']} bytes, recorded {row['recorded_bytes']}: truncated or replaced")
@@ -239,7 +242,7 @@ def count_parameters(tensors: Iterable[tuple[str, list[int], str]]) -> dict[str,
 
 def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     """Report of a model directory; the weights are counted from the safetensors header only."""
-    from transduce.models.checkpoint import WEIGHTS_FILE, read_config
+    from transduce.models.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_config
 
     cfg = read_config(directory)  # CheckpointError on a corrupt or foreign config.json
     problems: list[str] = []
@@ -254,18 +257,56 @@ def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
         "training": cfg.get("training", {}),
     }
     wpath = os.path.join(directory, WEIGHTS_FILE)
+    header = None
     if os.path.isfile(wpath):
         try:
             header = read_safetensors_header(wpath)
             report["parameters"] = count_parameters((k, shape, dt) for k, (dt, shape) in header.items())
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{wpath} has no readable safetensors header ({e})")
+    problems.extend(weights_against_config(report["config"], header))
+    files = cfg.get("files")
+    for name in (WEIGHTS_FILE, TOKENIZER_FILE):  # what loading checks every file against
+        entry = files.get(name) if isinstance(files, dict) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
+            problems.append(f"config.json does not record {name} with its bytes and sha256: loading refuses it")
     vocab = (report["tokenizer"] or {}).get("vocab_size")
     if vocab is not None and vocab != report["config"].get("vocab_size"):
         problems.append(f"the tokenizer has {vocab} tokens but the config says {report['config'].get('vocab_size')}")
     report["files"] = files_report(directory, recorded_files(cfg.get("files")), verify, problems)
     report["problems"] = problems
     return report
+
+
+def weights_against_config(config: dict[str, Any], header: dict[str, tuple[str, list[int]]] | None) -> list[str]:
+    """What loading would refuse: a config that is not a valid ModelConfig, or weights (from the
+    safetensors header) whose names or shapes are not the ones that config's model has. The model is
+    built on torch's meta device: no memory, no weights read."""
+    from transduce.errors import ConfigError
+    from transduce.models.config import ModelConfig
+
+    try:
+        cfg = ModelConfig.from_dict(config)
+    except ConfigError as e:
+        return [str(e)]
+    if header is None:
+        return []
+    import torch
+
+    from transduce.models.transformer import Transformer
+
+    with torch.device("meta"):
+        expected = {k: list(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    problems = []
+    missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
+    if missing:
+        problems.append(f"weights missing for this config: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+    if extra:
+        problems.append(f"weights this config's model does not have: {', '.join(extra[:5])}" + (" ..." if len(extra) > 5 else ""))
+    wrong = [f"{k} {list(header[k][1])} (config: {expected[k]})" for k in expected if k in header and list(header[k][1]) != expected[k]]
+    if wrong:
+        problems.append("weights of other shapes than the config's: " + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    return problems
 
 
 # -- ONNX graphs and artifacts ---------------------------------------------------------------------------
