@@ -143,3 +143,14 @@ def test_decode_output_to_a_device_or_an_existing_file(tiny_artifact_dir, tmp_pa
     r = CliRunner().invoke(main, [*args, "--output", str(out)], input="two\nthree\n")
     assert r.exit_code == 0, r.output
     assert len(out.read_text().splitlines()) == 2 and (os.stat(out).st_mode & 0o777) == 0o640
+
+
+def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir, tiny_model_dir, tmp_path):
+    """Same weights, edited config.json (n_heads): a config error naming the field, not a parity failure."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["model"]["n_heads"] //= 2
+    (model / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", str(model), "-n", "2"])
+    assert r.exit_code == 2 and "another model config" in r.stderr and "n_heads 4 vs 2" in r.stderr, r.output

@@ -26,12 +26,19 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
             hint="pass --model MODEL_DIR",
         )
     want = src.get("weights_sha256")
-    files = read_config(path).get("files")
+    config = read_config(path)
+    files = config.get("files")
     entry = files.get("model.safetensors") if isinstance(files, dict) else None
     have = entry.get("sha256") if isinstance(entry, dict) else None
     if want and have != want:
         raise ArtifactError(f"{path!r} holds other weights than the ones {artifact_dir!r} was exported from",
                             hint="pass --model with the model directory the artifact was exported from, or re-export")
+    theirs, ours = config.get("model"), manifest.get("model")
+    if isinstance(theirs, dict) and isinstance(ours, dict) and theirs != ours:  # same weights, edited config
+        diff = [f"{k} {ours.get(k)!r} vs {theirs.get(k)!r}" for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+        raise ArtifactError(f"{path!r} has the weights {artifact_dir!r} was exported from but another model config "
+                            f"(artifact vs model: {'; '.join(diff[:4])})",
+                            hint="restore the model directory's config.json, or re-export from it")
     return path
 
 
