@@ -273,6 +273,28 @@ def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
     assert cache.read_bytes() == b"[encoder][decoder_step]" and meta["tensorrt"]["tf32"] is True
 
 
+def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    fake.CALLS.clear()
+    for bad in (tmp_path / "afile" / "t.cache", tmp_path):
+        with pytest.raises(EngineError, match="--timing-cache"):
+            _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(bad))
+    assert not [c for c in fake.CALLS if c[0] == "build"] and not os.path.exists(tmp_path / "e")
+
+    write = eng._write_atomic
+    cache = str(tmp_path / "t.cache")
+
+    def full_disk(path, data):  # for the cache only, which is saved after the builds
+        if path == cache:
+            raise OSError(28, "No space left on device")
+        write(path, data)
+
+    monkeypatch.setattr(eng, "_write_atomic", full_disk)
+    meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=cache)
+    assert any("could not save the timing cache" in line for line in lines)
+    assert os.path.isfile(tmp_path / "e" / eng.ENCODER_PLAN)
+
+
 def test_parser_errors_name_file_and_nodes(tmp_path, tiny_model_dir):
     art = fake.make_artifact(str(tmp_path / "bad"), tiny_model_dir, step_bytes=b"BAD graph")
     out = tmp_path / "e"

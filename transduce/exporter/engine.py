@@ -844,6 +844,14 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     trt = _trt or import_tensorrt()
     gpu = _gpu or select_gpu(device)
     timing_cache = os.path.abspath(os.fspath(timing_cache)) if timing_cache else None
+    if timing_cache:  # before the builds, not after them
+        parent = os.path.dirname(timing_cache)
+        if os.path.isdir(timing_cache) or (os.path.exists(parent) and not os.path.isdir(parent)):
+            raise EngineError(f"--timing-cache {timing_cache!r} cannot be a file: it is a directory, or its parent is "
+                              "not one", hint="give a file path, e.g. --timing-cache runs/trt.cache")
+        if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+            raise EngineError(f"--timing-cache {timing_cache!r}: directory {parent!r} is not writable",
+                              hint="give a path you can write to")
     logger = make_logger(trt, log)
     for graph, specs in (("encoder", plan.encoder), ("decoder_step", plan.decoder_step)):
         log(f"{graph}: " + "; ".join(f"profile {p.name}: " + ", ".join(
@@ -919,8 +927,11 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             log(f"{graph}: built in {seconds:.1f} s")
         del keep_alive
         if timing_cache and timing is not None:
-            _write_atomic(timing_cache, timing.serialize())
-            log(f"timing cache: saved to {timing_cache}")
+            try:  # a side product: failing to save it must not throw the engines away
+                _write_atomic(timing_cache, timing.serialize())
+                log(f"timing cache: saved to {timing_cache}")
+            except OSError as e:
+                log(f"warning: could not save the timing cache to {timing_cache} ({e}); the engines are kept")
         # the plans must load and match the contract and profiles before they replace anything
         runtime = trt.Runtime(logger)
         for graph, (_, plan_name) in GRAPHS.items():
