@@ -55,6 +55,21 @@ def _umask_modes(top: str) -> None:
                 os.chmod(path, 0o666 & ~mask)
 
 
+def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
+    """For a missing `final`: what an atomic_directory killed between its two renames left beside it
+    (the previous complete copy, moved aside as .NAME.old-*), as the command that restores it."""
+    final = os.path.abspath(os.fspath(final))
+    parent, base = os.path.dirname(final), os.path.basename(final)
+    try:
+        old = sorted(n for n in os.listdir(parent) if n.startswith(f".{base}.old-"))
+    except OSError:
+        return None
+    if not old:
+        return None
+    return (f"a replacement of it was interrupted; the previous copy is {os.path.join(parent, old[-1])!r}: "
+            f"restore it with: mv {os.path.join(parent, old[-1])} {final}")
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[str]:
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.

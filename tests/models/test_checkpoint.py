@@ -132,3 +132,30 @@ def test_modes_of_hard_linked_files_are_left_alone(tmp_path):
     mask = os.umask(0o022)
     os.umask(mask)
     assert stat.S_IMODE(os.stat(tmp_path / "engine" / "engine.plan").st_mode) == 0o666 & ~mask
+
+
+def test_a_replacement_killed_between_its_renames_says_how_to_restore(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
+    """atomic_directory moves the old copy aside, then the new one into place: a kill in between leaves
+    neither at the path; the error names the complete old copy and the command that restores it."""
+    import transduce._io as io
+
+    path = tmp_path / "m"
+    save_model_dir(path, tiny_model, tiny_tokenizer)
+    replace = os.replace
+
+    def killed(src, dst):
+        if str(dst) == str(path):
+            raise KeyboardInterrupt  # as if the process died right here
+        replace(src, dst)
+
+    monkeypatch.setattr(io.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_model_dir(path, tiny_model, tiny_tokenizer)
+    monkeypatch.setattr(io.os, "replace", replace)
+    with pytest.raises(CheckpointError, match="does not exist") as e:
+        load_model_dir(path)
+    (old,) = [n for n in os.listdir(tmp_path) if n.startswith(".m.old-")]
+    assert e.value.hint == (f"a replacement of it was interrupted; the previous copy is {str(tmp_path / old)!r}: "
+                            f"restore it with: mv {tmp_path / old} {path}")
+    os.rename(tmp_path / old, path)
+    load_model_dir(path)

@@ -498,8 +498,11 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
     engine_dir = os.path.abspath(os.fspath(engine_dir))
     path = os.path.join(engine_dir, ENGINE_MANIFEST)
     if not os.path.isdir(engine_dir):
+        from transduce._io import interrupted_replace_hint
+
         raise ArtifactError(f"engine directory {engine_dir!r} does not exist",
-                            hint=f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
+                            hint=interrupted_replace_hint(engine_dir)
+                            or f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(engine_dir, contract.MANIFEST_FILE)):
             raise ArtifactError(f"{engine_dir!r} is an exported artifact, not a TensorRT engine directory",

@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from transduce._io import atomic_directory, write_json
+from transduce._io import atomic_directory, interrupted_replace_hint, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
 from transduce.runtime.contract import file_entry, sha256_file
@@ -89,7 +89,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"model directory {path!r} does not exist",
-                              hint="train one with: transduce train --out DIR (or transduce demo)")
+                              hint=interrupted_replace_hint(path)
+                              or "train one with: transduce train --out DIR (or transduce demo)")
     cfg_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(cfg_path):
         raise CheckpointError(f"{cfg_path} is missing: {path!r} is not a transduce model directory")

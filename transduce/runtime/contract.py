@@ -229,7 +229,10 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     hint = REBUILD_HINT.format(out=artifact_dir)
     path = os.path.join(artifact_dir, MANIFEST_FILE)
     if not os.path.isdir(artifact_dir):
-        raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist", hint=hint)
+        from transduce._io import interrupted_replace_hint
+
+        raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist",
+                            hint=interrupted_replace_hint(artifact_dir) or hint)
     if not os.path.isfile(path):
         raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=hint)
     try:
