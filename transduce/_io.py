@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -55,6 +57,37 @@ def _umask_modes(top: str) -> None:
                 os.chmod(path, 0o666 & ~mask)
 
 
+def _tmp_prefix(base: str) -> str:
+    """Temporary directories of `base` are .BASE.tmp-HOST-PID-XXXX: whose they are, for _remove_abandoned."""
+    host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:40]
+    return f".{base}.tmp-{host}-"
+
+
+def _remove_abandoned(parent: str, base: str) -> None:
+    """Delete the temporary directories of `base` that a killed process of this host left (its PID is not
+    running): a killed export or checkpoint left a hidden copy of its size (GBs at the big preset)
+    behind at every try. Other hosts' (a shared disk) and running processes' are left alone."""
+    pattern = re.compile(re.escape(_tmp_prefix(base)) + r"(\d+)-")
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _running(int(m.group(1))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by someone else
+        return True
+    return True
+
+
 def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
     """For a missing `final`: what an atomic_directory killed between its two renames left beside it
     (the previous complete copy, moved aside as .NAME.old-*), as the command that restores it."""
@@ -80,7 +113,8 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     parent = check_parent_writable(final)
     if os.path.exists(final) and not overwrite:
         raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=parent)
+    _remove_abandoned(parent, os.path.basename(final))
+    tmp = tempfile.mkdtemp(prefix=_tmp_prefix(os.path.basename(final)) + f"{os.getpid()}-", dir=parent)
     try:
         yield tmp
         _umask_modes(tmp)

@@ -159,3 +159,23 @@ def test_a_replacement_killed_between_its_renames_says_how_to_restore(tmp_path, 
                             f"restore it with: mv {tmp_path / old} {path}")
     os.rename(tmp_path / old, path)
     load_model_dir(path)
+
+
+def test_temporary_copies_of_killed_writers_are_removed(tmp_path, tiny_model, tiny_tokenizer):
+    """A killed save leaves .m.tmp-HOST-PID-*: the next write of m removes those whose process is gone,
+    and keeps a running process's and another host's."""
+    import subprocess
+    import sys
+
+    from transduce._io import _tmp_prefix
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    prefix = _tmp_prefix("m")
+    abandoned = tmp_path / f"{prefix}{dead_pid}-abc"
+    running = tmp_path / f"{prefix}{os.getppid()}-def"
+    other_host = tmp_path / f".m.tmp-otherhost-{dead_pid}-ghi"
+    for d in (abandoned, running, other_host):
+        (d / "training").mkdir(parents=True)
+    save_model_dir(tmp_path / "m", tiny_model, tiny_tokenizer)
+    assert sorted(os.listdir(tmp_path)) == sorted(["m", running.name, other_host.name])
