@@ -137,7 +137,7 @@ def test_resume_refuses_other_options_or_data(tmp_path, small_corpus):
     train_pairs, valid_pairs = small_corpus
     out = str(tmp_path / "m")
     train(train_pairs[:100], valid_pairs[:2], out, _cfg(2, 2), **QUIET)
-    with pytest.raises(ConfigError, match=r"warmup 4 -> 9; seed 3 -> 4"):
+    with pytest.raises(ConfigError, match=r"--warmup 4 -> 9; --seed 3 -> 4"):
         train(train_pairs[:100], valid_pairs[:2], out, replace(_cfg(3, 3), warmup=9, seed=4), resume=True, **QUIET)
     with pytest.raises(ConfigError, match="training data differ"):
         train(train_pairs[1:101], valid_pairs[:2], out, _cfg(3, 3), resume=True, **QUIET)

@@ -199,13 +199,17 @@ def pairs_sha256(pairs: list[tuple[str, str]]) -> str:
 def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: str, out_dir: str) -> None:
     """Refuse to resume with options or data other than the checkpoint's (beyond RESUMABLE_CHANGES)."""
     saved = state.get("train_config", {})
-    changed = [f"{name} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
+    def flag(name: str) -> str:  # the option of a field, as `transduce train` spells it
+        return {"model_overrides": "--set", "preset": "--preset"}.get(name, "--" + name.replace("_", "-"))
+
+    changed = [f"{flag(name)} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
                if name in saved and name not in TrainConfig.RESUMABLE_CHANGES and saved[name] != value]
     if changed:
         raise ConfigError(f"--resume: this run's options differ from those {out_dir!r} was trained with: "
                           + "; ".join(changed),
                           hint="pass the saved values (they are in training/state.json), or train a new model "
-                               f"into another --out; --resume may change only {', '.join(TrainConfig.RESUMABLE_CHANGES)}")
+                               f"into another --out; --resume may change only "
+                               f"{', '.join(flag(n) for n in TrainConfig.RESUMABLE_CHANGES)}")
     if state.get("data_sha256") not in (None, data_sha256):
         raise ConfigError(f"--resume: the training data differ from those {out_dir!r} was trained on "
                           "(another file, other lines, or a different --valid-size split)",
