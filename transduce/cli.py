@@ -65,19 +65,20 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
 @click.option("--eval-sentences", default=200, show_default=True, help="Held-out sentences decoded for BLEU and exact match.")
 @click.option("--seed", default=1, show_default=True)
 @click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
+@click.option("--device", default="cpu", show_default=True, help="Train on cpu, cuda or cuda:N.")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out (model, optimizer, schedule, RNG).")
 @click.option("--force", is_flag=True, help="Replace the model directory at --out (never a directory of other files).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
-          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads, resume,
-          force, no_progress):
+          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads, device,
+          resume, force, no_progress):
     """Train the reference Transformer on parallel text and write a model directory."""
     from transduce.models.train import TrainConfig, train_from_files
 
     cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
                       max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,
                       label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
-                      save_every=save_every, eval_sentences=eval_sentences, seed=seed, threads=threads)
+                      save_every=save_every, eval_sentences=eval_sentences, seed=seed, threads=threads, device=device)
     summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
                                valid_size=valid_size, resume=resume, progress=not no_progress, force=force)
     click.echo(json.dumps(summary, indent=2))

@@ -240,3 +240,41 @@ def test_ctrl_c_saves_the_last_whole_step(tmp_path, small_corpus):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
     train(train_pairs[:100], valid_pairs[:2], str(out), cfg, resume=True, **QUIET)
     assert json.loads((out / "training" / "state.json").read_text())["step"] == 6
+
+
+def test_training_device_is_checked():
+    from transduce.errors import ConfigError
+    from transduce.models.train import training_device
+
+    assert training_device("cpu") == torch.device("cpu")
+    for bad, match in (("bogus", "not a torch device"), ("meta", "runs on cpu or cuda")):
+        with pytest.raises(ConfigError, match=match):
+            training_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no usable CUDA GPU") as e:
+            training_device("cuda")
+        assert "--device cpu" in e.value.hint
+
+
+@pytest.mark.gpu
+def test_training_on_cuda_resumes_as_if_uninterrupted(tmp_path, small_corpus):
+    """On the GPU: checkpoints load on the CPU, and a resumed run (its CUDA RNG restored) ends where an
+    uninterrupted one does."""
+    from dataclasses import replace
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU available to PyTorch")
+    train_pairs, valid_pairs = small_corpus
+
+    def cfg(steps):
+        return replace(_cfg(steps, steps), device="cuda", model_overrides={**_cfg(1, 1).model_overrides, "dropout": 0.3})
+
+    train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "straight"), cfg(6), **QUIET)
+    train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "resumed"), cfg(3), **QUIET)
+    train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "resumed"), cfg(6), resume=True, **QUIET)
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert all(t.device.type == "cpu" for t in wa.values())
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0, msg=k)

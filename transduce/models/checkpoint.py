@@ -69,6 +69,8 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
             os.makedirs(tdir)
             tensors, meta = _flatten_optimizer(optimizer_state or {})
             tensors["rng.torch"] = torch.get_rng_state()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout masks of a run on the GPU
+                tensors["rng.cuda"] = torch.cuda.get_rng_state()
             save_file(tensors, os.path.join(tdir, OPTIMIZER_FILE))
             state = dict(train_state or {})
             state["optimizer"] = meta
@@ -182,8 +184,9 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
     return model, tokenizer, cfg
 
 
-def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """-> (train_state from state.json, optimizer state_dict, torch RNG state) for --resume."""
+def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """-> (train_state from state.json, optimizer state_dict, RNG states {"torch": CPU, "cuda": the current
+    GPU's if the run used one}) for --resume."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -197,7 +200,7 @@ def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[s
         tensors = load_file(opath)
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{opath} cannot be read as safetensors ({e})") from None
-    rng = tensors.pop("rng.torch")
+    rng = {name.removeprefix("rng."): tensors.pop(name) for name in list(tensors) if name.startswith("rng.")}
     return state, _unflatten_optimizer(tensors, state.pop("optimizer")), rng
 
 

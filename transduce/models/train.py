@@ -41,6 +41,7 @@ class TrainConfig:
     eval_sentences: int = 200  # held-out sentences decoded for BLEU and exact match
     seed: int = 1  # model init, dropout and batch order
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    device: str = "cpu"  # torch device to train on: cpu, cuda, cuda:1 (checkpoints are saved for the CPU)
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in
@@ -58,7 +59,7 @@ class TrainConfig:
 
     # What --resume may change: when to stop, evaluate and save, how many threads. Every other field
     # decides the tokenizer, the model, the batches or the schedule the checkpoint was made with.
-    RESUMABLE_CHANGES = ("max_steps", "eval_every", "save_every", "eval_sentences", "threads")
+    RESUMABLE_CHANGES = ("max_steps", "eval_every", "save_every", "eval_sentences", "threads", "device")
 
 
 def learning_rate(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -95,19 +96,21 @@ def evaluate(model, tokenizer, examples: list[Example], pairs: list[tuple[str, s
     from transduce.runtime.decoding import DecodingOptions, decode
 
     cfg = model.cfg
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     tot_nll, tot_tok = 0.0, 0
     with torch.inference_mode():
         for idx in make_batches(examples, max_tokens):
-            src, lens, tin, tout = collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id)
+            src, lens, tin, tout = (t.to(device) for t in collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id,
+                                                                  cfg.eos_id))
             _, nll = label_smoothed_loss(model(src, lens, tin), tout, 0.0, cfg.pad_id)
             n = int((tout != cfg.pad_id).sum())
             tot_nll += float(nll) * n
             tot_tok += n
     sub = examples[:n_sentences]
     refs = [t for _, t in pairs[: len(sub)]]
-    backend = TorchBackend(model, str(next(model.parameters()).device))
+    backend = TorchBackend(model, str(device))
     hyps: list[str] = []
     opts = DecodingOptions(beam_size=1)
     for idx in make_batches(sub, max_tokens):
@@ -144,6 +147,26 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     if not train_ex:
         raise DataError("no training pair fits the model's max_positions")
     return tokenizer, mcfg, train_ex, valid_ex, [valid_pairs[i] for i in vkept], len(train_pairs) - len(kept)
+
+
+def training_device(name: str):
+    """The torch device to train on, or a ConfigError saying why it cannot be used."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"--device {name!r} is not a torch device ({e})", hint="cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: this torch has no usable CUDA GPU (torch {torch.__version__})",
+                              hint="train with --device cpu, or install a CUDA build of torch on a GPU machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs",
+                              hint="cuda:0 is the first")
+    elif device.type != "cpu":
+        raise ConfigError(f"--device {name}: training runs on cpu or cuda", hint="cpu, cuda or cuda:N")
+    return device
 
 
 def check_train_output(out_dir: str, force: bool) -> None:
@@ -242,6 +265,7 @@ def train(
         check_train_output(out_dir, force)
         check_parent_writable(out_dir)
     data_sha256 = pairs_sha256(train_pairs)
+    device = training_device(train_cfg.device)
     if train_cfg.threads:
         torch.set_num_threads(train_cfg.threads)
     if resume:
@@ -265,11 +289,16 @@ def train(
     if dropped:
         log(f"dropped {dropped} training pairs longer than max_positions={mcfg.max_positions}")
 
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # the RNG state a checkpoint saves is the current GPU's
+    model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     if opt_state is not None:
-        opt.load_state_dict(opt_state)
+        opt.load_state_dict(opt_state)  # onto the parameters' device
     if rng is not None:
-        torch.set_rng_state(rng)
+        torch.set_rng_state(rng["torch"])
+        if device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], device)
     batches = make_batches(train_ex, train_cfg.max_tokens)
     step, epoch, bpos = state["step"], state["epoch"], state["batch"]
     total_tokens = state.get("tokens", 0)
@@ -307,7 +336,8 @@ def train(
             while bpos < len(order) and step < train_cfg.max_steps:
                 t0 = time.perf_counter()
                 idx = batches[order[bpos]]
-                src, lens, tin, tout = collate([train_ex[i] for i in idx], mcfg.pad_id, mcfg.bos_id, mcfg.eos_id)
+                src, lens, tin, tout = (t.to(device) for t in collate([train_ex[i] for i in idx], mcfg.pad_id,
+                                                                        mcfg.bos_id, mcfg.eos_id))
                 step += 1
                 bpos += 1
                 lr = learning_rate(step, mcfg.d_model, train_cfg.warmup, train_cfg.lr_scale)
