@@ -59,14 +59,18 @@ def _umask_modes(top: str) -> None:
 
 def _tmp_prefix(base: str) -> str:
     """Temporary directories of `base` are .BASE.tmp-HOST-PID-XXXX: whose they are, for _remove_abandoned."""
-    host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:40]
+    host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())
     return f".{base}.tmp-{host}-"
 
 
 def _remove_abandoned(parent: str, base: str) -> None:
     """Delete the temporary directories of `base` that a killed process of this host left (its PID is not
-    running): a killed export or checkpoint left a hidden copy of its size (GBs at the big preset)
-    behind at every try. Other hosts' (a shared disk) and running processes' are left alone."""
+    running, and nothing in it changed for ABANDONED_AFTER_S): a killed export or checkpoint left a
+    hidden copy of its size (GBs at the big preset) behind at every try. Other hosts' (a shared disk)
+    and running processes' are left alone; the age also spares a live writer in another PID namespace
+    that shares this hostname (containers)."""
+    import time
+
     pattern = re.compile(re.escape(_tmp_prefix(base)) + r"(\d+)-")
     try:
         names = os.listdir(parent)
@@ -74,8 +78,19 @@ def _remove_abandoned(parent: str, base: str) -> None:
         return
     for name in names:
         m = pattern.match(name)
-        if m and int(m.group(1)) != os.getpid() and not _running(int(m.group(1))):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        if not m or int(m.group(1)) == os.getpid() or _running(int(m.group(1))):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            newest = max(os.stat(os.path.join(root, n)).st_mtime for root, _, files in os.walk(path)
+                         for n in [".", *files])
+        except (OSError, ValueError):
+            continue
+        if time.time() - newest > ABANDONED_AFTER_S:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+ABANDONED_AFTER_S = 3600
 
 
 def _running(pid: int) -> bool:
@@ -94,13 +109,14 @@ def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
     final = os.path.abspath(os.fspath(final))
     parent, base = os.path.dirname(final), os.path.basename(final)
     try:
-        old = sorted(n for n in os.listdir(parent) if n.startswith(f".{base}.old-"))
+        old = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f".{base}.old-")]
+        old.sort(key=lambda p: os.stat(p).st_ctime)  # the last one moved aside (a rename sets ctime)
     except OSError:
         return None
     if not old:
         return None
-    return (f"a replacement of it was interrupted; the previous copy is {os.path.join(parent, old[-1])!r}: "
-            f"restore it with: mv {os.path.join(parent, old[-1])} {final}")
+    return (f"a replacement of it was interrupted; the previous copy is {old[-1]!r}: "
+            f"restore it with: mv {old[-1]} {final}")
 
 
 @contextlib.contextmanager

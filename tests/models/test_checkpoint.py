@@ -162,8 +162,8 @@ def test_a_replacement_killed_between_its_renames_says_how_to_restore(tmp_path, 
 
 
 def test_temporary_copies_of_killed_writers_are_removed(tmp_path, tiny_model, tiny_tokenizer):
-    """A killed save leaves .m.tmp-HOST-PID-*: the next write of m removes those whose process is gone,
-    and keeps a running process's and another host's."""
+    """A killed save leaves .m.tmp-HOST-PID-*: the next write of m removes those whose process is gone and
+    that nothing changed for an hour, and keeps a running process's, another host's and a recent one."""
     import subprocess
     import sys
 
@@ -175,7 +175,13 @@ def test_temporary_copies_of_killed_writers_are_removed(tmp_path, tiny_model, ti
     abandoned = tmp_path / f"{prefix}{dead_pid}-abc"
     running = tmp_path / f"{prefix}{os.getppid()}-def"
     other_host = tmp_path / f".m.tmp-otherhost-{dead_pid}-ghi"
-    for d in (abandoned, running, other_host):
+    recent = tmp_path / f"{prefix}{dead_pid}-jkl"  # its process is gone here, but it changed a minute ago
+    for d in (abandoned, running, other_host, recent):
         (d / "training").mkdir(parents=True)
+        (d / "training" / "state.json").write_text("{}")
+    hours_ago = os.stat(tmp_path).st_mtime - 2 * 3600
+    for d in (abandoned, running, other_host):
+        for p in (d, d / "training", d / "training" / "state.json"):
+            os.utime(p, (hours_ago, hours_ago))
     save_model_dir(tmp_path / "m", tiny_model, tiny_tokenizer)
-    assert sorted(os.listdir(tmp_path)) == sorted(["m", running.name, other_host.name])
+    assert sorted(os.listdir(tmp_path)) == sorted(["m", running.name, other_host.name, recent.name])

@@ -271,10 +271,34 @@ def test_training_on_cuda_resumes_as_if_uninterrupted(tmp_path, small_corpus):
 
     train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "straight"), cfg(6), **QUIET)
     train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "resumed"), cfg(3), **QUIET)
+    torch.cuda.manual_seed(12345)  # as a new process would be: only the checkpoint's CUDA RNG state can help
     train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "resumed"), cfg(6), resume=True, **QUIET)
     from safetensors.torch import load_file
 
     wa, wb = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
-    assert all(t.device.type == "cpu" for t in wa.values())
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_ctrl_c_handling_respects_an_ignored_sigint_and_a_finished_run(tmp_path, small_corpus):
+    import signal
+
+    train_pairs, valid_pairs = small_corpus
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's
+    try:
+        train(train_pairs[:100], valid_pairs[:2], str(tmp_path / "bg"), _cfg(1, 1), **QUIET)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # not replaced, not restored to something else
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    def log(msg):  # Ctrl-C during the last step: the run is complete, nothing to resume
+        if msg.startswith("step 2:"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    from dataclasses import replace
+
+    summary = train(train_pairs[:100], valid_pairs[:2], str(tmp_path / "m"), replace(_cfg(2, 1000), eval_every=1),
+                    progress=False, log=log)
+    assert summary["step"] == 2
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["training"]["step"] == 2

@@ -154,3 +154,11 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
     (model / "config.json").write_text(json.dumps(cfg))
     r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", str(model), "-n", "2"])
     assert r.exit_code == 2 and "another model config" in r.stderr and "n_heads 4 vs 2" in r.stderr, r.output
+    # a minimal config.json (defaults left out) is the same config as the manifest's full one
+    cfg["model"]["n_heads"] *= 2
+    del cfg["model"]["layer_norm_eps"], cfg["model"]["share_embeddings"]
+    (model / "config.json").write_text(json.dumps(cfg))
+    from transduce.runtime import contract
+    from transduce.runtime.api import source_model_dir
+
+    assert source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model)) == str(model)

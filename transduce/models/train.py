@@ -189,12 +189,13 @@ def check_train_output(out_dir: str, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def _interrupt_after_the_step(log):
+def _interrupt_after_the_step():
     """Yield a list that a first Ctrl-C (SIGINT) makes non-empty instead of stopping the process mid-step
     (a half-applied optimizer step would make an inconsistent checkpoint); a second one stops at once.
     Only in the main thread, where Python delivers signals."""
     flag: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN, None):  # ignored (a background job) or not Python's to change
         yield flag
         return
 
@@ -202,7 +203,8 @@ def _interrupt_after_the_step(log):
         if flag:
             raise KeyboardInterrupt
         flag.append(True)
-        log("interrupt: saving a checkpoint after this step (Ctrl-C again to stop without one)")
+        # os.write, not print: the handler may run while the main thread is inside a print
+        os.write(2, b"\ninterrupt: saving a checkpoint after this step (Ctrl-C again to stop without one)\n")
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
@@ -317,7 +319,7 @@ def train(
         train_state = {"step": step, "epoch": epoch, "batch": bpos, "tokens": total_tokens,
                        "history": history, "train_seconds": train_seconds,
                        "train_config": asdict(train_cfg), "data_sha256": data_sha256}
-        summary = {"step": step, "train_seconds": round(train_seconds, 1), **(metrics or {})}
+        summary = {**(metrics or {}), "step": step, "train_seconds": round(train_seconds, 1)}  # this step, not the last eval's
         save_model_dir(out_dir, model, tokenizer, training=summary, optimizer_state=opt.state_dict(),
                        train_state=train_state)
 
@@ -330,7 +332,7 @@ def train(
                    mininterval=0.5, disable=None)
     t_window, tok_window = time.perf_counter(), 0
     last_metrics: dict[str, Any] = {}
-    with _interrupt_after_the_step(log) as interrupted:
+    with _interrupt_after_the_step() as interrupted:
         while step < train_cfg.max_steps:
             order = epoch_order(len(batches), train_cfg.seed, epoch)
             while bpos < len(order) and step < train_cfg.max_steps:
@@ -376,7 +378,7 @@ def train(
                         log(msg)
                 if step % train_cfg.save_every == 0 or step == train_cfg.max_steps:
                     checkpoint(last_metrics)
-                if interrupted:  # Ctrl-C: the step is whole, so is its checkpoint
+                if interrupted and step < train_cfg.max_steps:  # Ctrl-C: the step is whole, so is its checkpoint
                     if saved_step != step:
                         checkpoint(last_metrics)
                     if bar is not None:

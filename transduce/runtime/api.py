@@ -33,13 +33,27 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
     if want and have != want:
         raise ArtifactError(f"{path!r} holds other weights than the ones {artifact_dir!r} was exported from",
                             hint="pass --model with the model directory the artifact was exported from, or re-export")
-    theirs, ours = config.get("model"), manifest.get("model")
-    if isinstance(theirs, dict) and isinstance(ours, dict) and theirs != ours:  # same weights, edited config
+    theirs, ours = _full_config(config.get("model")), _full_config(manifest.get("model"))
+    if theirs is not None and ours is not None and theirs != ours:  # same weights, edited config
         diff = [f"{k} {ours.get(k)!r} vs {theirs.get(k)!r}" for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
         raise ArtifactError(f"{path!r} has the weights {artifact_dir!r} was exported from but another model config "
                             f"(artifact vs model: {'; '.join(diff[:4])})",
                             hint="restore the model directory's config.json, or re-export from it")
     return path
+
+
+def _full_config(model: object) -> dict | None:
+    """A model config with its defaults filled in (a minimal config.json and the manifest's full one
+    compare equal), or None if it is not a valid one (loading reports that)."""
+    from transduce.errors import ConfigError
+    from transduce.models.config import ModelConfig
+
+    if not isinstance(model, dict):
+        return None
+    try:
+        return ModelConfig.from_dict(model).to_dict()
+    except ConfigError:
+        return None
 
 
 def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
