@@ -53,7 +53,8 @@ def _umask_modes(top: str) -> None:
         os.chmod(root, 0o777 & ~mask)
         for name in files:
             path = os.path.join(root, name)
-            if os.stat(path, follow_symlinks=False).st_nlink == 1 and not os.path.islink(path):
+            st = os.lstat(path)
+            if st.st_nlink == 1 and not stat.S_ISLNK(st.st_mode):
                 os.chmod(path, 0o666 & ~mask)
 
 
@@ -61,6 +62,9 @@ def _tmp_prefix(base: str) -> str:
     """Temporary directories of `base` are .BASE.tmp-HOST-PID-XXXX: whose they are, for _remove_abandoned."""
     host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())
     return f".{base}.tmp-{host}-"
+
+
+ABANDONED_AFTER_S = 3600  # a writer's temporary directory unchanged this long (and its PID gone) is abandoned
 
 
 def _remove_abandoned(parent: str, base: str) -> None:
@@ -89,8 +93,6 @@ def _remove_abandoned(parent: str, base: str) -> None:
         if time.time() - newest > ABANDONED_AFTER_S:
             shutil.rmtree(path, ignore_errors=True)
 
-
-ABANDONED_AFTER_S = 3600
 
 
 def _running(pid: int) -> bool:
@@ -161,12 +163,17 @@ def atomic_output(final: str | os.PathLike, overwrite: bool, error: type[Transdu
         raise error(f"cannot write {what} {os.fspath(final)!r}: {e}", hint=hint) from None
 
 
+def written_in_place(path: str | os.PathLike) -> bool:
+    """Whether write_text_atomic writes `path` in place: something other than a regular file is there."""
+    return os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path))
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write a UTF-8 file under a temporary name beside it and rename it into place (a regular file: it is
     whole or unchanged; an existing one keeps its mode, a new one gets the umask's). Anything else at
     `path` (/dev/null, a FIFO, a symlink) is written in place, as a plain open would."""
     path = os.fspath(path)
-    if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+    if written_in_place(path):
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         return

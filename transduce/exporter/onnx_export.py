@@ -123,7 +123,9 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> None:
     if real_out.startswith(real_model + os.sep):  # the next checkpoint of that model would delete it
         raise ExportError(f"the output directory {out_dir!r} is inside the model directory {model_dir!r}",
                           hint="choose an output directory outside it")
-    if os.path.isfile(os.path.join(out_dir, "engine.json")):  # an engine directory holds a manifest.json copy too
+    from transduce.exporter.engine import ENGINE_MANIFEST
+
+    if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST)):  # an engine directory holds a manifest.json copy too
         raise ExportError(f"{out_dir!r} is an engine directory (transduce build); --force replaces only artifacts",
                           hint="choose another output directory")
     check_replaceable(out_dir, force, contract.MANIFEST_FILE, "an artifact directory", "artifacts", ExportError)

@@ -151,21 +151,8 @@ def _value_specs(values) -> list[tuple[str, str, tuple]]:
 def contract_problems(model, inputs: list[contract.TensorSpec], outputs: list[contract.TensorSpec],
                       config: dict[str, Any], precision: str) -> list[str]:
     """Differences between a graph's inputs/outputs and the contract's (empty when it conforms)."""
-    problems = []
-    for side, specs, values in (("input", inputs, model.graph.input), ("output", outputs, model.graph.output)):
-        got = _value_specs(values)
-        want_names = [s.name for s in specs]
-        if [g[0] for g in got] != want_names:
-            problems.append(f"{side}s are {[g[0] for g in got]}, the contract says {want_names}")
-            continue
-        for spec, (name, dtype, dims) in zip(specs, got):
-            want_dtype = contract.resolve_dtype(spec, precision)
-            if dtype != want_dtype:
-                problems.append(f"{side} {name} is {dtype}, the contract says {want_dtype}")
-            want_dims = contract.axis_dims(spec, config)
-            if dims != want_dims:
-                problems.append(f"{side} {name} has axes {dims}, the contract says {want_dims}")
-    return problems
+    return contract.io_mismatches(_value_specs(model.graph.input), _value_specs(model.graph.output), inputs, outputs,
+                                  precision, config, exact=True)
 
 
 def _value_types(model) -> dict[str, int]:

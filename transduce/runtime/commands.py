@@ -22,7 +22,7 @@ def _check_output(path: str, option: str = "--output") -> None:
     """Before any work: the output file can be created (a long job is not lost at the end)."""
     import os
 
-    from transduce._io import check_parent_writable
+    from transduce._io import check_parent_writable, written_in_place
 
     if path == "-":
         return
@@ -30,8 +30,8 @@ def _check_output(path: str, option: str = "--output") -> None:
         raise InputError(f"{option} {path!r} is a directory", hint="give a file path")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
-    if not os.path.exists(path) or (os.path.isfile(path) and not os.path.islink(path)):
-        check_parent_writable(path)  # written beside it and renamed (/dev/null, a FIFO: written in place)
+    if not written_in_place(path):  # written beside it and renamed (/dev/null, a FIFO: in place)
+        check_parent_writable(path)
 
 
 @click.command()

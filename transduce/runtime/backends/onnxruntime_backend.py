@@ -245,15 +245,8 @@ class OnnxRuntimeBackend:
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
                                      hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
         self.n_layers = self.config["decoder_layers"]
-        n = self.n_layers
-        contract.check_session_io(self.encoder, contract.encoder_inputs(), contract.encoder_outputs(n), self.precision,
-                                  self.manifest, contract.ENCODER_FILE, self.artifact_dir)
-        if self.fused:
-            contract.check_session_io(self.decoder, contract.ort_step_inputs(n), contract.ort_step_outputs(n),
-                                      self.precision, self.manifest, contract.ORT_STEP_FILE, self.artifact_dir)
-        else:
-            contract.check_session_io(self.decoder, contract.step_inputs(n), contract.step_outputs(n),
-                                      self.precision, self.manifest, contract.STEP_FILE, self.artifact_dir)
+        self._check_io(self.encoder, contract.ENCODER_FILE)
+        self._check_io(self.decoder, contract.ORT_STEP_FILE if self.fused else contract.STEP_FILE)
         self.heads = self.config["n_heads"]
         self.head_dim = self.config["d_model"] // self.heads
         self.float_dtype = np.dtype(contract.FLOAT_DTYPE[self.precision]) if self.precision != "bf16" else None
@@ -267,6 +260,16 @@ class OnnxRuntimeBackend:
         self._ban_bias = {ban: ban_bias(self.config, ban) for ban in (False, True)}
         self._mflop_per_row = step_mflop_per_row(self.config)
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
+
+    def _check_io(self, session, graph_file: str) -> None:
+        """Refuse a session whose graph's IO is not the contract's for this manifest (contract.check_session_io)."""
+        n = self.n_layers
+        inputs, outputs = {
+            contract.ENCODER_FILE: (contract.encoder_inputs(), contract.encoder_outputs(n)),
+            contract.STEP_FILE: (contract.step_inputs(n), contract.step_outputs(n)),
+            contract.ORT_STEP_FILE: (contract.ort_step_inputs(n), contract.ort_step_outputs(n)),
+        }[graph_file]
+        contract.check_session_io(session, inputs, outputs, self.precision, self.manifest, graph_file, self.artifact_dir)
 
     def _fused_graph_usable(self) -> bool:
         """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
@@ -305,9 +308,7 @@ class OnnxRuntimeBackend:
                 except Exception as e:  # onnxruntime's own exception classes
                     raise BackendUnavailable(f"onnxruntime could not load {self._step_path}: {e}",
                                              hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
-                n = self.n_layers
-                contract.check_session_io(self._standard, contract.step_inputs(n), contract.step_outputs(n),
-                                          self.precision, self.manifest, contract.STEP_FILE, self.artifact_dir)
+                self._check_io(self._standard, contract.STEP_FILE)
             return self._standard
         return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
 
