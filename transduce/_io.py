@@ -59,20 +59,21 @@ def _umask_modes(top: str) -> None:
 
 
 def _tmp_prefix(base: str) -> str:
-    """Temporary directories of `base` are .BASE.tmp-HOST-PID-XXXX: whose they are, for _remove_abandoned."""
+    """Temporary copies of `base` (directories and files) are .BASE.tmp-HOST-PID-XXXX: whose they are,
+    for _remove_abandoned."""
     host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())
     return f".{base}.tmp-{host}-"
 
 
-ABANDONED_AFTER_S = 3600  # a writer's temporary directory unchanged this long (and its PID gone) is abandoned
+ABANDONED_AFTER_S = 3600  # a writer's temporary copy unchanged this long (and its PID gone) is abandoned
 
 
 def _remove_abandoned(parent: str, base: str) -> None:
-    """Delete the temporary directories of `base` that a killed process of this host left (its PID is not
-    running, and nothing in it changed for ABANDONED_AFTER_S): a killed export or checkpoint left a
-    hidden copy of its size (GBs at the big preset) behind at every try. Other hosts' (a shared disk)
-    and running processes' are left alone; the age also spares a live writer in another PID namespace
-    that shares this hostname (containers)."""
+    """Delete the temporary copies of `base` (directories or files) that a killed process of this host
+    left (its PID is not running, and nothing in it changed for ABANDONED_AFTER_S): a killed export or
+    checkpoint left a hidden copy of its size (GBs at the big preset) behind at every try. Other hosts'
+    (a shared disk) and running processes' are left alone; the age also spares a live writer in another
+    PID namespace that shares this hostname (containers)."""
     import time
 
     pattern = re.compile(re.escape(_tmp_prefix(base)) + r"(\d+)-")
@@ -86,13 +87,19 @@ def _remove_abandoned(parent: str, base: str) -> None:
             continue
         path = os.path.join(parent, name)
         try:
-            newest = max(os.stat(os.path.join(root, n)).st_mtime for root, _, files in os.walk(path)
-                         for n in [".", *files])
+            if os.path.isdir(path) and not os.path.islink(path):
+                newest = max(os.stat(os.path.join(root, n)).st_mtime for root, _, files in os.walk(path)
+                             for n in [".", *files])
+            else:
+                newest = os.lstat(path).st_mtime
         except (OSError, ValueError):
             continue
         if time.time() - newest > ABANDONED_AFTER_S:
-            shutil.rmtree(path, ignore_errors=True)
-
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
 
 def _running(pid: int) -> bool:
@@ -169,20 +176,30 @@ def written_in_place(path: str | os.PathLike) -> bool:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a UTF-8 file under a temporary name beside it and rename it into place (a regular file: it is
-    whole or unchanged; an existing one keeps its mode, a new one gets the umask's). Anything else at
-    `path` (/dev/null, a FIFO, a symlink) is written in place, as a plain open would."""
+    """write_bytes_atomic for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data) -> None:
+    """Write a file under a temporary name beside it (.NAME.tmp-HOST-PID-*, removed by a later write of
+    NAME if this process is killed) and rename it into place: a regular file is whole or unchanged; an
+    existing one keeps its mode, a new one gets the umask's. Anything else at `path` (/dev/null, a FIFO,
+    a symlink) is written in place, as a plain open would. `data`: bytes or any buffer (a TensorRT
+    IHostMemory). A parent directory that cannot be created or written is an OSError."""
     path = os.fspath(path)
     if written_in_place(path):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(path, "wb") as f:
+            f.write(data)
         return
     mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~_umask()
-    parent = check_parent_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.basename(path)
+    _remove_abandoned(parent, base)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(base) + f"{os.getpid()}-", dir=parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, mode)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:

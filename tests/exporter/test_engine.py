@@ -281,7 +281,7 @@ def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkey
             _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(bad))
     assert not [c for c in fake.CALLS if c[0] == "build"] and not os.path.exists(tmp_path / "e")
 
-    write = eng._write_atomic
+    write = eng.write_bytes_atomic
     cache = str(tmp_path / "t.cache")
 
     def full_disk(path, data):  # for the cache only, which is saved after the builds
@@ -289,7 +289,7 @@ def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkey
             raise OSError(28, "No space left on device")
         write(path, data)
 
-    monkeypatch.setattr(eng, "_write_atomic", full_disk)
+    monkeypatch.setattr(eng, "write_bytes_atomic", full_disk)
     meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=cache)
     assert any("could not save the timing cache" in line for line in lines)
     assert os.path.isfile(tmp_path / "e" / eng.ENCODER_PLAN)

@@ -59,14 +59,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_output, check_replaceable, write_json
+from transduce._io import atomic_output, check_replaceable, write_bytes_atomic, write_json
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
 from transduce.runtime import contract
 
@@ -770,21 +769,6 @@ def _read_timing_cache(path: str | None, log: Log) -> bytes:
     return data
 
 
-def _write_atomic(path: str, data) -> None:
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)  # bytes or a TensorRT IHostMemory (buffer protocol; its format field is not bytes)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _link_or_copy(src: str, dst: str) -> str:
     try:
         os.link(src, dst)
@@ -923,7 +907,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
                 raise EngineError(f"TensorRT could not build {onnx_name}:\n{logger.recent() or 'no error reported'}",
                                   hint="see the TensorRT errors above; a larger --workspace-gb or narrower "
                                        "limits (--max-batch, --max-src-len, --max-tgt-len) may help")
-            _write_atomic(os.path.join(tmp, plan_name), serialized)
+            write_bytes_atomic(os.path.join(tmp, plan_name), serialized)
             del serialized
             graphs_meta[graph] = {"source": onnx_name, "plan": plan_name, "build_seconds": round(seconds, 2),
                                   "profiles": len(plan.profiles(graph))}
@@ -931,7 +915,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         del keep_alive
         if timing_cache and timing is not None:
             try:  # a side product: failing to save it must not throw the engines away
-                _write_atomic(timing_cache, timing.serialize())
+                write_bytes_atomic(timing_cache, timing.serialize())
                 log(f"timing cache: saved to {timing_cache}")
             except OSError as e:
                 log(f"warning: could not save the timing cache to {timing_cache} ({e}); the engines are kept")

@@ -1,0 +1,67 @@
+"""transduce._io: atomic single-file writes (decode --output, parity --json, engine plans, the timing cache)."""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from transduce._io import _tmp_prefix, write_bytes_atomic, write_text_atomic
+
+
+def _dead_pid() -> int:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(gone.stdout)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    import transduce._io as io
+
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+    os.chmod(path, 0o640)
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(io.os, "replace", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            write_bytes_atomic(path, b"new")
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+    write_text_atomic(path, "new é")
+    assert path.read_text(encoding="utf-8") == "new é"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640  # an existing file keeps its mode
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_temporary_files_of_killed_writers_are_removed(tmp_path):
+    """A write killed before its rename leaves .NAME.tmp-HOST-PID-*: the next write of NAME removes those
+    of this host whose process is gone and that are an hour old; it keeps a running process's, another
+    host's, a recent one and other names'."""
+    dead = _dead_pid()
+    prefix = _tmp_prefix("t.cache")
+    abandoned = tmp_path / f"{prefix}{dead}-abc"
+    running = tmp_path / f"{prefix}{os.getppid()}-def"
+    other_host = tmp_path / f".t.cache.tmp-otherhost-{dead}-ghi"
+    recent = tmp_path / f"{prefix}{dead}-jkl"
+    other_name = tmp_path / f"{_tmp_prefix('u.cache')}{dead}-mno"
+    hours_ago = os.stat(tmp_path).st_mtime - 2 * 3600
+    for p in (abandoned, running, other_host, recent, other_name):
+        p.write_bytes(b"partial")
+        if p is not recent:
+            os.utime(p, (hours_ago, hours_ago))
+    write_bytes_atomic(tmp_path / "t.cache", b"cache")
+    assert (tmp_path / "t.cache").read_bytes() == b"cache"
+    assert sorted(os.listdir(tmp_path)) == sorted(["t.cache", running.name, other_host.name, recent.name, other_name.name])
+
+
+def test_written_in_place_when_not_a_regular_file(tmp_path):
+    link = tmp_path / "link"
+    target = tmp_path / "target.txt"
+    target.write_text("x")
+    os.symlink(target, link)
+    write_text_atomic(link, "through the link")
+    assert os.path.islink(link) and target.read_text() == "through the link"
+    write_bytes_atomic(os.devnull, b"discarded")
