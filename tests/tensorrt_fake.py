@@ -56,8 +56,15 @@ _DT = {"float32": DataType.FLOAT, "float16": DataType.HALF, "bfloat16": DataType
 _NP = {v.name: k for k, v in _DT.items()}
 
 
-class NetworkDefinitionCreationFlag:
-    STRONGLY_TYPED = _Enum("STRONGLY_TYPED", 0)
+class NetworkDefinitionCreationFlag:  # TensorRT 10's values (11 drops EXPLICIT_BATCH: STRONGLY_TYPED is 0 there)
+    EXPLICIT_BATCH = _Enum("EXPLICIT_BATCH", 0)
+    STRONGLY_TYPED = _Enum("STRONGLY_TYPED", 1)
+
+
+class ExecutionContextAllocationStrategy:
+    STATIC = _Enum("STATIC", 0)
+    ON_PROFILE_CHANGE = _Enum("ON_PROFILE_CHANGE", 1)
+    USER_MANAGED = _Enum("USER_MANAGED", 2)
 
 
 class MemoryPoolType:
@@ -209,7 +216,8 @@ class ITimingCache:
 
 
 class IBuilderConfig:
-    def __init__(self):
+    def __init__(self, logger):
+        self.logger = logger
         self.pools: dict = {}
         self.flags = {"TF32"}  # on by default, as in TensorRT
         self.timing_cache = None
@@ -226,6 +234,9 @@ class IBuilderConfig:
         self.flags.add(flag.name)
 
     def create_timing_cache(self, serialized_timing_cache):
+        if bytes(serialized_timing_cache).startswith(b"CORRUPT"):  # TensorRT returns None on unreadable bytes
+            self.logger.log(ILogger.Severity.ERROR, "Serialization assertion failed: magic tag mismatch")
+            return None
         return ITimingCache(serialized_timing_cache)
 
     def set_timing_cache(self, cache, ignore_mismatch):
@@ -254,7 +265,7 @@ class Builder:
         return INetworkDefinition(flags)
 
     def create_builder_config(self):
-        return IBuilderConfig()
+        return IBuilderConfig(self.logger)
 
     def create_optimization_profile(self):
         return IOptimizationProfile()
@@ -349,8 +360,10 @@ class ICudaEngine:
     def get_tensor_profile_shape(self, name, profile_index):
         return [tuple(s) for s in self.plan["profiles"][profile_index][name]]
 
-    def create_execution_context(self):
-        return IExecutionContext(self)
+    def create_execution_context(self, strategy=ExecutionContextAllocationStrategy.STATIC):
+        ctx = IExecutionContext(self)
+        ctx.allocation_strategy = strategy
+        return ctx
 
 
 def _view(ptr: int, shape, dtype_name: str) -> np.ndarray:

@@ -273,6 +273,32 @@ def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
     assert cache.read_bytes() == b"[encoder][decoder_step]" and meta["tensorrt"]["tf32"] is True
 
 
+def test_build_survives_an_unreadable_timing_cache(tmp_path, artifact):
+    """TensorRT's create_timing_cache returns None (not an empty cache) for bytes it cannot read."""
+    cache = tmp_path / "t.cache"
+    cache.write_bytes(b"CORRUPT cache")
+    meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(cache))
+    assert any("not one this TensorRT can read (Serialization assertion failed" in line for line in lines)
+    assert meta["tensorrt"]["timing_cache_loaded"] is False and cache.read_bytes() == b"[encoder][decoder_step]"
+
+
+def test_one_tensorrt_logger_per_process(monkeypatch):
+    """TensorRT keeps the first logger it is given: every build and backend shares one trt.ILogger, and
+    each TrtLog sees the errors logged while it lives."""
+    import gc
+
+    first, second = [], []
+    a, b = eng.make_logger(fake, first.append), eng.make_logger(fake, second.append)
+    assert a.ilogger is b.ilogger
+    a.ilogger.log(fake.ILogger.Severity.ERROR, "out of memory")
+    a.ilogger.log(fake.ILogger.Severity.INFO, "chatter")
+    assert a.recent() == b.recent() == "out of memory" and first == second == ["[tensorrt] error: out of memory"]
+    del b
+    gc.collect()
+    a.ilogger.log(fake.ILogger.Severity.WARNING, "slow tactic")
+    assert first[-1] == "[tensorrt] warning: slow tactic" and len(a.ilogger.views) == 1
+
+
 def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkeypatch):
     (tmp_path / "afile").write_text("x")
     fake.CALLS.clear()

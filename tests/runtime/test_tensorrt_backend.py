@@ -132,6 +132,9 @@ def test_profiles_and_chunks_follow_the_rows(wide, narrow, batch):
     assert {p for p, _ in b._step.engine.executions} == {0}
     decode(b, src, lens, OPTS[1])  # 7 sentences x 4 beams = 28 rows: throughput
     assert {p for p, shapes in b._step.engine.executions if shapes["tokens"][0] > 8} == {1}
+    # one context per profile in use, each with memory for its own profile only
+    contexts = [c.ctx for c in b._step._contexts]
+    assert len(contexts) == 2 and {c.allocation_strategy.name for c in contexts} == {"ON_PROFILE_CHANGE"}
     n = _backend(narrow)
     decode(n, src, lens, OPTS[1])
     assert max(s["tokens"][0] for _, s in n._step.engine.executions) == 4  # 28 rows in chunks of <= 4

@@ -53,6 +53,7 @@ version.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as _dt
 import json
@@ -61,6 +62,7 @@ import shutil
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -219,8 +221,8 @@ def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, 
     beam) and batch translation (rows up to max_batch x beam) are both common, so from max_batch >=
     8 on "auto" builds two profiles that split the batch range without overlap: "latency" for 1..2
     sentences (opt 1 sentence) and "throughput" for the rest (opt opt_batch). Each profile costs a
-    build (time roughly doubles) and engine size, not runtime memory (one execution context per
-    profile, created only when used). Below max_batch 8 the range is narrow and one profile is built.
+    build (time roughly doubles) and engine size; at run time each profile in use has its own execution
+    context (created when first used), whose activation memory is sized for that profile alone. Below max_batch 8 the range is narrow and one profile is built.
     "single" and "split" force the choice.
     """
     if profiles not in PROFILE_MODES:
@@ -483,7 +485,7 @@ def _refuse(engine_dir: str, meta: dict[str, Any] | None, what: str) -> Artifact
 
 
 def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = True, verify_hashes: bool = True,
-                         runtime: RuntimeInfo | None = None) -> dict[str, Any]:
+                         runtime: RuntimeInfo | None = None, device: int | str | None = 0) -> dict[str, Any]:
     """Read and check ENGINE_DIR/engine.json; raise ArtifactError naming the rebuild command.
 
     Checks, in order: the directory and engine.json exist and parse; kind and engine format version;
@@ -491,8 +493,8 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
     verify_hashes=False), the plans included; the copied artifact manifest is a valid artifact of the
     same contract version whose graphs are the ones the plans were built from; then, with
     check_runtime, that this TensorRT version and this GPU are the ones the plans were built for
-    (`runtime` injects them; by default they are read from tensorrt and torch.cuda, which raises
-    BackendUnavailable where either is missing).
+    (`runtime` injects them; by default they are read from tensorrt and torch.cuda for `device`, the GPU
+    that will run the plans, which raises BackendUnavailable where either is missing).
     """
     engine_dir = os.path.abspath(os.fspath(engine_dir))
     path = os.path.join(engine_dir, ENGINE_MANIFEST)
@@ -551,7 +553,7 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
         raise _refuse(engine_dir, meta, f"engine precision {meta.get('precision')} differs from the artifact's "
                                         f"{artifact.get('precision')}")
     if check_runtime:
-        runtime = runtime or current_runtime(meta.get("gpu", {}).get("index", 0))
+        runtime = runtime or current_runtime(device)
         problems = compatibility_problems(meta, runtime)
         if problems:
             raise _refuse(engine_dir, meta, "cannot be loaded here: " + "; ".join(problems))
@@ -581,32 +583,66 @@ def _network_flags(trt) -> int:
     return 1 << int(flag)
 
 
-def make_logger(trt, log: Log):
-    """A trt.ILogger that keeps errors (for EngineError messages) and forwards warnings to `log`."""
+_PROCESS_LOGGERS: dict[int, Any] = {}  # id(tensorrt module) -> (module, the process's one trt.ILogger)
+_PROCESS_LOGGERS_LOCK = threading.Lock()
 
-    class _Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-            self._lock = threading.Lock()
 
-        def log(self, severity, msg):  # called from TensorRT's threads; must not raise
-            try:
-                sev = trt.ILogger.Severity
-                with self._lock:
-                    if severity in (sev.ERROR, sev.INTERNAL_ERROR):
-                        self.errors.append(str(msg))
-                        log(f"[tensorrt] error: {msg}")
-                    elif severity == sev.WARNING:
-                        log(f"[tensorrt] warning: {msg}")
-            except Exception:  # noqa: BLE001 - an exception here would abort TensorRT
-                pass
+class TrtLog:
+    """What one build or one backend sees of TensorRT's log: the errors logged while it lives (for
+    EngineError messages) and `log`, where warnings and errors go. TensorRT keeps a single logger for
+    the whole process (a second builder or runtime given another one keeps the first and warns), so every
+    builder, parser and runtime here gets the same trt.ILogger, `ilogger`, which hands each message to
+    every live TrtLog; with two of them alive at once (a build, then a backend, in one process) each also
+    sees the other's messages."""
 
-        def recent(self, n: int = 8) -> str:
-            with self._lock:
-                return "\n".join(self.errors[-n:])
+    def __init__(self, ilogger, log: Log):
+        self.ilogger = ilogger
+        self.log = log
+        self.errors: collections.deque[str] = collections.deque(maxlen=64)
 
-    return _Logger()
+    def recent(self, n: int = 8) -> str:
+        with self.ilogger.lock:
+            return "\n".join(list(self.errors)[-n:])
+
+
+def _process_logger(trt):
+    with _PROCESS_LOGGERS_LOCK:
+        entry = _PROCESS_LOGGERS.get(id(trt))
+        if entry is not None and entry[0] is trt:
+            return entry[1]
+
+        class _Logger(trt.ILogger):
+            def __init__(self):
+                trt.ILogger.__init__(self)
+                self.views: weakref.WeakSet[TrtLog] = weakref.WeakSet()
+                self.lock = threading.Lock()
+
+            def log(self, severity, msg):  # called from TensorRT's threads; must not raise
+                try:
+                    sev = trt.ILogger.Severity
+                    error = severity in (sev.ERROR, sev.INTERNAL_ERROR)
+                    if not error and severity != sev.WARNING:
+                        return
+                    with self.lock:
+                        for view in list(self.views):
+                            if error:
+                                view.errors.append(str(msg))
+                            view.log(f"[tensorrt] {'error' if error else 'warning'}: {msg}")
+                except Exception:  # noqa: BLE001 - an exception here would abort TensorRT
+                    pass
+
+        logger = _Logger()
+        _PROCESS_LOGGERS[id(trt)] = (trt, logger)
+        return logger
+
+
+def make_logger(trt, log: Log) -> TrtLog:
+    """A TrtLog on the process's TensorRT logger: pass its `ilogger` to trt.Builder / OnnxParser / Runtime."""
+    ilogger = _process_logger(trt)
+    view = TrtLog(ilogger, log)
+    with ilogger.lock:
+        ilogger.views.add(view)
+    return view
 
 
 def make_progress_monitor(trt, label: str, enabled: bool = True, log: Log = _quiet, stream=None):
@@ -679,7 +715,8 @@ def parser_errors(parser) -> list[str]:
         e = parser.get_error(i)
         parts = []
         with contextlib.suppress(Exception):
-            parts.append(f"node {e.node()}")
+            if e.node() >= 0:  # -1: an error of the whole graph, not of one node
+                parts.append(f"node {e.node()}")
         for attr, fmt in (("node_name", "{!r}"), ("node_operator", "op {}")):
             fn = getattr(e, attr, None)
             if fn is not None:
@@ -847,7 +884,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             for p in specs))
     with atomic_output(out_dir, force, EngineError, "the engine directory",
                        hint="choose an --out path you can write to, on a disk with space") as tmp:
-        builder = trt.Builder(logger)
+        builder = trt.Builder(logger.ilogger)
         cache_bytes = _read_timing_cache(timing_cache, log)
         timing = None
         cache_loaded = bool(cache_bytes)
@@ -856,7 +893,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         for graph, (onnx_name, plan_name) in GRAPHS.items():
             onnx_path = os.path.join(artifact_dir, onnx_name)
             network = builder.create_network(_network_flags(trt))
-            parser = trt.OnnxParser(network, logger)
+            parser = trt.OnnxParser(network, logger.ilogger)
             keep_alive += [network, parser]
             log(f"{graph}: parsing {onnx_name}")
             if not parser.parse_from_file(onnx_path):
@@ -877,6 +914,11 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
                 bconfig.clear_flag(trt.BuilderFlag.TF32)
             if timing is None:
                 timing = bconfig.create_timing_cache(cache_bytes)
+                if timing is None:  # unreadable bytes (a truncated file, another format): no cache object at all
+                    log(f"timing cache {timing_cache} is not one this TensorRT can read "
+                        f"({logger.recent(1) or 'no error reported'}); starting from an empty one")
+                    cache_loaded = False
+                    timing = bconfig.create_timing_cache(b"")
             if not bconfig.set_timing_cache(timing, False):
                 log(f"timing cache {timing_cache} was made on another GPU or TensorRT version; "
                     "starting from an empty one")
@@ -920,7 +962,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             except OSError as e:
                 log(f"warning: could not save the timing cache to {timing_cache} ({e}); the engines are kept")
         # the plans must load and match the contract and profiles before they replace anything
-        runtime = trt.Runtime(logger)
+        runtime = trt.Runtime(logger.ilogger)
         for graph, (_, plan_name) in GRAPHS.items():
             with open(os.path.join(tmp, plan_name), "rb") as f:
                 engine = runtime.deserialize_cuda_engine(f.read())

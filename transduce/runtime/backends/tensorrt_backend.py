@@ -118,7 +118,11 @@ class _EngineRunner:
     def context(self, index: int, stream_handle: int) -> _Context:
         c = self._contexts[index]
         if c is None:
-            ctx = self.engine.create_execution_context()
+            # each context serves one profile for its whole life: ON_PROFILE_CHANGE sizes its activation
+            # memory for that profile (the default, STATIC, sizes every context for the largest profile)
+            strategy = getattr(getattr(self.trt, "ExecutionContextAllocationStrategy", None), "ON_PROFILE_CHANGE", None)
+            ctx = (self.engine.create_execution_context(strategy) if strategy is not None
+                   else self.engine.create_execution_context())
             if ctx is None:
                 raise EngineError(f"TensorRT could not create an execution context for {self.path} "
                                   f"(out of GPU memory?): {self.logger.recent()}")
@@ -126,7 +130,8 @@ class _EngineRunner:
                 ok = ctx.set_optimization_profile_async(index, stream_handle)
             except RuntimeError as e:  # the Python binding raises where the C++ API returns false
                 ok = False
-                self.logger.errors.append(str(e))
+                with self.logger.ilogger.lock:
+                    self.logger.errors.append(str(e))
             if not ok:
                 raise EngineError(f"{self.path}: cannot select optimization profile {index}: {self.logger.recent()}")
             c = self._contexts[index] = _Context(ctx)
@@ -248,7 +253,7 @@ class TensorRTBackend:
             self.stream, self.stream_handle = None, 0
         rebuild = eng.rebuild_command(self.engine_dir, self.meta)
         self._logger = eng.make_logger(trt, self._log)
-        self._runtime = trt.Runtime(self._logger)
+        self._runtime = trt.Runtime(self._logger.ilogger)
         self._enc = _EngineRunner(trt, torch, self._runtime, self._logger,
                                   os.path.join(self.engine_dir, eng.ENCODER_PLAN), "encoder", self.plan.encoder,
                                   cfg, self.precision, rebuild)
