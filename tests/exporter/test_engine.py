@@ -426,3 +426,26 @@ def test_build_command_builds(tmp_path, artifact, monkeypatch):
     assert res.exit_code == 0, res.output
     assert "encoder.plan" in res.output and "profile all" in res.output
     assert (out / eng.ENGINE_MANIFEST).is_file()
+
+
+def test_parser_errors_of_the_whole_graph_name_no_node():
+    class Err:
+        def __init__(self, node):
+            self._node = node
+
+        def node(self):
+            return self._node
+
+        def code(self):
+            return fake.ErrorCode.INVALID_NODE
+
+        def desc(self):
+            return "bad"
+
+    class Parser:
+        num_errors = 2
+
+        def get_error(self, i):
+            return Err([-1, 3][i])
+
+    assert eng.parser_errors(Parser()) == ["the graph [INVALID_NODE]: bad", "node 3 [INVALID_NODE]: bad"]
