@@ -279,12 +279,98 @@ def test_config_validation_and_modes():
     assert beam_of("greedy") == 1 and beam_of("beam4") == 4
     with pytest.raises(ValueError):
         beam_of("beam")
-    for bad in (dict(steps=1), dict(modes=["sampling"]), dict(backends=["tf"]), dict(batches=[0]),
-                dict(ct2_settings=["fast"]), dict(sizes=["huge"])):
-        with pytest.raises(TransduceError):
+    for bad, says in ((dict(steps=1), "--steps"), (dict(modes=["sampling"]), "unknown mode"),
+                      (dict(backends=["tf"]), "unknown backend"), (dict(batches=[0]), "batch sizes"),
+                      (dict(batches=[10**12]), "between 1 and 4096"), (dict(ct2_settings=["fast"]), "CTranslate2 setting"),
+                      (dict(sizes=["huge"]), "unknown model size"), (dict(sizes=[]), "--sizes names nothing"),
+                      (dict(modes=[]), "--modes names nothing"), (dict(backends=[]), "--backends names nothing"),
+                      (dict(backends=["tensorrt"]), "give --engine"), (dict(seed=-1), "--seed"),
+                      (dict(min_seconds=float("nan")), "--min-seconds"), (dict(check_sentences=0), "--check-sentences"),
+                      (dict(engines={"bogus": "."}), "'bogus' is not among the sizes"),
+                      (dict(engines={"demo": "/nonexistent/e"}), "no such directory"),
+                      (dict(sizes=["base"], model_dir="m"), "keep demo in --sizes")):
+        with pytest.raises(TransduceError, match=says):
             BenchConfig(**bad)
     q = BenchConfig.quick_preset(repeats=3)
     assert q.quick and q.repeats == 3 and q.sizes == ["demo"]
+    twice = BenchConfig(sizes=["demo", "demo"], batches=[1, 1, 2], backends=["torch", "torch"], modes=["greedy"] * 2)
+    assert (twice.sizes, twice.batches, twice.backends, twice.modes) == (["demo"], [1, 2], ["torch"], ["greedy"])
+
+
+def test_paths_lengths_and_inputs_are_checked_before_any_work(tmp_path, tiny_model_dir, tiny_artifact_dir):
+    """Each refused before a worker starts or anything is prepared (the cache stays empty)."""
+    from transduce.bench.harness import run_bench
+
+    (tmp_path / "afile").write_text("x")
+    cache = tmp_path / "cache"
+    base = dict(sizes=["demo"], backends=["torch"], model_dir=tiny_model_dir, cache_dir=str(cache), ceilings=False)
+    cases = [
+        (dict(out_dir=str(tmp_path / "afile")), "--out .* cannot be created"),
+        (dict(out_dir=str(tmp_path / "afile" / "sub")), "--out .* cannot be created"),
+        (dict(out_dir=str(cache / "demo")), "inside --cache-dir"),
+        (dict(src_len=300), "--src-len 300 exceeds the demo model's max_positions"),
+        (dict(steps=257), "--steps 257 exceeds"),
+        (dict(model_dir=tiny_artifact_dir), "it is an ONNX export"),
+        (dict(model_dir=str(tmp_path)), "config.json is missing"),
+    ]
+    for extra, says in cases:
+        cfg = BenchConfig(**{**base, "out_dir": str(tmp_path / "out"), **extra})
+        with pytest.raises(TransduceError, match=says):
+            run_bench(cfg, log=lambda m: None)
+    assert not os.path.exists(cache / "demo")
+
+
+def test_a_given_artifact_must_be_an_fp32_export_of_the_model(tmp_path, tiny_model_dir, tiny_artifact_dir):
+    from transduce.bench.models import check_artifact
+
+    check_artifact(tiny_artifact_dir, tiny_model_dir)
+    with pytest.raises(TransduceError, match="--artifact-dir .* does not exist|is missing|not an artifact"):
+        check_artifact(str(tmp_path / "missing"), tiny_model_dir)
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tiny_model_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["files"]["model.safetensors"]["sha256"] = "0" * 64
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TransduceError, match="export of other weights"):
+        check_artifact(tiny_artifact_dir, str(other))
+
+
+def test_the_bench_remakes_its_own_cached_model_when_broken(tmp_path, tiny_model_dir):
+    import shutil
+
+    from transduce.bench.models import _own_model
+
+    path, made, logged = str(tmp_path / "model"), [], []
+
+    def make(p):
+        made.append(p)
+        shutil.copytree(tiny_model_dir, p, dirs_exist_ok=True)
+
+    assert _own_model(path, make, logged.append) == path and len(made) == 1  # absent: made
+    assert _own_model(path, make, logged.append) == path and len(made) == 1 and not logged  # complete: reused
+    with open(os.path.join(path, "model.safetensors"), "r+b") as f:
+        f.truncate(1000)
+    _own_model(path, make, logged.append)
+    assert len(made) == 2 and "remaking the cached model" in logged[0] and "1000 bytes" in logged[0]
+
+
+def test_ct2_conversion_is_redone_when_a_file_is_damaged(tmp_path, tiny_model_dir, tiny_ct2_dir):
+    import shutil
+
+    from transduce.bench.ctranslate2_export import is_current
+
+    for damage in ("truncate", "delete"):
+        copy_dir = tmp_path / damage
+        shutil.copytree(tiny_ct2_dir, copy_dir)
+        assert is_current(str(copy_dir), tiny_model_dir)
+        if damage == "truncate":
+            with open(copy_dir / "model.bin", "r+b") as f:
+                f.truncate(1000)
+        else:
+            os.remove(next(p for p in copy_dir.iterdir() if p.name.endswith("vocabulary.json")))
+        assert not is_current(str(copy_dir), tiny_model_dir)
 
 
 # -- ceilings --------------------------------------------------------------------------------------

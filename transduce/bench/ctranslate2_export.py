@@ -192,15 +192,26 @@ def _converter_class():
     return TransduceConverter
 
 
+def _converted_files(ct2_dir: str) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file CTranslate2 wrote (model.bin, the vocabulary, config.json)."""
+    from transduce.runtime.contract import file_entry
+
+    return {name: file_entry(os.path.join(ct2_dir, name)) for name in sorted(os.listdir(ct2_dir))
+            if name != SOURCE_FILE and os.path.isfile(os.path.join(ct2_dir, name))}
+
+
 def is_current(ct2_dir: str, model_dir: str) -> bool:
-    """True if ct2_dir is a conversion of exactly these weights by this converter version."""
+    """True if ct2_dir is a complete conversion of exactly these weights by this converter version: every
+    file it recorded is there with its size and sha256 (a truncated model.bin or a lost vocabulary made
+    CTranslate2 fail at load on every later run)."""
     path = os.path.join(ct2_dir, SOURCE_FILE)
     if not os.path.isfile(path) or not os.path.isfile(os.path.join(ct2_dir, "model.bin")):
         return False
     try:
         with open(path, encoding="utf-8") as f:
             src = json.load(f)
-        return src.get("weights_sha256") == _weights_sha(model_dir) and src.get("converter_version") == CONVERTER_VERSION
+        return (src.get("weights_sha256") == _weights_sha(model_dir) and src.get("converter_version") == CONVERTER_VERSION
+                and isinstance(src.get("files"), dict) and src["files"] == _converted_files(ct2_dir))
     except (OSError, ValueError, TransduceError):
         return False
 
@@ -218,7 +229,8 @@ def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathL
         converter.convert(tmp, quantization="float32", force=True)
         with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
             json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": _weights_sha(model_dir),
-                       "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__}, f, indent=2)
+                       "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__,
+                       "files": _converted_files(tmp)}, f, indent=2)
     return out_dir
 
 

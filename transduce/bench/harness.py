@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -97,6 +98,9 @@ def settle(pid: int, clock=time.monotonic, sleep=time.sleep) -> float:
     return clock() - start
 
 
+MAX_BATCH = 4096  # sentences per benchmarked batch: beyond it the inputs alone are of no machine's size
+
+
 @dataclass
 class BenchConfig:
     sizes: list[str] = field(default_factory=lambda: ["demo", "base"])
@@ -128,16 +132,22 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        # a size, system, batch or mode given twice would be prepared and timed twice
+        for name in ("sizes", "backends", "batches", "modes", "ct2_settings"):
+            setattr(self, name, list(dict.fromkeys(getattr(self, name))))
+        for name, option in (("sizes", "--sizes"), ("backends", "--backends"), ("modes", "--modes")):
+            if not getattr(self, name):
+                problems.append(f"{option} names nothing")
         if self.steps < 2:
             problems.append(f"--steps must be >= 2 (per-step latency is derived from 1 and N steps), got {self.steps}")
         if self.src_len < 2:
             problems.append(f"--src-len must be >= 2, got {self.src_len}")
-        if self.min_seconds < 0:
-            problems.append(f"--min-seconds must be >= 0, got {self.min_seconds}")
+        if not (math.isfinite(self.min_seconds) and self.min_seconds >= 0):
+            problems.append(f"--min-seconds must be a number >= 0, got {self.min_seconds}")
         if self.repeats < 1 or self.warmup < 0:
             problems.append("--repeats must be >= 1 and --warmup >= 0")
-        if not self.batches or any(b < 1 for b in self.batches):
-            problems.append(f"batch sizes must be >= 1, got {self.batches}")
+        if not self.batches or any(not 1 <= b <= MAX_BATCH for b in self.batches):
+            problems.append(f"batch sizes must be between 1 and {MAX_BATCH}, got {self.batches}")
         for m in self.modes:
             try:
                 beam_of(m)
@@ -154,6 +164,19 @@ class BenchConfig:
                 problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")
         if self.threads < 1:
             problems.append("--threads must be >= 1")
+        if self.seed < 0:
+            problems.append(f"--seed must be >= 0, got {self.seed}")
+        if self.check_sentences < 1 or self.check_inputs < 1:
+            problems.append(f"--check-sentences must be >= 1, got {self.check_sentences}")
+        if "tensorrt" in self.backends and not self.engines:
+            problems.append("tensorrt times engines: give --engine SIZE=DIR (transduce build) for a size")
+        for size, path in self.engines.items():
+            if size not in self.sizes:
+                problems.append(f"--engine {size}={path}: {size!r} is not among the sizes ({', '.join(self.sizes)})")
+            elif not os.path.isdir(path):
+                problems.append(f"--engine {size}={path}: no such directory")
+        if (self.model_dir or self.artifact_dir) and "demo" not in self.sizes:
+            problems.append("--model-dir and --artifact-dir replace the demo size's model: keep demo in --sizes")
         self.quantize = list(dict.fromkeys(self.quantize))
         for q in self.quantize:
             if q not in QUANTIZE_METHODS:
@@ -484,11 +507,43 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
     return raw
 
 
+def _writable_dir(path: str, option: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise TransduceError(f"{option} {path!r} cannot be created ({e.strerror})",
+                             hint=f"choose another {option}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TransduceError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
+
+
+def check_paths_and_lengths(cfg: BenchConfig) -> str:
+    """Before any work: the output and cache directories can be written and do not overlap wrongly, a
+    given --model-dir is a model, and --src-len and --steps fit every size's model. -> the cache dir."""
+    from transduce.bench import models
+
+    cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
+    real_out, real_cache = os.path.realpath(cfg.out_dir), os.path.realpath(cache)
+    if cfg.cache_dir and (real_out == real_cache or real_out.startswith(real_cache + os.sep)):
+        raise TransduceError(f"--out {cfg.out_dir!r} is inside --cache-dir {cfg.cache_dir!r}, where prepared models "
+                             "and exports go", hint="choose an --out outside the cache")
+    _writable_dir(cfg.out_dir, "--out")
+    _writable_dir(cache, "--cache-dir")
+    if cfg.model_dir:
+        models.check_model_dir(cfg.model_dir)
+    for size in cfg.sizes:
+        limit = models.max_positions(size, cfg.model_dir if size == "demo" else None)
+        for value, option in ((cfg.src_len, "--src-len"), (cfg.steps, "--steps")):
+            if value > limit:
+                raise TransduceError(f"{option} {value} exceeds the {size} model's max_positions ({limit})",
+                                     hint=f"use {option} {limit} or less")
+    return cache
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     from transduce.bench import ceilings as ceil
 
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
+    cache = check_paths_and_lengths(cfg)
     logs = os.path.join(cfg.out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     started = time.time()
@@ -536,6 +591,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     finally:
         for w in workers.values():
             w.close()
+    if not any(s["cells"] for s in result["sizes"]):
+        reasons = sorted({f"{name}: {info['reason']}" for s in result["sizes"] for name, info in s["systems"].items()
+                          if info.get("status") == "skipped"})
+        raise TransduceError("nothing was timed: every system was skipped" + (" (" + "; ".join(reasons) + ")" if reasons else ""),
+                             hint="see the reasons above; `transduce bench --help` lists the systems")
     measure_ceilings("end")
     if cfg.ceilings:
         # the best of the run's measurements: contention only ever lowers them
@@ -627,6 +687,9 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
             entry["systems"][name] = {"status": "skipped", "reason": str(e)}
             log(f"[{size}] {name} is skipped: {e}")
 
+    if not active:
+        log(f"[{size}] nothing to time: every system was skipped")
+        return entry
     rng = np.random.default_rng(cfg.seed)
     for mode in cfg.modes:
         beam = beam_of(mode)

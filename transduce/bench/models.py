@@ -23,6 +23,7 @@ from transduce.errors import TransduceError
 
 DEMO_MODEL_DIR = os.path.join("runs", "demo", "model")
 BASE_VOCAB = 8000
+RANDOM_DEMO_VOCAB = 400  # the stand-in demo model's BPE vocabulary (when runs/demo/model is absent)
 SIZES = ("demo", "base")
 
 
@@ -68,32 +69,90 @@ def _random_model_dir(path: str, preset: str, tokenizer, seed: int = 0, **overri
     save_model_dir(path, model, tokenizer, training={"note": f"random weights (seed {seed}) made by transduce bench"})
 
 
-def _loadable(model_dir: str) -> bool:
-    from transduce.models.checkpoint import read_config
+def _unusable(model_dir: str) -> str | None:
+    """Why model_dir is not a complete model directory (None: it is): config, weights and tokenizer
+    with their recorded sizes and hashes."""
+    from transduce.models.checkpoint import verify_model_dir
 
     try:
-        read_config(model_dir)
-        return True
-    except TransduceError:
-        return False
+        verify_model_dir(model_dir)
+    except TransduceError as e:
+        return e.args[0]
+    return None
 
 
-def ensure_base_model(path: str) -> str:
-    if not _loadable(path):
-        _random_model_dir(path, "base", synthetic_tokenizer(BASE_VOCAB), seed=0)
+def check_model_dir(model_dir: str) -> dict[str, Any]:
+    """A --model-dir given to the bench: a complete model directory (not an export of one) -> its config."""
+    from transduce.models.checkpoint import verify_model_dir
+    from transduce.runtime import contract
+
+    try:
+        return verify_model_dir(model_dir)
+    except TransduceError as e:
+        exported = os.path.isfile(os.path.join(model_dir, contract.MANIFEST_FILE))
+        raise TransduceError(f"--model-dir {model_dir}: " + ("it is an ONNX export (transduce export), not a model "
+                                                            "directory" if exported else e.args[0]),
+                             hint="give the model directory (config.json, model.safetensors, tokenizer.json) "
+                                  "of a transduce train; --artifact-dir takes its export") from None
+
+
+def _own_model(path: str, make, log) -> str:
+    """The bench's own model in the cache: made once, remade when it is incomplete or corrupt."""
+    if os.path.isdir(path):
+        why = _unusable(path)
+        if why is None:
+            return path
+        log(f"remaking the cached model {path}: {why}")
+    make(path)
     return path
 
 
-def ensure_random_demo_model(path: str) -> str:
+def ensure_base_model(path: str, log=print) -> str:
+    return _own_model(path, lambda p: _random_model_dir(p, "base", synthetic_tokenizer(BASE_VOCAB), seed=0), log)
+
+
+def ensure_random_demo_model(path: str, log=print) -> str:
     """A model of the demo's shape (tiny preset) with random weights and a BPE tokenizer like the demo's."""
-    if not _loadable(path):
+    def make(p: str) -> None:
         from transduce.models.corpus import demo_corpus
         from transduce.tokenizer import Tokenizer
 
         train, _ = demo_corpus(n_train=3000, n_valid=10, seed=1234)
-        tok = Tokenizer.train((s for p in train for s in p), vocab_size=400)
-        _random_model_dir(path, "tiny", tok, seed=0)
-    return path
+        tok = Tokenizer.train((s for pair in train for s in pair), vocab_size=RANDOM_DEMO_VOCAB)
+        _random_model_dir(p, "tiny", tok, seed=0)
+
+    return _own_model(path, make, log)
+
+
+def max_positions(size: str, model_dir: str | None = None) -> int:
+    """The longest source or target the size's model takes, known before anything is prepared."""
+    from transduce.models.checkpoint import read_config
+    from transduce.models.config import preset
+
+    if model_dir is None and size == "demo" and _unusable(DEMO_MODEL_DIR) is None:
+        model_dir = DEMO_MODEL_DIR
+    if model_dir is not None:
+        return int(read_config(model_dir)["model"]["max_positions"])
+    return preset("base" if size == "base" else "tiny", BASE_VOCAB if size == "base" else RANDOM_DEMO_VOCAB).max_positions
+
+
+def check_artifact(artifact_dir: str, model_dir: str) -> None:
+    """An --artifact-dir given to the bench: an fp32, unquantized ONNX export of model_dir's weights."""
+    from transduce.models.checkpoint import read_config
+    from transduce.runtime import contract
+
+    hint = "give the export of --model-dir (transduce export), or leave --artifact-dir out to export into the cache"
+    try:
+        manifest = contract.read_manifest(artifact_dir)
+    except TransduceError as e:
+        raise TransduceError(f"--artifact-dir {artifact_dir}: {e.args[0]}", hint=hint) from None
+    weights = read_config(model_dir)["files"]["model.safetensors"]["sha256"]
+    if manifest.get("source_model", {}).get("weights_sha256") != weights:
+        raise TransduceError(f"--artifact-dir {artifact_dir} is an export of other weights than {model_dir}'s", hint=hint)
+    if manifest.get("precision") != "fp32" or contract.quantization(manifest):
+        raise TransduceError(f"--artifact-dir {artifact_dir} is a {manifest.get('precision')}"
+                             f"{' ' + contract.quantization(manifest) if contract.quantization(manifest) else ''} "
+                             "export; the bench times fp32 (--quantize adds quantized rows)", hint=hint)
 
 
 def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: str | None = None) -> str:
@@ -135,18 +194,24 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     root = os.path.join(cache_dir, size)
     notes: list[str] = []
     if model_dir is not None:
-        trained = bool(read_config(model_dir).get("training", {}).get("step"))
+        trained = bool(check_model_dir(model_dir).get("training", {}).get("step"))
         description = f"{model_dir}" + ("" if trained else " (untrained)")
+        if artifact_dir:
+            check_artifact(artifact_dir, model_dir)
     elif size == "demo":
-        if _loadable(DEMO_MODEL_DIR):
+        why = _unusable(DEMO_MODEL_DIR)
+        if why is None:
             model_dir, trained, description = DEMO_MODEL_DIR, True, f"the trained demo model ({DEMO_MODEL_DIR})"
         else:
-            model_dir = ensure_random_demo_model(os.path.join(root, "model"))
+            model_dir = ensure_random_demo_model(os.path.join(root, "model"), log=log)
             trained = False
             description = "demo shape (tiny preset), random weights"
-            notes.append(f"{DEMO_MODEL_DIR} is absent (run `transduce demo`): a same-shape random model stands in")
+            why = "is absent" if not os.path.exists(DEMO_MODEL_DIR) else f"is not usable ({why})"
+            notes.append(f"{DEMO_MODEL_DIR} {why} (run `transduce demo`): a same-shape random model stands in")
+        if artifact_dir:
+            check_artifact(artifact_dir, model_dir)
     elif size == "base":
-        model_dir = ensure_base_model(os.path.join(root, "model"))
+        model_dir = ensure_base_model(os.path.join(root, "model"), log=log)
         trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"
     else:
         raise TransduceError(f"unknown model size {size!r}", hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")

@@ -6,8 +6,9 @@ import json
 import os
 from typing import Any
 
-from transduce._io import write_json_atomic
+from transduce._io import write_json_atomic, write_text_atomic
 from transduce.bench.harness import quantized_system
+from transduce.errors import TransduceError
 
 
 def _ms(s: dict[str, float] | None, digits: int = 1) -> str:
@@ -265,13 +266,16 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, "bench.json"), "md": os.path.join(out_dir, "bench.md"),
              "png": os.path.join(out_dir, "bench.png")}
-    write_json_atomic(paths["json"], result)
-    with open(paths["md"], "w", encoding="utf-8") as f:
-        f.write(markdown(result))
-    plot(result, paths["png"])
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        write_json_atomic(paths["json"], result)
+        write_text_atomic(paths["md"], markdown(result))
+        plot(result, paths["png"])
+    except OSError as e:
+        raise TransduceError(f"cannot write the bench report into {out_dir!r}: {e}",
+                             hint="free disk space or choose another --out; the run's figures were not saved") from None
     return paths
 
 

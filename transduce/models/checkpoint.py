@@ -134,6 +134,16 @@ def _verify(path: str, cfg: dict[str, Any], name: str) -> str:
     return fpath
 
 
+def verify_model_dir(path: str | os.PathLike) -> dict[str, Any]:
+    """read_config, and the weights and tokenizer are there with their recorded sizes and hashes (without
+    loading them). -> the config dict."""
+    path = os.fspath(path)
+    cfg = read_config(path)
+    for name in (WEIGHTS_FILE, TOKENIZER_FILE):
+        _verify(path, cfg, name)
+    return cfg
+
+
 def model_config(path: str | os.PathLike) -> ModelConfig:
     return ModelConfig.from_dict(read_config(path)["model"])
 
