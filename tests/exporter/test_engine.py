@@ -197,6 +197,24 @@ def test_refuses_tampered_plan(tmp_path, artifact):
     eng.read_engine_manifest(d, runtime=fake.runtime_info(), verify_hashes=False)  # sizes only: accepted
 
 
+def test_refuses_hand_edited_entries(tmp_path, artifact):
+    """engine.json edited by hand: each a refusal naming it, never an AttributeError or a file outside."""
+    for i, (edit, says) in enumerate([
+        (lambda m: m["files"].__setitem__(eng.ENCODER_PLAN, 5), "does not give encoder.plan as"),
+        (lambda m: m.__setitem__("sources", ["x"]), "does not record the graphs"),
+        (lambda m: m["files"].__setitem__("/etc/hostname", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
+        (lambda m: m["files"].__setitem__("../e0/engine.json", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
+    ]):
+        d = _hand_made_engine_dir(tmp_path / f"e{i}", artifact)
+        path = os.path.join(d, eng.ENGINE_MANIFEST)
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        edit(meta)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        assert says in _refusal(d)
+
+
 def test_refuses_missing_file(tmp_path, artifact):
     d = _hand_made_engine_dir(tmp_path / "e", artifact)
     os.remove(os.path.join(d, eng.ENCODER_PLAN))

@@ -127,6 +127,33 @@ def test_artifact_graphs(artifact_dir, artifact_sizes):
         assert expected in text
 
 
+def test_model_dir_with_a_hand_edited_training_record(tiny_model_dir, tmp_path):
+    import shutil
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["training"] = [1, 2]
+    (path / "config.json").write_text(json.dumps(cfg))
+    report = inspect_path(path)
+    assert any("training record is not an object" in p for p in report["problems"])
+    assert "config.json" in _rendered(report)  # rendered, not an AttributeError
+
+
+def test_artifact_listing_files_outside_itself(artifact_dir):
+    """A hand-edited manifest naming /etc/hostname or ../x: a problem, never read or hashed."""
+    path = os.path.join(artifact_dir, "manifest.json")
+    manifest = json.loads(open(path, encoding="utf-8").read())
+    manifest["files"]["/etc/hostname"] = {"sha256": "0" * 64, "bytes": 3}
+    manifest["files"]["../model/model.safetensors"] = {"sha256": "0" * 64, "bytes": 3}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    report = inspect_path(artifact_dir)
+    outside = [p for p in report["problems"] if "not a file name inside" in p]
+    assert len(outside) == 2 and not any("/etc/hostname has" in p or "listed but missing" in p for p in report["problems"])
+    assert "not a file name inside" in report["runtime_check"]
+
+
 def test_artifact_with_a_changed_graph(artifact_dir):
     with open(os.path.join(artifact_dir, "decoder_step.onnx"), "ab") as f:
         f.write(b"\x00")

@@ -110,7 +110,7 @@ def test_hand_edited_file_entries_are_checkpoint_errors(tmp_path, tiny_model, ti
         cfg = json.loads((path / "config.json").read_text())
         edit(cfg)
         (path / "config.json").write_text(json.dumps(cfg))
-        with pytest.raises(CheckpointError, match="does not list"):
+        with pytest.raises(CheckpointError, match="does not give"):
             load_model_dir(path)
 
 

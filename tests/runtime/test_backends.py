@@ -137,7 +137,7 @@ def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_p
         load(art2)
     m["contract_version"], m["files"]["tokenizer.json"] = 2, None  # a hand-edited entry
     open(os.path.join(art2, "manifest.json"), "w").write(json.dumps(m))
-    with pytest.raises(ArtifactError, match="the entry of tokenizer.json is not"):
+    with pytest.raises(ArtifactError, match="does not give tokenizer.json as"):
         load(art2)
 
 
@@ -220,3 +220,23 @@ def test_graphs_that_do_not_match_their_manifest_are_refused(tiny_artifact_dir, 
         with pytest.raises(ArtifactError, match=match) as e:
             load(art)
         assert "transduce export" in e.value.hint, name
+
+
+def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkeypatch):
+    from transduce.runtime import contract
+
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    good = contract.file_entry(tmp_path / "a.bin")
+    problem = contract.listed_file_problem
+    assert problem(str(tmp_path), "a.bin", good) is None
+    for name in ("/etc/hostname", "../a.bin", "x/../../a.bin", "", 5):
+        assert "not a file name inside" in problem(str(tmp_path), name, good)
+    assert "does not give a.bin as" in problem(str(tmp_path), "a.bin", {"bytes": "3"})
+    assert "has 3 bytes, the manifest says 4" in problem(str(tmp_path), "a.bin", {**good, "bytes": 4})
+
+    def denied(path, chunk=0):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(contract, "sha256_file", denied)
+    assert "a.bin cannot be read (Permission denied)" in problem(str(tmp_path), "a.bin", good)
+    assert problem(str(tmp_path), "a.bin", good, verify_hash=False) is None

@@ -529,22 +529,19 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
     if not isinstance(files, dict) or not required <= set(files):
         raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} does not list {sorted(required)}")
     for name, info in files.items():
-        fpath = os.path.join(engine_dir, name)
-        if not os.path.isfile(fpath):
-            raise _refuse(engine_dir, meta, f"{name} is missing")
-        size = os.path.getsize(fpath)
-        if size != info.get("bytes"):
-            raise _refuse(engine_dir, meta, f"{name} has {size} bytes, {ENGINE_MANIFEST} says {info.get('bytes')}: "
-                                            "it was truncated or changed after the build")
-        if verify_hashes and contract.sha256_file(fpath) != info.get("sha256"):
-            raise _refuse(engine_dir, meta, f"{name} does not match its sha256 in {ENGINE_MANIFEST}: "
-                                            "it was changed after the build")
+        problem = contract.listed_file_problem(engine_dir, name, info, verify_hashes, listed_in=ENGINE_MANIFEST,
+                                               changed="after the build")
+        if problem:
+            raise _refuse(engine_dir, meta, problem)
+    sources = meta.get("sources")
+    if not isinstance(sources, dict) or not all(isinstance(v, dict) for v in sources.values()):
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} does not record the graphs the plans were built from")
     try:
         artifact = contract.read_manifest(engine_dir, verify_hashes=False)
     except ArtifactError as e:
         raise _refuse(engine_dir, meta, f"its copy of the artifact is not usable ({e.args[0]})") from None
     for graph, (onnx_name, _) in GRAPHS.items():
-        want = meta.get("sources", {}).get(onnx_name, {}).get("sha256")
+        want = sources.get(onnx_name, {}).get("sha256")
         have = artifact["files"].get(onnx_name, {}).get("sha256")
         if not want or want != have:
             raise _refuse(engine_dir, meta, f"{contract.MANIFEST_FILE} describes another {onnx_name} than the one "

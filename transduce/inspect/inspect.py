@@ -149,7 +149,7 @@ def recorded_files(files: Any) -> dict[str, dict[str, Any]]:
 def files_report(directory: str, recorded: dict[str, dict[str, Any]], verify: bool,
                  problems: list[str]) -> list[dict[str, Any]]:
     """Every file in the directory and every recorded one: actual and recorded size, sha256 check if verify."""
-    from transduce.runtime.contract import sha256_file
+    from transduce.runtime.contract import inside_name, sha256_file
 
     present = set()
     for root, dirs, names in os.walk(directory):
@@ -158,7 +158,9 @@ def files_report(directory: str, recorded: dict[str, dict[str, Any]], verify: bo
             if not name.startswith("."):
                 present.add(os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/"))
     rows = []
-    for name in sorted(present | set(recorded)):
+    for name in [n for n in recorded if not inside_name(n)]:
+        problems.append(f"the manifest lists {name!r}, which is not a file name inside {directory}")
+    for name in sorted(present | {n for n in recorded if inside_name(n)}):
         fpath = os.path.join(directory, name)
         meta = recorded.get(name, {})
         readable = name in present and os.path.exists(fpath)  # a dangling symlink is present, not readable
@@ -171,9 +173,13 @@ def files_report(directory: str, recorded: dict[str, dict[str, Any]], verify: bo
         elif row["recorded_bytes"] is not None and row["recorded_bytes"] != row["bytes"]:
             problems.append(f"{fpath} has {row['bytes']} bytes, recorded {row['recorded_bytes']}: truncated or replaced")
         elif verify and row["sha256"]:
-            row["sha256_ok"] = sha256_file(fpath) == row["sha256"]
-            if not row["sha256_ok"]:
-                problems.append(f"{fpath} does not match its recorded sha256: it was changed")
+            try:
+                row["sha256_ok"] = sha256_file(fpath) == row["sha256"]
+            except OSError as e:
+                problems.append(f"{fpath} cannot be read ({e.strerror})")
+            else:
+                if not row["sha256_ok"]:
+                    problems.append(f"{fpath} does not match its recorded sha256: it was changed")
         rows.append(row)
     return rows
 
@@ -254,8 +260,10 @@ def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
         "config": cfg.get("model", {}),
         "parameters": None,
         "tokenizer": tokenizer_report(directory, problems),
-        "training": cfg.get("training", {}),
+        "training": cfg.get("training") if isinstance(cfg.get("training"), dict) else {},
     }
+    if "training" in cfg and not isinstance(cfg["training"], dict):
+        problems.append(f"{os.path.join(directory, MODEL_CONFIG_FILE)}: its training record is not an object")
     wpath = os.path.join(directory, WEIGHTS_FILE)
     header = None
     if os.path.isfile(wpath):

@@ -22,7 +22,7 @@ from typing import Any
 from transduce._io import atomic_directory, interrupted_replace_hint, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
-from transduce.runtime.contract import file_entry, sha256_file
+from transduce.runtime.contract import file_entry, listed_file_problem
 from transduce.tokenizer import Tokenizer
 
 FORMAT = "transduce-model"
@@ -99,6 +99,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(cfg_path, encoding="utf-8") as f:
             cfg = json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"{cfg_path} cannot be read ({e.strerror})") from None
     except ValueError as e:
         raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); the file is truncated or corrupt") from None
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
@@ -116,21 +118,16 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _verify(path: str, cfg: dict[str, Any], name: str) -> str:
+    """The path of file `name` of a model directory, checked against config.json's record of it."""
     fpath = os.path.join(path, name)
-    files = cfg.get("files")
-    entry = files.get(name) if isinstance(files, dict) else None
     if not os.path.isfile(fpath):
         raise CheckpointError(f"{fpath} is missing")
-    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
-        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} does not list {name} with its bytes and sha256",
-                              hint="the config was edited by hand: restore it, or save the model again")
-    size = os.path.getsize(fpath)
-    if size != entry["bytes"]:
-        raise CheckpointError(
-            f"{fpath} has {size} bytes but config.json records {entry['bytes']}: the file is truncated or was replaced"
-        )
-    if sha256_file(fpath) != entry["sha256"]:
-        raise CheckpointError(f"{fpath} does not match its sha256 in config.json: the file is corrupt or was modified")
+    files = cfg.get("files")
+    problem = listed_file_problem(path, name, files.get(name) if isinstance(files, dict) else None,
+                                  listed_in=os.path.join(path, CONFIG_FILE))
+    if problem:
+        raise CheckpointError(problem, hint="the config was edited by hand: restore it, or save the model again"
+                              if "does not give" in problem else None)
     return fpath
 
 

@@ -217,6 +217,35 @@ def file_entry(path: str | os.PathLike) -> dict[str, Any]:
     return {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
 
 
+def inside_name(name: Any) -> bool:
+    """Whether a file name a manifest lists stays inside its directory: relative, without '..'."""
+    return (isinstance(name, str) and bool(name) and not os.path.isabs(name)
+            and ".." not in name.replace("\\", "/").split("/"))
+
+
+def listed_file_problem(directory: str, name: Any, entry: Any, verify_hash: bool = True,
+                        listed_in: str = "the manifest", changed: str = "after it was written") -> str | None:
+    """Why a file a manifest lists ({name: {"sha256", "bytes"}}) is not what it recorded (None: it is). The
+    name must stay inside `directory` (a relative path without '..': a hand-edited manifest must not make
+    a reader hash or load /etc/passwd), the entry must carry both fields, and the file must be readable."""
+    if not inside_name(name):
+        return f"{listed_in} lists {name!r}, which is not a file name inside {directory}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+        return f"{listed_in} does not give {name} as {{sha256, bytes}}"
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        return f"{path} is missing"
+    try:
+        size = os.path.getsize(path)
+        if size != entry["bytes"]:
+            return f"{path} has {size} bytes, {listed_in} says {entry['bytes']}: it was truncated or changed {changed}"
+        if verify_hash and sha256_file(path) != entry["sha256"]:
+            return f"{path} does not match its sha256 in {listed_in}: it was changed {changed}"
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror})"
+    return None
+
+
 def quantization(manifest: dict[str, Any]) -> str | None:
     """The artifact's quantization ("int8": `transduce export --quantize int8`), None if it has none."""
     q = manifest.get("quantization")
@@ -259,23 +288,9 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE} <= set(files):
         raise ArtifactError(f"{path} does not list {ENCODER_FILE} and {STEP_FILE}", hint=hint)
     for name, meta in files.items():
-        fpath = os.path.join(artifact_dir, name)
-        if not isinstance(meta, dict):
-            raise ArtifactError(f"{path}: the entry of {name} is not {{sha256, bytes}}", hint=hint)
-        if not os.path.isfile(fpath):
-            raise ArtifactError(f"artifact file {fpath} is missing", hint=hint)
-        size = os.path.getsize(fpath)
-        if size != meta.get("bytes"):
-            raise ArtifactError(
-                f"artifact file {fpath} has {size} bytes, the manifest says {meta.get('bytes')}: "
-                "it was truncated or changed after export",
-                hint=hint,
-            )
-        if verify_hashes and sha256_file(fpath) != meta.get("sha256"):
-            raise ArtifactError(
-                f"artifact file {fpath} does not match its sha256 in the manifest: it was changed after export",
-                hint=hint,
-            )
+        problem = listed_file_problem(artifact_dir, name, meta, verify_hashes, listed_in=path, changed="after export")
+        if problem:
+            raise ArtifactError(problem, hint=hint)
     return manifest
 
 
