@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import replace
 
-from transduce.errors import CheckpointError
+from transduce.errors import CheckpointError, InputError, TransduceError
 from transduce.models.train import TrainConfig
 
 # Tuned so the tiny model learns the task on 2 CPU cores in about three minutes.
@@ -25,20 +25,44 @@ DEMO_TRAIN_PAIRS = 19_000  # drawn numbers; the 0..999 lexicon comes on top
 DEMO_VALID_PAIRS = 300
 
 
-def demo_data(workdir: str) -> tuple[list, list]:
+def demo_data(workdir: str, log=print) -> tuple[list, list]:
+    """The demo's corpus in workdir/data, generated there unless it is already (and readably) there."""
     from transduce.models.corpus import demo_corpus
     from transduce.models.data import read_parallel, write_tsv
 
     data_dir = os.path.join(workdir, "data")
     train_tsv, valid_tsv = os.path.join(data_dir, "train.tsv"), os.path.join(data_dir, "valid.tsv")
-    if not (os.path.isfile(train_tsv) and os.path.isfile(valid_tsv)):
-        os.makedirs(data_dir, exist_ok=True)
-        train, valid = demo_corpus(DEMO_TRAIN_PAIRS, DEMO_VALID_PAIRS)
-        write_tsv(train_tsv + ".tmp", train)
-        write_tsv(valid_tsv + ".tmp", valid)
-        os.replace(train_tsv + ".tmp", train_tsv)
-        os.replace(valid_tsv + ".tmp", valid_tsv)
+    if os.path.isfile(train_tsv) and os.path.isfile(valid_tsv):
+        try:
+            return read_parallel(train_tsv), read_parallel(valid_tsv)
+        except TransduceError as e:  # the demo's own files, damaged: made again, as a missing one would be
+            log(f"cannot reuse the demo data in {data_dir} ({e.args[0]}); generating it again")
+    os.makedirs(data_dir, exist_ok=True)
+    train, valid = demo_corpus(DEMO_TRAIN_PAIRS, DEMO_VALID_PAIRS)
+    write_tsv(train_tsv + ".tmp", train)
+    write_tsv(valid_tsv + ".tmp", valid)
+    os.replace(train_tsv + ".tmp", train_tsv)
+    os.replace(valid_tsv + ".tmp", valid_tsv)
     return read_parallel(train_tsv), read_parallel(valid_tsv)
+
+
+def check_demo_options(workdir: str, steps: int | None, show: int) -> None:
+    """Before any work: the options make sense and the workdir can hold the data, model and artifact."""
+    if steps is not None and steps < 1:
+        raise InputError(f"--steps must be >= 1, got {steps}")
+    if show < 0:
+        raise InputError(f"--show must be >= 0, got {show}")
+    try:
+        os.makedirs(workdir or ".", exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--workdir {workdir!r} cannot be created ({e.strerror})", hint="choose another --workdir") from None
+    if not os.access(workdir or ".", os.W_OK | os.X_OK):
+        raise InputError(f"--workdir {workdir!r} is not writable", hint="choose another --workdir")
+    for name in ("data", "model", "artifact"):
+        path = os.path.join(workdir, name)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise InputError(f"{path} is not a directory: the demo keeps its {name} there",
+                             hint=f"move {path} away, or choose another --workdir")
 
 
 def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = None, log=print) -> str:
@@ -54,7 +78,7 @@ def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = N
             return model_dir
         except CheckpointError as e:
             log(f"cannot reuse {model_dir} ({e}); training again")
-    train_pairs, valid_pairs = demo_data(workdir)
+    train_pairs, valid_pairs = demo_data(workdir, log=log)
     cfg = DEMO_TRAIN if steps is None else replace(DEMO_TRAIN, max_steps=steps, save_every=steps,
                                                    eval_every=max(steps // 2, 1))
     t0 = time.perf_counter()
@@ -101,8 +125,8 @@ def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
             if read_manifest(art).get("source_model", {}).get("weights_sha256") == weights:
                 log(f"reusing the ONNX artifact in {art}")
                 return art
-        except ArtifactError:
-            pass
+        except ArtifactError as e:
+            log(f"cannot reuse {art} ({e.args[0]}); exporting again")
     t0 = time.perf_counter()
     manifest = export_artifact(model_dir, art, force=True, log=lambda m: log(f"[export] {m}"))
     worst = max(r["max_abs"] for r in manifest["validation"]["errors"] if r["output"] == "log_probs")
@@ -115,6 +139,7 @@ def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | Non
     from transduce.runtime.api import load
     from transduce.runtime.parity import parity_for_artifact
 
+    check_demo_options(workdir, steps, show)
     model_dir = ensure_demo_model(workdir, retrain=retrain, steps=steps)
     artifact = ensure_demo_artifact(workdir, model_dir)
     _, valid = demo_data(workdir)

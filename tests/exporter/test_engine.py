@@ -366,6 +366,24 @@ def test_build_destination_rules(tmp_path, artifact):
     meta, _ = _build(out, out, max_batch=2, force=True)  # rebuild in place from the engine dir's own artifact copy
     assert meta["artifact"]["path"] == out
     eng.read_engine_manifest(out, runtime=fake.runtime_info())
+    with pytest.raises(EngineError, match="inside the artifact"):  # export --force of it would delete them
+        _build(artifact, os.path.join(artifact, "engines"), max_batch=2)
+
+
+def test_arguments_are_checked_before_tensorrt_is_looked_for(tmp_path, artifact, tiny_model_dir, monkeypatch):
+    """On a machine without TensorRT, a bad argument is named, not hidden behind 'TensorRT is not installed'."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    out = str(tmp_path / "e")
+    for kw, says in ((dict(workspace_gb=float("nan")), "--workspace-gb must be a number > 0"),
+                     (dict(workspace_gb=float("inf")), "--workspace-gb"),
+                     (dict(timing_cache=str(tmp_path)), "--timing-cache"),
+                     (dict(device="cpu"), "CUDA devices only")):
+        with pytest.raises((EngineError, BackendUnavailable), match=says):
+            eng.build_engines(artifact, out, max_batch=2, **kw)
+    with pytest.raises(ArtifactError, match="is a model directory, not an exported artifact") as e:
+        eng.build_engines(tiny_model_dir, out)
+    assert f"transduce export {tiny_model_dir} ARTIFACT_DIR" in str(e.value)
+    assert not os.path.exists(out)
 
 
 def test_progress_monitor_draws_bars_on_a_terminal():
@@ -408,7 +426,7 @@ def test_old_tensorrt_is_refused(monkeypatch):
     (["--max-tgt-len", "1000"], "exceeds the model's max_positions"),
     (["--opt-batch", "32", "--max-batch", "16"], "--opt-batch 32 is larger than --max-batch 16"),
     (["--beam", "0"], "beam must be a positive integer"),
-    (["--workspace-gb", "0"], "--workspace-gb must be > 0"),
+    (["--workspace-gb", "0"], "--workspace-gb must be a number > 0"),
     (["--profiles", "split", "--max-batch", "2"], "--profiles split needs"),
 ])
 def test_build_command_argument_errors(tmp_path, artifact, args, needle):

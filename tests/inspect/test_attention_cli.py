@@ -40,7 +40,8 @@ def test_writes_every_layer_and_the_token_figure(tiny_model_dir, tiny_model, tmp
     (["--token", "nope"], "'nope' is not in the sequence"),
     (["--token", "99"], "token index 99 is out of range"),
     (["--layer", "0"], "--layer counts from 1"),
-    (["--layer", "3"], "layer 2 is out of range"),
+    (["--layer", "3"], "layer 3 (counted from 1) is out of range: the model has 2 layers"),
+    (["--dpi", "30000"], "--dpi must be between 20 and 1200"),
 ])
 def test_bad_choices_fail_before_writing(tiny_model_dir, tmp_path, args, message):
     out = tmp_path / "maps"
@@ -58,3 +59,11 @@ def test_missing_model_dir(tmp_path):
 def test_empty_source(tiny_model_dir, tmp_path):
     result = _cli("attention", tiny_model_dir, " ", "--out", str(tmp_path / "maps"))
     assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_an_output_that_cannot_be_written_is_an_error(tiny_model_dir, tmp_path):
+    out = tmp_path / "maps"
+    (out / "decoder_self_layer1.png").mkdir(parents=True)  # a directory where a figure goes
+    result = _cli("attention", tiny_model_dir, SOURCE, "--out", str(out), "--dpi", "30")
+    assert result.exit_code == 2 and "cannot write" in result.output and "decoder_self_layer1.png" in result.output
+    assert "Traceback" not in result.output and not [n for n in os.listdir(out) if ".tmp-" in n]

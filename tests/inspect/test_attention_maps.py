@@ -175,6 +175,6 @@ def test_token_figure_of_a_source_token_by_name(tiny_model, tiny_tokenizer, tmp_
     _assert_png(path)
     with pytest.raises(InputError, match="not in the sequence"):  # a source token is no decoder position
         write_attention_figures(maps, tmp_path / "bad", token="hundred", token_kind="cross")
-    with pytest.raises(InputError, match="layer 2 is out of range"):
+    with pytest.raises(InputError, match=r"layer 3 \(counted from 1\) is out of range"):
         write_attention_figures(maps, tmp_path / "bad", token_layer=2)
     assert not (tmp_path / "bad").exists()  # checked before anything is written

@@ -57,6 +57,7 @@ import collections
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import shutil
 import sys
@@ -569,6 +570,12 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
     if real_art.startswith(real_out + os.sep):
         raise EngineError(f"the output directory {out_dir!r} contains the artifact {artifact_dir!r}",
                           hint="choose another --out directory for the engines")
+    if real_out.startswith(real_art + os.sep):
+        raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
+                          "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
+    from transduce._io import check_parent_writable
+
+    check_parent_writable(out_dir)
     check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory")
 
 
@@ -860,10 +867,8 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     _check_destination(artifact_dir, out_dir, force)
     plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
                            opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)
-    if not workspace_gb or workspace_gb <= 0:
-        raise EngineError(f"--workspace-gb must be > 0, got {workspace_gb}", hint="for example --workspace-gb 4")
-    trt = _trt or import_tensorrt()
-    gpu = _gpu or select_gpu(device)
+    if not (math.isfinite(workspace_gb) and workspace_gb > 0):
+        raise EngineError(f"--workspace-gb must be a number > 0, got {workspace_gb}", hint="for example --workspace-gb 4")
     timing_cache = os.path.abspath(os.fspath(timing_cache)) if timing_cache else None
     if timing_cache:  # before the builds, not after them
         parent = os.path.dirname(timing_cache)
@@ -873,6 +878,9 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
             raise EngineError(f"--timing-cache {timing_cache!r}: directory {parent!r} is not writable",
                               hint="give a path you can write to")
+    device_index(device)  # its spelling, before TensorRT is looked for
+    trt = _trt or import_tensorrt()
+    gpu = _gpu or select_gpu(device)
     logger = make_logger(trt, log)
     for graph, specs in (("encoder", plan.encoder), ("decoder_step", plan.decoder_step)):
         log(f"{graph}: " + "; ".join(f"profile {p.name}: " + ", ".join(

@@ -359,7 +359,22 @@ def plot_token_lines(weights: np.ndarray, query_labels: Sequence[str], key_label
 
 
 def _save(fig, path: str, dpi: int) -> str:
-    fig.savefig(path, dpi=dpi, facecolor="white")
+    """The figure as a PNG at `path`, whole or not at all (rendered in memory, then written atomically)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from transduce._io import write_bytes_atomic
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    finally:
+        plt.close(fig)
+    try:
+        write_bytes_atomic(path, buf.getvalue())
+    except OSError as e:
+        raise TransduceError(f"cannot write {path}: {e.strerror or e}", hint="choose an --out directory you can write to") from None
     return path
 
 
@@ -380,7 +395,9 @@ def token_query(maps: AttentionMaps, token: int | str | None, kind: str, layer: 
     """Check the line figure's choice -> (layer, query position), both 0-based and non-negative."""
     layers = maps.layers(kind)
     if not -len(layers) <= layer < len(layers):
-        raise InputError(f"layer {layer} is out of range: the model has {len(layers)} layers of {KIND_TITLES[kind]}")
+        which = f"layer {layer + 1} (counted from 1)" if layer >= 0 else f"layer {layer} (counted from the last)"
+        raise InputError(f"{which} is out of range: the model has {len(layers)} layers of {KIND_TITLES[kind]}",
+                         hint=f"choose --layer 1 to {len(layers)}")
     return layer % len(layers), resolve_token(token, maps.axes(kind)[0])
 
 
@@ -410,6 +427,8 @@ def write_attention_figures(maps: AttentionMaps, out_dir: str | os.PathLike, tok
     except OSError as e:
         raise TransduceError(f"cannot create the output directory {out_dir!r}: {e.strerror}",
                              hint="choose a directory you can write to") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise TransduceError(f"the output directory {out_dir!r} is not writable", hint="choose a directory you can write to")
     paths = write_heatmaps(maps, out_dir, dpi)
     paths.append(write_token_figure(maps, out_dir, token, token_kind, token_layer, dpi))
     return paths

@@ -10,6 +10,8 @@ import click
 from transduce.cli_errors import cli_errors
 from transduce.errors import InputError
 
+MIN_DPI, MAX_DPI = 20, 1200  # a heatmap grid at 30,000 dpi ran out of memory
+
 # CLI spelling -> the key of the model's attention dict (transduce.inspect.attention.ATTENTION_KINDS)
 TOKEN_ATTENTION = {"encoder": "encoder", "decoder-self": "decoder_self", "cross": "cross"}
 
@@ -38,8 +40,9 @@ def attention(model_dir, source, target, out_dir, token, token_attention, layer,
 
     if layer is not None and layer < 1:
         raise InputError(f"--layer counts from 1, got {layer}")
-    if dpi < 20:
-        raise InputError(f"--dpi must be at least 20, got {dpi}")
+    if not MIN_DPI <= dpi <= MAX_DPI:
+        raise InputError(f"--dpi must be between {MIN_DPI} and {MAX_DPI}, got {dpi}",
+                         hint="a figure is a few inches wide: 1200 dpi is already print quality")
     model, tokenizer, _ = load_model_dir(model_dir)
     maps = sentence_attention(model, tokenizer, source, target)
     paths = write_attention_figures(maps, out_dir, token=token, token_kind=TOKEN_ATTENTION[token_attention],

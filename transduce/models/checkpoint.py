@@ -22,10 +22,10 @@ from typing import Any
 from transduce._io import atomic_directory, interrupted_replace_hint, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
-from transduce.runtime.contract import file_entry, listed_file_problem
+from transduce.runtime.contract import MANIFEST_FILE, MODEL_FORMAT, file_entry, listed_file_problem
 from transduce.tokenizer import Tokenizer
 
-FORMAT = "transduce-model"
+FORMAT = MODEL_FORMAT
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
@@ -90,6 +90,9 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     if not os.path.isdir(path):
+        if os.path.exists(path):
+            raise CheckpointError(f"{path!r} is a file, not a model directory",
+                                  hint="give the directory transduce train wrote (config.json, model.safetensors, tokenizer.json)")
         raise CheckpointError(f"model directory {path!r} does not exist",
                               hint=interrupted_replace_hint(path)
                               or "train one with: transduce train --out DIR (or transduce demo)")
@@ -121,6 +124,9 @@ def _verify(path: str, cfg: dict[str, Any], name: str) -> str:
     """The path of file `name` of a model directory, checked against config.json's record of it."""
     fpath = os.path.join(path, name)
     if not os.path.isfile(fpath):
+        if os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+            raise CheckpointError(f"{path!r} is an ONNX export (transduce export), not a model directory: it has no {name}",
+                                  hint="give the model directory it was exported from (its manifest.json names it)")
         raise CheckpointError(f"{fpath} is missing")
     files = cfg.get("files")
     problem = listed_file_problem(path, name, files.get(name) if isinstance(files, dict) else None,

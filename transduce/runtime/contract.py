@@ -252,6 +252,21 @@ def quantization(manifest: dict[str, Any]) -> str | None:
     return q.get("method") if isinstance(q, dict) else None
 
 
+MODEL_FORMAT = "transduce-model"  # config.json's "format" in a model directory (and in an artifact's copy)
+
+
+def _is_model_dir(directory: str) -> bool:
+    """Whether directory looks like a model directory (transduce train): a model's config.json and weights."""
+    if not os.path.isfile(os.path.join(directory, "model.safetensors")):
+        return False
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and cfg.get("format") == MODEL_FORMAT
+
+
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
     """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
     artifact_dir = os.fspath(artifact_dir)
@@ -260,9 +275,15 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if not os.path.isdir(artifact_dir):
         from transduce._io import interrupted_replace_hint
 
+        if os.path.exists(artifact_dir):
+            raise ArtifactError(f"{artifact_dir!r} is a file, not an artifact directory",
+                                hint="give the directory transduce export wrote")
         raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist",
                             hint=interrupted_replace_hint(artifact_dir) or hint)
     if not os.path.isfile(path):
+        if _is_model_dir(artifact_dir):
+            raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
+                                hint=f"export it first: transduce export {artifact_dir} ARTIFACT_DIR, then use ARTIFACT_DIR")
         raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=hint)
     try:
         with open(path, encoding="utf-8") as f:

@@ -1,0 +1,44 @@
+"""transduce.demo: its option checks and its own data (the whole demo runs in the quickstart, not here)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from transduce import demo
+from transduce.cli import main
+from transduce.errors import InputError
+
+
+@pytest.mark.parametrize("setup, args, says", [
+    (None, ["--steps", "0"], "--steps must be >= 1, got 0"),
+    (None, ["--show", "-1"], "--show must be >= 0"),
+    ("workdir-file", [], "cannot be created"),
+    ("model-file", [], "model is not a directory"),
+])
+def test_bad_options_fail_before_any_work(tmp_path, setup, args, says):
+    workdir = tmp_path / "w"
+    if setup == "workdir-file":
+        workdir.write_text("x")
+    elif setup == "model-file":
+        workdir.mkdir()
+        (workdir / "model").write_text("x")
+    result = CliRunner().invoke(main, ["demo", "--workdir", str(workdir), *args])
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
+    assert not (workdir / "data").exists()
+
+
+def test_damaged_demo_data_is_generated_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo, "DEMO_TRAIN_PAIRS", 20)
+    monkeypatch.setattr(demo, "DEMO_VALID_PAIRS", 5)
+    train, valid = demo.demo_data(str(tmp_path))
+    (tmp_path / "data" / "train.tsv").write_bytes(b"\xff\xfe not UTF-8\n")
+    logged = []
+    again, valid_again = demo.demo_data(str(tmp_path), log=logged.append)
+    assert (again, valid_again) == (train, valid) and "generating it again" in logged[0]
+
+
+def test_check_demo_options_accepts_the_defaults(tmp_path):
+    demo.check_demo_options(str(tmp_path / "w"), None, 12)
+    with pytest.raises(InputError):
+        demo.check_demo_options(str(tmp_path / "w"), 5, -3)
