@@ -185,3 +185,11 @@ def test_temporary_copies_of_killed_writers_are_removed(tmp_path, tiny_model, ti
             os.utime(p, (hours_ago, hours_ago))
     save_model_dir(tmp_path / "m", tiny_model, tiny_tokenizer)
     assert sorted(os.listdir(tmp_path)) == sorted(["m", running.name, other_host.name, recent.name])
+
+
+def test_an_export_or_a_file_given_as_a_model_dir_says_so(tmp_path, tiny_model_dir, tiny_artifact_dir):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CheckpointError, match="is a file, not a model directory"):
+        load_model_dir(tmp_path / "afile")
+    with pytest.raises(CheckpointError, match="is an ONNX export .transduce export., not a model directory"):
+        load_model_dir(tiny_artifact_dir)
