@@ -233,11 +233,17 @@ def test_ctrl_c_saves_the_last_whole_step(tmp_path, small_corpus):
 
     out = tmp_path / "m"
     cfg = replace(_cfg(6, 1000), eval_every=1)
-    with pytest.raises(KeyboardInterrupt):
-        train(train_pairs[:100], valid_pairs[:2], str(out), cfg, progress=False, log=log)
+    # Python's own handler, as in a terminal: a test run started in the background (`cmd &`) inherits an
+    # ignored SIGINT, which training rightly leaves alone (and then this SIGINT would do nothing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(train_pairs[:100], valid_pairs[:2], str(out), cfg, progress=False, log=log)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert json.loads((out / "training" / "state.json").read_text())["step"] == 2
     assert any(line.startswith("interrupted at step 2") for line in lines)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
     train(train_pairs[:100], valid_pairs[:2], str(out), cfg, resume=True, **QUIET)
     assert json.loads((out / "training" / "state.json").read_text())["step"] == 6
 
