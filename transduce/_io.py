@@ -171,7 +171,7 @@ def atomic_output(final: str | os.PathLike, overwrite: bool, error: type[Transdu
 
 
 def written_in_place(path: str | os.PathLike) -> bool:
-    """Whether write_text_atomic writes `path` in place: something other than a regular file is there."""
+    """Whether write_bytes_atomic writes `path` in place: something other than a regular file is there."""
     return os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path))
 
 

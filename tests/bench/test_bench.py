@@ -312,6 +312,7 @@ def test_paths_lengths_and_inputs_are_checked_before_any_work(tmp_path, tiny_mod
         (dict(steps=257), "--steps 257 exceeds"),
         (dict(model_dir=tiny_artifact_dir), "it is an ONNX export"),
         (dict(model_dir=str(tmp_path)), "config.json is missing"),
+        (dict(sizes=["base", "demo"], artifact_dir=str(tmp_path / "missing")), "--artifact-dir .* does not exist"),
     ]
     for extra, says in cases:
         cfg = BenchConfig(**{**base, "out_dir": str(tmp_path / "out"), **extra})
@@ -335,6 +336,27 @@ def test_a_given_artifact_must_be_an_fp32_export_of_the_model(tmp_path, tiny_mod
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(TransduceError, match="export of other weights"):
         check_artifact(tiny_artifact_dir, str(other))
+    fp16 = tmp_path / "fp16"
+    shutil.copytree(tiny_artifact_dir, fp16)
+    manifest = json.loads((fp16 / "manifest.json").read_text())
+    manifest["precision"] = "fp16"
+    (fp16 / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TransduceError, match="is a fp16 export; the bench times fp32"):
+        check_artifact(str(fp16), tiny_model_dir)
+
+
+def test_max_positions_of_a_minimal_model_config(tmp_path, tiny_model_dir):
+    """config.json may leave defaulted fields out (max_positions 256)."""
+    import shutil
+
+    from transduce.bench.models import max_positions
+
+    m = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, m)
+    cfg = json.loads((m / "config.json").read_text())
+    del cfg["model"]["max_positions"]
+    (m / "config.json").write_text(json.dumps(cfg))
+    assert max_positions("demo", str(m)) == 256
 
 
 def test_the_bench_remakes_its_own_cached_model_when_broken(tmp_path, tiny_model_dir):

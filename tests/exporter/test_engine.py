@@ -316,6 +316,13 @@ def test_one_tensorrt_logger_per_process(monkeypatch):
     a.ilogger.log(fake.ILogger.Severity.WARNING, "slow tactic")
     assert first[-1] == "[tensorrt] warning: slow tactic" and len(a.ilogger.views) == 1
 
+    def broken(msg):  # a sink that fails (a closed pipe) keeps the message from no one else
+        raise BrokenPipeError
+
+    c = eng.make_logger(fake, broken)
+    a.ilogger.log(fake.ILogger.Severity.ERROR, "build failed")
+    assert first[-1] == "[tensorrt] error: build failed" and c.recent() == "build failed"
+
 
 def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkeypatch):
     (tmp_path / "afile").write_text("x")
@@ -368,6 +375,9 @@ def test_build_destination_rules(tmp_path, artifact):
     eng.read_engine_manifest(out, runtime=fake.runtime_info())
     with pytest.raises(EngineError, match="inside the artifact"):  # export --force of it would delete them
         _build(artifact, os.path.join(artifact, "engines"), max_batch=2)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(EngineError, match="cannot be written: .*afile' is not a directory"):
+        _build(artifact, str(tmp_path / "afile" / "sub" / "e"), max_batch=2)
 
 
 def test_arguments_are_checked_before_tensorrt_is_looked_for(tmp_path, artifact, tiny_model_dir, monkeypatch):

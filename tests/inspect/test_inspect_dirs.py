@@ -146,11 +146,16 @@ def test_artifact_listing_files_outside_itself(artifact_dir):
     manifest = json.loads(open(path, encoding="utf-8").read())
     manifest["files"]["/etc/hostname"] = {"sha256": "0" * 64, "bytes": 3}
     manifest["files"]["../model/model.safetensors"] = {"sha256": "0" * 64, "bytes": 3}
+    elsewhere = os.path.join(os.path.dirname(artifact_dir), "elsewhere.onnx")
+    with open(elsewhere, "wb") as f:
+        f.write(b"not a graph")
+    manifest["files"]["../elsewhere.onnx"] = {"sha256": "0" * 64, "bytes": 11}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(manifest, f)
     report = inspect_path(artifact_dir)
     outside = [p for p in report["problems"] if "not a file name inside" in p]
-    assert len(outside) == 2 and not any("/etc/hostname has" in p or "listed but missing" in p for p in report["problems"])
+    assert "../elsewhere.onnx" not in report["graphs"] and not any("elsewhere.onnx cannot be read" in p for p in report["problems"])
+    assert len(outside) == 3 and not any("/etc/hostname has" in p or "listed but missing" in p for p in report["problems"])
     assert "not a file name inside" in report["runtime_check"]
 
 

@@ -166,8 +166,10 @@ class BenchConfig:
             problems.append("--threads must be >= 1")
         if self.seed < 0:
             problems.append(f"--seed must be >= 0, got {self.seed}")
-        if self.check_sentences < 1 or self.check_inputs < 1:
+        if self.check_sentences < 1:
             problems.append(f"--check-sentences must be >= 1, got {self.check_sentences}")
+        if self.check_inputs < 1:
+            problems.append(f"check_inputs must be >= 1, got {self.check_inputs}")
         if "tensorrt" in self.backends and not self.engines:
             problems.append("tensorrt times engines: give --engine SIZE=DIR (transduce build) for a size")
         for size, path in self.engines.items():
@@ -524,13 +526,19 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
 
     cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
     real_out, real_cache = os.path.realpath(cfg.out_dir), os.path.realpath(cache)
-    if cfg.cache_dir and (real_out == real_cache or real_out.startswith(real_cache + os.sep)):
+    if real_out.startswith(real_cache + os.sep):  # CACHE/<size>/... are replaced whole when prepared again
         raise TransduceError(f"--out {cfg.out_dir!r} is inside --cache-dir {cfg.cache_dir!r}, where prepared models "
                              "and exports go", hint="choose an --out outside the cache")
     _writable_dir(cfg.out_dir, "--out")
     _writable_dir(cache, "--cache-dir")
     if cfg.model_dir:
         models.check_model_dir(cfg.model_dir)
+    if cfg.artifact_dir:
+        demo_model = models.demo_model_dir(cfg.model_dir)
+        if demo_model is None:
+            raise TransduceError(f"--artifact-dir {cfg.artifact_dir} needs the model it was exported from",
+                                 hint="give it with --model-dir (without a trained demo model, the bench makes a random one)")
+        models.check_artifact(cfg.artifact_dir, demo_model)
     for size in cfg.sizes:
         limit = models.max_positions(size, cfg.model_dir if size == "demo" else None)
         for value, option in ((cfg.src_len, "--src-len"), (cfg.steps, "--steps")):

@@ -124,15 +124,23 @@ def ensure_random_demo_model(path: str, log=print) -> str:
     return _own_model(path, make, log)
 
 
+def demo_model_dir(model_dir: str | None) -> str | None:
+    """The model directory the demo size will use, known before anything is prepared: --model-dir, else the
+    trained demo model if usable, else None (a random model of its shape, made in the cache)."""
+    if model_dir is None and _unusable(DEMO_MODEL_DIR) is None:
+        return DEMO_MODEL_DIR
+    return model_dir
+
+
 def max_positions(size: str, model_dir: str | None = None) -> int:
     """The longest source or target the size's model takes, known before anything is prepared."""
-    from transduce.models.checkpoint import read_config
+    from transduce.models.checkpoint import model_config
     from transduce.models.config import preset
 
-    if model_dir is None and size == "demo" and _unusable(DEMO_MODEL_DIR) is None:
-        model_dir = DEMO_MODEL_DIR
+    if size == "demo":
+        model_dir = demo_model_dir(model_dir)
     if model_dir is not None:
-        return int(read_config(model_dir)["model"]["max_positions"])
+        return model_config(model_dir).max_positions  # defaults filled in (a minimal config.json is valid)
     return preset("base" if size == "base" else "tiny", BASE_VOCAB if size == "base" else RANDOM_DEMO_VOCAB).max_positions
 
 
@@ -196,8 +204,6 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     if model_dir is not None:
         trained = bool(check_model_dir(model_dir).get("training", {}).get("step"))
         description = f"{model_dir}" + ("" if trained else " (untrained)")
-        if artifact_dir:
-            check_artifact(artifact_dir, model_dir)
     elif size == "demo":
         why = _unusable(DEMO_MODEL_DIR)
         if why is None:
@@ -208,8 +214,6 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
             description = "demo shape (tiny preset), random weights"
             why = "is absent" if not os.path.exists(DEMO_MODEL_DIR) else f"is not usable ({why})"
             notes.append(f"{DEMO_MODEL_DIR} {why} (run `transduce demo`): a same-shape random model stands in")
-        if artifact_dir:
-            check_artifact(artifact_dir, model_dir)
     elif size == "base":
         model_dir = ensure_base_model(os.path.join(root, "model"), log=log)
         trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"

@@ -573,9 +573,13 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
     if real_out.startswith(real_art + os.sep):
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
                           "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
-    from transduce._io import check_parent_writable
-
-    check_parent_writable(out_dir)
+    parent = os.path.dirname(real_out)
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:  # nothing is created yet
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise EngineError(f"the output directory {out_dir!r} cannot be written: {parent!r} is "
+                          + ("not a directory" if not os.path.isdir(parent) else "not writable"),
+                          hint="choose an --out path you can write to")
     check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory")
 
 
@@ -628,12 +632,17 @@ def _process_logger(trt):
                     if not error and severity != sev.WARNING:
                         return
                     with self.lock:
-                        for view in list(self.views):
+                        views = list(self.views)
+                        for view in views:
                             if error:
                                 view.errors.append(str(msg))
-                            view.log(f"[tensorrt] {'error' if error else 'warning'}: {msg}")
                 except Exception:  # noqa: BLE001 - an exception here would abort TensorRT
-                    pass
+                    return
+                for view in views:  # one sink failing (a closed pipe) must not keep it from the others
+                    try:
+                        view.log(f"[tensorrt] {'error' if error else 'warning'}: {msg}")
+                    except Exception:  # noqa: BLE001
+                        pass
 
         logger = _Logger()
         _PROCESS_LOGGERS[id(trt)] = (trt, logger)
@@ -867,7 +876,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     _check_destination(artifact_dir, out_dir, force)
     plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
                            opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)
-    if not (math.isfinite(workspace_gb) and workspace_gb > 0):
+    if not (isinstance(workspace_gb, (int, float)) and math.isfinite(workspace_gb) and workspace_gb > 0):
         raise EngineError(f"--workspace-gb must be a number > 0, got {workspace_gb}", hint="for example --workspace-gb 4")
     timing_cache = os.path.abspath(os.fspath(timing_cache)) if timing_cache else None
     if timing_cache:  # before the builds, not after them

@@ -449,9 +449,10 @@ def inspect_artifact_dir(directory: str, verify: bool = False) -> dict[str, Any]
 
 def graphs_report(directory: str, recorded: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """onnx_report of every .onnx file in the directory or listed in the manifest (unreadable ones noted)."""
-    from transduce.runtime.contract import ENCODER_FILE, STEP_FILE
+    from transduce.runtime.contract import ENCODER_FILE, STEP_FILE, inside_name
 
-    found = {n for n in os.listdir(directory) if n.endswith(".onnx")} | {n for n in recorded if n.endswith(".onnx")}
+    found = {n for n in os.listdir(directory) if n.endswith(".onnx")}
+    found |= {n for n in recorded if inside_name(n) and n.endswith(".onnx")}  # files_report names the others
     names = sorted(found, key=lambda n: ({ENCODER_FILE: 0, STEP_FILE: 1}.get(n, 2), n))
     graphs = {}
     for name in names:
