@@ -65,3 +65,44 @@ def test_written_in_place_when_not_a_regular_file(tmp_path):
     write_text_atomic(link, "through the link")
     assert os.path.islink(link) and target.read_text() == "through the link"
     write_bytes_atomic(os.devnull, b"discarded")
+
+
+def test_long_names_get_short_temporaries(tmp_path):
+    """A legal 240-character name: its temporary copies' names stay under 255 bytes."""
+    from transduce._io import atomic_directory
+
+    name = "x" * 240
+    write_text_atomic(tmp_path / f"{name}.txt", "ok")
+    assert (tmp_path / f"{name}.txt").read_text() == "ok"
+    with atomic_directory(tmp_path / name) as tmp:
+        with open(os.path.join(tmp, "f"), "w") as f:
+            f.write("1")
+    with atomic_directory(tmp_path / name) as tmp:  # replaces the first: its old copy is named short too
+        with open(os.path.join(tmp, "f"), "w") as f:
+            f.write("2")
+    assert (tmp_path / name / "f").read_text() == "2" and sorted(os.listdir(tmp_path)) == sorted([f"{name}.txt", name])
+
+
+def test_a_symlinked_directory_is_replaced_where_it_points(tmp_path):
+    from transduce._io import atomic_directory
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "old").write_text("old")
+    os.symlink(real, tmp_path / "link")
+    with atomic_directory(tmp_path / "link") as tmp:
+        with open(os.path.join(tmp, "new"), "w") as f:
+            f.write("new")
+    assert os.path.islink(tmp_path / "link") and sorted(os.listdir(real)) == ["new"]
+    assert sorted(os.listdir(tmp_path)) == ["link", "real"]  # no .link.old-* left behind
+
+
+def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
+    from transduce._io import check_replaceable
+    from transduce.errors import TransduceError
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for force in (False, True):
+        with pytest.raises(TransduceError, match="is not an artifact .*--force replaces only artifacts"):
+            check_replaceable(str(tmp_path / "model"), force, "manifest.json", "an artifact", "artifacts")

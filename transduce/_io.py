@@ -58,11 +58,20 @@ def _umask_modes(top: str) -> None:
                 os.chmod(path, 0o666 & ~mask)
 
 
+# At most this many characters of a name go into its temporary copies' names: a legal 240-character
+# name plus ".tmp-HOST-PID-XXXXXXXX" went over the file system's 255 (ENAMETOOLONG after a whole decode).
+TMP_NAME_CHARS = 100
+
+
+def _short(base: str) -> str:
+    return base[:TMP_NAME_CHARS]
+
+
 def _tmp_prefix(base: str) -> str:
-    """Temporary copies of `base` (directories and files) are .BASE.tmp-HOST-PID-XXXX: whose they are,
-    for _remove_abandoned."""
-    host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())
-    return f".{base}.tmp-{host}-"
+    """Temporary copies of `base` (directories and files) are .BASE.tmp-HOST-PID-XXXX (BASE cut to
+    TMP_NAME_CHARS): whose they are, for _remove_abandoned."""
+    host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:60]
+    return f".{_short(base)}.tmp-{host}-"
 
 
 ABANDONED_AFTER_S = 3600  # a writer's temporary copy unchanged this long (and its PID gone) is abandoned
@@ -118,7 +127,7 @@ def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
     final = os.path.abspath(os.fspath(final))
     parent, base = os.path.dirname(final), os.path.basename(final)
     try:
-        old = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f".{base}.old-")]
+        old = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f".{_short(base)}.old-")]
         old.sort(key=lambda p: os.stat(p).st_ctime)  # the last one moved aside (a rename sets ctime)
     except OSError:
         return None
@@ -132,9 +141,10 @@ def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
 def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[str]:
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
 
-    On an exception the temporary directory is removed and `final` is left as it was.
+    On an exception the temporary directory is removed and `final` is left as it was. A symlink at
+    `final` stays: the directory it points to is the one replaced.
     """
-    final = os.path.abspath(os.fspath(final))
+    final = os.path.realpath(os.fspath(final))
     parent = check_parent_writable(final)
     if os.path.exists(final) and not overwrite:
         raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
@@ -148,7 +158,7 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
         raise
     old = None
     if os.path.exists(final):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.old-", dir=parent)
+        old = tempfile.mkdtemp(prefix=f".{_short(os.path.basename(final))}.old-", dir=parent)
         os.rmdir(old)
         os.replace(final, old)
     os.replace(tmp, final)
@@ -227,13 +237,14 @@ def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: 
     """
     if not os.path.lexists(out_dir):
         return
-    if not force:
-        raise error(f"{out_dir!r} already exists", hint="pass --force to replace it")
+    # what could never be replaced is said first: "pass --force" would only lead to this refusal
     if not os.path.isdir(out_dir):
         raise error(f"{out_dir!r} exists and is not a directory", hint=f"choose another {option}")
     if os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, marker)):
         raise error(f"{out_dir!r} is not {kind} (it has files but no {marker}); --force replaces only {kinds}",
                     hint=f"choose another {option}")
+    if not force:
+        raise error(f"{out_dir!r} already exists", hint="pass --force to replace it")
 
 
 def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str = "input file") -> list[str]:

@@ -204,6 +204,10 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
         (lambda m: m.__setitem__("sources", ["x"]), "does not record the graphs"),
         (lambda m: m["files"].__setitem__("/etc/hostname", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
         (lambda m: m["files"].__setitem__("../e0/engine.json", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
+        (lambda m: m.__setitem__("artifact", None), "no 'artifact' record"),
+        (lambda m: m.__setitem__("profiles", None), "no 'profiles' record"),
+        (lambda m: m.__setitem__("gpu", "H100"), "no 'gpu' record"),
+        (lambda m: m.__setitem__("tensorrt", "10"), "no 'tensorrt' record"),
     ]):
         d = _hand_made_engine_dir(tmp_path / f"e{i}", artifact)
         path = os.path.join(d, eng.ENGINE_MANIFEST)
@@ -213,6 +217,15 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
         with open(path, "w", encoding="utf-8") as f:
             json.dump(meta, f)
         assert says in _refusal(d)
+
+
+def test_a_model_dir_or_a_file_given_as_an_engine_dir_says_so(tmp_path, tiny_model_dir):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ArtifactError, match="is a file, not a TensorRT engine directory"):
+        eng.read_engine_manifest(str(tmp_path / "afile"), runtime=fake.runtime_info())
+    with pytest.raises(ArtifactError, match="is a model directory, not a TensorRT engine directory") as e:
+        eng.read_engine_manifest(tiny_model_dir, runtime=fake.runtime_info())
+    assert f"transduce export {os.path.abspath(tiny_model_dir)} ARTIFACT_DIR" in str(e.value)
 
 
 def test_refuses_missing_file(tmp_path, artifact):

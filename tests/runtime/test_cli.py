@@ -110,6 +110,7 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
         (["--output", str(tmp_path)], "one\n", "is a directory"),
         (["--input", str(tmp_path)], None, "is a directory"),
         ([], b"f\xffive\n", "standard input is not UTF-8 text: line 1"),
+        (["--output", str(tmp_path / ("x" * 256))], "one\n", "longer than this file system allows"),
     ):
         r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, *args], input=stdin)
         assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)

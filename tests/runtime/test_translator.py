@@ -78,3 +78,23 @@ def test_any_iterable_of_strings(translator):
     for bad in (["one", None], ["one", 2]):
         with pytest.raises(InputError, match="sentence 2 is a"):
             translator.translate(bad)
+
+
+def test_another_models_tokenizer_is_refused(tmp_path, tiny_artifact_dir):
+    """A tokenizer.json of another vocabulary put in the artifact (its manifest entry edited to match)."""
+    import json
+    import shutil
+
+    from transduce.bench.models import synthetic_tokenizer
+    from transduce.errors import ArtifactError
+    from transduce.runtime import contract
+    from transduce.runtime.api import load
+
+    art = tmp_path / "a"
+    shutil.copytree(tiny_artifact_dir, art)
+    synthetic_tokenizer(300).save(art / "tokenizer.json")
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["tokenizer.json"] = contract.file_entry(art / "tokenizer.json")
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="has 300 tokens, the model .*: it is not the tokenizer"):
+        load(art)

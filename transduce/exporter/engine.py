@@ -474,8 +474,9 @@ def compatibility_problems(meta: dict[str, Any], runtime: RuntimeInfo) -> list[s
 
 def rebuild_command(engine_dir: str, meta: dict[str, Any] | None = None) -> str:
     """The command that rebuilds `engine_dir`: from the recorded artifact, or from the engine dir itself."""
-    artifact = (meta or {}).get("artifact", {}).get("path")
-    if not artifact or not os.path.isfile(os.path.join(artifact, contract.MANIFEST_FILE)):
+    artifact = (meta or {}).get("artifact")
+    artifact = artifact.get("path") if isinstance(artifact, dict) else None
+    if not isinstance(artifact, str) or not artifact or not os.path.isfile(os.path.join(artifact, contract.MANIFEST_FILE)):
         artifact = engine_dir if os.path.isfile(os.path.join(engine_dir, contract.MANIFEST_FILE)) else "ARTIFACT_DIR"
     return f"transduce build {artifact} --out {engine_dir} --force"
 
@@ -502,6 +503,9 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
     if not os.path.isdir(engine_dir):
         from transduce._io import interrupted_replace_hint
 
+        if os.path.exists(engine_dir):
+            raise ArtifactError(f"{engine_dir!r} is a file, not a TensorRT engine directory",
+                                hint="give the directory transduce build wrote (--out)")
         raise ArtifactError(f"engine directory {engine_dir!r} does not exist",
                             hint=interrupted_replace_hint(engine_dir)
                             or f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
@@ -510,8 +514,12 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
             raise ArtifactError(f"{engine_dir!r} is an exported artifact, not a TensorRT engine directory",
                                 hint=f"build engines from it with: transduce build {engine_dir} --out ENGINE_DIR, "
                                      "then decode with --backend tensorrt ENGINE_DIR")
+        if contract.is_model_dir(engine_dir):
+            raise ArtifactError(f"{engine_dir!r} is a model directory, not a TensorRT engine directory",
+                                hint=f"export it, then build engines: transduce export {engine_dir} ARTIFACT_DIR && "
+                                     "transduce build ARTIFACT_DIR --out ENGINE_DIR")
         raise ArtifactError(f"{path} is missing: {engine_dir!r} is not a TensorRT engine directory",
-                            hint=f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
+                            hint="build one with: transduce build ARTIFACT_DIR --out ENGINE_DIR")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
@@ -525,6 +533,9 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
     if meta.get("contract_version") != contract.CONTRACT_VERSION:
         raise _refuse(engine_dir, meta, f"it was built for IO contract version {meta.get('contract_version')}; "
                                         f"this transduce uses version {contract.CONTRACT_VERSION}")
+    for key in ("artifact", "tensorrt", "gpu", "profiles"):  # what the checks below and the backend read
+        if not isinstance(meta.get(key), dict):
+            raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} has no {key!r} record (an object), or another kind of value")
     files = meta.get("files")
     required = {ENCODER_PLAN, STEP_PLAN, contract.MANIFEST_FILE, contract.ENCODER_FILE, contract.STEP_FILE}
     if not isinstance(files, dict) or not required <= set(files):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from transduce.errors import ArtifactError, BackendUnavailable
+from transduce.runtime import contract
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
@@ -30,6 +31,9 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
     files = config.get("files")
     entry = files.get("model.safetensors") if isinstance(files, dict) else None
     have = entry.get("sha256") if isinstance(entry, dict) else None
+    if want and have is None:
+        raise ArtifactError(f"{os.path.join(path, 'config.json')} does not record model.safetensors (its size and "
+                            "sha256): the config was edited", hint="restore the model directory's config.json")
     if want and have != want:
         raise ArtifactError(f"{path!r} holds other weights than the ones {artifact_dir!r} was exported from",
                             hint="pass --model with the model directory the artifact was exported from, or re-export")
@@ -59,8 +63,6 @@ def _full_config(model: object) -> dict | None:
 def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
                  model_dir: str | None = None, **options):
     """Build one backend over an artifact. torch uses the source model the manifest names (or model_dir)."""
-    from transduce.runtime import contract
-
     if backend not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
     if backend == "tensorrt":
@@ -94,4 +96,9 @@ def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: 
     artifact_dir = os.fspath(artifact_dir)
     be = make_backend(artifact_dir, backend, device, threads, model_dir, **options)
     tok_dir = getattr(be, "artifact_dir", artifact_dir)
-    return Translator(be, Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json")), max_batch_tokens=max_batch_tokens)
+    tokenizer = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    if tokenizer.vocab_size != be.config["vocab_size"]:  # another model's tokenizer.json put in its place
+        raise ArtifactError(f"{os.path.join(tok_dir, 'tokenizer.json')} has {tokenizer.vocab_size} tokens, the model "
+                            f"{be.config['vocab_size']}: it is not the tokenizer this model was trained with",
+                            hint=contract.REBUILD_HINT.format(out=tok_dir))
+    return Translator(be, tokenizer, max_batch_tokens=max_batch_tokens)

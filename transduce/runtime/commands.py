@@ -31,7 +31,14 @@ def _check_output(path: str, option: str = "--output") -> None:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
     if not written_in_place(path):  # written beside it and renamed (/dev/null, a FIFO: in place)
-        check_parent_writable(path)
+        parent = check_parent_writable(path)
+        try:
+            name_max = os.pathconf(parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if len(os.fsencode(os.path.basename(path))) > name_max:
+            raise InputError(f"{option} {path!r}: the file name is longer than this file system allows ({name_max} bytes)",
+                             hint=f"choose a shorter {option}")
 
 
 @click.command()

@@ -255,7 +255,7 @@ def quantization(manifest: dict[str, Any]) -> str | None:
 MODEL_FORMAT = "transduce-model"  # config.json's "format" in a model directory (and in an artifact's copy)
 
 
-def _is_model_dir(directory: str) -> bool:
+def is_model_dir(directory: str) -> bool:
     """Whether directory looks like a model directory (transduce train): a model's config.json and weights."""
     if not os.path.isfile(os.path.join(directory, "model.safetensors")):
         return False
@@ -281,10 +281,13 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
         raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist",
                             hint=interrupted_replace_hint(artifact_dir) or hint)
     if not os.path.isfile(path):
-        if _is_model_dir(artifact_dir):
+        if is_model_dir(artifact_dir):
             raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
                                 hint=f"export it first: transduce export {artifact_dir} ARTIFACT_DIR, then use ARTIFACT_DIR")
-        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=hint)
+        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact",
+                            hint="export into a new directory: transduce export MODEL_DIR NEW_DIR (--force replaces "
+                                 f"only artifacts, and {artifact_dir} has lost its manifest: remove it to reuse its name)"
+                            if os.listdir(artifact_dir) else hint)
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
