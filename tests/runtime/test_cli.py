@@ -6,9 +6,11 @@ import json
 import os
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from transduce.cli import main
+from transduce.errors import ArtifactError
 
 
 def test_decode_stdin_to_stdout(tiny_artifact_dir):
@@ -163,3 +165,7 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
     from transduce.runtime.api import source_model_dir
 
     assert source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model)) == str(model)
+    del cfg["files"]["model.safetensors"]  # the same weights, unrecorded: said so, not "other weights"
+    (model / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ArtifactError, match="does not record model.safetensors"):
+        source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model))
