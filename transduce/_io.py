@@ -30,6 +30,19 @@ def check_parent_writable(final: str) -> str:
     return parent
 
 
+def check_creatable(path: str, error: type[TransduceError] = TransduceError, what: str = "") -> str:
+    """That `path` could be created, without creating anything (a check before a long job): its nearest
+    existing ancestor is a writable directory. -> that ancestor."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"{what or path!r} cannot be created: {parent!r} is "
+                    + ("not a directory" if not os.path.isdir(parent) else "not writable"),
+                    hint="choose a path you can write to")
+    return parent
+
+
 def _umask() -> int:
     """The process umask, read without changing it where Linux shows it (os.umask can only set it)."""
     try:

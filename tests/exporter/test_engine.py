@@ -389,7 +389,7 @@ def test_build_destination_rules(tmp_path, artifact):
     with pytest.raises(EngineError, match="inside the artifact"):  # export --force of it would delete them
         _build(artifact, os.path.join(artifact, "engines"), max_batch=2)
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(EngineError, match="cannot be written: .*afile' is not a directory"):
+    with pytest.raises(EngineError, match="cannot be created: .*afile' is not a directory"):
         _build(artifact, str(tmp_path / "afile" / "sub" / "e"), max_batch=2)
 
 

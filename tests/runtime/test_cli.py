@@ -119,7 +119,11 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
         assert isinstance(r.exception, SystemExit)  # handled, not raised
     (tmp_path / "file").write_text("x")
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--output", str(tmp_path / "file" / "out.txt")], input="one\n")
-    assert r.exit_code == 2 and "cannot create directory" in r.stderr
+    assert r.exit_code == 2 and "cannot be created: " in r.stderr and "is not a directory" in r.stderr
+    assert not (tmp_path / "missing").exists()  # the checks create nothing
+    os.symlink(tmp_path / "file" / "target.txt", tmp_path / "dangling")  # written in place: its target's place
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--output", str(tmp_path / "dangling")], input="one\n")
+    assert r.exit_code == 2 and "a link to" in r.stderr and "is not a directory" in r.stderr
 
 
 def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_dir, tmp_path):

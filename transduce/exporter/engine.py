@@ -584,13 +584,9 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
     if real_out.startswith(real_art + os.sep):
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
                           "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
-    parent = os.path.dirname(real_out)
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:  # nothing is created yet
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise EngineError(f"the output directory {out_dir!r} cannot be written: {parent!r} is "
-                          + ("not a directory" if not os.path.isdir(parent) else "not writable"),
-                          hint="choose an --out path you can write to")
+    from transduce._io import check_creatable
+
+    check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
     check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory")
 
 

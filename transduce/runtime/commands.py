@@ -22,7 +22,7 @@ def _check_output(path: str, option: str = "--output") -> None:
     """Before any work: the output file can be created (a long job is not lost at the end)."""
     import os
 
-    from transduce._io import check_parent_writable, written_in_place
+    from transduce._io import check_creatable, written_in_place
 
     if path == "-":
         return
@@ -30,8 +30,10 @@ def _check_output(path: str, option: str = "--output") -> None:
         raise InputError(f"{option} {path!r} is a directory", hint="give a file path")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
-    if not written_in_place(path):  # written beside it and renamed (/dev/null, a FIFO: in place)
-        parent = check_parent_writable(path)
+    if os.path.islink(path) and not os.path.exists(path):  # a dangling link: its target is written, in place
+        check_creatable(os.path.realpath(path), InputError, f"{option} {path!r} (a link to {os.path.realpath(path)!r})")
+    elif not written_in_place(path):  # written beside it and renamed (/dev/null, a FIFO: in place)
+        parent = check_creatable(path, InputError, f"{option} {path!r}")
         try:
             name_max = os.pathconf(parent, "PC_NAME_MAX")
         except (OSError, ValueError):
