@@ -93,6 +93,9 @@ def artifact_dir(tmp_path):
     for name, model in (("encoder.onnx", _encoder_graph()), ("decoder_step.onnx", _step_graph())):
         onnx.checker.check_model(model)
         onnx.save(model, str(path / name))
+    from transduce.bench.models import synthetic_tokenizer
+
+    synthetic_tokenizer(VOCAB).save(path / "tokenizer.json")
     manifest = {
         "kind": ARTIFACT_KIND,
         "contract_version": CONTRACT_VERSION,
@@ -101,7 +104,7 @@ def artifact_dir(tmp_path):
         "tools": {"torch": "2.13.0", "onnx": onnx.__version__},
         "model": {"vocab_size": VOCAB, "encoder_layers": 1, "decoder_layers": 1, "d_model": D_MODEL, "n_heads": 2,
                   "d_ff": 16, "max_positions": 32},
-        "files": _file_entries(str(path), ["encoder.onnx", "decoder_step.onnx"]),
+        "files": _file_entries(str(path), ["encoder.onnx", "decoder_step.onnx", "tokenizer.json"]),
         "dynamic_axes": {"batch": [1, 64], "src_len": [1, 32], "cache_len": [1, 32]},
         "validation": {"errors": []},
     }

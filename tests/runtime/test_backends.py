@@ -240,3 +240,19 @@ def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkey
     monkeypatch.setattr(contract, "sha256_file", denied)
     assert "a.bin cannot be read (Permission denied)" in problem(str(tmp_path), "a.bin", good)
     assert problem(str(tmp_path), "a.bin", good, verify_hash=False) is None
+
+
+def test_an_artifact_must_list_its_tokenizer(tmp_path, tiny_artifact_dir):
+    """decode reads tokenizer.json: an unlisted one would be used unchecked (another model's, say)."""
+    import json
+    import shutil
+
+    from transduce.runtime import contract
+
+    art = tmp_path / "a"
+    shutil.copytree(tiny_artifact_dir, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    del manifest["files"]["tokenizer.json"]
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="does not list encoder.onnx, decoder_step.onnx and tokenizer.json"):
+        contract.read_manifest(art)

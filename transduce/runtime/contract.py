@@ -96,6 +96,7 @@ ENCODER_FILE = "encoder.onnx"
 STEP_FILE = "decoder_step.onnx"
 ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: fp32 post-norm models (transduce/exporter/ort_step.py)
 MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"  # copied from the model directory; listed, so its hash is checked at load
 ARTIFACT_KIND = "transduce-artifact"
 PRECISIONS = ("fp32", "fp16", "bf16")
 # numpy / ONNX element type names of the graph's float tensors, per precision
@@ -309,8 +310,8 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if not isinstance(model, dict) or not all(isinstance(model.get(k), int) for k in needed):
         raise ArtifactError(f"{path}: no model config, or one without integer {', '.join(needed)}", hint=hint)
     files = manifest.get("files")
-    if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE} <= set(files):
-        raise ArtifactError(f"{path} does not list {ENCODER_FILE} and {STEP_FILE}", hint=hint)
+    if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE, TOKENIZER_FILE} <= set(files):
+        raise ArtifactError(f"{path} does not list {ENCODER_FILE}, {STEP_FILE} and {TOKENIZER_FILE}", hint=hint)
     for name, meta in files.items():
         problem = listed_file_problem(artifact_dir, name, meta, verify_hashes, listed_in=path, changed="after export")
         if problem:
