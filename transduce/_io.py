@@ -108,8 +108,9 @@ def _remove_abandoned(parent: str, base: str) -> None:
         if not m or int(m.group(1)) == os.getpid() or _running(int(m.group(1))):
             continue
         path = os.path.join(parent, name)
+        is_dir = os.path.isdir(path) and not os.path.islink(path)
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
+            if is_dir:
                 newest = max(os.stat(os.path.join(root, n)).st_mtime for root, _, files in os.walk(path)
                              for n in [".", *files])
             else:
@@ -117,7 +118,7 @@ def _remove_abandoned(parent: str, base: str) -> None:
         except (OSError, ValueError):
             continue
         if time.time() - newest > ABANDONED_AFTER_S:
-            if os.path.isdir(path) and not os.path.islink(path):
+            if is_dir:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 with contextlib.suppress(OSError):

@@ -68,7 +68,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_output, check_replaceable, write_bytes_atomic, write_json
+from transduce._io import atomic_output, check_creatable, check_replaceable, write_bytes_atomic, write_json
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
 from transduce.runtime import contract
 
@@ -223,8 +223,8 @@ def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, 
     8 on "auto" builds two profiles that split the batch range without overlap: "latency" for 1..2
     sentences (opt 1 sentence) and "throughput" for the rest (opt opt_batch). Each profile costs a
     build (time roughly doubles) and engine size; at run time each profile in use has its own execution
-    context (created when first used), whose activation memory is sized for that profile alone. Below max_batch 8 the range is narrow and one profile is built.
-    "single" and "split" force the choice.
+    context (created when first used), whose activation memory is sized for that profile alone. Below
+    max_batch 8 the range is narrow and one profile is built. "single" and "split" force the choice.
     """
     if profiles not in PROFILE_MODES:
         raise EngineError(f"unknown profiles mode {profiles!r}", hint=f"choose one of {', '.join(PROFILE_MODES)}")
@@ -584,8 +584,6 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
     if real_out.startswith(real_art + os.sep):
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
                           "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
-    from transduce._io import check_creatable
-
     check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
     check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory")
 
@@ -887,13 +885,10 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         raise EngineError(f"--workspace-gb must be a number > 0, got {workspace_gb}", hint="for example --workspace-gb 4")
     timing_cache = os.path.abspath(os.fspath(timing_cache)) if timing_cache else None
     if timing_cache:  # before the builds, not after them
-        parent = os.path.dirname(timing_cache)
-        if os.path.isdir(timing_cache) or (os.path.exists(parent) and not os.path.isdir(parent)):
-            raise EngineError(f"--timing-cache {timing_cache!r} cannot be a file: it is a directory, or its parent is "
-                              "not one", hint="give a file path, e.g. --timing-cache runs/trt.cache")
-        if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
-            raise EngineError(f"--timing-cache {timing_cache!r}: directory {parent!r} is not writable",
-                              hint="give a path you can write to")
+        if os.path.isdir(timing_cache):
+            raise EngineError(f"--timing-cache {timing_cache!r} is a directory",
+                              hint="give a file path, e.g. --timing-cache runs/trt.cache")
+        check_creatable(timing_cache, EngineError, f"--timing-cache {timing_cache!r}")
     device_index(device)  # its spelling, before TensorRT is looked for
     trt = _trt or import_tensorrt()
     gpu = _gpu or select_gpu(device)

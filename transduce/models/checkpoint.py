@@ -22,13 +22,12 @@ from typing import Any
 from transduce._io import atomic_directory, interrupted_replace_hint, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
-from transduce.runtime.contract import MANIFEST_FILE, MODEL_FORMAT, file_entry, listed_file_problem
+from transduce.runtime.contract import MANIFEST_FILE, MODEL_FORMAT, TOKENIZER_FILE, file_entry, listed_file_problem
 from transduce.tokenizer import Tokenizer
 
 FORMAT = MODEL_FORMAT
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 TRAINING_DIR = "training"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"

@@ -96,9 +96,9 @@ def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: 
     artifact_dir = os.fspath(artifact_dir)
     be = make_backend(artifact_dir, backend, device, threads, model_dir, **options)
     tok_dir = getattr(be, "artifact_dir", artifact_dir)
-    tokenizer = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    tok_path = os.path.join(tok_dir, contract.TOKENIZER_FILE)
+    tokenizer = Tokenizer.from_file(tok_path)
     if tokenizer.vocab_size != be.config["vocab_size"]:  # another model's tokenizer.json put in its place
-        raise ArtifactError(f"{os.path.join(tok_dir, 'tokenizer.json')} has {tokenizer.vocab_size} tokens, the model "
-                            f"{be.config['vocab_size']}: it is not the tokenizer this model was trained with",
-                            hint=contract.REBUILD_HINT.format(out=tok_dir))
+        raise ArtifactError(f"{tok_path} has {tokenizer.vocab_size} tokens, the model {be.config['vocab_size']}: it is "
+                            "not the tokenizer this model was trained with", hint=contract.REBUILD_HINT.format(out=tok_dir))
     return Translator(be, tokenizer, max_batch_tokens=max_batch_tokens)
