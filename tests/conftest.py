@@ -97,3 +97,21 @@ def demo_artifact_dir(tmp_path_factory, demo_model_dir):
     path = tmp_path_factory.mktemp("demo-artifact") / "artifact"
     export_artifact(demo_model_dir, path)
     return str(path)
+
+
+@pytest.fixture
+def edited_copy(tmp_path):
+    """copy(src, name, file, edit): a copy of directory `src` as tmp_path/name whose JSON file `file` went
+    through edit(obj), which changes obj in place (a hand-edited manifest or config) -> the copy's path."""
+    import json
+    import shutil
+
+    def copy(src, name: str, file: str, edit):
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        obj = json.loads((dst / file).read_text())
+        edit(obj)
+        (dst / file).write_text(json.dumps(obj))
+        return dst
+
+    return copy

@@ -321,41 +321,27 @@ def test_paths_lengths_and_inputs_are_checked_before_any_work(tmp_path, tiny_mod
     assert not os.path.exists(cache / "demo")
 
 
-def test_a_given_artifact_must_be_an_fp32_export_of_the_model(tmp_path, tiny_model_dir, tiny_artifact_dir):
+def test_a_given_artifact_must_be_an_fp32_export_of_the_model(tmp_path, tiny_model_dir, tiny_artifact_dir,
+                                                              edited_copy):
     from transduce.bench.models import check_artifact
 
     check_artifact(tiny_artifact_dir, tiny_model_dir)
     with pytest.raises(TransduceError, match="--artifact-dir .* does not exist|is missing|not an artifact"):
         check_artifact(str(tmp_path / "missing"), tiny_model_dir)
-    other = tmp_path / "other"
-    import shutil
-
-    shutil.copytree(tiny_model_dir, other)
-    cfg = json.loads((other / "config.json").read_text())
-    cfg["files"]["model.safetensors"]["sha256"] = "0" * 64
-    (other / "config.json").write_text(json.dumps(cfg))
+    other = edited_copy(tiny_model_dir, "other", "config.json",
+                        lambda cfg: cfg["files"]["model.safetensors"].update(sha256="0" * 64))
     with pytest.raises(TransduceError, match="export of other weights"):
         check_artifact(tiny_artifact_dir, str(other))
-    fp16 = tmp_path / "fp16"
-    shutil.copytree(tiny_artifact_dir, fp16)
-    manifest = json.loads((fp16 / "manifest.json").read_text())
-    manifest["precision"] = "fp16"
-    (fp16 / "manifest.json").write_text(json.dumps(manifest))
+    fp16 = edited_copy(tiny_artifact_dir, "fp16", "manifest.json", lambda m: m.update(precision="fp16"))
     with pytest.raises(TransduceError, match="is a fp16 export; the bench times fp32"):
         check_artifact(str(fp16), tiny_model_dir)
 
 
-def test_max_positions_of_a_minimal_model_config(tmp_path, tiny_model_dir):
+def test_max_positions_of_a_minimal_model_config(tiny_model_dir, edited_copy):
     """config.json may leave defaulted fields out (max_positions 256)."""
-    import shutil
-
     from transduce.bench.models import max_positions
 
-    m = tmp_path / "m"
-    shutil.copytree(tiny_model_dir, m)
-    cfg = json.loads((m / "config.json").read_text())
-    del cfg["model"]["max_positions"]
-    (m / "config.json").write_text(json.dumps(cfg))
+    m = edited_copy(tiny_model_dir, "m", "config.json", lambda cfg: cfg["model"].pop("max_positions"))
     assert max_positions("demo", str(m)) == 256
 
 

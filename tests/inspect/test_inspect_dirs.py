@@ -127,14 +127,8 @@ def test_artifact_graphs(artifact_dir, artifact_sizes):
         assert expected in text
 
 
-def test_model_dir_with_a_hand_edited_training_record(tiny_model_dir, tmp_path):
-    import shutil
-
-    path = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, path)
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["training"] = [1, 2]
-    (path / "config.json").write_text(json.dumps(cfg))
+def test_model_dir_with_a_hand_edited_training_record(tiny_model_dir, edited_copy):
+    path = edited_copy(tiny_model_dir, "model", "config.json", lambda cfg: cfg.update(training=[1, 2]))
     report = inspect_path(path)
     assert any("training record is not an object" in p for p in report["problems"])
     assert "config.json" in _rendered(report)  # rendered, not an AttributeError

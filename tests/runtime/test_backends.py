@@ -242,17 +242,10 @@ def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkey
     assert problem(str(tmp_path), "a.bin", good, verify_hash=False) is None
 
 
-def test_an_artifact_must_list_its_tokenizer(tmp_path, tiny_artifact_dir):
+def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):
     """decode reads tokenizer.json: an unlisted one would be used unchecked (another model's, say)."""
-    import json
-    import shutil
-
     from transduce.runtime import contract
 
-    art = tmp_path / "a"
-    shutil.copytree(tiny_artifact_dir, art)
-    manifest = json.loads((art / "manifest.json").read_text())
-    del manifest["files"]["tokenizer.json"]
-    (art / "manifest.json").write_text(json.dumps(manifest))
+    art = edited_copy(tiny_artifact_dir, "a", "manifest.json", lambda m: m["files"].pop("tokenizer.json"))
     with pytest.raises(ArtifactError, match="does not list encoder.onnx, decoder_step.onnx and tokenizer.json"):
         contract.read_manifest(art)
