@@ -106,3 +106,23 @@ def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
     for force in (False, True):
         with pytest.raises(TransduceError, match="is not an artifact .*--force replaces only artifacts"):
             check_replaceable(str(tmp_path / "model"), force, "manifest.json", "an artifact", "artifacts")
+
+
+def test_an_empty_directory_is_written_without_force(tmp_path):
+    """mkdir -p before a command: nothing to lose, so no --force; a directory with a file still needs it."""
+    from transduce._io import atomic_directory, check_replaceable
+    from transduce.errors import TransduceError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")
+    with atomic_directory(out, overwrite=False) as tmp:
+        with open(os.path.join(tmp, "manifest.json"), "w") as f:
+            f.write("{}")
+    assert os.listdir(out) == ["manifest.json"]
+    with pytest.raises(TransduceError, match="already exists and is an artifact") as e:
+        check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")
+    assert "--force" in e.value.hint
+    with pytest.raises(TransduceError, match="already exists"):
+        with atomic_directory(out, overwrite=False):
+            pass

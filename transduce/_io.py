@@ -156,11 +156,12 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
 
     On an exception the temporary directory is removed and `final` is left as it was. A symlink at
-    `final` stays: the directory it points to is the one replaced.
+    `final` stays: the directory it points to is the one replaced. Without `overwrite` an existing
+    `final` is refused, unless it is an empty directory.
     """
     final = os.path.realpath(os.fspath(final))
     parent = check_parent_writable(final)
-    if os.path.exists(final) and not overwrite:
+    if os.path.exists(final) and not overwrite and not is_empty_dir(final):
         raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
     _remove_abandoned(parent, os.path.basename(final))
     tmp = tempfile.mkdtemp(prefix=_tmp_prefix(os.path.basename(final)) + f"{os.getpid()}-", dir=parent)
@@ -243,22 +244,34 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: str, error=TransduceError,
-                      option: str = "output directory") -> None:
+                      option: str = "output directory", force_hint: str = "pass --force to replace it") -> None:
     """Refuse an existing `out_dir` unless force, and never replace a directory that is not `kind`.
 
     `marker` is the file that makes a directory a `kind` (manifest.json for an artifact, engine.json
-    for an engine directory): --force replaces only what transduce itself wrote.
+    for an engine directory, config.json for a model directory): --force replaces only what transduce
+    itself wrote. An empty directory (mkdir -p) has nothing to lose and needs no --force.
     """
     if not os.path.lexists(out_dir):
         return
     # what could never be replaced is said first: "pass --force" would only lead to this refusal
     if not os.path.isdir(out_dir):
         raise error(f"{out_dir!r} exists and is not a directory", hint=f"choose another {option}")
-    if os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, marker)):
+    if is_empty_dir(out_dir):
+        return
+    if not os.path.isfile(os.path.join(out_dir, marker)):
         raise error(f"{out_dir!r} is not {kind} (it has files but no {marker}); --force replaces only {kinds}",
                     hint=f"choose another {option}")
     if not force:
-        raise error(f"{out_dir!r} already exists", hint="pass --force to replace it")
+        raise error(f"{out_dir!r} already exists and is {kind}", hint=force_hint)
+
+
+def is_empty_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory with nothing in it (False for anything else, or where unreadable)."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str = "input file") -> list[str]:

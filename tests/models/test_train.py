@@ -111,13 +111,13 @@ def test_out_is_never_replaced_unasked(tmp_path, small_corpus):
     precious.mkdir()
     (precious / "thesis.txt").write_text("mine")
     for force in (False, True):  # a directory of other files: refused, --force or not
-        with pytest.raises(ConfigError, match="precious.*holds files but no model"):
+        with pytest.raises(ConfigError, match="precious.*is not a model directory .it has files but no config.json"):
             train(train_pairs[:50], valid_pairs[:2], str(precious), _cfg(1, 1), force=force, **QUIET)
     assert os.listdir(precious) == ["thesis.txt"]
     model = tmp_path / "model"
     model.mkdir()  # an empty directory (mkdir -p): nothing to lose, no --force needed
     train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
-    with pytest.raises(ConfigError, match="already holds a model") as e:
+    with pytest.raises(ConfigError, match="already exists and is a model directory") as e:
         train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
     assert "--resume" in e.value.hint and "--force" in e.value.hint
     train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(2, 2), force=True, **QUIET)

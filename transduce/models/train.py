@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from transduce._io import check_replaceable
 from transduce.errors import ConfigError, DataError
 from transduce.models.data import Example
 
@@ -174,18 +175,8 @@ def check_train_output(out_dir: str, force: bool) -> None:
     directory; never over other files (replacing a model directory deletes what was in it)."""
     from transduce.models.checkpoint import CONFIG_FILE
 
-    if not os.path.lexists(out_dir):
-        return
-    if not os.path.isdir(out_dir):
-        raise ConfigError(f"{out_dir!r} exists and is not a directory", hint="choose another output directory")
-    if not os.listdir(out_dir):
-        return
-    if not os.path.isfile(os.path.join(out_dir, CONFIG_FILE)):
-        raise ConfigError(f"{out_dir!r} holds files but no model ({CONFIG_FILE}); training never replaces that",
-                          hint="choose another output directory")
-    if not force:
-        raise ConfigError(f"{out_dir!r} already holds a model",
-                          hint="pass --resume to continue its run, --force to replace it, or choose another --out")
+    check_replaceable(out_dir, force, CONFIG_FILE, "a model directory", "model directories", ConfigError, "--out",
+                      force_hint="pass --resume to continue its run, --force to replace it, or choose another --out")
 
 
 @contextlib.contextmanager
