@@ -52,8 +52,9 @@ def summary(out_dir: str, manifest: dict) -> str:
     quant = manifest.get("quantization")
     lines = [f"artifact {out_dir} ({manifest['precision']}{', ' + quant['method'] + ' weights' if quant else ''}, "
              f"opset {manifest['opset']}, IO contract v{manifest['contract_version']})"]
+    width = max(map(len, manifest["files"]), default=0)
     for name, meta in manifest["files"].items():
-        lines.append(f"  {name:<20} {meta['bytes']:>12,} bytes")
+        lines.append(f"  {name:<{width}} {meta['bytes']:>12,} bytes")
     val = manifest["validation"]
     worst: dict[str, dict] = {}
     for row in val["errors"]:
@@ -61,8 +62,9 @@ def summary(out_dir: str, manifest: dict) -> str:
         if key not in worst or row["max_abs"] > worst[key]["max_abs"]:
             worst[key] = row
     lines.append(f"validated on {val['engine']} against {val['reference']}:")
+    width = max(map(len, worst), default=0)
     for key, row in worst.items():
-        lines.append(f"  {key:<14} max abs {row['max_abs']:.2e}  (tolerance {row['atol']:g} + {row['rtol']:g}*|ref|)")
+        lines.append(f"  {key:<{width}} max abs {row['max_abs']:.2e}  (tolerance {row['atol']:g} + {row['rtol']:g}*|ref|)")
     if quant:
         rms: dict[str, float] = {}
         for row in quant["validation"]["errors"]:
@@ -70,7 +72,8 @@ def summary(out_dir: str, manifest: dict) -> str:
                 key = _output_group(row["output"])
                 rms[key] = max(rms.get(key, 0.0), row["rel_rms"])
         lines.append(f"{quant['method']} graphs ({', '.join(quant['graphs'])}), relative RMS error against eager:")
-        lines += [f"  {key:<14} {v:.3f}" for key, v in rms.items()]
+        width = max(map(len, rms), default=0)
+        lines += [f"  {key:<{width}} {v:.3f}" for key, v in rms.items()]
     lines.append(f"exported in {manifest['export_seconds']['total']:.1f} s")
     return "\n".join(lines)
 
