@@ -378,6 +378,10 @@ def test_build_destination_rules(tmp_path, artifact):
         _build(artifact, out, max_batch=2)
     with pytest.raises(EngineError, match="is the artifact directory"):
         _build(artifact, artifact, force=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()  # mkdir -p: nothing to lose, no --force needed
+    _build(artifact, str(empty), max_batch=2)
+    assert (empty / "engine.json").is_file()
     other = tmp_path / "notes"
     other.mkdir()
     (other / "x.txt").write_text("keep me")
