@@ -84,14 +84,11 @@ def _unusable(model_dir: str) -> str | None:
 def check_model_dir(model_dir: str) -> dict[str, Any]:
     """A --model-dir given to the bench: a complete model directory (not an export of one) -> its config."""
     from transduce.models.checkpoint import verify_model_dir
-    from transduce.runtime import contract
 
     try:
         return verify_model_dir(model_dir)
-    except TransduceError as e:
-        exported = os.path.isfile(os.path.join(model_dir, contract.MANIFEST_FILE))
-        raise TransduceError(f"--model-dir {model_dir}: " + ("it is an ONNX export (transduce export), not a model "
-                                                            "directory" if exported else e.args[0]),
+    except TransduceError as e:  # an export given here is one of these (checkpoint._verify says so)
+        raise TransduceError(f"--model-dir {model_dir}: {e.args[0]}",
                              hint="give the model directory (config.json, model.safetensors, tokenizer.json) "
                                   "of a transduce train; --artifact-dir takes its export") from None
 
