@@ -115,11 +115,11 @@ def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
     """Export the demo model into workdir/artifact unless a valid export of these weights is there."""
     from transduce.errors import ArtifactError
     from transduce.exporter.onnx_export import export_artifact
-    from transduce.models.checkpoint import read_config
+    from transduce.models.checkpoint import weights_sha256
     from transduce.runtime.contract import read_manifest
 
     art = os.path.join(workdir, "artifact")
-    weights = read_config(model_dir)["files"]["model.safetensors"]["sha256"]
+    weights = weights_sha256(model_dir)
     if os.path.isdir(art):
         try:
             if read_manifest(art).get("source_model", {}).get("weights_sha256") == weights:

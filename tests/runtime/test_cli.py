@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from transduce.cli import main
-from transduce.errors import ArtifactError
+from transduce.errors import CheckpointError
 
 
 def test_decode_stdin_to_stdout(tiny_artifact_dir):
@@ -171,5 +171,5 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
     assert source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model)) == str(model)
     del cfg["files"]["model.safetensors"]  # the same weights, unrecorded: said so, not "other weights"
     (model / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ArtifactError, match="does not record model.safetensors"):
+    with pytest.raises(CheckpointError, match="does not record model.safetensors"):
         source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model))

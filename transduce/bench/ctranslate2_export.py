@@ -85,12 +85,6 @@ def vocabulary(tokenizer) -> list[str]:
     return tokens
 
 
-def _weights_sha(model_dir: str) -> str:
-    from transduce.models.checkpoint import read_config
-
-    return read_config(model_dir)["files"]["model.safetensors"]["sha256"]
-
-
 def build_spec(model_dir: str):
     """The CTranslate2 TransformerSpec of a transduce model directory (weights as numpy fp32)."""
     ct2 = import_ctranslate2()
@@ -204,13 +198,15 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
     """True if ct2_dir is a complete conversion of exactly these weights by this converter version: every
     file it recorded is there with its size and sha256 (a truncated model.bin or a lost vocabulary made
     CTranslate2 fail at load on every later run)."""
+    from transduce.models.checkpoint import weights_sha256
+
     path = os.path.join(ct2_dir, SOURCE_FILE)
     if not os.path.isfile(path) or not os.path.isfile(os.path.join(ct2_dir, "model.bin")):
         return False
     try:
         with open(path, encoding="utf-8") as f:
             src = json.load(f)
-        return (src.get("weights_sha256") == _weights_sha(model_dir) and src.get("converter_version") == CONVERTER_VERSION
+        return (src.get("weights_sha256") == weights_sha256(model_dir) and src.get("converter_version") == CONVERTER_VERSION
                 and isinstance(src.get("files"), dict) and src["files"] == _converted_files(ct2_dir))
     except (OSError, ValueError, TransduceError):
         return False
@@ -219,6 +215,7 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
 def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
     """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically. Reused if current."""
     from transduce._io import atomic_directory
+    from transduce.models.checkpoint import weights_sha256
 
     model_dir, out_dir = os.fspath(model_dir), os.fspath(out_dir)
     if not force and is_current(out_dir, model_dir):
@@ -228,7 +225,7 @@ def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathL
     with atomic_directory(out_dir) as tmp:
         converter.convert(tmp, quantization="float32", force=True)
         with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": _weights_sha(model_dir),
+            json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": weights_sha256(model_dir),
                        "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__,
                        "files": _converted_files(tmp)}, f, indent=2)
     return out_dir

@@ -143,7 +143,7 @@ def max_positions(size: str, model_dir: str | None = None) -> int:
 
 def check_artifact(artifact_dir: str, model_dir: str) -> None:
     """An --artifact-dir given to the bench: an fp32, unquantized ONNX export of model_dir's weights."""
-    from transduce.models.checkpoint import read_config
+    from transduce.models.checkpoint import weights_sha256
     from transduce.runtime import contract
 
     hint = "give the export of --model-dir (transduce export), or leave --artifact-dir out to export into the cache"
@@ -151,7 +151,7 @@ def check_artifact(artifact_dir: str, model_dir: str) -> None:
         manifest = contract.read_manifest(artifact_dir)
     except TransduceError as e:
         raise TransduceError(f"--artifact-dir {artifact_dir}: {e.args[0]}", hint=hint) from None
-    weights = read_config(model_dir)["files"]["model.safetensors"]["sha256"]
+    weights = weights_sha256(model_dir)
     if manifest.get("source_model", {}).get("weights_sha256") != weights:
         raise TransduceError(f"--artifact-dir {artifact_dir} is an export of other weights than {model_dir}'s", hint=hint)
     if manifest.get("precision") != "fp32" or contract.quantization(manifest):
@@ -164,10 +164,10 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: 
     """An ONNX export of model_dir (quantized with `quantize`, or not at all): the first candidate that
     is a valid such export of these weights, else a fresh export into the last candidate."""
     from transduce.exporter import ort_step
-    from transduce.models.checkpoint import read_config
+    from transduce.models.checkpoint import weights_sha256
     from transduce.runtime import contract
 
-    weights = read_config(model_dir)["files"]["model.safetensors"]["sha256"]
+    weights = weights_sha256(model_dir)
     for cand in candidates:
         if os.path.isdir(cand):
             try:

@@ -33,10 +33,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
+from transduce.exporter.engine import ENGINE_MANIFEST as ENGINE_FILE
+from transduce.runtime.contract import MANIFEST_FILE, MODEL_CONFIG_FILE
 
-ENGINE_FILE = "engine.json"
-MANIFEST_FILE = "manifest.json"
-MODEL_CONFIG_FILE = "config.json"
 KINDS = {ENGINE_FILE: "engine", MANIFEST_FILE: "artifact", MODEL_CONFIG_FILE: "model"}
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}

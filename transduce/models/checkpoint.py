@@ -22,12 +22,18 @@ from typing import Any
 from transduce._io import atomic_directory, interrupted_replace_hint, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
-from transduce.runtime.contract import MANIFEST_FILE, MODEL_FORMAT, TOKENIZER_FILE, file_entry, listed_file_problem
+from transduce.runtime.contract import (
+    MANIFEST_FILE,
+    MODEL_FORMAT,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    file_entry,
+    listed_file_problem,
+)
+from transduce.runtime.contract import MODEL_CONFIG_FILE as CONFIG_FILE
 from transduce.tokenizer import Tokenizer
 
 FORMAT = MODEL_FORMAT
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 TRAINING_DIR = "training"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
@@ -144,6 +150,18 @@ def verify_model_dir(path: str | os.PathLike) -> dict[str, Any]:
     for name in (WEIGHTS_FILE, TOKENIZER_FILE):
         _verify(path, cfg, name)
     return cfg
+
+
+def weights_sha256(path: str | os.PathLike) -> str:
+    """The sha256 a model directory's config.json records for its weights (what an export's manifest
+    names as its source: source_model.weights_sha256). Read from the config, not hashed."""
+    path = os.fspath(path)
+    files = read_config(path).get("files")
+    entry = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size and sha256): "
+                              "the config was edited", hint="restore the model directory's config.json, or save the model again")
+    return entry["sha256"]
 
 
 def model_config(path: str | os.PathLike) -> ModelConfig:

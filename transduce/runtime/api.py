@@ -12,7 +12,7 @@ BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
 def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = None) -> str:
     """The model directory an artifact was exported from (for the torch backend and parity), checked by hash."""
-    from transduce.models.checkpoint import read_config
+    from transduce.models.checkpoint import read_config, weights_sha256
 
     src = manifest.get("source_model", {})
     path = model_dir or src.get("path")
@@ -28,13 +28,7 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
         )
     want = src.get("weights_sha256")
     config = read_config(path)
-    files = config.get("files")
-    entry = files.get("model.safetensors") if isinstance(files, dict) else None
-    have = entry.get("sha256") if isinstance(entry, dict) else None
-    if want and have is None:
-        raise ArtifactError(f"{os.path.join(path, 'config.json')} does not record model.safetensors (its size and "
-                            "sha256): the config was edited", hint="restore the model directory's config.json")
-    if want and have != want:
+    if want and weights_sha256(path) != want:  # a config that records no weights is a CheckpointError
         raise ArtifactError(f"{path!r} holds other weights than the ones {artifact_dir!r} was exported from",
                             hint="pass --model with the model directory the artifact was exported from, or re-export")
     theirs, ours = _full_config(config.get("model")), _full_config(manifest.get("model"))

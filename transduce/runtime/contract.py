@@ -254,14 +254,16 @@ def quantization(manifest: dict[str, Any]) -> str | None:
 
 
 MODEL_FORMAT = "transduce-model"  # config.json's "format" in a model directory (and in an artifact's copy)
+MODEL_CONFIG_FILE = "config.json"  # a model directory's config (transduce/models/checkpoint.py)
+WEIGHTS_FILE = "model.safetensors"  # ... and its weights
 
 
 def is_model_dir(directory: str) -> bool:
     """Whether directory looks like a model directory (transduce train): a model's config.json and weights."""
-    if not os.path.isfile(os.path.join(directory, "model.safetensors")):
+    if not os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
         return False
     try:
-        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        with open(os.path.join(directory, MODEL_CONFIG_FILE), encoding="utf-8") as f:
             cfg = json.load(f)
     except (OSError, ValueError):
         return False
