@@ -34,7 +34,7 @@ from typing import Any
 
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
 from transduce.exporter.engine import ENGINE_MANIFEST as ENGINE_FILE
-from transduce.runtime.contract import MANIFEST_FILE, MODEL_CONFIG_FILE
+from transduce.runtime.contract import MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_FILE
 
 KINDS = {ENGINE_FILE: "engine", MANIFEST_FILE: "artifact", MODEL_CONFIG_FILE: "model"}
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -120,14 +120,14 @@ def tokenizer_report(path: str, problems: list[str]) -> dict[str, Any] | None:
     """Vocabulary size of the tokenizer.json in `path`, if there is one (problems noted, not raised)."""
     from transduce.tokenizer import Tokenizer
 
-    fpath = os.path.join(path, "tokenizer.json")
+    fpath = os.path.join(path, TOKENIZER_FILE)
     if not os.path.isfile(fpath):
         return None
     try:
-        return {"file": "tokenizer.json", "vocab_size": Tokenizer.from_file(fpath).vocab_size}
+        return {"file": TOKENIZER_FILE, "vocab_size": Tokenizer.from_file(fpath).vocab_size}
     except CheckpointError as e:
         problems.append(str(e))
-        return {"file": "tokenizer.json", "vocab_size": None}
+        return {"file": TOKENIZER_FILE, "vocab_size": None}
 
 
 def recorded_files(files: Any) -> dict[str, dict[str, Any]]:
@@ -686,7 +686,7 @@ def render_report(report: dict[str, Any], console=None) -> None:
         sections.append(_key_value_table("training", flatten(report["training"], depth=1)))
     for name, graph in (report.get("graphs") or {}).items():
         sections.extend(_graph_sections(name, graph))
-    for key, title in (("manifest", "manifest"), ("engine", "engine.json")):
+    for key, title in (("manifest", "manifest"), ("engine", ENGINE_FILE)):
         if report.get(key):
             sections.extend(_document_sections(title, report[key], report))
     if "runtime_check" in report:

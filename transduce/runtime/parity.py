@@ -336,7 +336,7 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     art_dir = getattr(candidate, "artifact_dir", artifact_dir)
     manifest = contract.read_manifest(art_dir, verify_hashes=False)
     reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=device)
-    tokenizer = Tokenizer.from_file(os.path.join(art_dir, "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(os.path.join(art_dir, contract.TOKENIZER_FILE))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime; eager
     # PyTorch and TensorRT engines (built from unquantized exports only) to the precision's
     quantized = contract.quantization(manifest) if backend == "onnxruntime" else None
