@@ -37,6 +37,7 @@ def test_decode_nbest_and_scores(tiny_artifact_dir, tmp_path):
 def test_decode_errors_are_one_line(tiny_artifact_dir, tmp_path):
     r = CliRunner().invoke(main, ["decode", str(tmp_path / "nope")], input="one\n")
     assert r.exit_code == 2 and "error:" in r.stderr and "does not exist" in r.stderr
+    assert f"export one with: transduce export MODEL_DIR {tmp_path / 'nope'}" in r.stderr  # not "--force"
     assert "Traceback" not in r.output
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir], input=" ".join(["nine"] * 200) + "\n")
     assert r.exit_code == 2 and "input line 1 has" in r.stderr and "--truncate" in r.stderr

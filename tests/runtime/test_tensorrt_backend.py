@@ -25,17 +25,6 @@ from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode
 
 
-def test_missing_tensorrt_fails_cleanly(monkeypatch, tmp_path):
-    from transduce.runtime.api import make_backend
-    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
-
-    monkeypatch.setitem(sys.modules, "tensorrt", None)
-    for make in (lambda: TensorRTBackend(str(tmp_path)), lambda: make_backend(str(tmp_path), backend="tensorrt")):
-        with pytest.raises(BackendUnavailable) as e:
-            make()
-        assert "TensorRT is not installed" in str(e.value) and "pip install 'transduce[gpu]'" in str(e.value)
-
-
 def test_backend_module_imports_no_framework():
     import subprocess
 
@@ -88,6 +77,29 @@ def wide(tmp_path_factory, artifact):
 def narrow(tmp_path_factory, artifact):
     """2 sentences x beam 2: every batch below runs in row chunks."""
     return _engines(tmp_path_factory, artifact, max_batch=2, beam=2, max_src_len=24, max_tgt_len=40)
+
+
+def test_missing_tensorrt_fails_cleanly(monkeypatch, narrow):
+    from transduce.runtime.api import make_backend
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    for make in (lambda: TensorRTBackend(narrow), lambda: make_backend(narrow, backend="tensorrt")):
+        with pytest.raises(BackendUnavailable) as e:
+            make()
+        assert "TensorRT is not installed" in str(e.value) and "pip install 'transduce[gpu]'" in str(e.value)
+
+
+def test_a_wrong_directory_is_said_before_missing_tensorrt(monkeypatch, tmp_path, artifact, tiny_model_dir):
+    """What to fix in the command line comes before what this machine lacks."""
+    from transduce.runtime.api import make_backend
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    for path, says in [(str(tmp_path / "missing"), "engine directory .* does not exist"),
+                       (artifact, "is an exported artifact, not a TensorRT engine directory"),
+                       (tiny_model_dir, "is a model directory, not a TensorRT engine directory")]:
+        with pytest.raises(ArtifactError, match=says):
+            make_backend(path, backend="tensorrt")
 
 
 @pytest.fixture(scope="module")

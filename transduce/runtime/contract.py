@@ -282,7 +282,8 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
             raise ArtifactError(f"{artifact_dir!r} is a file, not an artifact directory",
                                 hint="give the directory transduce export wrote")
         raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist",
-                            hint=interrupted_replace_hint(artifact_dir) or hint)
+                            hint=interrupted_replace_hint(artifact_dir)
+                            or f"export one with: transduce export MODEL_DIR {artifact_dir}")
     if not os.path.isfile(path):
         if is_model_dir(artifact_dir):
             raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",

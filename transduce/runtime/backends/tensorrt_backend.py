@@ -209,9 +209,12 @@ class TensorRTBackend:
         `_trt` / `_runtime` inject a TensorRT module and runtime identity (tests only; with an injected
         module device="cpu" is accepted so the test double can run on host memory).
         """
+        self.engine_dir = os.path.abspath(os.fspath(engine_dir))
+        # the directory's mistakes first (no such directory, an artifact or model given instead): they are
+        # what to fix before TensorRT, CUDA or PyTorch being missing here matters
+        eng.read_engine_manifest(self.engine_dir, check_runtime=False, verify_hashes=False)
         torch = _torch()
         self.torch = torch
-        self.engine_dir = os.path.abspath(os.fspath(engine_dir))
         self._log = log or (lambda msg: None)
         trt = _trt or eng.import_tensorrt()
         self.trt = trt
