@@ -126,3 +126,67 @@ def test_an_empty_directory_is_written_without_force(tmp_path):
     with pytest.raises(TransduceError, match="already exists"):
         with atomic_directory(out, overwrite=False):
             pass
+
+
+def test_an_empty_directory_written_to_meanwhile_is_left_alone(tmp_path):
+    """Accepted because it was empty; at the end it is replaced only if it still is (one rename)."""
+    from transduce._io import atomic_directory
+    from transduce.errors import TransduceError
+
+    for made_before in (True, False):
+        out = tmp_path / f"out-{made_before}"
+        if made_before:
+            out.mkdir()
+        with pytest.raises(TransduceError, match="was created or written to while this ran"):
+            with atomic_directory(out, overwrite=False) as tmp:
+                with open(os.path.join(tmp, "manifest.json"), "w") as f:
+                    f.write("{}")
+                out.mkdir(exist_ok=True)
+                (out / "notes.txt").write_text("mine")
+        assert os.listdir(out) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["out-False", "out-True"]  # no temporary directory left
+
+
+def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
+    """EBUSY and the like on the last rename: the previous directory is put back, the new one removed."""
+    import errno
+
+    from transduce import _io
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("old")
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if os.path.basename(src).startswith(".out.tmp-"):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_io.os, "replace", replace)
+    with pytest.raises(OSError, match="busy"):
+        with _io.atomic_directory(out) as tmp:
+            with open(os.path.join(tmp, "manifest.json"), "w") as f:
+                f.write("new")
+    assert os.listdir(tmp_path) == ["out"] and (out / "manifest.json").read_text() == "old"
+
+
+def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):
+    from transduce import _io
+    from transduce.errors import TransduceError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(_io.os.path, "ismount", lambda p: p == str(out) or real_ismount(p))
+    with pytest.raises(TransduceError, match="is a mount point") as e:
+        _io.check_replaceable(str(out), True, "manifest.json", "an artifact", "artifacts")
+    assert "inside it" in e.value.hint
+    monkeypatch.setattr(_io.os.path, "ismount", real_ismount)
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_io, "is_empty_dir", unreadable)
+    with pytest.raises(TransduceError, match="cannot read .*Permission denied"):
+        _io.check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")

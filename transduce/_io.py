@@ -4,6 +4,7 @@ so a crash never leaves a half-written checkpoint, artifact or engine that looks
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from transduce.errors import TransduceError
@@ -157,28 +158,53 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
 
     On an exception the temporary directory is removed and `final` is left as it was. A symlink at
     `final` stays: the directory it points to is the one replaced. Without `overwrite` an existing
-    `final` is refused, unless it is an empty directory.
+    `final` is refused, unless it is an empty directory, which is then replaced only if it is still
+    empty at the end (one rename; whatever was written into it meanwhile stays, and this run's output
+    is discarded with an error).
     """
     final = os.path.realpath(os.fspath(final))
     parent = check_parent_writable(final)
-    if os.path.exists(final) and not overwrite and not is_empty_dir(final):
+    if os.path.exists(final) and not overwrite and not _is_empty(final):
         raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
     _remove_abandoned(parent, os.path.basename(final))
     tmp = tempfile.mkdtemp(prefix=_tmp_prefix(os.path.basename(final)) + f"{os.getpid()}-", dir=parent)
+    old = None
     try:
         yield tmp
         _umask_modes(tmp)
+        if _is_empty(final):
+            try:  # replaces an empty directory in one step, and refuses one that something wrote into meanwhile
+                os.rename(tmp, final)
+                return
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        if os.path.exists(final):
+            if not overwrite:  # it was empty (or absent) when this began
+                raise TransduceError(f"{final!r} was created or written to while this ran: it was left as it is and this "
+                                     "run's output discarded", hint="choose an output directory nothing else writes to")
+            old = tempfile.mkdtemp(prefix=f".{_short(os.path.basename(final))}.old-", dir=parent)
+            os.rmdir(old)
+            os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            if old is not None:
+                os.replace(old, final)  # the previous one back in place
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = None
-    if os.path.exists(final):
-        old = tempfile.mkdtemp(prefix=f".{_short(os.path.basename(final))}.old-", dir=parent)
-        os.rmdir(old)
-        os.replace(final, old)
-    os.replace(tmp, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _is_empty(path: str) -> bool:
+    """Whether `path` is an empty directory (False for anything else, or where it cannot be read)."""
+    try:
+        return os.path.isdir(path) and is_empty_dir(path)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -244,34 +270,40 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: str, error=TransduceError,
-                      option: str = "output directory", force_hint: str = "pass --force to replace it") -> None:
+                      option: str = "output directory", force_hint: str = "pass --force to replace it",
+                      is_kind: Callable[[str], bool] | None = None) -> None:
     """Refuse an existing `out_dir` unless force, and never replace a directory that is not `kind`.
 
     `marker` is the file that makes a directory a `kind` (manifest.json for an artifact, engine.json
-    for an engine directory, config.json for a model directory): --force replaces only what transduce
-    itself wrote. An empty directory (mkdir -p) has nothing to lose and needs no --force.
+    for an engine directory, config.json for a model directory); `is_kind(out_dir)` decides (default:
+    the marker is there), so that --force replaces only what transduce itself wrote. An empty directory
+    (mkdir -p) has nothing to lose and needs no --force; a mount point cannot be replaced at all.
     """
     if not os.path.lexists(out_dir):
         return
     # what could never be replaced is said first: "pass --force" would only lead to this refusal
     if not os.path.isdir(out_dir):
         raise error(f"{out_dir!r} exists and is not a directory", hint=f"choose another {option}")
-    if is_empty_dir(out_dir):
-        return
-    if not os.path.isfile(os.path.join(out_dir, marker)):
-        raise error(f"{out_dir!r} is not {kind} (it has files but no {marker}); --force replaces only {kinds}",
+    if os.path.ismount(os.path.realpath(out_dir)):
+        raise error(f"{out_dir!r} is a mount point: the output is written beside it and renamed into place, "
+                    "which a mount point cannot take", hint=f"give a new directory inside it as the {option}")
+    try:
+        if is_empty_dir(out_dir):
+            return
+    except OSError as e:
+        raise error(f"cannot read {out_dir!r}: {e.strerror}", hint=f"choose another {option}") from None
+    if not (is_kind or (lambda d: os.path.isfile(os.path.join(d, marker))))(out_dir):
+        raise error(f"{out_dir!r} holds files but is not {kind} (no {marker} written by transduce); --force replaces "
+                    f"only {kinds}",
                     hint=f"choose another {option}")
     if not force:
         raise error(f"{out_dir!r} already exists and is {kind}", hint=force_hint)
 
 
 def is_empty_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a directory with nothing in it (False for anything else, or where unreadable)."""
-    try:
-        with os.scandir(path) as entries:
-            return next(entries, None) is None
-    except OSError:
-        return False
+    """Whether directory `path` has nothing in it; an OSError where it cannot be read (or is no directory)."""
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
 
 
 def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str = "input file") -> list[str]:

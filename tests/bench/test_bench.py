@@ -310,7 +310,7 @@ def test_paths_lengths_and_inputs_are_checked_before_any_work(tmp_path, tiny_mod
         (dict(out_dir=str(cache / "demo")), "inside --cache-dir"),
         (dict(src_len=300), "--src-len 300 exceeds the demo model's max_positions"),
         (dict(steps=257), "--steps 257 exceeds"),
-        (dict(model_dir=tiny_artifact_dir), "--model-dir .* is an ONNX export .transduce export., not a model directory"),
+        (dict(model_dir=tiny_artifact_dir), "--model-dir [^:]*: '[^']*' is an ONNX export .transduce export., not a model directory"),
         (dict(model_dir=str(tmp_path)), "config.json is missing"),
         (dict(sizes=["base", "demo"], artifact_dir=str(tmp_path / "missing")), "--artifact-dir .* does not exist"),
     ]

@@ -33,6 +33,8 @@ def test_cli_export(artifact_fp32, tiny_model_dir, tmp_path, copied_graphs):
     assert result.exit_code == 0, result.output
     assert "[export] validating against eager PyTorch" in result.output
     assert "log_probs" in result.output and "exported in" in result.output
+    columns = {line.index(" max abs ") for line in result.output.splitlines() if " max abs " in line}
+    assert len(columns) == 1, result.output  # one column, whatever the longest output group's name
     assert contract.read_manifest(out)["graphs"] == artifact_fp32.manifest["graphs"]
 
 
@@ -176,12 +178,19 @@ def test_export_replaces_an_artifact_only_with_force(artifact_fp32, tmp_path, co
     from transduce.cli import main
 
     model_dir = artifact_fp32.manifest["source_model"]["path"]
+    theirs = tmp_path / "webapp"  # a manifest.json that is not ours: never replaced
+    theirs.mkdir()
+    (theirs / "manifest.json").write_text(json.dumps({"name": "app"}))
+    result = CliRunner().invoke(main, ["export", model_dir, str(theirs), "--force", "--quiet"])
+    assert result.exit_code == 2 and "is not an artifact directory" in result.output, result.output
+    assert os.listdir(theirs) == ["manifest.json"]
     out = tmp_path / "art"
     out.mkdir()
-    (out / "manifest.json").write_text(json.dumps({"kind": "old"}))
+    old = {"kind": contract.ARTIFACT_KIND, "note": "old"}
+    (out / "manifest.json").write_text(json.dumps(old))
     result = CliRunner().invoke(main, ["export", model_dir, str(out), "--quiet"])
     assert result.exit_code == 2 and "already exists" in result.output and "--force" in result.output
-    assert json.loads((out / "manifest.json").read_text()) == {"kind": "old"}
+    assert json.loads((out / "manifest.json").read_text()) == old
     result = CliRunner().invoke(main, ["export", model_dir, str(out), "--force", "--quiet"])
     assert result.exit_code == 0, result.output
     assert contract.read_manifest(out)["kind"] == contract.ARTIFACT_KIND

@@ -102,7 +102,7 @@ def test_demo_task_is_learned(demo_model_dir):
 QUIET = dict(progress=False, log=lambda *a: None)
 
 
-def test_out_is_never_replaced_unasked(tmp_path, small_corpus):
+def test_out_is_never_replaced_unasked(tmp_path, small_corpus, tiny_artifact_dir):
     from transduce.errors import ConfigError, TransduceError
 
     train_pairs, valid_pairs = small_corpus
@@ -110,10 +110,16 @@ def test_out_is_never_replaced_unasked(tmp_path, small_corpus):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "thesis.txt").write_text("mine")
+    says = "holds files but is not a model directory .no config.json . model.safetensors written"
     for force in (False, True):  # a directory of other files: refused, --force or not
-        with pytest.raises(ConfigError, match="precious.*is not a model directory .it has files but no config.json"):
+        with pytest.raises(ConfigError, match="precious.*" + says):
             train(train_pairs[:50], valid_pairs[:2], str(precious), _cfg(1, 1), force=force, **QUIET)
     assert os.listdir(precious) == ["thesis.txt"]
+    # an export (and an engine directory) carries the model's config.json, but is no model directory
+    before = sorted(os.listdir(tiny_artifact_dir))
+    with pytest.raises(ConfigError, match=says):
+        train(train_pairs[:50], valid_pairs[:2], tiny_artifact_dir, _cfg(1, 1), force=True, **QUIET)
+    assert sorted(os.listdir(tiny_artifact_dir)) == before
     model = tmp_path / "model"
     model.mkdir()  # an empty directory (mkdir -p): nothing to lose, no --force needed
     train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(1, 1), **QUIET)
@@ -308,3 +314,19 @@ def test_ctrl_c_handling_respects_an_ignored_sigint_and_a_finished_run(tmp_path,
     assert summary["step"] == 2
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert cfg["training"]["step"] == 2
+
+
+def test_files_written_into_an_empty_out_during_the_run_are_kept(tmp_path, small_corpus):
+    """An empty --out is accepted; what lands in it before the first checkpoint is not deleted by it."""
+    from transduce.errors import TransduceError
+
+    train_pairs, valid_pairs = small_corpus
+    out = tmp_path / "model"
+    out.mkdir()
+
+    def meanwhile(line):  # called once training has started, before the first checkpoint
+        (out / "notes.txt").write_text("mine")
+
+    with pytest.raises(TransduceError, match="already exists|was created or written to while this ran"):
+        train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), progress=False, log=meanwhile)
+    assert os.listdir(out) == ["notes.txt"] and os.listdir(tmp_path) == ["model"]

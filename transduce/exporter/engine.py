@@ -585,7 +585,18 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
                           "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
     check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
-    check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory")
+    check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory",
+                      is_kind=is_engine_dir)
+
+
+def is_engine_dir(directory: str) -> bool:
+    """Whether directory looks like an engine directory (transduce build): its engine.json is one."""
+    try:
+        with open(os.path.join(directory, ENGINE_MANIFEST), encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("kind") == ENGINE_KIND
 
 
 def _network_flags(trt) -> int:

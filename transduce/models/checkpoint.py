@@ -46,25 +46,27 @@ def save_model_dir(
     training: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     train_state: dict[str, Any] | None = None,
+    overwrite: bool = True,
 ) -> None:
     """Write a model directory atomically (replacing an existing one; callers check that it may be).
+    Without `overwrite` only a new or empty directory is written (see _io.atomic_directory).
 
     A write that fails (disk full, permissions) is a CheckpointError and leaves `path` as it was."""
     from safetensors import SafetensorError
 
     try:
-        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state)
+        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite)
     except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error class
         raise CheckpointError(f"cannot write the model directory {os.fspath(path)!r}: {e}",
                               hint="free some disk space or choose another output directory; the last "
                                    "complete checkpoint there (if any) is unchanged") from None
 
 
-def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state) -> None:
+def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite) -> None:
     import torch
     from safetensors.torch import save_file
 
-    with atomic_directory(path) as tmp:
+    with atomic_directory(path, overwrite=overwrite) as tmp:
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(weights, os.path.join(tmp, WEIGHTS_FILE), metadata={"format": FORMAT})
         tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))

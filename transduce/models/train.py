@@ -173,10 +173,12 @@ def training_device(name: str):
 def check_train_output(out_dir: str, force: bool) -> None:
     """A new run may write `out_dir` if nothing is there, an empty directory, or (with force) a model
     directory; never over other files (replacing a model directory deletes what was in it)."""
-    from transduce.models.checkpoint import CONFIG_FILE
+    from transduce.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+    from transduce.runtime.contract import is_model_dir
 
-    check_replaceable(out_dir, force, CONFIG_FILE, "a model directory", "model directories", ConfigError, "--out",
-                      force_hint="pass --resume to continue its run, --force to replace it, or choose another --out")
+    check_replaceable(out_dir, force, f"{CONFIG_FILE} + {WEIGHTS_FILE}", "a model directory", "model directories", ConfigError,
+                      "--out", force_hint="pass --resume to continue its run, --force to replace it, or choose another --out",
+                      is_kind=is_model_dir)
 
 
 @contextlib.contextmanager
@@ -303,16 +305,20 @@ def train(
         f"torch threads {torch.get_num_threads()}")
 
     saved_step = step
+    # a new run's first checkpoint writes only a new or still empty --out (check_train_output accepted
+    # it so): whatever else was written there meanwhile is refused, not deleted; later ones replace our own
+    overwrite = resume or force
 
     def checkpoint(metrics: dict[str, Any] | None = None) -> None:
-        nonlocal saved_step
+        nonlocal saved_step, overwrite
         saved_step = step
         train_state = {"step": step, "epoch": epoch, "batch": bpos, "tokens": total_tokens,
                        "history": history, "train_seconds": train_seconds,
                        "train_config": asdict(train_cfg), "data_sha256": data_sha256}
         summary = {**(metrics or {}), "step": step, "train_seconds": round(train_seconds, 1)}  # this step, not the last eval's
         save_model_dir(out_dir, model, tokenizer, training=summary, optimizer_state=opt.state_dict(),
-                       train_state=train_state)
+                       train_state=train_state, overwrite=overwrite)
+        overwrite = True
 
     bar = None
     if progress:

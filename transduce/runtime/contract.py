@@ -270,6 +270,16 @@ def is_model_dir(directory: str) -> bool:
     return isinstance(cfg, dict) and cfg.get("format") == MODEL_FORMAT
 
 
+def is_artifact_dir(directory: str) -> bool:
+    """Whether directory looks like an exported artifact (transduce export): its manifest is one."""
+    try:
+        with open(os.path.join(directory, MANIFEST_FILE), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("kind") == ARTIFACT_KIND
+
+
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
     """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
     artifact_dir = os.fspath(artifact_dir)
