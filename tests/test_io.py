@@ -123,7 +123,7 @@ def test_an_empty_directory_is_written_without_force(tmp_path):
     with pytest.raises(TransduceError, match="already exists and is an artifact") as e:
         check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")
     assert "--force" in e.value.hint
-    with pytest.raises(TransduceError, match="already exists"):
+    with pytest.raises(TransduceError, match="is not empty .any more.: it was left as it is"):
         with atomic_directory(out, overwrite=False):
             pass
 
@@ -152,6 +152,7 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
     import errno
 
     from transduce import _io
+    from transduce.errors import TransduceError
 
     out = tmp_path / "out"
     out.mkdir()
@@ -169,6 +170,19 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
             with open(os.path.join(tmp, "manifest.json"), "w") as f:
                 f.write("new")
     assert os.listdir(tmp_path) == ["out"] and (out / "manifest.json").read_text() == "old"
+
+    def neither(src, dst):  # and the previous copy cannot be put back either: the error says where it is
+        if ".out.tmp-" in src or ".out.old-" in src:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_io.os, "replace", neither)
+    with pytest.raises(TransduceError, match="replacing .*failed .*busy.*could not be put back") as e:
+        with _io.atomic_directory(out):
+            pass
+    [old] = os.listdir(tmp_path)
+    assert old.startswith(".out.old-") and e.value.hint == f"restore it with: mv {tmp_path / old} {out}"
+    assert (tmp_path / old / "manifest.json").read_text() == "old"
 
 
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):

@@ -119,11 +119,7 @@ def _remove_abandoned(parent: str, base: str) -> None:
         except (OSError, ValueError):
             continue
         if time.time() - newest > ABANDONED_AFTER_S:
-            if is_dir:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            _remove(path)
 
 
 def _running(pid: int) -> bool:
@@ -164,8 +160,9 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     """
     final = os.path.realpath(os.fspath(final))
     parent = check_parent_writable(final)
-    if os.path.exists(final) and not overwrite and not _is_empty(final):
-        raise TransduceError(f"{final!r} already exists", hint="pass --force to replace it")
+    if os.path.lexists(final) and not overwrite and not _is_empty(final):
+        raise TransduceError(f"{final!r} is not empty (any more): it was left as it is",
+                             hint="choose a new or empty output directory that nothing else writes to")
     _remove_abandoned(parent, os.path.basename(final))
     tmp = tempfile.mkdtemp(prefix=_tmp_prefix(os.path.basename(final)) + f"{os.getpid()}-", dir=parent)
     old = None
@@ -179,24 +176,35 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
             except OSError as e:
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
-        if os.path.exists(final):
+        if os.path.lexists(final):
             if not overwrite:  # it was empty (or absent) when this began
-                raise TransduceError(f"{final!r} was created or written to while this ran: it was left as it is and this "
-                                     "run's output discarded", hint="choose an output directory nothing else writes to")
+                raise TransduceError(f"{final!r} was created or written to while this ran: it was left as it is and "
+                                     "this run's output discarded", hint="choose an output directory nothing else writes to")
             old = tempfile.mkdtemp(prefix=f".{_short(os.path.basename(final))}.old-", dir=parent)
             os.rmdir(old)
             os.replace(final, old)
-        try:
-            os.replace(tmp, final)
-        except BaseException:
-            if old is not None:
-                os.replace(old, final)  # the previous one back in place
-            raise
-    except BaseException:
+        os.replace(tmp, final)
+    except BaseException as e:
+        if old is not None and not os.path.lexists(final):  # the previous one back in place
+            with contextlib.suppress(OSError):
+                os.replace(old, final)
+                old = None
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and isinstance(e, Exception) and not os.path.lexists(final):
+            raise TransduceError(f"replacing {final!r} failed ({e}), and its previous copy could not be put back",
+                                 hint=f"restore it with: mv {old} {final}") from e
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
+
+
+def _remove(path: str) -> None:
+    """Remove a file or a directory tree, as far as possible (what is left is only disk space)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _is_empty(path: str) -> bool:
@@ -271,8 +279,10 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: str, error=TransduceError,
                       option: str = "output directory", force_hint: str = "pass --force to replace it",
-                      is_kind: Callable[[str], bool] | None = None) -> None:
+                      is_kind: Callable[[str], bool] | None = None) -> bool:
     """Refuse an existing `out_dir` unless force, and never replace a directory that is not `kind`.
+    -> whether the output replaces an existing directory (its writer's `overwrite`: False for a new or an
+    empty one, so that whatever is written into it meanwhile is refused, not deleted).
 
     `marker` is the file that makes a directory a `kind` (manifest.json for an artifact, engine.json
     for an engine directory, config.json for a model directory); `is_kind(out_dir)` decides (default:
@@ -280,7 +290,7 @@ def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: 
     (mkdir -p) has nothing to lose and needs no --force; a mount point cannot be replaced at all.
     """
     if not os.path.lexists(out_dir):
-        return
+        return False
     # what could never be replaced is said first: "pass --force" would only lead to this refusal
     if not os.path.isdir(out_dir):
         raise error(f"{out_dir!r} exists and is not a directory", hint=f"choose another {option}")
@@ -289,7 +299,7 @@ def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: 
                     "which a mount point cannot take", hint=f"give a new directory inside it as the {option}")
     try:
         if is_empty_dir(out_dir):
-            return
+            return False
     except OSError as e:
         raise error(f"cannot read {out_dir!r}: {e.strerror}", hint=f"choose another {option}") from None
     if not (is_kind or (lambda d: os.path.isfile(os.path.join(d, marker))))(out_dir):
@@ -298,6 +308,7 @@ def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: 
                     hint=f"choose another {option}")
     if not force:
         raise error(f"{out_dir!r} already exists and is {kind}", hint=force_hint)
+    return True
 
 
 def is_empty_dir(path: str | os.PathLike) -> bool:

@@ -113,9 +113,10 @@ def test_failed_validation_leaves_no_artifact(tiny_model_dir, tmp_path, copied_g
 
     old = tmp_path / "old"
     old.mkdir()
-    (old / "manifest.json").write_text('{"kind": "old"}')
+    (old / "manifest.json").write_text('{"kind": "transduce-artifact", "note": "old"}')
     _fail(tiny_model_dir, str(old), "--force", match="do not match eager PyTorch")
     assert os.listdir(old) == ["manifest.json"] and sorted(os.listdir(tmp_path)) == ["old"]
+    assert "old" in (old / "manifest.json").read_text()
 
 
 def test_wrong_graph_is_caught_by_validation(artifact_fp32, tiny_model_dir, tmp_path, monkeypatch):

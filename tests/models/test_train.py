@@ -321,12 +321,14 @@ def test_files_written_into_an_empty_out_during_the_run_are_kept(tmp_path, small
     from transduce.errors import TransduceError
 
     train_pairs, valid_pairs = small_corpus
-    out = tmp_path / "model"
-    out.mkdir()
+    for force in (False, True):  # --force replaces a model directory, not what others put into an empty one
+        out = tmp_path / f"model-{force}"
+        out.mkdir()
 
-    def meanwhile(line):  # called once training has started, before the first checkpoint
-        (out / "notes.txt").write_text("mine")
+        def meanwhile(line, out=out):  # called once training has started, before the first checkpoint
+            (out / "notes.txt").write_text("mine")
 
-    with pytest.raises(TransduceError, match="already exists|was created or written to while this ran"):
-        train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), progress=False, log=meanwhile)
-    assert os.listdir(out) == ["notes.txt"] and os.listdir(tmp_path) == ["model"]
+        with pytest.raises(TransduceError, match="is not empty .any more.|was created or written to while this ran"):
+            train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), force=force, progress=False, log=meanwhile)
+        assert os.listdir(out) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["model-False", "model-True"]

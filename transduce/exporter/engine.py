@@ -572,7 +572,8 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
 # -- building (TensorRT; runs only where TensorRT and a GPU are) ---------------------------------
 
 
-def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
+def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> bool:
+    """Refuse an --out that cannot take the engines; -> whether it replaces an existing engine directory."""
     real_out, real_art = os.path.realpath(out_dir), os.path.realpath(artifact_dir)
     out_is_engine = os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST))
     if real_out == real_art and not out_is_engine:
@@ -585,8 +586,8 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> None:
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
                           "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
     check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
-    check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError, "--out directory",
-                      is_kind=is_engine_dir)
+    return check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError,
+                             "--out directory", is_kind=is_engine_dir)
 
 
 def is_engine_dir(directory: str) -> bool:
@@ -889,7 +890,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         raise EngineError(f"{artifact_dir} has {contract.quantization(manifest)} graphs for ONNX Runtime's CPU provider "
                           "(transduce export --quantize); TensorRT engines are built from an unquantized export",
                           hint=f"transduce export MODEL_DIR OUT_DIR --precision {precision} (without --quantize), then build from it")
-    _check_destination(artifact_dir, out_dir, force)
+    replaces = _check_destination(artifact_dir, out_dir, force)  # an existing engine directory (not an empty one)
     plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
                            opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)
     if not (isinstance(workspace_gb, (int, float)) and math.isfinite(workspace_gb) and workspace_gb > 0):
@@ -909,7 +910,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             f"{axis} {r.min}/{r.opt}/{r.max}" for axis, r in (("batch", p.batch), ("src_len", p.src_len),
                                                                ("cache_len", p.cache_len)) if r is not None)
             for p in specs))
-    with atomic_output(out_dir, force, EngineError, "the engine directory",
+    with atomic_output(out_dir, replaces, EngineError, "the engine directory",
                        hint="choose an --out path you can write to, on a disk with space") as tmp:
         builder = trt.Builder(logger.ilogger)
         cache_bytes = _read_timing_cache(timing_cache, log)

@@ -114,7 +114,7 @@ def check_quantize(quantize: str, config: dict[str, Any], precision: str) -> Non
         raise ExportError(f"cannot quantize: {reason}", hint="--quantize int8 needs --precision fp32 and a post-norm model")
 
 
-def check_destination(model_dir: str, out_dir: str, force: bool) -> None:
+def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
     """Refuse an existing OUT_DIR without force, and never replace something that is not an artifact."""
     real_out, real_model = os.path.realpath(out_dir), os.path.realpath(model_dir)
     if real_out == real_model or real_model.startswith(real_out + os.sep):
@@ -128,8 +128,8 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> None:
     if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST)):  # an engine directory holds a manifest.json copy too
         raise ExportError(f"{out_dir!r} is an engine directory (transduce build); --force replaces only artifacts",
                           hint="choose another output directory")
-    check_replaceable(out_dir, force, contract.MANIFEST_FILE, "an artifact directory", "artifacts", ExportError,
-                      is_kind=contract.is_artifact_dir)
+    return check_replaceable(out_dir, force, contract.MANIFEST_FILE, "an artifact directory", "artifacts", ExportError,
+                             is_kind=contract.is_artifact_dir)
 
 
 def load_model(model_dir: str):
@@ -274,14 +274,14 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
         raise ExportError(f"quantization ({quantize}) quantizes {contract.ORT_STEP_FILE}, which ort_step_graph=False "
                           "(--no-ort-step) leaves out", hint="drop one of the two options")
     opset = int(opset)
-    check_destination(model_dir, out_dir, force)
+    replaces = check_destination(model_dir, out_dir, force)  # an existing artifact (not an empty directory)
     model, _, cfg = load_model(model_dir)
     config = model.cfg.to_dict()
     if quantize:
         check_quantize(quantize, config, precision)
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
         raise ExportError(f"max_positions is {model.cfg.max_positions}; export needs >= {MIN_MAX_POSITIONS}")
-    with atomic_output(out_dir, force, ExportError, "the artifact",
+    with atomic_output(out_dir, replaces, ExportError, "the artifact",
                        hint="choose an output path you can write to, on a disk with space") as tmp:
         trace_s = export_graphs(model, tmp, precision, opset, log, ort_step_graph=ort_step_graph)
         log("checking graphs (ONNX checker, shape inference, IO contract, TensorRT ops)")

@@ -170,15 +170,16 @@ def training_device(name: str):
     return device
 
 
-def check_train_output(out_dir: str, force: bool) -> None:
+def check_train_output(out_dir: str, force: bool) -> bool:
     """A new run may write `out_dir` if nothing is there, an empty directory, or (with force) a model
-    directory; never over other files (replacing a model directory deletes what was in it)."""
+    directory; never over other files (replacing a model directory deletes what was in it). -> whether
+    it replaces an existing model directory."""
     from transduce.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE
     from transduce.runtime.contract import is_model_dir
 
-    check_replaceable(out_dir, force, f"{CONFIG_FILE} + {WEIGHTS_FILE}", "a model directory", "model directories", ConfigError,
-                      "--out", force_hint="pass --resume to continue its run, --force to replace it, or choose another --out",
-                      is_kind=is_model_dir)
+    return check_replaceable(out_dir, force, f"{CONFIG_FILE} + {WEIGHTS_FILE}", "a model directory", "model directories",
+                             ConfigError, "--out", is_kind=is_model_dir,
+                             force_hint="pass --resume to continue its run, --force to replace it, or choose another --out")
 
 
 @contextlib.contextmanager
@@ -256,8 +257,8 @@ def train(
     from transduce.models.data import collate, epoch_order, make_batches
     from transduce.models.transformer import Transformer
 
+    replaces = resume or check_train_output(out_dir, force)  # an existing model directory (not an empty one)
     if not resume:
-        check_train_output(out_dir, force)
         check_parent_writable(out_dir)
     data_sha256 = pairs_sha256(train_pairs)
     device = training_device(train_cfg.device)
@@ -305,9 +306,9 @@ def train(
         f"torch threads {torch.get_num_threads()}")
 
     saved_step = step
-    # a new run's first checkpoint writes only a new or still empty --out (check_train_output accepted
-    # it so): whatever else was written there meanwhile is refused, not deleted; later ones replace our own
-    overwrite = resume or force
+    # a new run's first checkpoint into a new or empty --out writes it only if it is still so: whatever
+    # else was written there meanwhile is refused, not deleted; later checkpoints replace our own
+    overwrite = replaces
 
     def checkpoint(metrics: dict[str, Any] | None = None) -> None:
         nonlocal saved_step, overwrite
