@@ -42,3 +42,19 @@ def test_check_demo_options_accepts_the_defaults(tmp_path):
     demo.check_demo_options(str(tmp_path / "w"), None, 12)
     with pytest.raises(InputError):
         demo.check_demo_options(str(tmp_path / "w"), 5, -3)
+
+
+def test_a_damaged_demo_model_is_trained_again(tmp_path, monkeypatch, tiny_model_dir):
+    """Its weights lost: still the demo's own model directory, replaced by a new one (not refused)."""
+    import shutil
+
+    monkeypatch.setattr(demo, "DEMO_TRAIN_PAIRS", 40)
+    monkeypatch.setattr(demo, "DEMO_VALID_PAIRS", 4)
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (tmp_path / "model" / "model.safetensors").unlink()
+    logged = []
+    model_dir = demo.ensure_demo_model(str(tmp_path), steps=1, log=logged.append)
+    assert "training again" in logged[0] and (tmp_path / "model" / "model.safetensors").is_file()
+    from transduce.models.checkpoint import verify_model_dir
+
+    verify_model_dir(model_dir)

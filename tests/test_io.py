@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from transduce._io import _tmp_prefix, write_bytes_atomic, write_text_atomic
+from transduce.runtime.contract import is_artifact_dir as _is_artifact
 
 
 def _dead_pid() -> int:
@@ -104,8 +105,8 @@ def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     for force in (False, True):
-        with pytest.raises(TransduceError, match="is not an artifact .*--force replaces only artifacts"):
-            check_replaceable(str(tmp_path / "model"), force, "manifest.json", "an artifact", "artifacts")
+        with pytest.raises(TransduceError, match="is not an artifact; --force replaces only artifacts"):
+            check_replaceable(str(tmp_path / "model"), force, _is_artifact, "an artifact", "artifacts")
 
 
 def test_an_empty_directory_is_written_without_force(tmp_path):
@@ -115,13 +116,13 @@ def test_an_empty_directory_is_written_without_force(tmp_path):
 
     out = tmp_path / "out"
     out.mkdir()
-    check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")
+    check_replaceable(str(out), False, _is_artifact, "an artifact", "artifacts")
     with atomic_directory(out, overwrite=False) as tmp:
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
-            f.write("{}")
+            f.write('{"kind": "transduce-artifact"}')
     assert os.listdir(out) == ["manifest.json"]
     with pytest.raises(TransduceError, match="already exists and is an artifact") as e:
-        check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")
+        check_replaceable(str(out), False, _is_artifact, "an artifact", "artifacts")
     assert "--force" in e.value.hint
     with pytest.raises(TransduceError, match="is not empty .any more.: it was left as it is"):
         with atomic_directory(out, overwrite=False):
@@ -194,7 +195,7 @@ def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch
     real_ismount = os.path.ismount
     monkeypatch.setattr(_io.os.path, "ismount", lambda p: p == str(out) or real_ismount(p))
     with pytest.raises(TransduceError, match="is a mount point") as e:
-        _io.check_replaceable(str(out), True, "manifest.json", "an artifact", "artifacts")
+        _io.check_replaceable(str(out), True, _is_artifact, "an artifact", "artifacts")
     assert "inside it" in e.value.hint
     monkeypatch.setattr(_io.os.path, "ismount", real_ismount)
 
@@ -203,4 +204,36 @@ def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch
 
     monkeypatch.setattr(_io, "is_empty_dir", unreadable)
     with pytest.raises(TransduceError, match="cannot read .*Permission denied"):
-        _io.check_replaceable(str(out), False, "manifest.json", "an artifact", "artifacts")
+        _io.check_replaceable(str(out), False, _is_artifact, "an artifact", "artifacts")
+
+
+def test_force_replaces_what_transduce_wrote_even_damaged(tmp_path):
+    """A marker file that says so, or one that is not JSON beside a file only such a directory has;
+    never someone else's JSON file of the same name, nor an export or engine directory as a model."""
+    from transduce.exporter.engine import is_engine_dir
+    from transduce.models.train import is_our_model_dir
+
+    def make(name, files):
+        d = tmp_path / name
+        d.mkdir()
+        for fname, text in files.items():
+            (d / fname).write_text(text)
+        return str(d)
+
+    model = '{"format": "transduce-model"}'
+    cases = [
+        (_is_artifact, {"manifest.json": '{"kind": "transduce-artifact"}'}, True),
+        (_is_artifact, {"manifest.json": "{ truncated", "encoder.onnx": "x"}, True),
+        (_is_artifact, {"manifest.json": "{ truncated"}, False),
+        (_is_artifact, {"manifest.json": '{"name": "my web app"}', "encoder.onnx": "x"}, False),
+        (is_engine_dir, {"engine.json": '{"kind": "transduce-engine"}'}, True),
+        (is_engine_dir, {"engine.json": "", "encoder.plan": "x"}, True),
+        (is_engine_dir, {"engine.json": '{"kind": "transduce-artifact"}'}, False),
+        (is_our_model_dir, {"config.json": model}, True),  # its weights lost: still ours to replace
+        (is_our_model_dir, {"config.json": "{ trunc", "model.safetensors": "x"}, True),
+        (is_our_model_dir, {"config.json": model, "manifest.json": "{}"}, False),  # an export's copy
+        (is_our_model_dir, {"config.json": model, "engine.json": "{}"}, False),
+        (is_our_model_dir, {"config.json": '{"format": "huggingface"}', "model.safetensors": "x"}, False),
+    ]
+    for i, (is_kind, files, want) in enumerate(cases):
+        assert is_kind(make(f"d{i}", files)) is want, (is_kind.__name__, files)

@@ -277,17 +277,16 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         f.write("\n")
 
 
-def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: str, error=TransduceError,
-                      option: str = "output directory", force_hint: str = "pass --force to replace it",
-                      is_kind: Callable[[str], bool] | None = None) -> bool:
+def check_replaceable(out_dir: str, force: bool, is_kind: Callable[[str], bool], kind: str, kinds: str,
+                      error=TransduceError, option: str = "output directory",
+                      force_hint: str = "pass --force to replace it") -> bool:
     """Refuse an existing `out_dir` unless force, and never replace a directory that is not `kind`.
     -> whether the output replaces an existing directory (its writer's `overwrite`: False for a new or an
     empty one, so that whatever is written into it meanwhile is refused, not deleted).
 
-    `marker` is the file that makes a directory a `kind` (manifest.json for an artifact, engine.json
-    for an engine directory, config.json for a model directory); `is_kind(out_dir)` decides (default:
-    the marker is there), so that --force replaces only what transduce itself wrote. An empty directory
-    (mkdir -p) has nothing to lose and needs no --force; a mount point cannot be replaced at all.
+    `is_kind(out_dir)` says whether transduce wrote it as a `kind` (see marked_as), so that --force
+    replaces only that. An empty directory (mkdir -p) has nothing to lose and needs no --force; a mount
+    point cannot be replaced at all.
     """
     if not os.path.lexists(out_dir):
         return False
@@ -302,13 +301,27 @@ def check_replaceable(out_dir: str, force: bool, marker: str, kind: str, kinds: 
             return False
     except OSError as e:
         raise error(f"cannot read {out_dir!r}: {e.strerror}", hint=f"choose another {option}") from None
-    if not (is_kind or (lambda d: os.path.isfile(os.path.join(d, marker))))(out_dir):
-        raise error(f"{out_dir!r} holds files but is not {kind} (no {marker} written by transduce); --force replaces "
-                    f"only {kinds}",
+    if not is_kind(out_dir):
+        raise error(f"{out_dir!r} holds files but is not {kind}; --force replaces only {kinds} (ones transduce "
+                    "wrote)",
                     hint=f"choose another {option}")
     if not force:
         raise error(f"{out_dir!r} already exists and is {kind}", hint=force_hint)
     return True
+
+
+def marked_as(directory: str, marker: str, key: str, value: str, damaged_if: str) -> bool:
+    """Whether transduce wrote `directory` (for check_replaceable's is_kind): its JSON file `marker` has
+    `key` == `value`, or `marker` is there but not JSON and the file `damaged_if` (one that only such a
+    directory has) is beside it: a damaged one of ours, which --force may replace."""
+    try:
+        with open(os.path.join(directory, marker), encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError:
+        return os.path.isfile(os.path.join(directory, damaged_if))
+    except OSError:
+        return False
+    return isinstance(data, dict) and data.get(key) == value
 
 
 def is_empty_dir(path: str | os.PathLike) -> bool:

@@ -110,7 +110,7 @@ def test_out_is_never_replaced_unasked(tmp_path, small_corpus, tiny_artifact_dir
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "thesis.txt").write_text("mine")
-    says = "holds files but is not a model directory .no config.json . model.safetensors written"
+    says = "holds files but is not a model directory; --force replaces only model directories"
     for force in (False, True):  # a directory of other files: refused, --force or not
         with pytest.raises(ConfigError, match="precious.*" + says):
             train(train_pairs[:50], valid_pairs[:2], str(precious), _cfg(1, 1), force=force, **QUIET)

@@ -68,7 +68,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_output, check_creatable, check_replaceable, write_bytes_atomic, write_json
+from transduce._io import atomic_output, check_creatable, check_replaceable, marked_as, write_bytes_atomic, write_json
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
 from transduce.runtime import contract
 
@@ -586,18 +586,13 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> bool:
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
                           "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
     check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
-    return check_replaceable(out_dir, force, ENGINE_MANIFEST, "an engine directory", "engine directories", EngineError,
-                             "--out directory", is_kind=is_engine_dir)
+    return check_replaceable(out_dir, force, is_engine_dir, "an engine directory", "engine directories", EngineError,
+                             "--out directory")
 
 
 def is_engine_dir(directory: str) -> bool:
-    """Whether directory looks like an engine directory (transduce build): its engine.json is one."""
-    try:
-        with open(os.path.join(directory, ENGINE_MANIFEST), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("kind") == ENGINE_KIND
+    """Whether transduce build wrote directory (its engine.json says so, or is damaged beside a plan)."""
+    return marked_as(directory, ENGINE_MANIFEST, "kind", ENGINE_KIND, ENCODER_PLAN)
 
 
 def _network_flags(trt) -> int:

@@ -128,8 +128,7 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
     if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST)):  # an engine directory holds a manifest.json copy too
         raise ExportError(f"{out_dir!r} is an engine directory (transduce build); --force replaces only artifacts",
                           hint="choose another output directory")
-    return check_replaceable(out_dir, force, contract.MANIFEST_FILE, "an artifact directory", "artifacts", ExportError,
-                             is_kind=contract.is_artifact_dir)
+    return check_replaceable(out_dir, force, contract.is_artifact_dir, "an artifact directory", "artifacts", ExportError)
 
 
 def load_model(model_dir: str):

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from transduce._io import check_replaceable
+from transduce._io import check_replaceable, marked_as
 from transduce.errors import ConfigError, DataError
 from transduce.models.data import Example
 
@@ -170,16 +170,24 @@ def training_device(name: str):
     return device
 
 
+def is_our_model_dir(directory: str) -> bool:
+    """Whether transduce train wrote directory, complete or damaged (its config.json is a model's, or is
+    damaged beside model.safetensors), and it is not an export or engine directory (both hold a copy of
+    their model's config.json)."""
+    from transduce.exporter.engine import ENGINE_MANIFEST
+    from transduce.runtime.contract import MANIFEST_FILE, MODEL_CONFIG_FILE, MODEL_FORMAT, WEIGHTS_FILE
+
+    if any(os.path.lexists(os.path.join(directory, name)) for name in (MANIFEST_FILE, ENGINE_MANIFEST)):
+        return False
+    return marked_as(directory, MODEL_CONFIG_FILE, "format", MODEL_FORMAT, WEIGHTS_FILE)
+
+
 def check_train_output(out_dir: str, force: bool) -> bool:
     """A new run may write `out_dir` if nothing is there, an empty directory, or (with force) a model
     directory; never over other files (replacing a model directory deletes what was in it). -> whether
     it replaces an existing model directory."""
-    from transduce.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE
-    from transduce.runtime.contract import is_model_dir
-
-    return check_replaceable(out_dir, force, f"{CONFIG_FILE} + {WEIGHTS_FILE}", "a model directory", "model directories",
-                             ConfigError, "--out", is_kind=is_model_dir,
-                             force_hint="pass --resume to continue its run, --force to replace it, or choose another --out")
+    return check_replaceable(out_dir, force, is_our_model_dir, "a model directory", "model directories",
+                             ConfigError, "--out", force_hint="pass --resume to continue its run, --force to replace it, or choose another --out")
 
 
 @contextlib.contextmanager

@@ -271,13 +271,11 @@ def is_model_dir(directory: str) -> bool:
 
 
 def is_artifact_dir(directory: str) -> bool:
-    """Whether directory looks like an exported artifact (transduce export): its manifest is one."""
-    try:
-        with open(os.path.join(directory, MANIFEST_FILE), encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("kind") == ARTIFACT_KIND
+    """Whether transduce export wrote directory (its manifest says so, or is damaged beside an encoder.onnx);
+    an engine directory, which holds a copy of its artifact's manifest, is one too."""
+    from transduce._io import marked_as
+
+    return marked_as(directory, MANIFEST_FILE, "kind", ARTIFACT_KIND, ENCODER_FILE)
 
 
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
