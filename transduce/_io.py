@@ -148,6 +148,17 @@ def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
             f"restore it with: mv {old[-1]} {final}")
 
 
+def require_directory(path: str, error: type[TransduceError], kind: str, name: str, file_hint: str,
+                      missing_hint: str) -> None:
+    """Raise `error` unless `path` is a directory: a file is "not {kind}"; a missing one is "{name} ...
+    does not exist", with the way to restore an interrupted replacement of it, else `missing_hint`."""
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise error(f"{path!r} is a file, not {kind}", hint=file_hint)
+    raise error(f"{name} {path!r} does not exist", hint=interrupted_replace_hint(path) or missing_hint)
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[str]:
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.

@@ -68,7 +68,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transduce._io import atomic_output, check_creatable, check_replaceable, marked_as, write_bytes_atomic, write_json
+from transduce._io import (
+    atomic_output,
+    check_creatable,
+    check_replaceable,
+    marked_as,
+    require_directory,
+    write_bytes_atomic,
+    write_json,
+)
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
 from transduce.runtime import contract
 
@@ -500,15 +508,9 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
     """
     engine_dir = os.path.abspath(os.fspath(engine_dir))
     path = os.path.join(engine_dir, ENGINE_MANIFEST)
-    if not os.path.isdir(engine_dir):
-        from transduce._io import interrupted_replace_hint
-
-        if os.path.exists(engine_dir):
-            raise ArtifactError(f"{engine_dir!r} is a file, not a TensorRT engine directory",
-                                hint="give the directory transduce build wrote (--out)")
-        raise ArtifactError(f"engine directory {engine_dir!r} does not exist",
-                            hint=interrupted_replace_hint(engine_dir)
-                            or f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
+    require_directory(engine_dir, ArtifactError, "a TensorRT engine directory", "engine directory",
+                      "give the directory transduce build wrote (--out)",
+                      f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(engine_dir, contract.MANIFEST_FILE)):
             raise ArtifactError(f"{engine_dir!r} is an exported artifact, not a TensorRT engine directory",

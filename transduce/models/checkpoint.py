@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from transduce._io import atomic_directory, interrupted_replace_hint, write_json
+from transduce._io import atomic_directory, require_directory, write_json
 from transduce.errors import CheckpointError, ConfigError
 from transduce.models.config import CONFIG_FORMAT_VERSION, ModelConfig
 from transduce.runtime.contract import (
@@ -96,13 +96,9 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        if os.path.exists(path):
-            raise CheckpointError(f"{path!r} is a file, not a model directory",
-                                  hint="give the directory transduce train wrote (config.json, model.safetensors, tokenizer.json)")
-        raise CheckpointError(f"model directory {path!r} does not exist",
-                              hint=interrupted_replace_hint(path)
-                              or "train one with: transduce train --out DIR (or transduce demo)")
+    require_directory(path, CheckpointError, "a model directory", "model directory",
+                      "give the directory transduce train wrote (config.json, model.safetensors, tokenizer.json)",
+                      "train one with: transduce train --out DIR (or transduce demo)")
     cfg_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(cfg_path):
         raise CheckpointError(f"{cfg_path} is missing: {path!r} is not a transduce model directory")

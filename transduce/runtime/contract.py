@@ -283,15 +283,10 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     artifact_dir = os.fspath(artifact_dir)
     hint = REBUILD_HINT.format(out=artifact_dir)
     path = os.path.join(artifact_dir, MANIFEST_FILE)
-    if not os.path.isdir(artifact_dir):
-        from transduce._io import interrupted_replace_hint
+    from transduce._io import require_directory
 
-        if os.path.exists(artifact_dir):
-            raise ArtifactError(f"{artifact_dir!r} is a file, not an artifact directory",
-                                hint="give the directory transduce export wrote")
-        raise ArtifactError(f"artifact directory {artifact_dir!r} does not exist",
-                            hint=interrupted_replace_hint(artifact_dir)
-                            or f"export one with: transduce export MODEL_DIR {artifact_dir}")
+    require_directory(artifact_dir, ArtifactError, "an artifact directory", "artifact directory",
+                      "give the directory transduce export wrote", f"export one with: transduce export MODEL_DIR {artifact_dir}")
     if not os.path.isfile(path):
         if is_model_dir(artifact_dir):
             raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
