@@ -11,13 +11,19 @@ shape and every tensor address is set.
 
 "Building" does not compile anything: the plan is JSON naming the graph and the source model
 directory (read from the artifact's manifest beside the ONNX file); executing a context reads its
-inputs from the bound addresses (host memory: the backend runs with device="cpu" under this double),
-runs the eager PyTorch model's encode / decode_step, and writes the outputs to the bound addresses.
+inputs from the bound addresses, runs the eager PyTorch model's encode / decode_step, and writes the
+outputs to the bound addresses. Two kinds of memory: host memory where the backend runs with
+device="cpu" under this double (it then passes stream 0), and on a GPU (the backend on device="cuda",
+passing its own stream, never 0) CUDA memory, read and written in place through
+`__cuda_array_interface__` by a CUDA copy of the model whose kernels are queued on the given stream,
+as an engine's would be, so that they are captured into the backend's CUDA graphs too. That runs the
+backend's own CUDA code (streams, pinned staging, device buffers, graph capture and replay) for real.
 An ONNX file whose content starts with b"BAD" fails to parse with two errors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -321,15 +327,15 @@ class Runtime:
         return ICudaEngine(plan)
 
 
-_MODELS: dict[str, object] = {}
+_MODELS: dict[tuple[str, str], object] = {}
 
 
-def _model(model_dir: str):
-    if model_dir not in _MODELS:
+def _model(model_dir: str, device: str = "cpu"):
+    if (model_dir, device) not in _MODELS:
         from transduce.models.checkpoint import load_model_dir
 
-        _MODELS[model_dir] = load_model_dir(model_dir)[0]
-    return _MODELS[model_dir]
+        _MODELS[model_dir, device] = load_model_dir(model_dir)[0].to(device).eval()
+    return _MODELS[model_dir, device]
 
 
 class ICudaEngine:
@@ -371,6 +377,20 @@ def _view(ptr: int, shape, dtype_name: str) -> np.ndarray:
     n = int(np.prod(shape)) * dt.itemsize
     buf = (ctypes.c_byte * max(n, 1)).from_address(ptr)
     return np.ctypeslib.as_array(buf)[:n].view(dt).reshape(shape)
+
+
+class _DeviceArray:
+    """CUDA memory at `ptr` as torch sees it (`torch.as_tensor` wraps it in place, no copy, no sync)."""
+
+    def __init__(self, ptr: int, shape, dtype_name: str):
+        self.__cuda_array_interface__ = {"shape": tuple(int(d) for d in shape), "data": (int(ptr), False),
+                                         "typestr": np.dtype(_NP[dtype_name]).str, "version": 3}
+
+
+def _device_view(ptr: int, shape, dtype_name: str):
+    import torch
+
+    return torch.as_tensor(_DeviceArray(ptr, shape, dtype_name), device="cuda")
 
 
 class IExecutionContext:
@@ -439,17 +459,26 @@ class IExecutionContext:
         if any(n not in self.shapes for n in ins) or any(n not in self.addresses for n, *_ in e._io):
             return False
         e.executions.append((self.profile, dict(self.shapes)))
-        model = _model(e.plan["model_dir"])
+        on_device = stream_handle != 0  # see the module's docstring
+        model = _model(e.plan["model_dir"], "cuda" if on_device else "cpu")
+        stream = torch.cuda.stream(torch.cuda.ExternalStream(stream_handle)) if on_device else contextlib.nullcontext()
 
         def read(name):
-            return torch.from_numpy(_view(self.addresses[name], self.shapes[name], e._by_name[name][1]).copy())
+            if on_device:  # copied, as an engine's kernels would read it: later writes to the buffer do not reach it
+                t = _device_view(self.addresses[name], self.shapes[name], e._by_name[name][1]).clone()
+            else:
+                t = torch.from_numpy(_view(self.addresses[name], self.shapes[name], e._by_name[name][1]).copy())
+            return t.float() if t.is_floating_point() else t
 
         def write(name, t):
+            if on_device:
+                _device_view(self.addresses[name], self.get_tensor_shape(name), e._by_name[name][1]).copy_(t)
+                return
             view = _view(self.addresses[name], self.get_tensor_shape(name), e._by_name[name][1])
             view[...] = t.detach().to(torch.float32 if view.dtype == np.float32 else torch.float16).numpy()
 
         n = self._dims()["n"]
-        with torch.inference_mode():
+        with torch.inference_mode(), stream:
             if e.plan["graph"] == "encoder":
                 memory, ck, cv = model.encode(read("src_ids"), read("src_lengths"))
                 write("memory", memory)

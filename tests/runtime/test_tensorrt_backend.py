@@ -5,6 +5,12 @@ preallocated cache and slot writes, in-place reorders, cross K/V gathers, top-k 
 banned ids) runs against the TensorRT test double (tests/tensorrt_fake.py, which executes the eager
 model on the bound host memory) and must decode exactly like the torch backend.
 
+On a CUDA GPU without TensorRT (`pytest -m gpu`): the same tests with the backend on device="cuda",
+the double running the model on the bound device memory on the backend's stream, against the torch
+backend on the GPU; and with CUDA graphs, which then capture and replay the double's kernels. That
+runs the backend's CUDA code (streams, pinned staging, device buffers, graph capture, replay and
+invalidation) for real.
+
 On a GPU (`pytest -m gpu`, skipped with the reason where CUDA or TensorRT is missing): real engines
 built from freshly exported fp32 and fp16 artifacts give the torch backend's greedy tokens (fp32:
 identical; fp16: the parity policy), beam 4 identical for fp32, with and without CUDA graphs.
@@ -61,10 +67,24 @@ def _engines(tmp_path_factory, artifact, **limits):
     return out
 
 
-def _backend(engine_dir, **kw):
+def _backend(engine_dir, device="cpu", **kw):
     from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
-    return TensorRTBackend(engine_dir, device="cpu", _trt=fake, _runtime=fake.runtime_info(), **kw)
+    return TensorRTBackend(engine_dir, device=device, _trt=fake, _runtime=fake.runtime_info(), **kw)
+
+
+def _cuda_reason() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU available to PyTorch"
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """Where the backend runs under the double: host memory, or a CUDA GPU's (skipped without one)."""
+    if request.param == "cuda" and _cuda_reason():
+        pytest.skip(_cuda_reason())
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +133,21 @@ def batch(tiny_tokenizer, small_corpus):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model):
-    return TorchBackend(tiny_model)
+def references(tiny_model, tiny_model_dir):
+    """device -> the torch backend there (on a GPU, a copy of the model of its own)."""
+    made = {"cpu": TorchBackend(tiny_model)}
+
+    def get(device: str) -> TorchBackend:
+        if device not in made:
+            made[device] = TorchBackend.from_model_dir(tiny_model_dir, device=device)
+        return made[device]
+
+    return get
+
+
+@pytest.fixture
+def reference(references, device):
+    return references(device)
 
 
 def _same(got, want):
@@ -131,8 +164,8 @@ OPTS = [DecodingOptions(beam_size=1, max_len_a=0, max_len_b=30),
 
 @pytest.mark.parametrize("opts", OPTS, ids=["greedy", "beam4", "beam2-minlen"])
 @pytest.mark.parametrize("engines", ["wide", "narrow"])
-def test_decodes_like_the_torch_backend(request, engines, opts, batch, reference):
-    backend = _backend(request.getfixturevalue(engines))
+def test_decodes_like_the_torch_backend(request, engines, opts, batch, reference, device):
+    backend = _backend(request.getfixturevalue(engines), device)
     src, lens = batch
     _same(decode(backend, src, lens, opts), decode(reference, src, lens, opts))
 
@@ -153,13 +186,13 @@ def test_profiles_and_chunks_follow_the_rows(wide, narrow, batch):
     assert [s["src_ids"][0] for _, s in n._enc.engine.executions] == [2, 2, 2, 1]
 
 
-def test_row_chunks_bind_aligned_addresses(wide, narrow, batch, reference):
+def test_row_chunks_bind_aligned_addresses(wide, narrow, batch, reference, device):
     """TensorRT wants 256-byte aligned tensor addresses (the test double refuses others): a chunk's rows
     a:b of a buffer start a x row bytes in, so a misaligned chunk is staged through aligned scratch
     tensors, inputs copied in and outputs copied back; a run in one chunk binds every buffer in place."""
     src, lens = batch
     for engines, chunked in ((wide, False), (narrow, True)):
-        b = _backend(engines)
+        b = _backend(engines, device)
         staged = []
         real = b._chunk_addresses
 
@@ -177,13 +210,13 @@ def test_row_chunks_bind_aligned_addresses(wide, narrow, batch, reference):
         assert all(a == 0 for a, _, _ in staged) != chunked
 
 
-def test_encoder_chunks_stage_misaligned_outputs(tmp_path_factory, artifact, batch, reference):
+def test_encoder_chunks_stage_misaligned_outputs(tmp_path_factory, artifact, batch, reference, device):
     """Engines of max batch 1 and an odd source width: the encoder's outputs for row 1 on start 128 x 17
     bytes in (the tiny model's 32 fp32 values per position), so they run through scratch tensors
     copied back; the outputs and a decode still equal the torch backend's."""
     src, lens = batch
     src = np.pad(src, ((0, 0), (0, 17 - src.shape[1])))  # PAD columns: the same sentences
-    b = _backend(_engines(tmp_path_factory, artifact, max_batch=1, beam=1, max_src_len=24, max_tgt_len=40))
+    b = _backend(_engines(tmp_path_factory, artifact, max_batch=1, beam=1, max_src_len=24, max_tgt_len=40), device)
     copied = []
     real = b._chunk_addresses
 
@@ -201,9 +234,9 @@ def test_encoder_chunks_stage_misaligned_outputs(tmp_path_factory, artifact, bat
     _same(decode(b, src, lens, OPTS[0]), decode(reference, src, lens, OPTS[0]))
 
 
-def test_encoder_outputs_and_log_probs_match(wide, batch, reference):
+def test_encoder_outputs_and_log_probs_match(wide, batch, reference, device):
     src, lens = batch
-    b = _backend(wide)
+    b = _backend(wide, device)
     got, want = b.encoder_outputs(b.encode(src, lens)), reference.encoder_outputs(reference.encode(src, lens))
     assert set(got) == set(want)
     for k in want:
@@ -222,12 +255,12 @@ def test_encoder_outputs_and_log_probs_match(wide, batch, reference):
             tokens = tokens[keep]
 
 
-def test_reorders_move_rows_within_one_cache(wide, batch, reference):
+def test_reorders_move_rows_within_one_cache(wide, batch, reference, device):
     """A beam reorder moves rows inside the run's one cache buffer (every layer's K and V): the engine's
     cache addresses stay (a captured CUDA graph stays valid), no second cache is held, and the moved,
     duplicated and dropped rows step on exactly like the torch backend's."""
     src, lens = batch
-    b = _backend(wide)
+    b = _backend(wide, device)
     rows = np.arange(4)
     sb, sr = b.begin(b.encode(src[:4], lens[:4]), rows, 8), reference.begin(reference.encode(src[:4], lens[:4]), rows, 8)
     assert sb.cache.shape == (2 * b.n_layers, 4, b.heads, 8, b.head_dim)
@@ -253,9 +286,9 @@ def test_reorders_move_rows_within_one_cache(wide, batch, reference):
     assert not hasattr(sb, "spare")
 
 
-def test_step_bans_pad_bos_and_eos(wide, batch):
+def test_step_bans_pad_bos_and_eos(wide, batch, device):
     src, lens = batch
-    b = _backend(wide)
+    b = _backend(wide, device)
     cfg = b.config
     state = b.begin(b.encode(src[:2], lens[:2]), np.arange(2), 4)
     vals, ids = b.step(state, np.full(2, cfg["bos_id"]), k=cfg["vocab_size"], ban_eos=True)
@@ -302,6 +335,30 @@ def test_translator_over_an_engine_dir(wide, tiny_tokenizer, small_corpus, tiny_
     got = Translator(b, tiny_tokenizer).translate(sources, beam_size=2, max_len_b=20)
     want = Translator(TorchBackend(tiny_model), tiny_tokenizer).translate(sources, beam_size=2, max_len_b=20)
     assert [t.tokens for t in got] == [t.tokens for t in want]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engines", ["wide", "narrow"])
+def test_cuda_graphs_replay_the_step(request, engines, batch, references):
+    """On a GPU, with the double's kernels standing in for an engine's: steps are captured once per
+    shape and address set and replayed after, through beam reorders (the cache keeps its addresses),
+    finished rows dropped and a new batch; tokens and scores stay the torch backend's; the caller's
+    current stream is left as it was (the backend's work runs on its own stream)."""
+    if _cuda_reason():
+        pytest.skip(_cuda_reason())
+    import torch
+
+    reference = references("cuda")
+    b = _backend(request.getfixturevalue(engines), "cuda", cuda_graph=True)
+    src, lens = batch
+    before = torch.cuda.current_stream()
+    for opts in OPTS:
+        for start in (0, 3):
+            _same(decode(b, src[start:], lens[start:], opts), decode(reference, src[start:], lens[start:], opts))
+    assert torch.cuda.current_stream() == before and b.stream != before
+    assert b.graph_error is None, b.graph_error
+    if engines == "wide":  # (the narrow engines' steps mostly run in row chunks, which are never captured)
+        assert b.graph_captures > 0 and b.graph_replays > b.graph_captures, (b.graph_captures, b.graph_replays)
 
 
 # -- real TensorRT on a GPU --------------------------------------------------------------------
