@@ -110,9 +110,12 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     try:
         import ctranslate2  # noqa: F401
 
-        backends = "torch,onnxruntime,ctranslate2"
+        backends = "torch,torch-cuda,onnxruntime,ctranslate2"
     except ImportError:
-        backends = "torch,onnxruntime"
+        backends = "torch,torch-cuda,onnxruntime"
+    import torch
+
+    cuda = torch.cuda.is_available()
     out = tmp_path / "bench"
     res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir",
                                     tiny_artifact_dir, "--out", str(out), "--threads", "1", "--batches", "1,2",
@@ -128,6 +131,11 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     assert [(c["mode"], c["batch"]) for c in size["cells"]] == [("greedy", 1), ("greedy", 2), ("beam2", 1), ("beam2", 2)]
     timed = [n for n, s in size["systems"].items() if s["status"] == "ok"]
     assert {"torch", "onnxruntime"} <= set(timed)
+    if cuda:  # on the GPU: timed, with its device named, and given no ratio to CTranslate2 on the CPU
+        assert "torch-cuda" in timed and size["systems"]["torch-cuda"]["info"]["gpu"]
+    else:  # where CUDA is missing: skipped, saying so, and the rest is timed
+        assert size["systems"]["torch-cuda"]["status"] == "skipped"
+        assert "CUDA is not available" in size["systems"]["torch-cuda"]["reason"]
     if "ctranslate2" in backends:
         assert size["checks"] and all(c["passed"] for c in size["checks"])
         assert {"ctranslate2", "ctranslate2-avx2"} <= set(timed)
@@ -146,6 +154,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
             assert all(r["median"] > 0 and r["vs"].startswith("ctranslate2") for r in cell["ratios"].values())
     md = (out / "bench.md").read_text(encoding="utf-8")
     assert "| mode | batch | system | decode ms |" in md and "Machine ceilings" in md and "*floor*" in md
+    assert ("§ on the GPU" in md) == cuda
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 

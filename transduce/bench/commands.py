@@ -40,7 +40,7 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
               "random model of the demo's shape).")
 @click.option("--artifact-dir", type=click.Path(), help="An existing ONNX export of --model-dir (else exported once into the cache).")
 @click.option("--sizes", help="Model sizes: demo, base.  [default: demo,base; --quick: demo]")
-@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2 (tensorrt with --engine).  "
+@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2; on a GPU torch-cuda (tensorrt with --engine).  "
               "[default: torch,onnxruntime,ctranslate2]")
 @click.option("--batches", help="Batch sizes.  [default: 1,16; --quick: 1,4]")
 @click.option("--modes", help="greedy and/or beamN.  [default: greedy,beam4; --quick: greedy,beam2]")

@@ -49,7 +49,10 @@ import numpy as np
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
-OUR_BACKENDS = ("torch", "onnxruntime", "tensorrt")
+OUR_BACKENDS = ("torch", "torch-cuda", "onnxruntime", "tensorrt")
+# on the GPU (skipped with the reason where CUDA is missing): CTranslate2 runs on the CPU here, so these get no
+# ratio to it and no CPU floor
+GPU_SYSTEMS = ("torch-cuda", "tensorrt")
 CT2_SETTINGS: dict[str, dict[str, str | None]] = {
     # None removes the variable from the worker's environment
     "default": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
@@ -155,7 +158,7 @@ class BenchConfig:
                 problems.append(f"unknown mode {m!r} (greedy, or beamN such as beam4)")
         for b in self.backends:
             if b not in OUR_BACKENDS + ("ctranslate2",):
-                problems.append(f"unknown backend {b!r} (torch, onnxruntime, tensorrt, ctranslate2)")
+                problems.append(f"unknown backend {b!r} (torch, torch-cuda, onnxruntime, tensorrt, ctranslate2)")
         for size in self.sizes:
             if size not in ("demo", "base"):
                 problems.append(f"unknown model size {size!r} (demo, base; --model-dir replaces the demo model)")
@@ -580,7 +583,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     measure_ceilings("start")
 
     # workers: one per system, started together (imports overlap), loaded per size
-    names = [b for b in cfg.backends if b in ("torch", "onnxruntime")]
+    names = [b for b in cfg.backends if b in ("torch", "torch-cuda", "onnxruntime")]
     names += [f"onnxruntime-{q}" for q in cfg.quantize]
     if "tensorrt" in cfg.backends or cfg.engines:
         names.append("tensorrt")
@@ -718,7 +721,7 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
                 best = min(ct2_names, key=lambda n: statistics.median(raw[n]["decode"]))
                 cell["ct2_best"] = best
                 for n in active:
-                    if not is_ct2(n):
+                    if not is_ct2(n) and n not in GPU_SYSTEMS:
                         r = throughput_ratios(raw[n]["decode"], raw[best]["decode"])
                         if r:
                             cell["ratios"][n] = {"vs": best, **r}

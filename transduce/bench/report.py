@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from transduce._io import write_bytes_atomic, write_json_atomic, write_text_atomic
-from transduce.bench.harness import quantized_system
+from transduce.bench.harness import GPU_SYSTEMS, quantized_system
 from transduce.errors import TransduceError
 
 
@@ -122,7 +122,7 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         lines.append("")
     if not s["cells"]:
         return lines
-    over = quantized = False
+    over = quantized = gpu = False
     loads = [c["foreign_cpu_share"] for c in s["cells"] if c.get("foreign_cpu_share") is not None]
     if loads:
         lines.append(f"Other processes used {100 * min(loads):.0f}–{100 * max(loads):.0f}% of the machine's CPU time "
@@ -149,6 +149,9 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             if floor and quantized_system(name):  # the floors are fp32 weights' (int8 reads a quarter of the bytes)
                 pct = "n/a‡"
                 quantized = True
+            elif name in GPU_SYSTEMS:
+                pct, ratio = "GPU§", "GPU§"
+                gpu = True
             else:
                 pct = f"{100 * floor / st['decode_ms']['median']:.0f}%" if floor else "–"
                 if floor and floor > st["decode_ms"]["median"]:
@@ -168,6 +171,9 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     if over:
         lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
                      "running while they were taken), so the floors of this run are too high.")
+        lines.append("")
+    if gpu:
+        lines.append("§ on the GPU: the floors are this CPU's, and CTranslate2 ran on the CPU, so neither applies.")
         lines.append("")
     if quantized:
         lines.append("‡ the floors are for fp32 weights; a quantized export reads fewer bytes per step (int8: a quarter "

@@ -1,6 +1,6 @@
 """One benchmarked system in its own process: `python -m transduce.bench.worker`.
 
-Every system (torch, onnxruntime, tensorrt, and CTranslate2 under each environment setting) runs in a
+Every system (torch, torch-cuda, onnxruntime, tensorrt, and CTranslate2 under each setting) runs in a
 process of its own, so that
 - environment settings that must precede a library's loading (ONEDNN_MAX_CPU_ISA for CTranslate2's
   oneDNN) differ between systems of one run;
@@ -11,7 +11,7 @@ process of its own, so that
 
 Protocol: one JSON object per line on stdin, one JSON reply per line on the original stdout (fd 1 is
 pointed at stderr, so anything a library prints cannot corrupt the protocol):
-  {"op": "load", "system": "torch"|"onnxruntime"|"tensorrt"|"ctranslate2", "path": DIR,
+  {"op": "load", "system": "torch"|"torch-cuda"|"onnxruntime"|"tensorrt"|"ctranslate2", "path": DIR,
    "model_dir": DIR, "threads": N}                       -> {"ok": true, "info": {...}}
   {"op": "decode", "src": [[id, ...], ...], "beam": K, "steps": N, "min_seconds": T}
       a forced-length decode: exactly N tokens per sentence (EOS banned), source ids given without EOS
@@ -54,19 +54,23 @@ class _Ours:
     """A transduce backend, driven by transduce.runtime.decoding."""
 
     def __init__(self, system: str, path: str, model_dir: str | None, threads: int):
-        if system == "torch":
+        self.cuda = system in ("torch-cuda", "tensorrt")  # device work to wait for before reading a clock
+        if system.startswith("torch"):
             import torch
 
             torch.set_num_threads(threads)
         from transduce.runtime.api import make_backend
 
-        self.backend = make_backend(path, backend=system, threads=threads, model_dir=model_dir)
+        backend, device = ("torch", "cuda") if system == "torch-cuda" else (system, "cpu")
+        self.backend = make_backend(path, backend=backend, device=device, threads=threads, model_dir=model_dir)
         self.cfg = self.backend.config
         self.info: dict[str, Any] = {"threads": threads}
-        if system == "torch":
+        if system.startswith("torch"):
             import torch
 
             self.info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+            if system == "torch-cuda":
+                self.info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(self.backend.device))
         elif system == "onnxruntime":
             import onnxruntime
 
@@ -103,6 +107,10 @@ class _Ours:
         be = self.backend
         t = time.perf_counter()
         enc = be.encode(ids, lens)
+        if self.cuda:  # encode only queues the GPU's work (steps return host arrays: they wait for theirs)
+            import torch
+
+            torch.cuda.synchronize()
         encode_seconds = time.perf_counter() - t
         b = len(src)
         state = be.begin(enc, np.repeat(np.arange(b), beam), steps)
