@@ -15,6 +15,9 @@ from transduce.errors import InputError
     (None, ["--show", "-1"], "--show must be >= 0"),
     ("workdir-file", [], "cannot be created"),
     ("model-file", [], "model is not a directory"),
+    (None, ["--device", "tpu"], "is not a torch device"),
+    (None, ["--device", "meta"], "training runs on cpu or cuda"),
+    (None, ["--device", "cuda:9"], "cuda:9"),  # no such GPU, or no CUDA at all
 ])
 def test_bad_options_fail_before_any_work(tmp_path, setup, args, says):
     workdir = tmp_path / "w"
@@ -58,3 +61,21 @@ def test_a_damaged_demo_model_is_trained_again(tmp_path, monkeypatch, tiny_model
     from transduce.models.checkpoint import verify_model_dir
 
     verify_model_dir(model_dir)
+
+
+@pytest.mark.gpu
+def test_the_demo_model_trains_on_the_gpu(tmp_path, monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU available to PyTorch")
+    monkeypatch.setattr(demo, "DEMO_TRAIN_PAIRS", 40)
+    monkeypatch.setattr(demo, "DEMO_VALID_PAIRS", 4)
+    logged = []
+    model_dir = demo.ensure_demo_model(str(tmp_path), steps=2, log=logged.append, device="cuda")
+    assert any("on cuda" in line for line in logged), logged
+    from transduce.models.checkpoint import load_model_dir, verify_model_dir
+
+    verify_model_dir(model_dir)
+    model = load_model_dir(model_dir)[0]  # saved as CPU tensors
+    assert next(model.parameters()).device.type == "cpu"

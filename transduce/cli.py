@@ -89,11 +89,13 @@ def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, override
 @click.option("--retrain", is_flag=True, help="Train again even if a demo model exists.")
 @click.option("--steps", default=None, type=int, help="Training steps (default: the demo's).")
 @click.option("--show", default=12, show_default=True, help="Held-out examples to print.")
-def demo(workdir, retrain, steps, show):
+@click.option("--device", default="cpu", show_default=True,
+              help="Train on cpu, cuda or cuda:N (decoding and parity run on the CPU).")
+def demo(workdir, retrain, steps, show, device):
     """The whole pipeline on the embedded corpus (English -> French number words)."""
     from transduce.demo import run_demo
 
-    results = run_demo(workdir, retrain=retrain, steps=steps, show=show)
+    results = run_demo(workdir, retrain=retrain, steps=steps, show=show, device=device)
     sys.exit(0 if results.get("parity", True) else 1)
 
 

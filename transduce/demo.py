@@ -46,10 +46,13 @@ def demo_data(workdir: str, log=print) -> tuple[list, list]:
     return read_parallel(train_tsv), read_parallel(valid_tsv)
 
 
-def check_demo_options(workdir: str, steps: int | None, show: int) -> None:
+def check_demo_options(workdir: str, steps: int | None, show: int, device: str = "cpu") -> None:
     """Before any work: the options make sense and the workdir can hold the data, model and artifact."""
+    from transduce.models.train import training_device
+
     if steps is not None and steps < 1:
         raise InputError(f"--steps must be >= 1, got {steps}")
+    training_device(device)  # a ConfigError saying why it cannot be used
     if show < 0:
         raise InputError(f"--show must be >= 0, got {show}")
     try:
@@ -65,8 +68,9 @@ def check_demo_options(workdir: str, steps: int | None, show: int) -> None:
                              hint=f"move {path} away, or choose another --workdir")
 
 
-def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = None, log=print) -> str:
-    """Train the demo model into workdir/model unless a loadable one is there. Returns its path."""
+def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = None, log=print,
+                      device: str = "cpu") -> str:
+    """Train the demo model into workdir/model (on `device`) unless a loadable one is there. Returns its path."""
     from transduce.models.checkpoint import load_model_dir
     from transduce.models.train import train
 
@@ -81,9 +85,10 @@ def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = N
     train_pairs, valid_pairs = demo_data(workdir, log=log)
     cfg = DEMO_TRAIN if steps is None else replace(DEMO_TRAIN, max_steps=steps, save_every=steps,
                                                    eval_every=max(steps // 2, 1))
+    cfg = replace(cfg, device=device)
     t0 = time.perf_counter()
     summary = train(train_pairs, valid_pairs, model_dir, cfg, log=log, force=True)  # the demo's own model
-    log(f"trained in {time.perf_counter() - t0:.0f}s: exact match {100 * summary['exact_match']:.1f}%, "
+    log(f"trained in {time.perf_counter() - t0:.0f}s on {device}: exact match {100 * summary['exact_match']:.1f}%, "
         f"BLEU {summary['bleu']:.1f} on {cfg.eval_sentences} held-out sentences")
     return model_dir
 
@@ -135,12 +140,14 @@ def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
 
 
 def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | None = None, show: int = 12,
-             parity_sentences: int = 100) -> dict:
+             parity_sentences: int = 100, device: str = "cpu") -> dict:
+    """Train (on `device`) unless a demo model is there, export, decode the held-out set with ONNX Runtime on
+    the CPU, and check parity; -> {"greedy": metrics, "beam 4": metrics, "parity": passed}."""
     from transduce.runtime.api import load
     from transduce.runtime.parity import parity_for_artifact
 
-    check_demo_options(workdir, steps, show)
-    model_dir = ensure_demo_model(workdir, retrain=retrain, steps=steps)
+    check_demo_options(workdir, steps, show, device)
+    model_dir = ensure_demo_model(workdir, retrain=retrain, steps=steps, device=device)
     artifact = ensure_demo_artifact(workdir, model_dir)
     _, valid = demo_data(workdir)
     translator = load(artifact, backend="onnxruntime")

@@ -66,6 +66,26 @@ def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, sm
                                                          "log_probs [decoder_step.onnx]"}
     assert "log_probs [decoder_step.ort.onnx]" in r.stdout  # printed whole (brackets are not markup)
     assert "PARITY PASSED" in r.stdout
+    assert (rep["candidate"], rep["reference"]) == ("onnxruntime:cpu (fp32)", "torch:cpu")
+
+
+@pytest.mark.gpu
+def test_parity_of_eager_pytorch_on_the_gpu_against_the_cpu(tiny_artifact_dir, tiny_model_dir, small_corpus, tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU available to PyTorch")
+    from transduce.models.data import write_tsv
+
+    _, valid = small_corpus
+    data = tmp_path / "valid.tsv"
+    write_tsv(data, valid[:16])
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, "--data", str(data),
+                                  "--backend", "torch", "--device", "cuda", "--json", str(report)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(report.read_text())
+    assert rep["passed"] and (rep["candidate"], rep["reference"]) == ("torch:cuda", "torch:cpu")
 
 
 def test_parity_refuses_other_weights(tiny_artifact_dir, demo_model_dir, tmp_path):

@@ -107,12 +107,14 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
 @click.option("--input", "input_path", type=click.Path(), help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
 @click.option("-n", "--sentences", default=200, show_default=True, help="Sentences to check.")
 @click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="Where the checked backend runs (tensorrt: always a GPU).")
+@click.option("--reference-device", default="cpu", show_default=True, help="Where the eager reference model runs.")
 @click.option("--beam", default=4, show_default=True)
 @click.option("--nbest", default=1, show_default=True)
 @click.option("--json", "json_path", type=click.Path(), help="Write the JSON report here.")
 @cli_errors
-def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, beam, nbest, json_path):
+def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, reference_device, beam, nbest,
+           json_path):
     """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
 
     Exits 1 when parity fails, so it can gate CI.
@@ -122,7 +124,8 @@ def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device
     if json_path:
         _check_output(json_path, "--json")  # before the run, not after it
     report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
-                                 sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest)
+                                 sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest,
+                                 reference_device=reference_device)
     report.print()
     if json_path:
         from transduce._io import write_json_atomic

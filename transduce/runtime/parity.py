@@ -218,7 +218,7 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
 
 def run_parity(reference, candidate, tokenizer, sources: list[str], targets: list[str] | None = None,
                precision: str = "fp32", beam_size: int = 4, nbest: int = 1, batch_size: int = 16,
-               candidate_name: str | None = None) -> ParityReport:
+               candidate_name: str | None = None, reference_name: str | None = None) -> ParityReport:
     """Compare `candidate` with `reference` (both backends) on the given sentences.
 
     targets: the reference translations used for teacher forcing; None uses the reference
@@ -237,7 +237,7 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     keep = [i for i, ids in enumerate(src_tok) if ids]
     src_tok = [src_tok[i] + [eos] for i in keep]
     report = ParityReport(candidate_name or getattr(candidate, "name", "candidate"),
-                          getattr(reference, "name", "reference"), precision, len(src_tok))
+                          reference_name or getattr(reference, "name", "reference"), precision, len(src_tok))
     tf_ref: dict[str, list[np.ndarray]] = {}
     tf_cand: dict[str, list[np.ndarray]] = {}
     greedy_opts = DecodingOptions(beam_size=1)
@@ -301,8 +301,10 @@ def _only_step_graph(backend, graph: str | None):
 
 def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
                         input_path: str | None = None, sentences: int = 200, backend: str = "onnxruntime",
-                        device: str = "cpu", beam: int = 4, nbest: int = 1) -> ParityReport:
-    """`transduce parity`: load both backends and the sample, run `run_parity`."""
+                        device: str = "cpu", beam: int = 4, nbest: int = 1,
+                        reference_device: str = "cpu") -> ParityReport:
+    """`transduce parity`: load both backends and the sample, run `run_parity`. The reference is the eager
+    model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record)."""
     import os
 
     from transduce.runtime import contract
@@ -312,9 +314,11 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
 
     if sentences < 1:
         raise InputError(f"--sentences must be >= 1, got {sentences}")
-    if backend == "torch":
-        raise InputError("parity --backend torch would compare eager PyTorch with itself",
-                         hint="check an exported backend: --backend onnxruntime or tensorrt")
+    if backend == "torch" and str(reference_device) == str(device):
+        raise InputError(f"parity --backend torch on {device} would compare eager PyTorch with itself (the reference "
+                         f"runs on --reference-device {reference_device})",
+                         hint="check an exported backend (--backend onnxruntime or tensorrt), or eager PyTorch on "
+                              "another device: --device cuda --reference-device cpu")
     targets = None
     if data:
         from transduce.models.data import read_parallel
@@ -335,11 +339,13 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     candidate = make_backend(artifact_dir, backend, device)
     art_dir = getattr(candidate, "artifact_dir", artifact_dir)
     manifest = contract.read_manifest(art_dir, verify_hashes=False)
-    reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=device)
+    reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
     tokenizer = Tokenizer.from_file(os.path.join(art_dir, contract.TOKENIZER_FILE))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime; eager
     # PyTorch and TensorRT engines (built from unquantized exports only) to the precision's
     quantized = contract.quantization(manifest) if backend == "onnxruntime" else None
+    if backend == "tensorrt":
+        device = str(candidate.device)  # TensorRT runs on a GPU whatever --device said
     name = f"{backend}:{device}" + (f" ({quantized or getattr(candidate, 'precision', '')})" if hasattr(candidate, "precision") else "")
     return run_parity(reference, candidate, tokenizer, sources, targets, precision=quantized or manifest["precision"],
-                      beam_size=beam, nbest=nbest, candidate_name=name)
+                      beam_size=beam, nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}")
