@@ -75,7 +75,13 @@ def test_resume_continues_as_if_uninterrupted(tmp_path, small_corpus):
     straight = tmp_path / "straight"
     train(train_pairs[:300], valid_pairs[:5], str(straight), _cfg(6, 6), **quiet)
     resumed = tmp_path / "resumed"
-    train(train_pairs[:300], valid_pairs[:5], str(resumed), _cfg(3, 3), **quiet)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train(train_pairs[:300], valid_pairs[:5], str(resumed), _cfg(3, 3), **quiet)  # on 1 thread
+        assert torch.get_num_threads() == 2  # the caller's setting is back
+    finally:
+        torch.set_num_threads(before)
     state = json.loads((resumed / "training" / "state.json").read_text())
     assert state["step"] == 3
     train(train_pairs[:300], valid_pairs[:5], str(resumed), _cfg(6, 6), resume=True, **quiet)
@@ -91,12 +97,15 @@ def test_resume_continues_as_if_uninterrupted(tmp_path, small_corpus):
 
 
 def test_demo_task_is_learned(demo_model_dir):
-    """The tiny model, 200 steps on the demo task, translates held-out numbers (measured: see README)."""
+    """The tiny model, 200 steps on the demo task, translates held-out numbers. The thresholds hold with a
+    margin across what moves a run this short: seeds 1-3 x 1 or 2 threads on this project's CPU and on a
+    16-core Xeon measured exact match 0.51-0.90 and BLEU 37-94 (BLEU drops most when a few outputs repeat
+    until the length limit); an untrained or broken model scores about 0 on both."""
     cfg = json.loads(open(os.path.join(demo_model_dir, "config.json")).read())
     metrics = cfg["training"]
     assert metrics["step"] == 200
-    assert metrics["exact_match"] >= 0.30, metrics  # measured: 0.71 on 100 held-out numbers
-    assert metrics["bleu"] >= 40.0, metrics  # measured: 60.1
+    assert metrics["exact_match"] >= 0.30, metrics  # measured: 0.65 on 100 held-out numbers (seed 1, 1 thread)
+    assert metrics["bleu"] >= 20.0, metrics  # measured: 65.0
 
 
 QUIET = dict(progress=False, log=lambda *a: None)

@@ -10,6 +10,7 @@ the model, optimizer, step, epoch position and RNG state, and continues as if un
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -243,6 +244,23 @@ def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: 
                           hint="pass the same --data/--source/--target and --valid/--valid-size as the first run")
 
 
+def _keeps_torch_threads(fn):
+    """train() sets torch's intra-op threads for its run (TrainConfig.threads); the caller's setting comes back after."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import torch
+
+        before = torch.get_num_threads()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
+@_keeps_torch_threads
 def train(
     train_pairs: list[tuple[str, str]],
     valid_pairs: list[tuple[str, str]],
