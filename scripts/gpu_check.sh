@@ -20,6 +20,7 @@ T=${TRANSDUCE:-.venv/bin/transduce}
 RESULTS="$WORKDIR/gpu_check"
 mkdir -p "$RESULTS"
 : > "$RESULTS/steps.tsv"
+rm -f "$RESULTS"/parity-*.json "$RESULTS"/decode-*.txt  # an earlier run's: the table reads this run's only
 
 step() {  # step NAME GATING(1/0) COMMAND...: run, time, record "name<TAB>gating<TAB>status<TAB>seconds"
     local name=$1 gating=$2
@@ -32,8 +33,9 @@ step() {  # step NAME GATING(1/0) COMMAND...: run, time, record "name<TAB>gating
     return $rc
 }
 
-skipped() {  # skipped NAME GATING WHY: a step that cannot run here, listed with the reason
-    printf '%s\t%s\tskipped\t0\t%s\n' "$1" "$2" "$3" >> "$RESULTS/steps.tsv"
+skipped() {  # skipped NAME GATING WHY: a step that cannot run here, listed with the reason (one line)
+    local why=${3//$'\n'/ }
+    printf '%s\t%s\tskipped\t0\t%s\n' "$1" "$2" "${why//$'\t'/ }" >> "$RESULTS/steps.tsv"
 }
 
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
@@ -100,7 +102,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     ENGINES=()
     [ "$TRT" = yes ] && ENGINES=(--engine "demo=$WORKDIR/engine-fp32")
     step bench 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
-        --backends "$BACKENDS" "${ENGINES[@]}" --out "$RESULTS/bench"
+        --backends "$BACKENDS" ${ENGINES[@]+"${ENGINES[@]}"} --out "$RESULTS/bench"
 fi
 
 "$PY" - "$RESULTS" "$WORKDIR" <<'EOF'
@@ -120,9 +122,11 @@ for col in ("step", "gating", "result", "seconds", "details"):
 for line in open(os.path.join(results, "steps.tsv")):
     name, gating, rc, secs, *why = line.rstrip("\n").split("\t")
     details = why[0] if why else ""  # a skipped step's reason
-    if name.startswith("parity-"):
+    if rc == "skipped":
+        pass
+    elif name.startswith("parity-"):
         path = os.path.join(results, f"{name}.json")
-        if rc != "skipped" and os.path.isfile(path):
+        if os.path.isfile(path):
             r = json.load(open(path))
             seqs = ", ".join(f"{s['mode']} {s['identical']}/{s['sentences']}" for s in r["sequences"])
             lp = [s for s in r["teacher_forced"] if s["name"] == "log_probs"]

@@ -160,6 +160,21 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
 
 
 # -- arithmetic ------------------------------------------------------------------------------------
+def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
+    """Per round, against the faster CTranslate2 setting in the cell; the GPU systems (CTranslate2 runs on the
+    CPU here) get none, and the settings are compared with each other."""
+    from transduce.bench.harness import ct2_ratios
+
+    raw = {"torch": {"decode": [0.4, 0.5]}, "onnxruntime": {"decode": [0.1, 0.2]}, "tensorrt": {"decode": [0.01, 0.01]},
+           "torch-cuda": {"decode": [0.05, 0.05]}, "ctranslate2": {"decode": [0.3, 0.3]},
+           "ctranslate2-avx2": {"decode": [0.2, 0.2]}}
+    out = ct2_ratios(raw, list(raw))
+    assert out["ct2_best"] == "ctranslate2-avx2" and set(out["ratios"]) == {"torch", "onnxruntime"}
+    assert out["ratios"]["onnxruntime"]["per_round"] == pytest.approx([2.0, 1.0]) and out["ratios"]["onnxruntime"]["vs"] == "ctranslate2-avx2"
+    assert out["ct2_settings_ratio"]["ctranslate2"]["per_round"] == pytest.approx([1.5, 1.5])
+    assert ct2_ratios({"torch": {"decode": [0.4]}}, ["torch"]) == {"ratios": {}}
+
+
 def test_throughput_ratios_pair_rounds():
     # our seconds per round, theirs per round: ratio = their seconds / ours (our throughput / theirs)
     r = throughput_ratios([1.0, 2.0, 4.0], [2.0, 2.0, 2.0])
@@ -453,3 +468,12 @@ def test_quantized_rows_get_no_fp32_floor_percentage():
     cell["systems"]["onnxruntime"] = stats(90.0)  # fp32 faster than its floor: the ceilings were under-measured
     text = "\n".join(_size_section(size, {"steps": 32}))
     assert "111%†" in text and "† measured faster than the floor" in text
+
+    # GPU systems: neither the CPU's floor nor a ratio to CTranslate2 on the CPU applies, whatever their speed
+    cell["systems"] = {"tensorrt": stats(1.0), "torch-cuda": stats(300.0)}
+    size["systems"] = {"tensorrt": {"status": "ok"}, "torch-cuda": {"status": "ok"}}
+    text = "\n".join(_size_section(size, {"steps": 32}))
+    rows = {line.split("|")[3].strip(): (line.split("|")[10].strip(), line.split("|")[11].strip())
+            for line in text.splitlines() if line.startswith("| greedy | 1 |") and "*floor*" not in line}
+    assert rows == {"tensorrt": ("GPU§", "GPU§"), "torch-cuda": ("GPU§", "GPU§")}
+    assert "§ on the GPU" in text and "†" not in text

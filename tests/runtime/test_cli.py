@@ -81,11 +81,12 @@ def test_parity_of_eager_pytorch_on_the_gpu_against_the_cpu(tiny_artifact_dir, t
     data = tmp_path / "valid.tsv"
     write_tsv(data, valid[:16])
     report = tmp_path / "report.json"
-    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, "--data", str(data),
+    moved = shutil.copytree(tiny_model_dir, tmp_path / "moved")  # not where the manifest says: --model serves both
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", str(moved), "--data", str(data),
                                   "--backend", "torch", "--device", "cuda", "--json", str(report)])
     assert r.exit_code == 0, r.output
     rep = json.loads(report.read_text())
-    assert rep["passed"] and (rep["candidate"], rep["reference"]) == ("torch:cuda", "torch:cpu")
+    assert rep["passed"] and (rep["candidate"], rep["reference"]) == ("torch:cuda:0", "torch:cpu")
 
 
 def test_parity_refuses_other_weights(tiny_artifact_dir, demo_model_dir, tmp_path):
@@ -150,6 +151,9 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
 def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_dir, tmp_path):
     for args, message in ((["-n", "0"], "--sentences must be >= 1"), (["--json", str(tmp_path)], "--json"),
                           (["--backend", "torch"], "eager PyTorch with itself"),
+                          (["--backend", "torch", "--device", "cpu:0"], "eager PyTorch with itself"),
+                          (["--reference-device", "gpu"], "--reference-device 'gpu' is not a device"),
+                          (["--reference-device", "cuda:7"], "--reference-device cuda:7: "),  # no such GPU here
                           (["--input", str(tmp_path / "nope.txt")], "does not exist")):
         r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, *args])
         assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)

@@ -307,6 +307,28 @@ def throughput_ratios(ours: list[float], theirs: list[float]) -> dict[str, Any] 
     return {"per_round": per_round, **summary(per_round)}
 
 
+def ct2_ratios(raw: dict[str, dict[str, list]], active: list[str]) -> dict[str, Any]:
+    """One cell's ratios to CTranslate2 (its faster setting there): {"ratios": {system: ...}} for our CPU
+    systems (the GPU ones get none: CTranslate2 runs on the CPU here), plus "ct2_best" and, with several
+    settings timed, "ct2_settings_ratio" (the faster's throughput over each other's); {"ratios": {}}
+    when no CTranslate2 setting was timed."""
+    out: dict[str, Any] = {"ratios": {}}
+    ct2_names = [n for n in active if is_ct2(n) and raw[n]["decode"]]
+    if not ct2_names:
+        return out
+    best = min(ct2_names, key=lambda n: statistics.median(raw[n]["decode"]))
+    out["ct2_best"] = best
+    for n in active:
+        if not is_ct2(n) and n not in GPU_SYSTEMS:
+            r = throughput_ratios(raw[n]["decode"], raw[best]["decode"])
+            if r:
+                out["ratios"][n] = {"vs": best, **r}
+    if len(ct2_names) > 1:
+        out["ct2_settings_ratio"] = {n: throughput_ratios(raw[best]["decode"], raw[n]["decode"])
+                                     for n in ct2_names if n != best}
+    return out
+
+
 def cell_stats(raw: dict[str, Any], batch: int, steps: int) -> dict[str, Any]:
     """Summaries of one system's measurements in one cell (times in ms)."""
     dec = raw.get("decode", [])
@@ -716,19 +738,7 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
             for name in active:
                 stats = cell_stats(raw[name], batch, cfg.steps)
                 cell["systems"][name] = {"stats": stats, "raw": raw[name]}
-            ct2_names = [n for n in active if is_ct2(n) and raw[n]["decode"]]
-            if ct2_names:
-                best = min(ct2_names, key=lambda n: statistics.median(raw[n]["decode"]))
-                cell["ct2_best"] = best
-                for n in active:
-                    if not is_ct2(n) and n not in GPU_SYSTEMS:
-                        r = throughput_ratios(raw[n]["decode"], raw[best]["decode"])
-                        if r:
-                            cell["ratios"][n] = {"vs": best, **r}
-                if len(ct2_names) > 1:
-                    others = [n for n in ct2_names if n != best]
-                    cell["ct2_settings_ratio"] = {n: throughput_ratios(raw[best]["decode"], raw[n]["decode"])
-                                                  for n in others}
+            cell.update(ct2_ratios(raw, active))
             entry["cells"].append(cell)
             _log_cell(cell, size, log)
     return entry

@@ -299,6 +299,27 @@ def _only_step_graph(backend, graph: str | None):
         yield
 
 
+def torch_device(name: str, option: str) -> str:
+    """The device flag `name` for eager PyTorch, normalised ("cuda" -> "cuda:0", the current GPU), or an
+    InputError naming `option` where it is not a device or not usable here."""
+    import torch
+
+    try:
+        d = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InputError(f"{option} {name!r} is not a device", hint=f"{option} cpu, cuda or cuda:N") from None
+    if d.type == "cpu":
+        return "cpu"
+    if d.type != "cuda":
+        raise InputError(f"{option} {name}: eager PyTorch runs on cpu or cuda here", hint=f"{option} cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise InputError(f"{option} {name}: PyTorch sees no CUDA GPU here (torch {torch.__version__})", hint=f"{option} cpu")
+    index = torch.cuda.current_device() if d.index is None else d.index
+    if index >= torch.cuda.device_count():
+        raise InputError(f"{option} {name}: there are {torch.cuda.device_count()} CUDA GPUs", hint="cuda:0 is the first")
+    return f"cuda:{index}"
+
+
 def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
                         input_path: str | None = None, sentences: int = 200, backend: str = "onnxruntime",
                         device: str = "cpu", beam: int = 4, nbest: int = 1,
@@ -314,7 +335,10 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
 
     if sentences < 1:
         raise InputError(f"--sentences must be >= 1, got {sentences}")
-    if backend == "torch" and str(reference_device) == str(device):
+    reference_device = torch_device(reference_device, "--reference-device")
+    if backend == "torch":
+        device = torch_device(device, "--device")
+    if backend == "torch" and reference_device == device:
         raise InputError(f"parity --backend torch on {device} would compare eager PyTorch with itself (the reference "
                          f"runs on --reference-device {reference_device})",
                          hint="check an exported backend (--backend onnxruntime or tensorrt), or eager PyTorch on "
@@ -336,7 +360,7 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
 
         _, valid = demo_corpus(n_train=0, n_valid=sentences)
         sources, targets = [s for s, _ in valid], [t for _, t in valid]
-    candidate = make_backend(artifact_dir, backend, device)
+    candidate = make_backend(artifact_dir, backend, device, model_dir=model_dir)
     art_dir = getattr(candidate, "artifact_dir", artifact_dir)
     manifest = contract.read_manifest(art_dir, verify_hashes=False)
     reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
