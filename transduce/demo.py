@@ -16,9 +16,11 @@ from dataclasses import replace
 from transduce.errors import CheckpointError, InputError, TransduceError
 from transduce.models.train import TrainConfig
 
-# Tuned so the tiny model learns the task on 2 CPU cores in about three minutes.
+# Tuned so the tiny model learns the task on 2 CPU cores in about three minutes. Half the schedule's
+# learning rate: at the full rate, runs that differ only in seed, thread count, CPU or GPU ended at exact
+# match 0.66-0.99 (the GPU's first seed worst); at half, 0.917-1.0 over seven such runs (2026-11-22).
 DEMO_TRAIN = TrainConfig(
-    preset="tiny", vocab_size=400, max_steps=600, warmup=300, lr_scale=1.0, max_tokens=3000,
+    preset="tiny", vocab_size=400, max_steps=600, warmup=300, lr_scale=0.5, max_tokens=3000,
     eval_every=300, save_every=300, eval_sentences=300, seed=1,
 )
 DEMO_TRAIN_PAIRS = 19_000  # drawn numbers; the 0..999 lexicon comes on top
