@@ -250,6 +250,32 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def write_png_atomic(fig, path: str | os.PathLike, dpi: int, **savefig) -> None:
+    """A matplotlib figure as a PNG at `path`, whole or not at all: rendered in memory, then written with
+    write_bytes_atomic; the figure is closed either way."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi, **savefig)
+    finally:
+        plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def make_writable_dir(path: str, option: str, error: type[TransduceError] = TransduceError) -> None:
+    """Create directory `path` (an option's value) if needed; `error` naming `option` where it cannot be
+    created or written to."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise error(f"{option} {path!r} cannot be created ({e.strerror})", hint=f"choose another {option}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise error(f"{option} {path!r} is not writable", hint=f"choose another {option}")
+
+
 def write_bytes_atomic(path: str | os.PathLike, data) -> None:
     """Write a file under a temporary name beside it (.NAME.tmp-HOST-PID-*, removed by a later write of
     NAME if this process is killed) and rename it into place: a regular file is whole or unchanged; an

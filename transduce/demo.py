@@ -50,6 +50,7 @@ def demo_data(workdir: str, log=print) -> tuple[list, list]:
 
 def check_demo_options(workdir: str, steps: int | None, show: int, device: str = "cpu") -> None:
     """Before any work: the options make sense and the workdir can hold the data, model and artifact."""
+    from transduce._io import make_writable_dir
     from transduce.models.train import training_device
 
     if steps is not None and steps < 1:
@@ -57,12 +58,7 @@ def check_demo_options(workdir: str, steps: int | None, show: int, device: str =
     training_device(device)  # a ConfigError saying why it cannot be used
     if show < 0:
         raise InputError(f"--show must be >= 0, got {show}")
-    try:
-        os.makedirs(workdir or ".", exist_ok=True)
-    except OSError as e:
-        raise InputError(f"--workdir {workdir!r} cannot be created ({e.strerror})", hint="choose another --workdir") from None
-    if not os.access(workdir or ".", os.W_OK | os.X_OK):
-        raise InputError(f"--workdir {workdir!r} is not writable", hint="choose another --workdir")
+    make_writable_dir(workdir or ".", "--workdir", InputError)
     for name in ("data", "model", "artifact"):
         path = os.path.join(workdir, name)
         if os.path.lexists(path) and not os.path.isdir(path):

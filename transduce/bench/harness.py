@@ -534,19 +534,10 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
     return raw
 
 
-def _writable_dir(path: str, option: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise TransduceError(f"{option} {path!r} cannot be created ({e.strerror})",
-                             hint=f"choose another {option}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise TransduceError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
-
-
 def check_paths_and_lengths(cfg: BenchConfig) -> str:
     """Before any work: the output and cache directories can be written and do not overlap wrongly, a
     given --model-dir is a model, and --src-len and --steps fit every size's model. -> the cache dir."""
+    from transduce._io import make_writable_dir
     from transduce.bench import models
 
     cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
@@ -554,8 +545,8 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
     if real_out.startswith(real_cache + os.sep):  # CACHE/<size>/... are replaced whole when prepared again
         raise TransduceError(f"--out {cfg.out_dir!r} is inside --cache-dir {cfg.cache_dir!r}, where prepared models "
                              "and exports go", hint="choose an --out outside the cache")
-    _writable_dir(cfg.out_dir, "--out")
-    _writable_dir(cache, "--cache-dir")
+    make_writable_dir(cfg.out_dir, "--out")
+    make_writable_dir(cache, "--cache-dir")
     if cfg.model_dir:
         models.check_model_dir(cfg.model_dir)
     if cfg.artifact_dir:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Any
 
-from transduce._io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from transduce._io import write_json_atomic, write_png_atomic, write_text_atomic
 from transduce.bench.harness import GPU_SYSTEMS, quantized_system
 from transduce.errors import TransduceError
 
@@ -225,7 +224,7 @@ def plot(result: dict[str, Any], path: str) -> None:
         fig, ax = plt.subplots(figsize=(5, 2))
         ax.text(0.5, 0.5, "nothing was timed", ha="center", va="center")
         ax.axis("off")
-        _save_png(fig, path, 100)
+        write_png_atomic(fig, path, 100)
         return
     fig, axes = plt.subplots(len(sizes), len(modes), figsize=(5.5 * len(modes), 3.8 * len(sizes)), squeeze=False)
     for i, s in enumerate(sizes):
@@ -267,19 +266,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8,
                frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.02 / len(sizes), 1, 1))
-    _save_png(fig, path, 110)
-
-
-def _save_png(fig, path: str, dpi: int) -> None:
-    """Rendered in memory, then written whole (atomically); the figure is closed either way."""
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=dpi)
-    finally:
-        plt.close(fig)
-    write_bytes_atomic(path, buf.getvalue())
+    write_png_atomic(fig, path, 110)
 
 
 def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:

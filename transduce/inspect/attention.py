@@ -359,20 +359,11 @@ def plot_token_lines(weights: np.ndarray, query_labels: Sequence[str], key_label
 
 
 def _save(fig, path: str, dpi: int) -> str:
-    """The figure as a PNG at `path`, whole or not at all (rendered in memory, then written atomically)."""
-    import io
+    """The figure as a PNG at `path`, whole or not at all."""
+    from transduce._io import write_png_atomic
 
-    import matplotlib.pyplot as plt
-
-    from transduce._io import write_bytes_atomic
-
-    buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
-    finally:
-        plt.close(fig)
-    try:
-        write_bytes_atomic(path, buf.getvalue())
+        write_png_atomic(fig, path, dpi, facecolor="white")
     except OSError as e:
         raise TransduceError(f"cannot write {path}: {e.strerror or e}", hint="choose an --out directory you can write to") from None
     return path
