@@ -140,6 +140,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
         assert size["checks"] and all(c["passed"] for c in size["checks"])
         assert {"ctranslate2", "ctranslate2-avx2"} <= set(timed)
         assert size["systems"]["ctranslate2-avx2"]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+        assert "ctranslate2-1thread" not in size["systems"]  # at --threads 1 it is the default setting
     for cell in size["cells"]:
         assert set(cell["systems"]) == set(timed)
         for name, s in cell["systems"].items():
@@ -173,6 +174,21 @@ def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
     assert out["ratios"]["onnxruntime"]["per_round"] == pytest.approx([2.0, 1.0]) and out["ratios"]["onnxruntime"]["vs"] == "ctranslate2-avx2"
     assert out["ct2_settings_ratio"]["ctranslate2"]["per_round"] == pytest.approx([1.5, 1.5])
     assert ct2_ratios({"torch": {"decode": [0.4]}}, ["torch"]) == {"ratios": {}}
+
+
+def test_ctranslate2_settings_within_the_thread_budget():
+    """1thread runs CTranslate2 on one of the budget's threads; a setting that would repeat another's
+    configuration (1thread at --threads 1 is the default) is not timed twice."""
+    from transduce.bench.harness import ct2_setting, ct2_settings_run, ct2_threads
+
+    assert ct2_setting("ctranslate2") == "default" and ct2_setting("ctranslate2-1thread") == "1thread"
+    assert [ct2_threads(s, 2) for s in ("default", "avx2", "1thread")] == [2, 2, 1]
+    assert ct2_threads("1thread", 1) == 1 and ct2_threads("default", 4) == 4
+    assert ct2_settings_run(["default", "avx2", "1thread"], 2) == ["default", "avx2", "1thread"]
+    assert ct2_settings_run(["default", "avx2", "1thread"], 1) == ["default", "avx2"]
+    assert ct2_settings_run(["1thread", "default"], 1) == ["1thread"]
+    assert ct2_settings_run(["avx2", "1thread"], 1) == ["avx2", "1thread"]  # another environment: kept
+    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread"]
 
 
 def test_throughput_ratios_pair_rounds():

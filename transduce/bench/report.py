@@ -35,9 +35,11 @@ def markdown(result: dict[str, Any]) -> str:
                  f"1-min load average at start {_num(m.get('load_average_1min_at_start'), '{:.2f}')}).")
     lines.append(f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.")
     lines.append("")
+    one_thread = (" (1 in its 1thread setting, within the budget)"
+                  if "1thread" in cfg.get("ct2_settings", []) and cfg["threads"] > 1 else "")
     lines.append(f"Threads: {cfg['threads']} everywhere (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
-                 f"intra_op {cfg['threads']}, inter_op 1; CTranslate2 intra_threads {cfg['threads']}, inter_threads 1, "
-                 "compute_type float32). Every system runs in its own process.")
+                 f"intra_op {cfg['threads']}, inter_op 1; CTranslate2 intra_threads {cfg['threads']}{one_thread}, "
+                 "inter_threads 1, compute_type float32). Every system runs in its own process.")
     lines.append(f"Work: random source ids, {cfg['src_len']} encoder positions per sentence (EOS included); exactly "
                  f"{cfg['steps']} generated tokens per sentence (EOS banned, maximum length {cfg['steps']}), so every "
                  "system does the same work. Throughput counts the best hypothesis' tokens.")
