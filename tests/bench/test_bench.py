@@ -162,7 +162,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
 
 # -- arithmetic ------------------------------------------------------------------------------------
 def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
-    """Per round, against the faster CTranslate2 setting in the cell; the GPU systems (CTranslate2 runs on the
+    """Per round, against the fastest CTranslate2 setting in the cell; the GPU systems (CTranslate2 runs on the
     CPU here) get none, and the settings are compared with each other."""
     from transduce.bench.harness import ct2_ratios
 

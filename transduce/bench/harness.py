@@ -22,7 +22,7 @@ Per model size:
     Quantized rows (`quantize`, e.g. onnxruntime-int8): ONNX Runtime on a quantized export of the same
     weights, timed only if quality_gate() passes on the demo size (BLEU within QUALITY_GATE_BLEU; the
     demo size runs first, and other sizes are quantized only after it passed).
- 4. ratios: per round, our throughput / the faster CTranslate2 setting's (the one with the lower median
+ 4. ratios: per round, our throughput / the fastest CTranslate2 setting's (the one with the lower median
     decode time in that cell), from the same round; the median over rounds and its min and max.
 
 Every system lives in its own worker process (worker.py); the machine's ceilings (ceilings.py) are
@@ -334,9 +334,9 @@ def throughput_ratios(ours: list[float], theirs: list[float]) -> dict[str, Any] 
 
 
 def ct2_ratios(raw: dict[str, dict[str, list]], active: list[str]) -> dict[str, Any]:
-    """One cell's ratios to CTranslate2 (its faster setting there): {"ratios": {system: ...}} for our CPU
+    """One cell's ratios to CTranslate2 (its fastest setting there): {"ratios": {system: ...}} for our CPU
     systems (the GPU ones get none: CTranslate2 runs on the CPU here), plus "ct2_best" and, with several
-    settings timed, "ct2_settings_ratio" (the faster's throughput over each other's); {"ratios": {}}
+    settings timed, "ct2_settings_ratio" (the fastest's throughput over each other's); {"ratios": {}}
     when no CTranslate2 setting was timed."""
     out: dict[str, Any] = {"ratios": {}}
     ct2_names = [n for n in active if is_ct2(n) and raw[n]["decode"]]

@@ -48,7 +48,7 @@ def markdown(result: dict[str, Any]) -> str:
                  f"of back-to-back calls filling {cfg.get('min_seconds', 0):g} s (one call for slower cells). "
                  "Shown: median [min–max] over rounds. `step` = (decode − first) / "
                  "(steps − 1) and `enc≈` = first − step are derived alike for every system; `first` is a decode of "
-                 "one step (`enc≈` can come out negative when the noise exceeds the encoder's cost). Ratios: our tokens/s ÷ the faster CTranslate2 setting's in that cell, per round "
+                 "one step (`enc≈` can come out negative when the noise exceeds the encoder's cost). Ratios: our tokens/s ÷ the fastest CTranslate2 setting's in that cell, per round "
                  "(same round, so machine drift cancels), median [min–max].")
     loads = [c["foreign_cpu_share"] for s in result["sizes"] for c in s["cells"] if c.get("foreign_cpu_share") is not None]
     if loads and max(loads) > 0.25:
@@ -146,7 +146,7 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             r = c["ratios"].get(name)
             ratio = f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] vs {r['vs']}" if r else ""
             if name == c.get("ct2_best") and len(c.get("ct2_settings_ratio") or {}) > 0:
-                ratio = "faster CT2 setting"
+                ratio = "fastest CT2 setting"
             if floor and quantized_system(name):  # the floors are fp32 weights' (int8 reads a quarter of the bytes)
                 pct = "n/a‡"
                 quantized = True
