@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from transduce._io import _tmp_prefix, write_bytes_atomic, write_text_atomic
+from transduce._io import _tmp_prefix, iter_lines, write_bytes_atomic, write_text_atomic
 from transduce.runtime.contract import is_artifact_dir as _is_artifact
 
 
@@ -237,3 +237,36 @@ def test_force_replaces_what_transduce_wrote_even_damaged(tmp_path):
     ]
     for i, (is_kind, files, want) in enumerate(cases):
         assert is_kind(make(f"d{i}", files)) is want, (is_kind.__name__, files)
+
+
+def test_lines_of_a_pipe_come_as_they_arrive(tmp_path):
+    """iter_lines does not wait for the end of its input: a line written to a pipe is read at once, and an
+    invalid byte further on is an error only when its line is reached."""
+    import threading
+
+    from transduce.errors import InputError
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list = []
+
+    def read():
+        lines = iter_lines(str(fifo), InputError)
+        got.append(next(lines))
+        seen.set()
+        try:
+            got.extend(lines)
+        except InputError as e:
+            got.append(e)
+
+    seen = threading.Event()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with open(fifo, "wb", buffering=0) as f:
+        f.write("\ufefffirst\r\n".encode())
+        assert seen.wait(10), "the first line was not read before the input ended"
+        f.write(b"second\nth\xffird\n")
+    reader.join(10)
+    assert got[:2] == ["first", "second"]
+    assert isinstance(got[2], InputError) and "line 3 has an invalid byte" in str(got[2])
+

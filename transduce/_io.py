@@ -277,15 +277,23 @@ def make_writable_dir(path: str, option: str, error: type[TransduceError] = Tran
 
 
 def write_bytes_atomic(path: str | os.PathLike, data) -> None:
-    """Write a file under a temporary name beside it (.NAME.tmp-HOST-PID-*, removed by a later write of
-    NAME if this process is killed) and rename it into place: a regular file is whole or unchanged; an
-    existing one keeps its mode, a new one gets the umask's. Anything else at `path` (/dev/null, a FIFO,
-    a symlink) is written in place, as a plain open would. `data`: bytes or any buffer (a TensorRT
-    IHostMemory). A parent directory that cannot be created or written is an OSError."""
+    """Write a file whole or not at all (see atomic_file). `data`: bytes or any buffer (a TensorRT
+    IHostMemory)."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Any]:
+    """A binary file object writing `path` under a temporary name beside it (.NAME.tmp-HOST-PID-*,
+    removed by a later write of NAME if this process is killed), renamed into place when the block ends
+    without an exception: a regular file is whole or unchanged; an existing one keeps its mode, a new
+    one gets the umask's. Anything else at `path` (/dev/null, a FIFO, a symlink) is written in place, as
+    a plain open would. A parent directory that cannot be created or written is an OSError."""
     path = os.fspath(path)
     if written_in_place(path):
         with open(path, "wb") as f:
-            f.write(data)
+            yield f
         return
     mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~_umask()
     parent = os.path.dirname(os.path.abspath(path))
@@ -295,7 +303,7 @@ def write_bytes_atomic(path: str | os.PathLike, data) -> None:
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(base) + f"{os.getpid()}-", dir=parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
         os.chmod(tmp, mode)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
@@ -368,19 +376,21 @@ def is_empty_dir(path: str | os.PathLike) -> bool:
 
 
 def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str = "input file") -> list[str]:
-    """A UTF-8 text file ("-": stdin) as its lines: split at "\n" only (a "\r" before it is dropped; Unicode's
-    other line breaks, such as U+2028 or form feed, stay inside their line, as `wc -l` counts), a leading
-    byte-order mark dropped, no empty last line for the final newline. Unreadable input is `error`
-    naming the file (and the line of an invalid byte)."""
+    """All of iter_lines(path, error, what)."""
+    return list(iter_lines(path, error, what))
+
+
+def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str = "input file") -> Iterator[str]:
+    """A UTF-8 text file ("-": stdin) line by line, each as soon as it has been read (a pipe's lines as
+    they arrive): split at "\n" only (a "\r" before it is dropped; Unicode's other line breaks, such as
+    U+2028 or form feed, stay inside their line, as `wc -l` counts), a leading byte-order mark dropped,
+    no empty last line for the final newline. Unreadable input is `error` naming the file (and the line
+    of an invalid byte), raised when that line is reached."""
     import sys
 
     name = "standard input" if os.fspath(path) == "-" else repr(os.fspath(path))
     try:
-        if os.fspath(path) == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
+        f = sys.stdin.buffer if os.fspath(path) == "-" else open(path, "rb")  # noqa: SIM115 (closed below)
     except FileNotFoundError:
         raise error(f"{what} {name} does not exist") from None
     except IsADirectoryError:
@@ -388,12 +398,27 @@ def read_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
     except OSError as e:
         raise error(f"cannot read {what} {name}: {e.strerror}") from None
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = e.object.count(b"\n", 0, e.start) + 1  # e.object: the bytes after a BOM, which e.start counts in
-        raise error(f"{what} {name} is not UTF-8 text: line {line} has an invalid byte ({e.reason})",
-                    hint="convert it, e.g. iconv -f LATIN1 -t UTF-8") from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+        n = 0
+        while True:
+            try:
+                raw = f.readline()
+            except IsADirectoryError:
+                raise error(f"{what} {name} is a directory", hint="give a text file, one sentence per line") from None
+            except OSError as e:
+                raise error(f"cannot read {what} {name}: {e.strerror}") from None
+            if not raw:
+                return
+            n += 1
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{what} {name} is not UTF-8 text: line {n} has an invalid byte ({e.reason})",
+                            hint="convert it, e.g. iconv -f LATIN1 -t UTF-8") from None
+            if line.endswith("\n"):
+                line = line[:-1]
+            yield line[:-1] if line.endswith("\r") else line
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()

@@ -198,3 +198,38 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="does not record model.safetensors"):
         source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model))
+
+
+def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
+    """--chunk-lines N: the same output as the whole input at once, each part written when it is done; an
+    error in a later part leaves a file --output as it was (and no temporary), stdout with the parts before."""
+    args = ["decode", tiny_artifact_dir, "--beam", "2", "--max-len-b", "3"]
+    text = "one\ntwo hundred\n\nseven\nnine\n"
+    whole = CliRunner().invoke(main, args, input=text)
+    assert whole.exit_code == 0, whole.output
+    for n in ("1", "2", "10"):
+        r = CliRunner().invoke(main, [*args, "--chunk-lines", n], input=text)
+        assert r.exit_code == 0 and r.stdout == whole.stdout, (n, r.output)
+    r = CliRunner().invoke(main, [*args, "--chunk-lines", "-1"], input=text)
+    assert r.exit_code == 2 and "--chunk-lines must be >= 0" in r.stderr
+    bad = text + " ".join(["nine"] * 200) + "\n"
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    r = CliRunner().invoke(main, [*args, "--chunk-lines", "2", "--output", str(out)], input=bad)
+    assert r.exit_code == 2 and "input line 6 has" in r.stderr
+    assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["out.txt"]
+    r = CliRunner().invoke(main, [*args, "--chunk-lines", "2"], input=bad)
+    # written: the parts before the bad line's (lines 1-2 and 3-4), not the line beside it in its part (5)
+    assert r.exit_code == 2 and r.stdout.splitlines() == whole.stdout.splitlines()[:4]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_decode_to_a_full_stdout_is_a_clear_error(tiny_artifact_dir):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "transduce.cli", "decode", tiny_artifact_dir, "--beam", "1",
+                            "--max-len-b", "2"], input="one\ntwo\n", stdout=full, stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 2 and "cannot write the translations to standard output" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -98,3 +98,34 @@ def test_another_models_tokenizer_is_refused(tmp_path, tiny_artifact_dir):
     (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="has 300 tokens, the model .*: it is not the tokenizer"):
         load(art)
+
+
+def test_stream_equals_the_whole_and_reads_one_chunk_ahead_at_most(translator):
+    texts = ["one", "", "two hundred", "seven", "nine hundred and ninety", "three"]
+    want = [t.tokens for t in translator.translate(texts, beam_size=2, max_len_b=4)]
+    pulled = []
+
+    def source():
+        for t in texts:
+            pulled.append(t)
+            yield t
+
+    stream = translator.translate_stream(source(), 2, beam_size=2, max_len_b=4)
+    got = [next(stream).tokens]
+    assert len(pulled) == 2  # the first chunk is answered before the rest is read
+    got += [t.tokens for t in stream]
+    assert got == want
+    assert [t.tokens for t in translator.translate_stream(texts, 4, beam_size=2, max_len_b=4)] == want
+    assert list(translator.translate_stream([], 3)) == []
+
+
+def test_stream_errors_name_the_line_in_the_whole_input(translator):
+    long = " ".join(["seven hundred"] * 100)
+    stream = translator.translate_stream(["one", "two", "three", "four", long], 2, beam_size=1, max_len_b=3)
+    assert len([next(stream) for _ in range(4)]) == 4
+    with pytest.raises(InputError, match="input line 5 has"):
+        next(stream)
+    with pytest.raises(InputError, match="chunk_lines must be >= 1"):
+        list(translator.translate_stream(["one"], 0))
+    with pytest.raises(InputError, match="not one string"):
+        list(translator.translate_stream("one", 1))

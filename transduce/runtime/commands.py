@@ -12,12 +12,6 @@ from transduce.errors import InputError
 BACKEND_CHOICE = click.Choice(["onnxruntime", "torch", "tensorrt"])
 
 
-def _read_lines(path: str) -> list[str]:
-    from transduce._io import read_lines
-
-    return read_lines(path, InputError)
-
-
 def _check_output(path: str, option: str = "--output") -> None:
     """Before any work: the output file can be created (a long job is not lost at the end)."""
     import os
@@ -60,44 +54,77 @@ def _check_output(path: str, option: str = "--output") -> None:
 @click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
 @click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
 @click.option("--model", "model_dir", type=click.Path(), help="Model directory for --backend torch (default: the one the artifact names).")
+@click.option("--chunk-lines", default=0, show_default=True,
+              help="Decode the input this many lines at a time, each part's output written as soon as it is done "
+                   "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
 @cli_errors
 def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, length_penalty, length_penalty_form,
-           max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir):
-    """Translate lines with an exported artifact (or engine directory for --backend tensorrt)."""
+           max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir, chunk_lines):
+    """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
+
+    The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'). A file --output
+    is whole or not at all: written beside it and renamed into place at the end.
+    """
+    import itertools
     import warnings
 
+    from transduce._io import iter_lines
     from transduce.runtime.api import load
 
+    if chunk_lines < 0:
+        raise InputError(f"--chunk-lines must be >= 0, got {chunk_lines}", hint="0 decodes the whole input at once")
     _check_output(output_path)
-    lines = _read_lines(input_path)
+    lines = iter_lines(input_path, InputError)
+    # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
+    first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
     translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
                       max_batch_tokens=batch_tokens)
+    part = chunk_lines or max(len(first), 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = translator.translate(lines, beam_size=beam, nbest=nbest, length_penalty=length_penalty,
-                                       length_penalty_form=length_penalty_form, max_len_b=max_len_b,
-                                       min_length=min_length, truncate=truncate)
-    for w in caught:
-        click.secho(f"warning: {w.message}", fg="yellow", err=True)
-    out_lines = []
+        results = translator.translate_stream(
+            itertools.chain(first, lines), part, beam_size=beam, nbest=nbest, length_penalty=length_penalty,
+            length_penalty_form=length_penalty_form, max_len_b=max_len_b, min_length=min_length, truncate=truncate)
+        if output_path == "-":
+            try:
+                _write_translations(results, caught, nbest, scores, part, sys.stdout.write, sys.stdout.flush)
+            except BrokenPipeError:
+                raise  # the reader went away (| head): click exits quietly
+            except OSError as e:
+                raise InputError(f"cannot write the translations to standard output: {e}",
+                                 hint="free disk space, or give --output") from None
+        else:  # whole or not at all: a temporary file beside it, renamed into place
+            from transduce._io import atomic_file
+
+            try:
+                with atomic_file(output_path) as f:
+                    _write_translations(results, caught, nbest, scores, part, lambda text: f.write(text.encode("utf-8")),
+                                        lambda: None)
+            except OSError as e:
+                raise InputError(f"cannot write --output {output_path!r}: {e}",
+                                 hint="free disk space or choose another --output") from None
+
+
+def _write_translations(results, caught: list, nbest: int, scores: bool, part: int, write, flush) -> None:
+    """Write each translation's line(s) as it comes, with the warnings recorded meanwhile (`caught`) on
+    stderr, and flush at the end of every part of `part` lines."""
     for i, r in enumerate(results):
+        for w in caught:
+            click.secho(f"warning: {w.message}", fg="yellow", err=True)
+        caught.clear()
         if r.unknown:
             click.secho(f"warning: input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>",
                         fg="yellow", err=True)
         if nbest > 1:
             # nbest lines for every input, a blank one included (its one empty candidate, repeated)
-            out_lines.extend(f"{i} ||| {c.text} ||| {c.score:.4f}\n" for c in (r.nbest * nbest if r.empty else r.nbest))
+            write("".join(f"{i} ||| {c.text} ||| {c.score:.4f}\n" for c in (r.nbest * nbest if r.empty else r.nbest)))
         else:
-            out_lines.append(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
-    if output_path == "-":
-        sys.stdout.writelines(out_lines)
-    else:  # whole or not at all: a temporary file beside it, renamed into place
-        from transduce._io import write_text_atomic
-
-        try:
-            write_text_atomic(output_path, "".join(out_lines))
-        except OSError as e:
-            raise InputError(f"cannot write --output {output_path!r}: {e}", hint="free disk space or choose another --output") from None
+            write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
+        if (i + 1) % part == 0:
+            flush()
+    for w in caught:
+        click.secho(f"warning: {w.message}", fg="yellow", err=True)
+    flush()
 
 
 @click.command()

@@ -10,9 +10,10 @@ Input rules (each tested):
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,11 +62,11 @@ class Translator:
         factory = backend_factory or TorchBackend.from_model_dir
         return cls(factory(os.fspath(path), device=device), load_tokenizer(path), **kwargs)
 
-    def _encode(self, texts: Sequence[str], truncate: bool) -> list[tuple[list[int], int, bool]]:
+    def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1) -> list[tuple[list[int], int, bool]]:
         limit = self.config["max_positions"] - 1  # room for EOS
         unk = self.config["unk_id"]
         out = []
-        for n, ids in enumerate(self.tokenizer.encode_batch(list(texts)), 1):
+        for n, ids in enumerate(self.tokenizer.encode_batch(list(texts)), first_line):
             cut = False
             if len(ids) > limit:
                 if not truncate:
@@ -96,17 +97,19 @@ class Translator:
 
     def translate(self, texts: Iterable[str], beam_size: int = 4, nbest: int = 1, length_penalty: float = 0.6,
                   length_penalty_form: str = "gnmt", min_length: int = 0, max_len_a: float = 1.0,
-                  max_len_b: int = 50, truncate: bool = False) -> list[Translation]:
+                  max_len_b: int = 50, truncate: bool = False, first_line: int = 1) -> list[Translation]:
+        """Translations of `texts`, in their order. first_line: the number of texts[0] in messages (input
+        line N), for a part of a longer input (translate_stream)."""
         if isinstance(texts, str):
             raise InputError("translate() takes a list of sentences, not one string", hint="wrap it: [text]")
         texts = list(texts)  # any iterable (a generator is read once)
-        for n, text in enumerate(texts, 1):
+        for n, text in enumerate(texts, first_line):
             if not isinstance(text, str):
                 raise InputError(f"sentence {n} is a {type(text).__name__}, not a str", hint="pass strings only")
         opts = DecodingOptions(beam_size=beam_size, length_penalty=length_penalty,
                                length_penalty_form=length_penalty_form, max_len_a=max_len_a,
                                max_len_b=max_len_b, min_length=min_length, nbest=nbest)
-        encoded = self._encode(texts, truncate)
+        encoded = self._encode(texts, truncate, first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
         for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded)):
@@ -134,3 +137,18 @@ class Translator:
                 ids, unk, cut = encoded[i]
                 results[i] = Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
         return results  # type: ignore[return-value]
+
+    def translate_stream(self, texts: Iterable[str], chunk_lines: int, **options) -> Iterator[Translation]:
+        """translate(), chunk_lines sentences at a time: each chunk's translations are yielded, in input
+        order, as soon as it is decoded, and `texts` is read only as far as the chunk being decoded (a
+        pipe can be answered line by line with chunk_lines=1). Memory is bounded by one chunk; batches
+        are sorted by length within a chunk, so larger chunks batch better. Options: those of translate()."""
+        if isinstance(texts, str):
+            raise InputError("translate_stream() takes an iterable of sentences, not one string", hint="wrap it: [text]")
+        if chunk_lines < 1:
+            raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}")
+        it = iter(texts)
+        first = 1
+        while chunk := list(itertools.islice(it, chunk_lines)):
+            yield from self.translate(chunk, first_line=first, **options)
+            first += len(chunk)
