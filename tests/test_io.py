@@ -268,5 +268,8 @@ def test_lines_of_a_pipe_come_as_they_arrive(tmp_path):
         f.write(b"second\nth\xffird\n")
     reader.join(10)
     assert got[:2] == ["first", "second"]
+    for data, lines in ((b"\xef\xbb\xbf", []), (b"\xef\xbb\xbf\n", [""]), (b"", []), (b"a\r\r\nb", ["a\r", "b"])):
+        (tmp_path / "f.txt").write_bytes(data)
+        assert list(iter_lines(str(tmp_path / "f.txt"), InputError)) == lines, data
     assert isinstance(got[2], InputError) and "line 3 has an invalid byte" in str(got[2])
 

@@ -388,9 +388,10 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
     of an invalid byte), raised when that line is reached."""
     import sys
 
-    name = "standard input" if os.fspath(path) == "-" else repr(os.fspath(path))
+    stdin = os.fspath(path) == "-"
+    name = "standard input" if stdin else repr(os.fspath(path))
     try:
-        f = sys.stdin.buffer if os.fspath(path) == "-" else open(path, "rb")  # noqa: SIM115 (closed below)
+        f = sys.stdin.buffer if stdin else open(path, "rb")  # noqa: SIM115 (closed below)
     except FileNotFoundError:
         raise error(f"{what} {name} does not exist") from None
     except IsADirectoryError:
@@ -411,6 +412,8 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
             n += 1
             if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
+                if not raw:  # a byte-order mark alone: no lines
+                    return
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -420,5 +423,5 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
                 line = line[:-1]
             yield line[:-1] if line.endswith("\r") else line
     finally:
-        if f is not sys.stdin.buffer:
+        if not stdin:
             f.close()

@@ -160,6 +160,36 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
+def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny_artifact_dir, monkeypatch):
+    """A failed CTranslate2 check skips CTranslate2 with that reason, whatever the quantized rows before it
+    were skipped for (they shared one variable)."""
+    _ct2()
+    from click.testing import CliRunner
+
+    from transduce.bench import harness, models
+    from transduce.cli import main
+
+    checks, prepare = harness._checks, models.prepare
+
+    def failed_checks(*args):
+        return [{**c, "passed": False} for c in checks(*args)]
+
+    monkeypatch.setattr(harness, "_checks", failed_checks)
+    monkeypatch.setattr(harness, "quality_gate", lambda prepared, q, cfg, log: {"passed": False, "reason": "the int8 gate"})
+    monkeypatch.setattr(models, "prepare", lambda *a, **k: prepare(*a, **{**k, "quantize": []}))  # no int8 export
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir", tiny_artifact_dir,
+                                    "--out", str(out), "--threads", "1", "--batches", "1", "--modes", "greedy",
+                                    "--repeats", "1", "--steps", "2", "--src-len", "4", "--no-ceilings",
+                                    "--backends", "onnxruntime,ctranslate2", "--quantize", "int8"])
+    assert res.exit_code == 0, res.output
+    (size,) = json.loads((out / "bench.json").read_text())["sizes"]
+    assert size["systems"]["onnxruntime-int8"]["reason"] == "the int8 gate"
+    for name in ("ctranslate2", "ctranslate2-avx2"):
+        assert size["systems"][name]["status"] == "skipped"
+        assert size["systems"][name]["reason"].startswith("greedy output differs from ours: demo: ")
+
+
 # -- arithmetic ------------------------------------------------------------------------------------
 def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
     """Per round, against the fastest CTranslate2 setting in the cell; the GPU systems (CTranslate2 runs on the

@@ -221,6 +221,15 @@ def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
     r = CliRunner().invoke(main, [*args, "--chunk-lines", "2"], input=bad)
     # written: the parts before the bad line's (lines 1-2 and 3-4), not the line beside it in its part (5)
     assert r.exit_code == 2 and r.stdout.splitlines() == whole.stdout.splitlines()[:4]
+    # the first part is decoded before the output is opened: a link --output (written in place) keeps its
+    # target when that part fails, and an empty input still has its options checked
+    (tmp_path / "target.txt").write_text("precious\n")
+    os.symlink(tmp_path / "target.txt", tmp_path / "link.txt")
+    for extra, stdin in ((["--chunk-lines", "0"], bad), (["--chunk-lines", "3"], "one\n" + bad[len(text):] + text), (["--beam", "0"], "one\n")):
+        r = CliRunner().invoke(main, [*args, "--output", str(tmp_path / "link.txt"), *extra], input=stdin)
+        assert r.exit_code == 2 and (tmp_path / "target.txt").read_text() == "precious\n", (extra, r.output)
+    r = CliRunner().invoke(main, [*args, "--nbest", "5"], input="")
+    assert r.exit_code == 2 and "nbest must be between 1 and the beam size (2)" in r.stderr
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")

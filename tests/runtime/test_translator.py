@@ -125,7 +125,14 @@ def test_stream_errors_name_the_line_in_the_whole_input(translator):
     assert len([next(stream) for _ in range(4)]) == 4
     with pytest.raises(InputError, match="input line 5 has"):
         next(stream)
+    # argument and option errors come from the call itself, before anything is read
     with pytest.raises(InputError, match="chunk_lines must be >= 1"):
-        list(translator.translate_stream(["one"], 0))
+        translator.translate_stream(["one"], 0)
     with pytest.raises(InputError, match="not one string"):
-        list(translator.translate_stream("one", 1))
+        translator.translate_stream("one", 1)
+    with pytest.raises(InputError, match="nbest must be between 1 and the beam size"):
+        translator.translate_stream([], 1, beam_size=2, nbest=5)
+    stream = translator.translate_stream(["one", long], 1, first_line=41, beam_size=1, max_len_b=3)
+    next(stream)
+    with pytest.raises(InputError, match="input line 42 has"):
+        next(stream)

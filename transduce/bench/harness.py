@@ -688,21 +688,21 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         for s in ct2_settings_run(cfg.ct2_settings, cfg.threads):
             entry["systems"][ct2_system_name(s)] = {"status": "skipped", "reason": ct2_missing}
 
-    ct2_ok, reason = want_ct2, ""
+    ct2_ok, ct2_reason = want_ct2, ""
     if want_ct2:
         log(f"[{size}] checking CTranslate2's greedy output against ours, token for token")
         entry["checks"] = _checks(prepared, cfg, log)
         bad = [c for c in entry["checks"] if not c["passed"]]
         if bad:
             ct2_ok = False
-            reason = "greedy output differs from ours: " + "; ".join(_divergence_text(c) for c in bad)
-            log(f"[{size}] CTranslate2 is NOT timed: {reason}")
+            ct2_reason = "greedy output differs from ours: " + "; ".join(_divergence_text(c) for c in bad)
+            log(f"[{size}] CTranslate2 is NOT timed: {ct2_reason}")
 
     active = []
     for name, w in workers.items():
         if is_ct2(name):
             if not ct2_ok:
-                entry["systems"][name] = {"status": "skipped", "reason": reason}
+                entry["systems"][name] = {"status": "skipped", "reason": ct2_reason}
                 continue
             req = {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir,
                    "threads": ct2_threads(ct2_setting(name), cfg.threads)}

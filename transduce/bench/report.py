@@ -36,7 +36,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.")
     lines.append("")
     one_thread = (" (1 in its 1thread setting, within the budget)"
-                  if "1thread" in cfg.get("ct2_settings", []) and cfg["threads"] > 1 else "")
+                  if "1thread" in cfg.get("ct2_settings", []) and "ctranslate2" in cfg.get("backends", [])
+                  and cfg["threads"] > 1 else "")
     lines.append(f"Threads: {cfg['threads']} everywhere (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
                  f"intra_op {cfg['threads']}, inter_op 1; CTranslate2 intra_threads {cfg['threads']}{one_thread}, "
                  "inter_threads 1, compute_type float32). Every system runs in its own process.")

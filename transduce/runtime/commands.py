@@ -85,29 +85,37 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
         results = translator.translate_stream(
             itertools.chain(first, lines), part, beam_size=beam, nbest=nbest, length_penalty=length_penalty,
             length_penalty_form=length_penalty_form, max_len_b=max_len_b, min_length=min_length, truncate=truncate)
+        # the first part is decoded before the output is opened: an error in it (all of them, without
+        # --chunk-lines) leaves a file, or what a link, FIFO or device --output leads to, as it was
+        results = itertools.chain([head], results) if (head := next(results, None)) is not None else iter(())
         if output_path == "-":
-            try:
-                _write_translations(results, caught, nbest, scores, part, sys.stdout.write, sys.stdout.flush)
-            except BrokenPipeError:
-                raise  # the reader went away (| head): click exits quietly
-            except OSError as e:
-                raise InputError(f"cannot write the translations to standard output: {e}",
-                                 hint="free disk space, or give --output") from None
+            def write(text: str) -> None:
+                try:
+                    sys.stdout.write(text)
+                    if text == "":
+                        sys.stdout.flush()
+                except BrokenPipeError:
+                    raise  # the reader went away (| head): click exits quietly
+                except OSError as e:
+                    raise InputError(f"cannot write the translations to standard output: {e}",
+                                     hint="free disk space, or give --output") from None
+
+            _write_translations(results, caught, nbest, scores, part, write)
         else:  # whole or not at all: a temporary file beside it, renamed into place
             from transduce._io import atomic_file
 
             try:
                 with atomic_file(output_path) as f:
-                    _write_translations(results, caught, nbest, scores, part, lambda text: f.write(text.encode("utf-8")),
-                                        lambda: None)
+                    _write_translations(results, caught, nbest, scores, part,
+                                        lambda text: f.write(text.encode("utf-8")))
             except OSError as e:
                 raise InputError(f"cannot write --output {output_path!r}: {e}",
                                  hint="free disk space or choose another --output") from None
 
 
-def _write_translations(results, caught: list, nbest: int, scores: bool, part: int, write, flush) -> None:
+def _write_translations(results, caught: list, nbest: int, scores: bool, part: int, write) -> None:
     """Write each translation's line(s) as it comes, with the warnings recorded meanwhile (`caught`) on
-    stderr, and flush at the end of every part of `part` lines."""
+    stderr; write("") after every part of `part` lines and at the end: a flush."""
     for i, r in enumerate(results):
         for w in caught:
             click.secho(f"warning: {w.message}", fg="yellow", err=True)
@@ -121,10 +129,10 @@ def _write_translations(results, caught: list, nbest: int, scores: bool, part: i
         else:
             write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
         if (i + 1) % part == 0:
-            flush()
+            write("")
     for w in caught:
         click.secho(f"warning: {w.message}", fg="yellow", err=True)
-    flush()
+    write("")
 
 
 @click.command()

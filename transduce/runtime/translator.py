@@ -138,17 +138,24 @@ class Translator:
                 results[i] = Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
         return results  # type: ignore[return-value]
 
-    def translate_stream(self, texts: Iterable[str], chunk_lines: int, **options) -> Iterator[Translation]:
+    def translate_stream(self, texts: Iterable[str], chunk_lines: int, first_line: int = 1,
+                         **options) -> Iterator[Translation]:
         """translate(), chunk_lines sentences at a time: each chunk's translations are yielded, in input
         order, as soon as it is decoded, and `texts` is read only as far as the chunk being decoded (a
         pipe can be answered line by line with chunk_lines=1). Memory is bounded by one chunk; batches
-        are sorted by length within a chunk, so larger chunks batch better. Options: those of translate()."""
+        are sorted by length within a chunk, so larger chunks batch better. Options: those of translate(),
+        checked here, before anything is read; first_line: the number of the first text in messages."""
         if isinstance(texts, str):
             raise InputError("translate_stream() takes an iterable of sentences, not one string", hint="wrap it: [text]")
         if chunk_lines < 1:
             raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}")
-        it = iter(texts)
-        first = 1
-        while chunk := list(itertools.islice(it, chunk_lines)):
-            yield from self.translate(chunk, first_line=first, **options)
-            first += len(chunk)
+        self.translate([], **options)  # the options' errors now, even for an empty input
+
+        def stream() -> Iterator[Translation]:
+            it = iter(texts)
+            first = first_line
+            while chunk := list(itertools.islice(it, chunk_lines)):
+                yield from self.translate(chunk, first_line=first, **options)
+                first += len(chunk)
+
+        return stream()
