@@ -390,23 +390,25 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
 
     stdin = os.fspath(path) == "-"
     name = "standard input" if stdin else repr(os.fspath(path))
+
+    def unreadable(e: OSError) -> TransduceError:
+        if isinstance(e, FileNotFoundError):
+            return error(f"{what} {name} does not exist")
+        if isinstance(e, IsADirectoryError):
+            return error(f"{what} {name} is a directory", hint="give a text file, one sentence per line")
+        return error(f"cannot read {what} {name}: {e.strerror}")
+
     try:
         f = sys.stdin.buffer if stdin else open(path, "rb")  # noqa: SIM115 (closed below)
-    except FileNotFoundError:
-        raise error(f"{what} {name} does not exist") from None
-    except IsADirectoryError:
-        raise error(f"{what} {name} is a directory", hint="give a text file, one sentence per line") from None
     except OSError as e:
-        raise error(f"cannot read {what} {name}: {e.strerror}") from None
+        raise unreadable(e) from None
     try:
         n = 0
         while True:
             try:
                 raw = f.readline()
-            except IsADirectoryError:
-                raise error(f"{what} {name} is a directory", hint="give a text file, one sentence per line") from None
             except OSError as e:
-                raise error(f"cannot read {what} {name}: {e.strerror}") from None
+                raise unreadable(e) from None
             if not raw:
                 return
             n += 1

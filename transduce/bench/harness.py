@@ -79,10 +79,9 @@ def ct2_threads(setting: str, threads: int) -> int:
 def ct2_settings_run(settings: list[str], threads: int) -> list[str]:
     """The settings timed: those that would only repeat another's configuration at this budget are left
     out (1thread at --threads 1 is the default setting)."""
-    out = []
+    out: list[str] = []
     for s in settings:
-        same = [o for o in out if CT2_SETTINGS[o] == CT2_SETTINGS[s] and ct2_threads(o, threads) == ct2_threads(s, threads)]
-        if not same:
+        if not any(CT2_SETTINGS[o] == CT2_SETTINGS[s] and ct2_threads(o, threads) == ct2_threads(s, threads) for o in out):
             out.append(s)
     return out
 # Between two measurements the measured worker must be idle: thread pools keep spinning after a call

@@ -87,7 +87,8 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
             length_penalty_form=length_penalty_form, max_len_b=max_len_b, min_length=min_length, truncate=truncate)
         # the first part is decoded before the output is opened: an error in it (all of them, without
         # --chunk-lines) leaves a file, or what a link, FIFO or device --output leads to, as it was
-        results = itertools.chain([head], results) if (head := next(results, None)) is not None else iter(())
+        head = next(results, None)
+        results = itertools.chain([] if head is None else [head], results)
         if output_path == "-":
             def write(text: str) -> None:
                 try:
