@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from transduce._io import _tmp_prefix, iter_lines, write_bytes_atomic, write_text_atomic
+from transduce._io import _tmp_prefix, atomic_file, iter_lines, write_bytes_atomic, write_text_atomic
 from transduce.runtime.contract import is_artifact_dir as _is_artifact
 
 
@@ -56,6 +56,45 @@ def test_temporary_files_of_killed_writers_are_removed(tmp_path):
     write_bytes_atomic(tmp_path / "t.cache", b"cache")
     assert (tmp_path / "t.cache").read_bytes() == b"cache"
     assert sorted(os.listdir(tmp_path)) == sorted(["t.cache", running.name, other_host.name, recent.name, other_name.name])
+
+
+class _Mine(Exception):
+    pass
+
+
+def test_atomic_file_maps_only_its_own_errors(tmp_path, monkeypatch):
+    """error=: what atomic_file's own OSErrors become (creating, closing, renaming); an exception of the
+    block, an OSError included, passes through unchanged, and no temporary stays either way."""
+    import transduce._io as io
+
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+    with pytest.raises(OSError, match="from the block") as raised:
+        with atomic_file(path, error=_Mine) as f:
+            f.write(b"new")
+            raise OSError(5, "from the block")
+    assert type(raised.value) is OSError
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(io.os, "replace", full_disk)
+        with pytest.raises(_Mine):
+            with atomic_file(path, error=_Mine) as f:
+                f.write(b"new")
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+    with pytest.raises(_Mine):  # the parent cannot be made: a file is in the way
+        with atomic_file(path / "below", error=_Mine):
+            pass
+    if os.path.exists("/dev/full"):  # written in place; the full device shows when the buffer is flushed
+        with pytest.raises(_Mine, match="No space"):
+            with atomic_file("/dev/full", error=_Mine) as f:
+                f.write(b"x")
+    with atomic_file(path, error=_Mine) as f:
+        f.write(b"new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["out.txt"]
 
 
 def test_written_in_place_when_not_a_regular_file(tmp_path):

@@ -284,32 +284,55 @@ def write_bytes_atomic(path: str | os.PathLike, data) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Any]:
+def atomic_file(path: str | os.PathLike, error: Callable[[OSError], Exception] | None = None) -> Iterator[Any]:
     """A binary file object writing `path` under a temporary name beside it (.NAME.tmp-HOST-PID-*,
     removed by a later write of NAME if this process is killed), renamed into place when the block ends
     without an exception: a regular file is whole or unchanged; an existing one keeps its mode, a new
     one gets the umask's. Anything else at `path` (/dev/null, a FIFO, a symlink) is written in place, as
-    a plain open would. A parent directory that cannot be created or written is an OSError."""
+    a plain open would. A parent directory that cannot be created or written is an OSError.
+
+    error: what an OSError of this function's own (creating, flushing and closing, renaming the file)
+    becomes; the block's exceptions, its writes' included, pass through as they are."""
     path = os.fspath(path)
-    if written_in_place(path):
-        with open(path, "wb") as f:
-            yield f
-        return
-    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~_umask()
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    base = os.path.basename(path)
-    _remove_abandoned(parent, base)
-    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(base) + f"{os.getpid()}-", dir=parent)
+
+    def own(e: OSError) -> BaseException:
+        return error(e) if error is not None else e
+
+    tmp = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-        os.chmod(tmp, mode)  # mkstemp creates 0600
-        os.replace(tmp, path)
+        if written_in_place(path):
+            f = open(path, "wb")
+        else:
+            mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~_umask()
+            parent = os.path.dirname(os.path.abspath(path))
+            os.makedirs(parent, exist_ok=True)
+            base = os.path.basename(path)
+            _remove_abandoned(parent, base)
+            fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(base) + f"{os.getpid()}-", dir=parent)
+            f = os.fdopen(fd, "wb")
+    except OSError as e:
+        raise own(e) from None
+    try:
+        yield f
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            f.close()
+        _unlink_quietly(tmp)
         raise
+    try:
+        f.close()  # flushes: a full disk shows here
+        if tmp is not None:
+            os.chmod(tmp, mode)  # mkstemp creates 0600
+            os.replace(tmp, path)
+    except OSError as e:
+        _unlink_quietly(tmp)
+        raise own(e) from None
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

@@ -55,3 +55,16 @@ class ParityError(TransduceError):
 
 class EngineError(TransduceError):
     """TensorRT engine building or loading failed."""
+
+
+class TransduceWarning(UserWarning):
+    """Base class of the warnings transduce gives (the work goes on; the CLI prints them on stderr)."""
+
+
+class TruncatedInput(TransduceWarning):
+    """A line longer than the model takes was cut to its first tokens (truncate=True, --truncate).
+    `line`: its number in the input, so that a CLI can print it beside that line's other messages."""
+
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line

@@ -232,6 +232,43 @@ def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
     assert r.exit_code == 2 and "nbest must be between 1 and the beam size (2)" in r.stderr
 
 
+def test_decode_warnings_come_in_line_order(tiny_artifact_dir):
+    """Each line's warnings print in input order, whether they come from encoding the whole part
+    (truncation) or from its result (unknown characters)."""
+    long = " ".join(["seven hundred"] * 100)
+    text = f"two 日本 three\n{long}\none\n{long}\n"
+    for chunk in ("0", "2"):
+        r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2", "--truncate",
+                                      "--chunk-lines", chunk], input=text)
+        assert r.exit_code == 0, r.output
+        lines = [line.split(":")[1].strip() for line in r.stderr.splitlines() if line.startswith("warning:")]
+        assert lines == ["input line 1", "input line 2", "input line 4"], r.stderr
+
+
+def test_decode_an_error_from_decoding_is_not_called_a_write_error(tiny_artifact_dir, tmp_path, monkeypatch):
+    from transduce.runtime.translator import Translator
+
+    calls = []
+    translate = Translator._translate
+
+    def failing(self, texts, *args):
+        calls.append(texts)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error while decoding")
+        return translate(self, texts, *args)
+
+    monkeypatch.setattr(Translator, "_translate", failing)
+    out = tmp_path / "out.txt"
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2", "--chunk-lines", "1",
+                                  "--output", str(out)], input="one\ntwo\n")
+    assert isinstance(r.exception, OSError) and "cannot write" not in r.output
+    assert not out.exists() and os.listdir(tmp_path) == []
+    if os.path.exists("/dev/full"):  # a write that fails is one
+        r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2",
+                                      "--output", "/dev/full"], input="one\n")
+        assert r.exit_code == 2 and "cannot write --output '/dev/full'" in r.stderr, r.output
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
 def test_decode_to_a_full_stdout_is_a_clear_error(tiny_artifact_dir):
     import subprocess

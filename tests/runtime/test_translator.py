@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from transduce.errors import InputError
+from transduce.errors import InputError, TruncatedInput
 from transduce.runtime.translator import Translator
 
 
@@ -50,7 +50,14 @@ def test_overlong_line_is_a_clear_error_or_truncated(translator):
         warnings.simplefilter("always")
         out = translator.translate(["one", long], beam_size=1, max_len_b=3, truncate=True)
     assert out[1].truncated and out[1].source_tokens == 63
-    assert any("truncated" in str(w.message) for w in caught)
+    [w] = [w for w in caught if issubclass(w.category, TruncatedInput)]
+    assert w.message.line == 2 and "input line 2: 200 tokens truncated to 63" in str(w.message)
+    assert w.filename == __file__  # the warning points at the caller's line, not transduce's
+    with warnings.catch_warnings(record=True) as caught:  # through translate_stream too
+        warnings.simplefilter("always")
+        out = list(translator.translate_stream(["one", long], 1, first_line=7, beam_size=1, max_len_b=3, truncate=True))
+    [w] = [w for w in caught if issubclass(w.category, TruncatedInput)]
+    assert out[1].truncated and w.message.line == 8 and w.filename == __file__
 
 
 def test_unknown_characters_are_counted(translator):

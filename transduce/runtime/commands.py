@@ -105,22 +105,41 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
         else:  # whole or not at all: a temporary file beside it, renamed into place
             from transduce._io import atomic_file
 
-            try:
-                with atomic_file(output_path) as f:
-                    _write_translations(results, caught, nbest, scores, part,
-                                        lambda text: f.write(text.encode("utf-8")))
-            except OSError as e:
-                raise InputError(f"cannot write --output {output_path!r}: {e}",
-                                 hint="free disk space or choose another --output") from None
+            def cannot_write(e: OSError) -> InputError:  # an OSError from decoding is not one of these
+                return InputError(f"cannot write --output {output_path!r}: {e}",
+                                  hint="free disk space or choose another --output")
+
+            with atomic_file(output_path, error=cannot_write) as f:
+                def write(text: str) -> None:
+                    try:
+                        f.write(text.encode("utf-8"))
+                    except OSError as e:
+                        raise cannot_write(e) from None
+
+                _write_translations(results, caught, nbest, scores, part, write)
 
 
 def _write_translations(results, caught: list, nbest: int, scores: bool, part: int, write) -> None:
     """Write each translation's line(s) as it comes, with the warnings recorded meanwhile (`caught`) on
-    stderr; write("") after every part of `part` lines and at the end: a flush."""
-    for i, r in enumerate(results):
-        for w in caught:
-            click.secho(f"warning: {w.message}", fg="yellow", err=True)
+    stderr, in line order (a part's warnings are recorded before its first line is written); write("")
+    after every part of `part` lines and at the end: a flush."""
+    pending: list = []
+
+    def warn(line: int | None) -> None:
+        """Print the recorded warnings of lines up to `line` (None: all of them)."""
+        pending.extend(caught)
         caught.clear()
+        later = []
+        for w in pending:
+            n = getattr(w.message, "line", None)
+            if line is None or n is None or n <= line:
+                click.secho(f"warning: {w.message}", fg="yellow", err=True)
+            else:
+                later.append(w)
+        pending[:] = later
+
+    for i, r in enumerate(results):
+        warn(i + 1)
         if r.unknown:
             click.secho(f"warning: input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>",
                         fg="yellow", err=True)
@@ -131,8 +150,7 @@ def _write_translations(results, caught: list, nbest: int, scores: bool, part: i
             write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
         if (i + 1) % part == 0:
             write("")
-    for w in caught:
-        click.secho(f"warning: {w.message}", fg="yellow", err=True)
+    warn(None)
     write("")
 
 

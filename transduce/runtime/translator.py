@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transduce.errors import InputError
+from transduce.errors import InputError, TruncatedInput
 from transduce.runtime.decoding import DecodingOptions, decode
 
 
@@ -75,7 +75,8 @@ class Translator:
                         f"(max_positions {self.config['max_positions']} including EOS)",
                         hint="split the line, or pass truncate=True (--truncate) to keep its first tokens",
                     )
-                warnings.warn(f"input line {n}: {len(ids)} tokens truncated to {limit}", stacklevel=3)
+                # stacklevel: _encode, _translate, translate (or translate_stream's generator), its caller
+                warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n), stacklevel=4)
                 ids, cut = ids[:limit], True
             out.append((ids, sum(1 for i in ids if i == unk), cut))
         return out
@@ -100,15 +101,19 @@ class Translator:
                   max_len_b: int = 50, truncate: bool = False, first_line: int = 1) -> list[Translation]:
         """Translations of `texts`, in their order. first_line: the number of texts[0] in messages (input
         line N), for a part of a longer input (translate_stream)."""
+        opts = DecodingOptions(beam_size=beam_size, length_penalty=length_penalty,
+                               length_penalty_form=length_penalty_form, max_len_a=max_len_a,
+                               max_len_b=max_len_b, min_length=min_length, nbest=nbest)
+        return self._translate(texts, opts, truncate, first_line)
+
+    def _translate(self, texts: Iterable[str], opts: DecodingOptions, truncate: bool,
+                   first_line: int) -> list[Translation]:
         if isinstance(texts, str):
             raise InputError("translate() takes a list of sentences, not one string", hint="wrap it: [text]")
         texts = list(texts)  # any iterable (a generator is read once)
         for n, text in enumerate(texts, first_line):
             if not isinstance(text, str):
                 raise InputError(f"sentence {n} is a {type(text).__name__}, not a str", hint="pass strings only")
-        opts = DecodingOptions(beam_size=beam_size, length_penalty=length_penalty,
-                               length_penalty_form=length_penalty_form, max_len_a=max_len_a,
-                               max_len_b=max_len_b, min_length=min_length, nbest=nbest)
         encoded = self._encode(texts, truncate, first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
@@ -119,7 +124,7 @@ class Translator:
                 todo.append(i)
         eos, pad = self.config["eos_id"], self.config["pad_id"]
         lengths = [len(encoded[i][0]) + 1 for i in todo]
-        for chunk in self.batches(lengths, beam_size):
+        for chunk in self.batches(lengths, opts.beam_size):
             idx = [todo[j] for j in chunk]
             s = max(len(encoded[i][0]) + 1 for i in idx)
             src = np.full((len(idx), s), pad, dtype=np.int64)
@@ -149,13 +154,14 @@ class Translator:
             raise InputError("translate_stream() takes an iterable of sentences, not one string", hint="wrap it: [text]")
         if chunk_lines < 1:
             raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}")
-        self.translate([], **options)  # the options' errors now, even for an empty input
+        truncate = bool(options.pop("truncate", False))
+        opts = DecodingOptions(**options)  # the options' errors now, even for an empty input
 
         def stream() -> Iterator[Translation]:
             it = iter(texts)
             first = first_line
             while chunk := list(itertools.islice(it, chunk_lines)):
-                yield from self.translate(chunk, first_line=first, **options)
+                yield from self._translate(chunk, opts, truncate, first)
                 first += len(chunk)
 
         return stream()
