@@ -135,7 +135,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
         assert "torch-cuda" in timed and size["systems"]["torch-cuda"]["info"]["gpu"]
     else:  # where CUDA is missing: skipped, saying so, and the rest is timed
         assert size["systems"]["torch-cuda"]["status"] == "skipped"
-        assert "CUDA is not available" in size["systems"]["torch-cuda"]["reason"]
+        assert "sees no usable CUDA GPU" in size["systems"]["torch-cuda"]["reason"]
     if "ctranslate2" in backends:
         assert size["checks"] and all(c["passed"] for c in size["checks"])
         assert {"ctranslate2", "ctranslate2-avx2"} <= set(timed)

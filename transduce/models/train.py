@@ -155,20 +155,10 @@ def training_device(name: str):
     """The torch device to train on, or a ConfigError saying why it cannot be used."""
     import torch
 
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError) as e:
-        raise ConfigError(f"--device {name!r} is not a torch device ({e})", hint="cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name}: this torch has no usable CUDA GPU (torch {torch.__version__})",
-                              hint="train with --device cpu, or install a CUDA build of torch on a GPU machine")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs",
-                              hint="cuda:0 is the first")
-    elif device.type != "cpu":
-        raise ConfigError(f"--device {name}: training runs on cpu or cuda", hint="cpu, cuda or cuda:N")
-    return device
+    from transduce._devices import torch_device
+
+    return torch.device(torch_device(name, "--device", ConfigError, runs="training runs",
+                                     cpu_hint="train with --device cpu, or install a CUDA build of torch on a GPU machine"))
 
 
 def is_our_model_dir(directory: str) -> bool:

@@ -299,27 +299,6 @@ def _only_step_graph(backend, graph: str | None):
         yield
 
 
-def torch_device(name: str, option: str) -> str:
-    """The device flag `name` for eager PyTorch, normalised ("cuda" -> "cuda:0", the current GPU), or an
-    InputError naming `option` where it is not a device or not usable here."""
-    import torch
-
-    try:
-        d = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise InputError(f"{option} {name!r} is not a device", hint=f"{option} cpu, cuda or cuda:N") from None
-    if d.type == "cpu":
-        return "cpu"
-    if d.type != "cuda":
-        raise InputError(f"{option} {name}: eager PyTorch runs on cpu or cuda here", hint=f"{option} cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        raise InputError(f"{option} {name}: PyTorch sees no CUDA GPU here (torch {torch.__version__})", hint=f"{option} cpu")
-    index = torch.cuda.current_device() if d.index is None else d.index
-    if index >= torch.cuda.device_count():
-        raise InputError(f"{option} {name}: there are {torch.cuda.device_count()} CUDA GPUs", hint="cuda:0 is the first")
-    return f"cuda:{index}"
-
-
 def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
                         input_path: str | None = None, sentences: int = 200, backend: str = "onnxruntime",
                         device: str = "cpu", beam: int = 4, nbest: int = 1,
@@ -328,6 +307,7 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record)."""
     import os
 
+    from transduce._devices import torch_device
     from transduce.runtime import contract
     from transduce.runtime.api import make_backend, source_model_dir
     from transduce.runtime.backends.torch_backend import TorchBackend

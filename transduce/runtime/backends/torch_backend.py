@@ -37,11 +37,10 @@ class TorchBackend:
     def __init__(self, model, device: str = "cpu"):
         import torch
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendUnavailable(f"device {device!r} asked for, but CUDA is not available to PyTorch here",
-                                     hint="use --device cpu")
+        from transduce._devices import torch_device
+
         self.torch = torch
-        self.device = torch.device(device)
+        self.device = torch.device(torch_device(str(device), unavailable=BackendUnavailable))
         self.model = model.to(self.device).eval()
         self.config = model.cfg.to_dict()
         self.dtype = next(model.parameters()).dtype
