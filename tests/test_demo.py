@@ -15,7 +15,7 @@ from transduce.errors import InputError
     (None, ["--show", "-1"], "--show must be >= 0"),
     ("workdir-file", [], "cannot be created"),
     ("model-file", [], "model is not a directory"),
-    (None, ["--device", "tpu"], "is not a torch device"),
+    (None, ["--device", "tpu"], "--device 'tpu': training runs on cpu or cuda"),
     (None, ["--device", "meta"], "training runs on cpu or cuda"),
     (None, ["--device", "cuda:9"], "cuda:9"),  # no such GPU, or no CUDA at all
 ])

@@ -1,35 +1,51 @@
-"""transduce._devices: one --device check for training, the eager backend and parity."""
+"""transduce._devices: one --device check for training, parity and every backend."""
 
 import pytest
 import torch
 
-from transduce._devices import torch_device
+from transduce._devices import parse_device, torch_device
 from transduce.errors import BackendUnavailable, ConfigError, InputError
 
 
-def test_device_names_are_checked_and_normalised():
+def test_device_names_are_parsed_without_a_framework():
+    assert parse_device("cpu") == ("cpu", None) and parse_device("cpu:0") == ("cpu", None)
+    assert parse_device("cuda") == ("cuda", None) and parse_device("cuda:3") == ("cuda", 3)
+    for bad in ("gpu", "meta", "mps", "CUDA", "cuda:", "cuda:x", "cpu:1", " cpu", ""):
+        with pytest.raises(InputError, match="this runs on cpu or cuda") as e:
+            parse_device(bad)
+        assert e.value.hint == "--device cpu, cuda or cuda:N"
+    with pytest.raises(ConfigError, match="--x 'meta': training runs on cpu or cuda"):
+        parse_device("meta", "--x", ConfigError, runs="training runs")
+
+
+def test_torch_devices_are_ones_this_torch_sees():
     assert torch_device("cpu") == "cpu"
-    with pytest.raises(InputError, match="--device 'bogus' is not a torch device") as e:
+    with pytest.raises(InputError, match="--device 'bogus': eager PyTorch runs on cpu or cuda"):
         torch_device("bogus")
-    assert e.value.hint == "--device cpu, cuda or cuda:N"
-    with pytest.raises(ConfigError, match="--x meta: training runs on cpu or cuda"):
-        torch_device("meta", "--x", ConfigError, runs="training runs")
     if torch.cuda.is_available():
         assert torch_device("cuda") == f"cuda:{torch.cuda.current_device()}"
         with pytest.raises(BackendUnavailable, match="there are"):
             torch_device(f"cuda:{torch.cuda.device_count()}", unavailable=BackendUnavailable)
     else:
-        with pytest.raises(BackendUnavailable, match="--device cuda: this torch sees no usable CUDA GPU") as e:
-            torch_device("cuda", unavailable=BackendUnavailable)
+        with pytest.raises(BackendUnavailable, match="--device cuda:1: this torch sees no usable CUDA GPU") as e:
+            torch_device("cuda:1", unavailable=BackendUnavailable)
         assert e.value.hint == "--device cpu"
 
 
-def test_the_eager_backend_checks_its_device(tiny_model_dir):
+def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir):
+    from transduce.runtime.api import make_backend
     from transduce.runtime.backends.torch_backend import TorchBackend
 
     assert str(TorchBackend.from_model_dir(tiny_model_dir, device="cpu").device) == "cpu"
-    with pytest.raises(InputError, match="is not a torch device"):
+    with pytest.raises(InputError, match="'gpu': eager PyTorch runs on cpu or cuda"):
         TorchBackend.from_model_dir(tiny_model_dir, device="gpu")
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailable, match="no usable CUDA GPU"):
             TorchBackend.from_model_dir(tiny_model_dir, device="cuda")
+    for backend in ("onnxruntime", "torch", "tensorrt"):  # before anything is loaded
+        with pytest.raises(InputError, match=f"--device 'gpu': the {backend} backend runs on cpu or cuda"):
+            make_backend(tiny_artifact_dir, backend, device="gpu")
+    # the onnxruntime backend's CUDA buffers and providers are on the first visible GPU: another is refused
+    with pytest.raises(BackendUnavailable, match="first visible GPU only") as e:
+        make_backend(tiny_artifact_dir, "onnxruntime", device="cuda:1")
+    assert "CUDA_VISIBLE_DEVICES=1" in e.value.hint

@@ -1,32 +1,39 @@
-"""The torch device a --device flag names: one check for training, the eager backend and parity."""
+"""What a --device flag names: one check for training, parity and every backend."""
 
 from __future__ import annotations
 
+import re
+
 from transduce.errors import InputError
+
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+
+
+def parse_device(name: str, option: str = "--device", error: type[Exception] = InputError,
+                 runs: str = "this runs") -> tuple[str, int | None]:
+    """("cpu", None), ("cuda", None) or ("cuda", N) from "cpu", "cuda" or "cuda:N", without importing a
+    framework; anything else is an `error` naming `option` and saying that `runs` on cpu or cuda."""
+    m = _DEVICE.fullmatch(name) if isinstance(name, str) else None
+    if m is None or (m[1] == "cpu" and m[2] not in (None, "0")):
+        raise error(f"{option} {name!r}: {runs} on cpu or cuda", hint=f"{option} cpu, cuda or cuda:N")
+    return m[1], None if m[1] == "cpu" or m[2] is None else int(m[2])
 
 
 def torch_device(name: str, option: str = "--device", error: type[Exception] = InputError,
                  runs: str = "eager PyTorch runs", unavailable: type[Exception] | None = None,
                  cpu_hint: str | None = None) -> str:
-    """`name` normalised for torch ("cuda" -> "cuda:N", the current GPU), or an `error` naming `option`
-    where it is not a device or not cpu/cuda, and an `unavailable` (default: `error`) where this torch
-    sees no such GPU. `runs`: what the message says runs on cpu or cuda; cpu_hint: the no-GPU hint."""
+    """`name` (parse_device) as a torch device that exists here: "cpu" or "cuda:N" ("cuda": the current
+    GPU). A GPU this torch cannot see is an `unavailable` (default: `error`); cpu_hint: its hint."""
+    kind, index = parse_device(name, option, error, runs)
+    if kind == "cpu":
+        return "cpu"
     import torch
 
-    choices = f"{option} cpu, cuda or cuda:N"
-    try:
-        d = torch.device(name)
-    except (RuntimeError, ValueError, TypeError):
-        raise error(f"{option} {name!r} is not a torch device", hint=choices) from None
-    if d.type == "cpu":
-        return "cpu"
-    if d.type != "cuda":
-        raise error(f"{option} {name}: {runs} on cpu or cuda", hint=choices)
     missing = unavailable or error
     if not torch.cuda.is_available():
         raise missing(f"{option} {name}: this torch sees no usable CUDA GPU (torch {torch.__version__})",
                       hint=cpu_hint or f"{option} cpu")
-    index = torch.cuda.current_device() if d.index is None else d.index
+    index = torch.cuda.current_device() if index is None else index
     if index >= torch.cuda.device_count():
         raise missing(f"{option} {name}: there are {torch.cuda.device_count()} CUDA GPUs", hint="cuda:0 is the first")
     return f"cuda:{index}"

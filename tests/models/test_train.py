@@ -268,7 +268,7 @@ def test_training_device_is_checked():
     from transduce.models.train import training_device
 
     assert training_device("cpu") == torch.device("cpu")
-    for bad, match in (("bogus", "not a torch device"), ("meta", "runs on cpu or cuda")):
+    for bad, match in (("bogus", "--device 'bogus': training runs on cpu or cuda"), ("meta", "runs on cpu or cuda")):
         with pytest.raises(ConfigError, match=match):
             training_device(bad)
     if not torch.cuda.is_available():

@@ -152,7 +152,7 @@ def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_d
     for args, message in ((["-n", "0"], "--sentences must be >= 1"), (["--json", str(tmp_path)], "--json"),
                           (["--backend", "torch"], "eager PyTorch with itself"),
                           (["--backend", "torch", "--device", "cpu:0"], "eager PyTorch with itself"),
-                          (["--reference-device", "gpu"], "--reference-device 'gpu' is not a torch device"),
+                          (["--reference-device", "gpu"], "--reference-device 'gpu': eager PyTorch runs on cpu or cuda"),
                           (["--reference-device", "cuda:7"], "--reference-device cuda:7: "),  # no such GPU here
                           (["--input", str(tmp_path / "nope.txt")], "does not exist")):
         r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, *args])

@@ -57,15 +57,17 @@ def _full_config(model: object) -> dict | None:
 def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
                  model_dir: str | None = None, **options):
     """Build one backend over an artifact. torch uses the source model the manifest names (or model_dir)."""
+    from transduce._devices import parse_device
+
     if backend not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+    kind, index = parse_device(str(device), runs=f"the {backend} backend runs")
     if backend == "tensorrt":
         # artifact_dir is an engine directory (transduce build); TensorRT runs on CUDA only, so the CLI's
         # default --device cpu means the default GPU here (parity keeps its torch reference on the CPU).
         from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
-        trt_device = device if str(device).startswith("cuda") else "cuda"
-        return TensorRTBackend(artifact_dir, device=trt_device, **options)
+        return TensorRTBackend(artifact_dir, device="cuda" if index is None else f"cuda:{index}", **options)
     manifest = contract.read_manifest(artifact_dir)
     if backend == "torch":
         from transduce.runtime.backends.torch_backend import TorchBackend
@@ -77,7 +79,10 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
         return TorchBackend.from_model_dir(source_model_dir(artifact_dir, manifest, model_dir), device=device)
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 
-    provider = options.pop("provider", None) or ("cpu" if device == "cpu" else "cuda")
+    provider = options.pop("provider", None) or kind
+    if provider != "cpu" and index:  # its CUDA buffers, stream and providers are on the first GPU
+        raise BackendUnavailable(f"--device {device}: the onnxruntime backend runs on the first visible GPU only",
+                                 hint=f"run it on GPU {index} with CUDA_VISIBLE_DEVICES={index} and --device cuda")
     return OnnxRuntimeBackend(artifact_dir, provider=provider, threads=threads, **options)
 
 
