@@ -85,6 +85,16 @@ def test_atomic_file_maps_only_its_own_errors(tmp_path, monkeypatch):
             with atomic_file(path, error=_Mine) as f:
                 f.write(b"new")
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"]
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    for name in ("replace", "fdopen"):  # a Ctrl-C at the rename, a failure to wrap the descriptor
+        with monkeypatch.context() as m:
+            m.setattr(io.os, name, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                with atomic_file(path, error=_Mine) as f:
+                    f.write(b"new")
+        assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.txt"], name
     with pytest.raises(_Mine):  # the parent cannot be made: a file is in the way
         with atomic_file(path / "below", error=_Mine):
             pass

@@ -289,10 +289,11 @@ def atomic_file(path: str | os.PathLike, error: Callable[[OSError], Exception] |
     removed by a later write of NAME if this process is killed), renamed into place when the block ends
     without an exception: a regular file is whole or unchanged; an existing one keeps its mode, a new
     one gets the umask's. Anything else at `path` (/dev/null, a FIFO, a symlink) is written in place, as
-    a plain open would. A parent directory that cannot be created or written is an OSError.
+    a plain open would. No temporary is left behind, whatever fails.
 
-    error: what an OSError of this function's own (creating, flushing and closing, renaming the file)
-    becomes; the block's exceptions, its writes' included, pass through as they are."""
+    error: what an OSError of this function's own becomes (a parent directory that cannot be created
+    or written, a flush or close that fails, the rename); the block's exceptions, its writes' included,
+    pass through as they are. Without it, those OSErrors are raised as they are."""
     path = os.fspath(path)
 
     def own(e: OSError) -> BaseException:
@@ -309,9 +310,16 @@ def atomic_file(path: str | os.PathLike, error: Callable[[OSError], Exception] |
             base = os.path.basename(path)
             _remove_abandoned(parent, base)
             fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(base) + f"{os.getpid()}-", dir=parent)
-            f = os.fdopen(fd, "wb")
-    except OSError as e:
-        raise own(e) from None
+            try:
+                f = os.fdopen(fd, "wb")
+            except BaseException:
+                os.close(fd)
+                raise
+    except BaseException as e:
+        _unlink_quietly(tmp)
+        if isinstance(e, OSError):
+            raise own(e) from None
+        raise
     try:
         yield f
     except BaseException:
@@ -324,9 +332,11 @@ def atomic_file(path: str | os.PathLike, error: Callable[[OSError], Exception] |
         if tmp is not None:
             os.chmod(tmp, mode)  # mkstemp creates 0600
             os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # a Ctrl-C too: no temporary is left
         _unlink_quietly(tmp)
-        raise own(e) from None
+        if isinstance(e, OSError):
+            raise own(e) from None
+        raise
 
 
 def _unlink_quietly(path: str | None) -> None:

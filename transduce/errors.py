@@ -66,5 +66,8 @@ class TruncatedInput(TransduceWarning):
     `line`: its number in the input, so that a CLI can print it beside that line's other messages."""
 
     def __init__(self, message: str, line: int):
-        super().__init__(message)
+        super().__init__(message, line)  # both in args: it pickles and copies
         self.line = line
+
+    def __str__(self) -> str:
+        return str(self.args[0])

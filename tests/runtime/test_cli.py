@@ -263,10 +263,11 @@ def test_decode_an_error_from_decoding_is_not_called_a_write_error(tiny_artifact
                                   "--output", str(out)], input="one\ntwo\n")
     assert isinstance(r.exception, OSError) and "cannot write" not in r.output
     assert not out.exists() and os.listdir(tmp_path) == []
-    if os.path.exists("/dev/full"):  # a write that fails is one
-        r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2",
-                                      "--output", "/dev/full"], input="one\n")
-        assert r.exit_code == 2 and "cannot write --output '/dev/full'" in r.stderr, r.output
+    if os.path.exists("/dev/full"):  # a write that fails is one: at the close's flush, or at a write (> 8 KiB)
+        for lines in (1, 3000):
+            r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2", "--scores",
+                                          "--output", "/dev/full"], input="one\n" * lines)  # >= 12 bytes a line
+            assert r.exit_code == 2 and "cannot write --output '/dev/full'" in r.stderr, r.output
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")

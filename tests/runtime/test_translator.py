@@ -58,6 +58,27 @@ def test_overlong_line_is_a_clear_error_or_truncated(translator):
         out = list(translator.translate_stream(["one", long], 1, first_line=7, beam_size=1, max_len_b=3, truncate=True))
     [w] = [w for w in caught if issubclass(w.category, TruncatedInput)]
     assert out[1].truncated and w.message.line == 8 and w.filename == __file__
+    import copy
+    import pickle
+
+    for again in (pickle.loads(pickle.dumps(w.message)), copy.deepcopy(w.message)):  # across processes too
+        assert again.line == 8 and str(again) == str(w.message)
+
+
+def test_stream_takes_the_options_of_translate(translator):
+    """translate_stream(**options) builds DecodingOptions from translate()'s options: those must be its
+    fields, with the same defaults (truncate and first_line aside)."""
+    import dataclasses
+    import inspect
+
+    from transduce.runtime.decoding import DecodingOptions
+
+    params = dict(inspect.signature(Translator.translate).parameters)
+    for name in ("self", "texts", "truncate", "first_line"):
+        params.pop(name)
+    assert {n: p.default for n, p in params.items()} == {f.name: f.default for f in dataclasses.fields(DecodingOptions)}
+    with pytest.raises(TypeError, match="translate"):
+        translator.translate_stream(["one"], 1, beam=2)
 
 
 def test_unknown_characters_are_counted(translator):

@@ -7,7 +7,7 @@ import sys
 import click
 
 from transduce.cli_errors import cli_errors
-from transduce.errors import InputError
+from transduce.errors import InputError, TruncatedInput
 
 BACKEND_CHOICE = click.Choice(["onnxruntime", "torch", "tensorrt"])
 
@@ -131,7 +131,7 @@ def _write_translations(results, caught: list, nbest: int, scores: bool, part: i
         caught.clear()
         later = []
         for w in pending:
-            n = getattr(w.message, "line", None)
+            n = w.message.line if isinstance(w.message, TruncatedInput) else None
             if line is None or n is None or n <= line:
                 click.secho(f"warning: {w.message}", fg="yellow", err=True)
             else:

@@ -154,8 +154,9 @@ class Translator:
             raise InputError("translate_stream() takes an iterable of sentences, not one string", hint="wrap it: [text]")
         if chunk_lines < 1:
             raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}")
+        self.translate([], **options)  # translate()'s options, their errors now (even for an empty input)
         truncate = bool(options.pop("truncate", False))
-        opts = DecodingOptions(**options)  # the options' errors now, even for an empty input
+        opts = DecodingOptions(**options)  # translate()'s other options are DecodingOptions' fields
 
         def stream() -> Iterator[Translation]:
             it = iter(texts)
