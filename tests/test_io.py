@@ -235,6 +235,35 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
     assert (tmp_path / old / "manifest.json").read_text() == "old"
 
 
+def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, monkeypatch):
+    """A writer killed between atomic_directory's two renames leaves the previous copy as .NAME.old-HOST-PID-*
+    (the load error's mv hint names it). Once a newer copy is in place, a later replacement removes those of
+    this host whose process is gone and that were moved aside over an hour ago; it keeps a running
+    process's, another host's and a recent one."""
+    import time
+
+    from transduce import _io
+
+    out = tmp_path / "out"
+    dead = _dead_pid()
+    prefix = _tmp_prefix("out", "old")
+    abandoned = tmp_path / f"{prefix}{dead}-abc"
+    running = tmp_path / f"{prefix}{os.getppid()}-def"
+    other_host = tmp_path / f".out.old-otherhost-{dead}-ghi"
+    for p in (abandoned, running, other_host):
+        p.mkdir()
+        (p / "manifest.json").write_text("previous")
+    with _io.atomic_directory(out) as tmp:  # moved aside just now: kept
+        (tmp_path / tmp / "manifest.json").write_text("new")
+    assert sorted(os.listdir(tmp_path)) == sorted(["out", abandoned.name, running.name, other_host.name])
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 2 * 3600)
+    with _io.atomic_directory(out) as tmp:
+        (tmp_path / tmp / "manifest.json").write_text("newer")
+    assert sorted(os.listdir(tmp_path)) == sorted(["out", running.name, other_host.name])
+    assert (out / "manifest.json").read_text() == "newer"
+
+
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):
     from transduce import _io
     from transduce.errors import TransduceError

@@ -81,25 +81,30 @@ def _short(base: str) -> str:
     return base[:TMP_NAME_CHARS]
 
 
-def _tmp_prefix(base: str) -> str:
+def _tmp_prefix(base: str, what: str = "tmp") -> str:
     """Temporary copies of `base` (directories and files) are .BASE.tmp-HOST-PID-XXXX (BASE cut to
-    TMP_NAME_CHARS): whose they are, for _remove_abandoned."""
+    TMP_NAME_CHARS): whose they are, for _remove_abandoned; previous copies moved aside by
+    atomic_directory are .BASE.old-HOST-PID-XXXX (what="old")."""
     host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:60]
-    return f".{_short(base)}.tmp-{host}-"
+    return f".{_short(base)}.{what}-{host}-"
 
 
 ABANDONED_AFTER_S = 3600  # a writer's temporary copy unchanged this long (and its PID gone) is abandoned
 
 
-def _remove_abandoned(parent: str, base: str) -> None:
+def _remove_abandoned(parent: str, base: str, what: str = "tmp") -> None:
     """Delete the temporary copies of `base` (directories or files) that a killed process of this host
     left (its PID is not running, and nothing in it changed for ABANDONED_AFTER_S): a killed export or
     checkpoint left a hidden copy of its size (GBs at the big preset) behind at every try. Other hosts'
     (a shared disk) and running processes' are left alone; the age also spares a live writer in another
-    PID namespace that shares this hostname (containers)."""
+    PID namespace that shares this hostname (containers).
+
+    what="old": the previous copies that such a process moved aside (.BASE.old-*, see atomic_directory),
+    for a caller that has just put a newer complete `base` in place; their age is the time since they
+    were moved (a rename sets the change time; their files keep the times they were written at)."""
     import time
 
-    pattern = re.compile(re.escape(_tmp_prefix(base)) + r"(\d+)-")
+    pattern = re.compile(re.escape(_tmp_prefix(base, what)) + r"(\d+)-")
     try:
         names = os.listdir(parent)
     except OSError:
@@ -111,7 +116,9 @@ def _remove_abandoned(parent: str, base: str) -> None:
         path = os.path.join(parent, name)
         is_dir = os.path.isdir(path) and not os.path.islink(path)
         try:
-            if is_dir:
+            if what == "old":
+                newest = os.lstat(path).st_ctime
+            elif is_dir:
                 newest = max(os.stat(os.path.join(root, n)).st_mtime for root, _, files in os.walk(path)
                              for n in [".", *files])
             else:
@@ -163,7 +170,9 @@ def require_directory(path: str, error: type[TransduceError], kind: str, name: s
 def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[str]:
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
 
-    On an exception the temporary directory is removed and `final` is left as it was. A symlink at
+    On an exception the temporary directory is removed and `final` is left as it was. The previous
+    `final` is moved aside (.NAME.old-HOST-PID-*) between the two renames and removed after them; copies
+    that killed writers left there are removed once this one is in place (see _remove_abandoned). A symlink at
     `final` stays: the directory it points to is the one replaced. Without `overwrite` an existing
     `final` is refused, unless it is an empty directory, which is then replaced only if it is still
     empty at the end (one rename; whatever was written into it meanwhile stays, and this run's output
@@ -180,21 +189,25 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     try:
         yield tmp
         _umask_modes(tmp)
+        renamed = False
         if _is_empty(final):
             try:  # replaces an empty directory in one step, and refuses one that something wrote into meanwhile
                 os.rename(tmp, final)
-                return
+                renamed = True
             except OSError as e:
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
-        if os.path.lexists(final):
-            if not overwrite:  # it was empty (or absent) when this began
-                raise TransduceError(f"{final!r} was created or written to while this ran: it was left as it is and "
-                                     "this run's output discarded", hint="choose an output directory nothing else writes to")
-            old = tempfile.mkdtemp(prefix=f".{_short(os.path.basename(final))}.old-", dir=parent)
-            os.rmdir(old)
-            os.replace(final, old)
-        os.replace(tmp, final)
+        if not renamed:
+            if os.path.lexists(final):
+                if not overwrite:  # it was empty (or absent) when this began
+                    raise TransduceError(f"{final!r} was created or written to while this ran: it was left as it is "
+                                         "and this run's output discarded",
+                                         hint="choose an output directory nothing else writes to")
+                old = tempfile.mkdtemp(prefix=_tmp_prefix(os.path.basename(final), "old") + f"{os.getpid()}-",
+                                       dir=parent)
+                os.rmdir(old)
+                os.replace(final, old)
+            os.replace(tmp, final)
     except BaseException as e:
         if old is not None and not os.path.lexists(final):  # the previous one back in place
             with contextlib.suppress(OSError):
@@ -207,6 +220,7 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
         raise
     if old is not None:
         _remove(old)
+    _remove_abandoned(parent, os.path.basename(final), "old")  # ones a writer killed between its renames left
 
 
 def _remove(path: str) -> None:
