@@ -10,6 +10,7 @@ from transduce.errors import BackendUnavailable, ConfigError, InputError
 def test_device_names_are_parsed_without_a_framework():
     assert parse_device("cpu") == ("cpu", None) and parse_device("cpu:0") == ("cpu", None)
     assert parse_device("cuda") == ("cuda", None) and parse_device("cuda:3") == ("cuda", 3)
+    assert parse_device(torch.device("cuda", 2)) == ("cuda", 2) and torch_device(torch.device("cpu")) == "cpu"
     for bad in ("gpu", "meta", "mps", "CUDA", "cuda:", "cuda:x", "cpu:1", " cpu", ""):
         with pytest.raises(InputError, match="this runs on cpu or cuda") as e:
             parse_device(bad)
@@ -48,4 +49,4 @@ def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir):
     # the onnxruntime backend's CUDA buffers and providers are on the first visible GPU: another is refused
     with pytest.raises(BackendUnavailable, match="first visible GPU only") as e:
         make_backend(tiny_artifact_dir, "onnxruntime", device="cuda:1")
-    assert "CUDA_VISIBLE_DEVICES=1" in e.value.hint
+    assert "CUDA_VISIBLE_DEVICES" in e.value.hint

@@ -237,31 +237,53 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
 
 def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, monkeypatch):
     """A writer killed between atomic_directory's two renames leaves the previous copy as .NAME.old-HOST-PID-*
-    (the load error's mv hint names it). Once a newer copy is in place, a later replacement removes those of
-    this host whose process is gone and that were moved aside over an hour ago; it keeps a running
-    process's, another host's and a recent one."""
+    (the load error's mv hint names it). A later run that replaces NAME removes those of this host whose
+    process is gone and that were moved aside over an hour ago; it keeps a running process's, another
+    host's, a recent one, and all of them when it only creates NAME (the user may still restore one), and
+    another name's whose first characters are the same."""
     import time
 
     from transduce import _io
 
-    out = tmp_path / "out"
+    long_a, long_b = "a" * 120 + "x", "a" * 120 + "y"
+    assert _io._short(long_a) != _io._short(long_b) and len(_io._short(long_a)) == _io.TMP_NAME_CHARS
+    out = tmp_path / long_a
     dead = _dead_pid()
-    prefix = _tmp_prefix("out", "old")
+    prefix = _tmp_prefix(long_a, "old")
     abandoned = tmp_path / f"{prefix}{dead}-abc"
     running = tmp_path / f"{prefix}{os.getppid()}-def"
-    other_host = tmp_path / f".out.old-otherhost-{dead}-ghi"
-    for p in (abandoned, running, other_host):
+    other_host = tmp_path / f".{_io._short(long_a)}.old-otherhost-{dead}-ghi"
+    other_name = tmp_path / f"{_tmp_prefix(long_b, 'old')}{dead}-jkl"
+    huge_pid = tmp_path / f"{prefix}99999999999999999999-mno"  # not a PID this pattern takes
+    kept = [running.name, other_host.name, other_name.name, huge_pid.name]
+    for p in (abandoned, running, other_host, other_name, huge_pid):
         p.mkdir()
         (p / "manifest.json").write_text("previous")
-    with _io.atomic_directory(out) as tmp:  # moved aside just now: kept
-        (tmp_path / tmp / "manifest.json").write_text("new")
-    assert sorted(os.listdir(tmp_path)) == sorted(["out", abandoned.name, running.name, other_host.name])
     real_time = time.time
-    monkeypatch.setattr(time, "time", lambda: real_time() + 2 * 3600)
-    with _io.atomic_directory(out) as tmp:
-        (tmp_path / tmp / "manifest.json").write_text("newer")
-    assert sorted(os.listdir(tmp_path)) == sorted(["out", running.name, other_host.name])
-    assert (out / "manifest.json").read_text() == "newer"
+    hours_later = lambda: real_time() + 2 * 3600  # noqa: E731
+    for step, later in (("creates", True), ("replaces a recent one", False), ("replaces", True)):
+        with monkeypatch.context() as m:
+            if later:
+                m.setattr(time, "time", hours_later)
+            with _io.atomic_directory(out) as tmp:
+                (tmp_path / tmp / "manifest.json").write_text(step)
+        left = [abandoned.name] if step != "replaces" else []
+        assert sorted(os.listdir(tmp_path)) == sorted([out.name, *kept, *left]), step
+    assert (out / "manifest.json").read_text() == "replaces"
+
+
+def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
+    """atomic_directory replaces a link's target: the previous copy is moved aside beside the target, and
+    the hint for the missing output names it there."""
+    from transduce import _io
+
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "out"
+    os.symlink(tmp_path / "real", link)
+    old = tmp_path / f"{_tmp_prefix('real', 'old')}{_dead_pid()}-abc"
+    os.rename(tmp_path / "real", old)  # as a writer killed between its renames leaves it
+    assert _io.interrupted_replace_hint(link) == (f"a replacement of it was interrupted; the previous copy is "
+                                                  f"{str(old)!r}: restore it with: mv {old} {tmp_path / 'real'}")
 
 
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):

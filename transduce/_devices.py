@@ -11,9 +11,10 @@ _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 def parse_device(name: str, option: str = "--device", error: type[Exception] = InputError,
                  runs: str = "this runs") -> tuple[str, int | None]:
-    """("cpu", None), ("cuda", None) or ("cuda", N) from "cpu", "cuda" or "cuda:N", without importing a
-    framework; anything else is an `error` naming `option` and saying that `runs` on cpu or cuda."""
-    m = _DEVICE.fullmatch(name) if isinstance(name, str) else None
+    """("cpu", None), ("cuda", None) or ("cuda", N) from "cpu", "cuda" or "cuda:N" (or a torch.device),
+    without importing a framework; anything else is an `error` naming `option` and saying that `runs` on
+    cpu or cuda."""
+    m = _DEVICE.fullmatch(str(name))
     if m is None or (m[1] == "cpu" and m[2] not in (None, "0")):
         raise error(f"{option} {name!r}: {runs} on cpu or cuda", hint=f"{option} cpu, cuda or cuda:N")
     return m[1], None if m[1] == "cpu" or m[2] is None else int(m[2])

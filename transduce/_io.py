@@ -78,12 +78,18 @@ TMP_NAME_CHARS = 100
 
 
 def _short(base: str) -> str:
-    return base[:TMP_NAME_CHARS]
+    """`base` as it goes into its copies' names: a longer one cut, with a hash of the whole name, so that
+    two names alike in their first characters never take (or remove) each other's copies."""
+    if len(base) <= TMP_NAME_CHARS:
+        return base
+    import hashlib
+
+    return base[: TMP_NAME_CHARS - 9] + "~" + hashlib.sha256(os.fsencode(base)).hexdigest()[:8]
 
 
 def _tmp_prefix(base: str, what: str = "tmp") -> str:
     """Temporary copies of `base` (directories and files) are .BASE.tmp-HOST-PID-XXXX (BASE cut to
-    TMP_NAME_CHARS): whose they are, for _remove_abandoned; previous copies moved aside by
+    TMP_NAME_CHARS, see _short): whose they are, for _remove_abandoned; previous copies moved aside by
     atomic_directory are .BASE.old-HOST-PID-XXXX (what="old")."""
     host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:60]
     return f".{_short(base)}.{what}-{host}-"
@@ -104,7 +110,7 @@ def _remove_abandoned(parent: str, base: str, what: str = "tmp") -> None:
     were moved (a rename sets the change time; their files keep the times they were written at)."""
     import time
 
-    pattern = re.compile(re.escape(_tmp_prefix(base, what)) + r"(\d+)-")
+    pattern = re.compile(re.escape(_tmp_prefix(base, what)) + r"(\d{1,10})-")
     try:
         names = os.listdir(parent)
     except OSError:
@@ -132,7 +138,7 @@ def _remove_abandoned(parent: str, base: str, what: str = "tmp") -> None:
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process (or no such PID at all)
         return False
     except OSError:  # PermissionError: it exists, owned by someone else
         return True
@@ -142,7 +148,7 @@ def _running(pid: int) -> bool:
 def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
     """For a missing `final`: what an atomic_directory killed between its two renames left beside it
     (the previous complete copy, moved aside as .NAME.old-*), as the command that restores it."""
-    final = os.path.abspath(os.fspath(final))
+    final = os.path.realpath(os.fspath(final))  # where atomic_directory wrote: a link's target
     parent, base = os.path.dirname(final), os.path.basename(final)
     try:
         old = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f".{_short(base)}.old-")]
@@ -171,8 +177,8 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
 
     On an exception the temporary directory is removed and `final` is left as it was. The previous
-    `final` is moved aside (.NAME.old-HOST-PID-*) between the two renames and removed after them; copies
-    that killed writers left there are removed once this one is in place (see _remove_abandoned). A symlink at
+    `final` is moved aside (.NAME.old-HOST-PID-*) between the two renames and removed after them; when
+    this run replaced one, the copies that killed writers left there are removed too (_remove_abandoned). A symlink at
     `final` stays: the directory it points to is the one replaced. Without `overwrite` an existing
     `final` is refused, unless it is an empty directory, which is then replaced only if it is still
     empty at the end (one rename; whatever was written into it meanwhile stays, and this run's output
@@ -218,9 +224,9 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
             raise TransduceError(f"replacing {final!r} failed ({e}), and its previous copy could not be put back",
                                  hint=f"restore it with: mv {old} {final}") from e
         raise
-    if old is not None:
+    if old is not None:  # this run replaced a previous copy: so may the ones a killed writer left
         _remove(old)
-    _remove_abandoned(parent, os.path.basename(final), "old")  # ones a writer killed between its renames left
+        _remove_abandoned(parent, os.path.basename(final), "old")
 
 
 def _remove(path: str) -> None:

@@ -61,7 +61,7 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
 
     if backend not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
-    kind, index = parse_device(str(device), runs=f"the {backend} backend runs")
+    kind, index = parse_device(device, runs=f"the {backend} backend runs")
     if backend == "tensorrt":
         # artifact_dir is an engine directory (transduce build); TensorRT runs on CUDA only, so the CLI's
         # default --device cpu means the default GPU here (parity keeps its torch reference on the CPU).
@@ -82,7 +82,7 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
     provider = options.pop("provider", None) or kind
     if provider != "cpu" and index:  # its CUDA buffers, stream and providers are on the first GPU
         raise BackendUnavailable(f"--device {device}: the onnxruntime backend runs on the first visible GPU only",
-                                 hint=f"run it on GPU {index} with CUDA_VISIBLE_DEVICES={index} and --device cuda")
+                                 hint="make that GPU the first visible one (CUDA_VISIBLE_DEVICES) and pass --device cuda")
     return OnnxRuntimeBackend(artifact_dir, provider=provider, threads=threads, **options)
 
 

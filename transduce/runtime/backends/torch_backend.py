@@ -40,7 +40,7 @@ class TorchBackend:
         from transduce._devices import torch_device
 
         self.torch = torch
-        self.device = torch.device(torch_device(str(device), unavailable=BackendUnavailable))
+        self.device = torch.device(torch_device(device, unavailable=BackendUnavailable))
         self.model = model.to(self.device).eval()
         self.config = model.cfg.to_dict()
         self.dtype = next(model.parameters()).dtype
