@@ -34,3 +34,12 @@ def _reloaded(tok, tmp_path) -> Tokenizer:
     path = tmp_path / "tokenizer.json"
     tok.save(path)
     return Tokenizer.from_file(path)
+
+
+def test_normalize_is_what_a_decode_gives_back(tiny_tokenizer):
+    """Validation compares decoded text with references in this form: a no-break space, a ligature or a
+    decomposed accent in a reference would otherwise count against a perfect model."""
+    for text in ("10\xa0000 dix mille", "\ufb01ne", "cafe\u0301", "plain"):
+        assert tiny_tokenizer.normalize(text) == tiny_tokenizer.normalize(tiny_tokenizer.normalize(text))
+    assert tiny_tokenizer.normalize("10\xa0000") == "10 000" and tiny_tokenizer.normalize("\ufb01ne") == "fine"
+    assert tiny_tokenizer.normalize("cafe\u0301") == "caf\u00e9"

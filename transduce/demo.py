@@ -162,7 +162,7 @@ def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | Non
         dt = time.perf_counter() - t0
         name = "greedy" if beam == 1 else f"beam {beam}"
         results[name] = show_translations(
-            [(s, r, o.text) for s, r, o in zip(sources, refs, out)],
+            [(s, translator.tokenizer.normalize(r), o.text) for s, r, o in zip(sources, refs, out)],
             f"ONNX Runtime, {name} ({len(sources) / dt:.0f} sentences/s)", show if beam == 1 else 0,
         )
     valid_tsv = os.path.join(workdir, "data", "valid.tsv")

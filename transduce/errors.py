@@ -57,6 +57,10 @@ class EngineError(TransduceError):
     """TensorRT engine building or loading failed."""
 
 
+class TrainingDiverged(TransduceError):
+    """The training loss became NaN or infinite; the last checkpoint is kept as it was."""
+
+
 class TransduceWarning(UserWarning):
     """Base class of the warnings transduce gives (the work goes on; the CLI prints them on stderr)."""
 

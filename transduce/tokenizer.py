@@ -71,6 +71,13 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [_text_ids(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def normalize(self, text: str) -> str:
+        """`text` as this tokenizer's normalizer (NFKC) makes it: the closest a decode can come to it, so
+        the form to compare decoded text with (a no-break space or a ligature in a reference otherwise
+        counts against a perfect model)."""
+        normalizer = self._tok.normalizer
+        return normalizer.normalize_str(text) if normalizer is not None else text
+
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids -> text; specials are dropped."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)

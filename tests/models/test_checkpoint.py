@@ -68,6 +68,23 @@ def test_config_that_does_not_match_weights(damaged, tiny_model, tiny_tokenizer)
         load_model_dir(damaged)
 
 
+def test_special_ids_must_be_the_tokenizers(tmp_path, tiny_model, tiny_tokenizer):
+    """A model whose EOS id is one of its tokenizer's text pieces would never end where it should: saving
+    one is refused, and a hand-edited config.json (not hash-checked) is a CheckpointError at load."""
+    from transduce.errors import ConfigError
+    from transduce.models.transformer import Transformer
+
+    with pytest.raises(ConfigError, match=r"eos_id 6 \(the tokenizer's is 2\)"):
+        save_model_dir(tmp_path / "x", Transformer(tiny_model.cfg.replace(bos_id=5, eos_id=6)), tiny_tokenizer)
+    assert not (tmp_path / "x").exists()
+    save_model_dir(tmp_path / "m", tiny_model, tiny_tokenizer)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["model"].update(bos_id=5, eos_id=6)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"special ids are not its tokenizer's: bos_id 5 \(the tokenizer's is 1\)"):
+        load_model_dir(tmp_path / "m")
+
+
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, tiny_model, tiny_tokenizer):
     path = tmp_path / "m"
     save_model_dir(path, tiny_model, tiny_tokenizer)
@@ -77,6 +94,9 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, tiny_model, tin
         pass
 
     class BadTokenizer:
+        pad_id, bos_id, eos_id, unk_id = (tiny_tokenizer.pad_id, tiny_tokenizer.bos_id, tiny_tokenizer.eos_id,
+                                          tiny_tokenizer.unk_id)
+
         def save(self, _):
             raise Boom()
 

@@ -60,6 +60,9 @@ def test_corpus_errors(tmp_path):
         read_parallel(tmp_path / "a.txt", tmp_path / "b.txt")
     with pytest.raises(DataError, match="does not exist"):
         read_parallel(tmp_path / "missing.tsv")
+    (tmp_path / "b.txt").write_text("un\n\n")
+    with pytest.raises(DataError, match=r"b\.txt:2: empty target sentence"):
+        read_parallel(tmp_path / "a.txt", tmp_path / "b.txt")
 
 
 def _cfg(steps, save_every):
@@ -159,6 +162,51 @@ def test_resume_refuses_other_options_or_data(tmp_path, small_corpus):
     # what may change: when to stop, evaluate and save; and the validation set
     train(train_pairs[:100], valid_pairs[2:4], out, replace(_cfg(3, 3), eval_every=7, threads=0), resume=True, **QUIET)
     assert json.loads((tmp_path / "m" / "training" / "state.json").read_text())["step"] == 3
+    with pytest.raises(ConfigError, match="at step 3 already, and --max-steps is 3: there is nothing to train"):
+        train(train_pairs[:100], valid_pairs[:2], out, _cfg(3, 3), resume=True, **QUIET)
+
+
+def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, monkeypatch):
+    """A resume into a directory whose parent cannot be written stops before training (its checkpoints go
+    beside it); held-out pairs that all exceed max_positions are an error, not a validation loss of 0; a
+    loss that turns NaN stops the run and keeps the last checkpoint."""
+
+    import transduce._io as io
+    from transduce.errors import TrainingDiverged
+
+    train_pairs, valid_pairs = small_corpus
+    out = tmp_path / "m"
+    train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(2, 2), **QUIET)
+    before = (out / "model.safetensors").read_bytes()
+    real_access = os.access
+    monkeypatch.setattr(io.os, "access", lambda p, mode: False if os.fspath(p) == str(tmp_path) else real_access(p, mode))
+    with pytest.raises(Exception, match="is not writable"):
+        train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(4, 4), resume=True, **QUIET)
+    monkeypatch.undo()
+    long = " ".join(["seven hundred"] * 100)
+    with pytest.raises(DataError, match="none of the 2 held-out pairs fits"):
+        train(train_pairs[:100], [(long, long)] * 2, str(tmp_path / "n"), _cfg(2, 2), **QUIET)
+
+    calls = []
+    real_loss = label_smoothed_loss
+
+    def diverging(*args):  # the third step's loss after the resume (step 5) is NaN
+        loss, nll = real_loss(*args)
+        calls.append(1)
+        return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
+
+    monkeypatch.setattr("transduce.models.train.label_smoothed_loss", diverging)
+    with pytest.raises(TrainingDiverged, match="loss is nan at step 5.*the checkpoint of step 4 .* is kept"):
+        train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(6, 1), resume=True, **QUIET)
+    state = json.loads((out / "training" / "state.json").read_text())
+    assert state["step"] == 4 and all(torch.isfinite(t).all() for t in _weights(out).values())
+    assert before != (out / "model.safetensors").read_bytes()  # steps 3 and 4 were saved, not step 5's
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
 
 
 def test_training_options_are_checked():
@@ -180,7 +228,8 @@ def test_model_overrides_are_typed(small_corpus):
         "norm_first": False, "d_model": 64, "dropout": 0.2}
     for bad, match in (({"norm_first": "no"}, "norm_first must be true or false"), ({"d_model": 64.0}, "d_model must be an integer"),
                        ({"dropout": None}, "dropout must be a number"), ({"foo": 1}, "unknown model config field"),
-                       ({"vocab_size": 9}, "--vocab-size")):
+                       ({"vocab_size": 9}, "--vocab-size"), ({"layer_norm_eps": -1.0}, r"layer_norm_eps must be in \(0, 1\)"),
+                       ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be")):
         with pytest.raises(ConfigError, match=match):
             preset("tiny", 100, bad)
     train_pairs, valid_pairs = small_corpus

@@ -39,6 +39,13 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
 
 
+def special_id_mismatches(mcfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:
+    """The model config's special ids that are not its tokenizer's, as "bos_id 5 (the tokenizer's is 1)":
+    a model whose EOS is a text piece of its tokenizer never ends a sentence where it should."""
+    fixed = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "unk_id": tokenizer.unk_id}
+    return [f"{k} {getattr(mcfg, k)} (the tokenizer's is {v})" for k, v in fixed.items() if getattr(mcfg, k) != v]
+
+
 def save_model_dir(
     path: str | os.PathLike,
     model,
@@ -54,6 +61,9 @@ def save_model_dir(
     A write that fails (disk full, permissions) is a CheckpointError and leaves `path` as it was."""
     from safetensors import SafetensorError
 
+    wrong = special_id_mismatches(model.cfg, tokenizer)
+    if wrong:
+        raise ConfigError(f"the model's special ids must be its tokenizer's: {', '.join(wrong)}")
     try:
         _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite)
     except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error class
@@ -187,6 +197,10 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model config says {mcfg.vocab_size}"
         )
+    wrong = special_id_mismatches(mcfg, tokenizer)
+    if wrong:
+        raise CheckpointError(f"{path}: the model's special ids are not its tokenizer's: {', '.join(wrong)}",
+                              hint="its config.json was edited by hand: restore it, or save the model again")
     try:
         weights = load_file(wpath, device=device)
     except (SafetensorError, OSError, ValueError) as e:

@@ -53,6 +53,8 @@ class ModelConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 < self.layer_norm_eps < 1.0:  # NaN fails this too
+            problems.append(f"layer_norm_eps must be in (0, 1), got {self.layer_norm_eps}")
         specials = (self.pad_id, self.bos_id, self.eos_id, self.unk_id)
         if len(set(specials)) != 4 or not all(0 <= s < self.vocab_size for s in specials):
             problems.append(f"special ids {specials} must be distinct and < vocab_size")

@@ -43,7 +43,9 @@ def read_parallel(source: str | os.PathLike, target: str | os.PathLike | None = 
             )
         for n, (s, t) in enumerate(zip(src_lines, tgt_lines), 1):
             if not s.strip() or not t.strip():
-                raise DataError(f"line {n}: empty source or target in the aligned files")
+                side, path = ("source", source) if not s.strip() else ("target", target)
+                raise DataError(f"{os.fspath(path)}:{n}: empty {side} sentence",
+                                hint="every line of --source and --target is one sentence: remove or fill it in both files")
             pairs.append((s.strip(), t.strip()))
     if not pairs:
         raise DataError(f"corpus {source!r} has no sentence pairs")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from transduce._io import check_replaceable, marked_as
-from transduce.errors import ConfigError, DataError
+from transduce.errors import ConfigError, DataError, TrainingDiverged
 from transduce.models.data import Example
 
 MIN_VOCAB = 8  # the 4 specials and a few symbols; the BPE vocabulary never ends smaller than the alphabet
@@ -111,7 +111,7 @@ def evaluate(model, tokenizer, examples: list[Example], pairs: list[tuple[str, s
             tot_nll += float(nll) * n
             tot_tok += n
     sub = examples[:n_sentences]
-    refs = [t for _, t in pairs[: len(sub)]]
+    refs = [tokenizer.normalize(t) for _, t in pairs[: len(sub)]]  # what a decode can give back at best
     backend = TorchBackend(model, str(device))
     hyps: list[str] = []
     opts = DecodingOptions(beam_size=1)
@@ -132,6 +132,7 @@ def evaluate(model, tokenizer, examples: list[Example], pairs: list[tuple[str, s
 
 def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     """Train (or reuse) the tokenizer, build the model config, and encode both corpora."""
+    from transduce.models.checkpoint import special_id_mismatches
     from transduce.models.config import preset
     from transduce.models.data import encode_pairs
     from transduce.tokenizer import Tokenizer
@@ -139,8 +140,7 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     if tokenizer is None:
         tokenizer = Tokenizer.train((s for p in train_pairs for s in p), train_cfg.vocab_size)
     mcfg = preset(train_cfg.preset, tokenizer.vocab_size, train_cfg.model_overrides)
-    fixed = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "unk_id": tokenizer.unk_id}
-    wrong = [f"{k} {getattr(mcfg, k)} (the tokenizer's is {v})" for k, v in fixed.items() if getattr(mcfg, k) != v]
+    wrong = special_id_mismatches(mcfg, tokenizer)
     if wrong:
         raise ConfigError(f"the model's special ids must be the tokenizer's: {', '.join(wrong)}",
                           hint="drop these --set overrides")
@@ -148,6 +148,10 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     valid_ex, vkept = encode_pairs(tokenizer, valid_pairs, mcfg.max_positions)
     if not train_ex:
         raise DataError("no training pair fits the model's max_positions")
+    if not valid_ex:  # its loss would read 0.000 and its BLEU 0, as if measured
+        raise DataError(f"none of the {len(valid_pairs)} held-out pairs fits the model's max_positions "
+                        f"({mcfg.max_positions} tokens a side, EOS included)",
+                        hint="hold out shorter pairs (--valid FILE), or raise max_positions (--set max_positions=N)")
     return tokenizer, mcfg, train_ex, valid_ex, [valid_pairs[i] for i in vkept], len(train_pairs) - len(kept)
 
 
@@ -274,9 +278,9 @@ def train(
     from transduce.models.transformer import Transformer
 
     replaces = resume or check_train_output(out_dir, force)  # an existing model directory (not an empty one)
-    if not resume:
-        check_parent_writable(out_dir)
+    check_parent_writable(out_dir)  # every checkpoint is written beside it and renamed: before any training
     data_sha256 = pairs_sha256(train_pairs)
+    held_out = len(valid_pairs)
     device = training_device(train_cfg.device)
     if train_cfg.threads:
         torch.set_num_threads(train_cfg.threads)
@@ -284,6 +288,10 @@ def train(
         model, tokenizer, saved = load_model_dir(out_dir)
         state, opt_state, rng = load_training_state(out_dir)
         check_resumable(state, train_cfg, data_sha256, out_dir)
+        if state["step"] >= train_cfg.max_steps:
+            raise ConfigError(f"--resume: {out_dir} is at step {state['step']} already, and --max-steps is "
+                              f"{train_cfg.max_steps}: there is nothing to train",
+                              hint=f"pass a --max-steps above {state['step']} to train further")
         if state.get("train_config", {}).get("max_steps") != train_cfg.max_steps:
             log(f"resume: max_steps {state['train_config'].get('max_steps')} -> {train_cfg.max_steps}")
         tokenizer, mcfg, train_ex, valid_ex, valid_pairs, dropped = prepare(
@@ -300,6 +308,8 @@ def train(
         state, opt_state, rng = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "history": []}, None, None
     if dropped:
         log(f"dropped {dropped} training pairs longer than max_positions={mcfg.max_positions}")
+    if len(valid_pairs) < held_out:
+        log(f"dropped {held_out - len(valid_pairs)} held-out pairs longer than max_positions={mcfg.max_positions}")
 
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # the RNG state a checkpoint saves is the current GPU's
@@ -345,7 +355,7 @@ def train(
         bar = tqdm(total=train_cfg.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
                    mininterval=0.5, disable=None)
     t_window, tok_window = time.perf_counter(), 0
-    last_metrics: dict[str, Any] = {}
+    last_metrics: dict[str, Any] = history[-1] if history else {}  # a resumed run's checkpoints keep them
     with _interrupt_after_the_step() as interrupted:
         while step < train_cfg.max_steps:
             order = epoch_order(len(batches), train_cfg.seed, epoch)
@@ -360,6 +370,11 @@ def train(
                 for g in opt.param_groups:
                     g["lr"] = lr
                 loss, nll = label_smoothed_loss(model(src, lens, tin), tout, train_cfg.label_smoothing, mcfg.pad_id)
+                if not torch.isfinite(loss.detach()):  # before the weights or a checkpoint take it in
+                    kept = f"the checkpoint of step {saved_step} in {out_dir} is kept" if saved_step else "nothing was saved"
+                    raise TrainingDiverged(f"the training loss is {float(loss.detach())} at step {step}: training "
+                                           f"diverged; {kept}",
+                                           hint="lower --lr-scale or raise --warmup, and check any --set overrides")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if train_cfg.clip_norm > 0:
