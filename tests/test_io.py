@@ -286,6 +286,33 @@ def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
                                                   f"{str(old)!r}: restore it with: mv {old} {tmp_path / 'real'}")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name a descriptor")
+def test_what_is_published_is_on_disk_first(tmp_path, monkeypatch):
+    """A replacement syncs every file of the new copy before the rename that publishes it, and the
+    directory after it, before the previous copy goes (a power loss leaves one complete copy)."""
+    from transduce import _io
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(_io.os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                     real_fsync(fd))[1])
+    monkeypatch.setattr(_io.os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
+    out = tmp_path / "out"
+    for _ in range(2):  # a new directory, then a replacement
+        events.clear()
+        with _io.atomic_directory(out) as tmp:
+            (tmp_path / tmp / "weights").write_bytes(b"w")
+        publish = events.index(("replace", str(out)))
+        synced = [p for kind, p in events[:publish] if kind == "fsync"]
+        assert any(p.endswith("/weights") for p in synced) and any(".out.tmp-" in p for p in synced), events
+        assert ("fsync", str(tmp_path)) in events[publish:], events
+    events.clear()
+    write_bytes_atomic(tmp_path / "f.bin", b"data")
+    publish = events.index(("replace", str(tmp_path / "f.bin")))
+    assert any(".f.bin.tmp-" in p for kind, p in events[:publish] if kind == "fsync")
+    assert ("fsync", str(tmp_path)) in events[publish:], events
+
+
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):
     from transduce import _io
     from transduce.errors import TransduceError

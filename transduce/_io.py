@@ -195,6 +195,7 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     try:
         yield tmp
         _umask_modes(tmp)
+        _fsync_tree(tmp)
         renamed = False
         if _is_empty(final):
             try:  # replaces an empty directory in one step, and refuses one that something wrote into meanwhile
@@ -224,9 +225,39 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
             raise TransduceError(f"replacing {final!r} failed ({e}), and its previous copy could not be put back",
                                  hint=f"restore it with: mv {old} {final}") from e
         raise
+    _fsync_dir(parent)  # the renames on disk before the previous copy goes
     if old is not None:  # this run replaced a previous copy: so may the ones a killed writer left
         _remove(old)
         _remove_abandoned(parent, os.path.basename(final), "old")
+
+
+def _fsync_tree(top: str) -> None:
+    """Every file and directory under `top` on disk (fsync), so that after the rename that publishes it a
+    power loss or an OS crash cannot leave a complete-looking copy with missing data."""
+    for root, _, files in os.walk(top):
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(root)
+
+
+def _fsync_dir(path: str) -> None:
+    """A directory's entries on disk (a rename in it, a file created in it), where the file system can."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot sync a directory: nothing more to do there
+        pass
+    finally:
+        os.close(fd)
 
 
 def _remove(path: str) -> None:
@@ -348,10 +379,14 @@ def atomic_file(path: str | os.PathLike, error: Callable[[OSError], Exception] |
         _unlink_quietly(tmp)
         raise
     try:
-        f.close()  # flushes: a full disk shows here
+        if tmp is not None:
+            f.flush()  # a full disk shows here
+            os.fsync(f.fileno())  # on disk before the rename publishes it
+        f.close()  # flushes what is written in place
         if tmp is not None:
             os.chmod(tmp, mode)  # mkstemp creates 0600
             os.replace(tmp, path)
+            _fsync_dir(os.path.dirname(tmp))
     except BaseException as e:  # a Ctrl-C too: no temporary is left
         _unlink_quietly(tmp)
         if isinstance(e, OSError):
