@@ -204,6 +204,38 @@ def test_parity_says_when_it_cuts_long_sources(tiny_artifact_dir, tiny_model_dir
     assert report.sentences == 2
 
 
+def test_a_nan_score_fails_the_sequence_check():
+    """Identical tokens with a NaN score (a broken candidate) must not pass as a score difference of 0."""
+    from transduce.runtime.decoding import DecodeResult, Hypothesis
+    from transduce.runtime.parity import POLICIES, _compare_sequences
+
+    def result(score):
+        return DecodeResult((Hypothesis((5, 6), score, score, (score / 2, score / 2), True),))
+
+    for cand, passed in ((-1.0, True), (float("nan"), False), (float("-inf"), False)):
+        check = _compare_sequences("greedy", None, [], [result(-1.0)], [result(cand)], POLICIES["fp32"], {})
+        assert check.identical == 1 and check.passed is passed, cand
+
+
+def test_eager_parity_is_held_to_fp32_whatever_the_artifact(tiny_artifact_dir, tiny_model_dir, tmp_path, monkeypatch):
+    """--backend torch checks the fp32 source model (on another device): an fp16 artifact's looser
+    tolerances must not apply to it."""
+    import transduce._devices as devices
+    import transduce.runtime.parity as parity
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifact_dir, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["precision"] = "fp16"  # read without its hashes here
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    seen = {}
+    monkeypatch.setattr(parity, "run_parity", lambda *a, **k: seen.update(k))
+    monkeypatch.setattr(devices, "torch_device", lambda name, *a, **k: "cuda:0" if name == "cuda" else "cpu")
+    monkeypatch.setattr("transduce.runtime.api.make_backend", lambda *a, **k: TorchBackend.from_model_dir(tiny_model_dir))
+    parity.parity_for_artifact(str(art), model_dir=tiny_model_dir, backend="torch", device="cuda", sentences=2)
+    assert seen["precision"] == "fp32" and seen["candidate_name"] == "torch:cuda:0 (fp32)"
+
+
 def test_graphs_that_do_not_match_their_manifest_are_refused(tiny_artifact_dir, tmp_path):
     """A hand-edited manifest (or a graph from another export): the IO contract is checked on load."""
     edits = {

@@ -86,7 +86,7 @@ def test_parity_of_eager_pytorch_on_the_gpu_against_the_cpu(tiny_artifact_dir, t
                                   "--backend", "torch", "--device", "cuda", "--json", str(report)])
     assert r.exit_code == 0, r.output
     rep = json.loads(report.read_text())
-    assert rep["passed"] and (rep["candidate"], rep["reference"]) == ("torch:cuda:0", "torch:cpu")
+    assert rep["passed"] and (rep["candidate"], rep["reference"]) == ("torch:cuda:0 (fp32)", "torch:cpu")
 
 
 def test_parity_refuses_other_weights(tiny_artifact_dir, demo_model_dir, tmp_path):

@@ -114,11 +114,39 @@ def test_forced_options_decode_exactly_that_many_tokens(tiny_model):
             assert not any(h.finished for h in res.hypotheses)
 
 
-def test_invalid_options():
+def test_invalid_options(tiny_model):
     with pytest.raises(InputError, match="nbest"):
         DecodingOptions(beam_size=2, nbest=3)
     with pytest.raises(InputError, match="length penalty form"):
         DecodingOptions(length_penalty_form="wu")
+    # a NaN or infinite alpha scores every hypothesis NaN or 0, an infinite max_len_a cuts every one to a token
+    for bad, says in ((dict(length_penalty=float("nan")), "length_penalty must be a finite number"),
+                      (dict(length_penalty=float("inf")), "length_penalty must be a finite number"),
+                      (dict(max_len_a=float("inf")), "max_len_a must be a finite number"),
+                      (dict(beam_size=2.5), "beam_size must be an integer"), (dict(nbest=True), "nbest must be an integer"),
+                      (dict(min_length=2.5), "min_length must be an integer"), (dict(max_len_b="5"), "max_len_b must be an integer")):
+        with pytest.raises(InputError, match=says):
+            DecodingOptions(**bad)
+    assert DecodingOptions(beam_size=np.int64(2), max_len_a=np.float32(1.5)).beam_size == 2
+    backend = TorchBackend(tiny_model)
+    with pytest.raises(InputError, match="search must be"):
+        decode(backend, np.array([[5, 2]]), np.array([2]), DecodingOptions(), search="bogus")
+    assert decode(backend, np.zeros((0, 3), np.int64), np.zeros(0, np.int64), DecodingOptions()) == []
+
+
+def test_max_length_is_the_formula_exactly():
+    """ceil(a * source tokens + b), without a step more where a * n lands just above an integer in floating
+    point (1.1 * 50 is 55.000000000000007)."""
+    from fractions import Fraction
+    from math import ceil
+
+    from transduce.runtime.decoding import max_lengths
+
+    for a in (1.1, 1.2, 1.3, 0.7, 0.1, 0.3):
+        n = np.arange(1, 200)
+        got = max_lengths(n + 1, DecodingOptions(max_len_a=a, max_len_b=5), 10_000)
+        want = [ceil(Fraction(str(a)) * int(k) + 5) for k in n]
+        assert got.tolist() == want, a
 
 
 def test_stay_in_place_keeps_first_children_in_their_parents_rows():

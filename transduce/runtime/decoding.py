@@ -19,6 +19,7 @@ sentences are dropped from the backend at the next reorder.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,14 @@ class DecodingOptions:
     nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
 
     def __post_init__(self) -> None:
+        for name in ("beam_size", "nbest", "min_length", "max_len_b"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise InputError(f"{name} must be an integer, got {v!r}")
+        for name in ("length_penalty", "max_len_a"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
+                raise InputError(f"{name} must be a finite number, got {v!r}")
         if self.beam_size < 1:
             raise InputError(f"beam size must be >= 1, got {self.beam_size}")
         if not 1 <= self.nbest <= self.beam_size:
@@ -85,7 +94,8 @@ class DecodeResult:
 
 def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions: int) -> np.ndarray:
     """Per-sentence maximum target length in tokens (EOS included); src_lengths include the source EOS."""
-    n = np.ceil(options.max_len_a * (src_lengths - 1) + options.max_len_b).astype(np.int64)
+    # rounded first: 1.1 * 50 is 55.000000000000007 in floating point, whose ceiling would add a step
+    n = np.ceil(np.round(options.max_len_a * (src_lengths - 1) + options.max_len_b, 6)).astype(np.int64)
     return np.clip(n, 1, max_positions)
 
 
@@ -95,8 +105,12 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
 
     search: "auto" (greedy for beam_size 1, else beam), "greedy" or "beam" (beam search even for k=1).
     """
+    if search not in ("auto", "greedy", "beam"):
+        raise InputError(f"search must be 'auto', 'greedy' or 'beam', got {search!r}")
     src_ids = np.ascontiguousarray(src_ids, dtype=np.int64)
     src_lengths = np.ascontiguousarray(src_lengths, dtype=np.int64)
+    if len(src_ids) == 0:
+        return []
     encoded = backend.encode(src_ids, src_lengths)
     lens = max_lengths(src_lengths, options, backend.config["max_positions"])
     if search == "greedy" or (search == "auto" and options.beam_size == 1):

@@ -14,6 +14,7 @@ divergence, a large margin is a bug. The report is JSON-serialisable and prints 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -201,7 +202,8 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
         same = [h.tokens for h in ref_h] == [h.tokens for h in cand_h]
         if same:
             identical += 1
-            max_diff = max(max_diff, max(abs(a.score - b.score) for a, b in zip(ref_h, cand_h)))
+            diff = max(abs(a.score - b.score) for a, b in zip(ref_h, cand_h))
+            max_diff = max(max_diff, diff if math.isfinite(diff) else math.inf)  # a NaN score fails
             continue
         a, b = ref_h[0].tokens, cand_h[0].tokens
         if a == b:  # best identical, lower n-best entries differ: compare where the lists part
@@ -345,11 +347,13 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     manifest = contract.read_manifest(art_dir, verify_hashes=False)
     reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
     tokenizer = Tokenizer.from_file(os.path.join(art_dir, contract.TOKENIZER_FILE))
-    # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime; eager
-    # PyTorch and TensorRT engines (built from unquantized exports only) to the precision's
+    # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime, TensorRT
+    # engines (built from unquantized exports only) to their precision's, and eager PyTorch, which runs
+    # the fp32 source model whatever the artifact's precision, to fp32's
     quantized = contract.quantization(manifest) if backend == "onnxruntime" else None
+    precision = "fp32" if backend == "torch" else quantized or manifest["precision"]
     if backend == "tensorrt":
         device = str(candidate.device)  # TensorRT runs on a GPU whatever --device said
-    name = f"{backend}:{device}" + (f" ({quantized or getattr(candidate, 'precision', '')})" if hasattr(candidate, "precision") else "")
-    return run_parity(reference, candidate, tokenizer, sources, targets, precision=quantized or manifest["precision"],
+    name = f"{backend}:{device} ({precision})"
+    return run_parity(reference, candidate, tokenizer, sources, targets, precision=precision,
                       beam_size=beam, nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}")
