@@ -213,3 +213,12 @@ def test_an_export_or_a_file_given_as_a_model_dir_says_so(tmp_path, tiny_model_d
         load_model_dir(tmp_path / "afile")
     with pytest.raises(CheckpointError, match="is an ONNX export .transduce export., not a model directory"):
         load_model_dir(tiny_artifact_dir)
+
+
+def test_a_model_without_training_state_cannot_be_resumed(tmp_path, tiny_model, tiny_tokenizer):
+    from transduce.models.checkpoint import load_training_state
+
+    save_model_dir(tmp_path / "m", tiny_model, tiny_tokenizer)  # no optimizer or train state: not resumable
+    with pytest.raises(CheckpointError, match="holds a model but no training state") as e:
+        load_training_state(tmp_path / "m")
+    assert "--force" in e.value.hint

@@ -234,6 +234,9 @@ def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[s
 
     path = os.fspath(path)
     cfg = read_config(path)
+    if not os.path.isdir(os.path.join(path, TRAINING_DIR)):
+        raise CheckpointError(f"{path!r} holds a model but no training state ({TRAINING_DIR}/): it cannot be resumed",
+                              hint="train a new model into another --out, or start this one over with --force")
     opath = _verify(path, cfg, f"{TRAINING_DIR}/{OPTIMIZER_FILE}")
     spath = _verify(path, cfg, f"{TRAINING_DIR}/{STATE_FILE}")
     with open(spath, encoding="utf-8") as f:
