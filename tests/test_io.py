@@ -313,6 +313,28 @@ def test_what_is_published_is_on_disk_first(tmp_path, monkeypatch):
     assert ("fsync", str(tmp_path)) in events[publish:], events
 
 
+def test_a_file_system_that_cannot_sync_is_no_error_but_an_io_error_is(tmp_path, monkeypatch):
+    import errno
+
+    from transduce import _io
+
+    def fsync_fails(code):
+        def fsync(fd):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(_io.os, "fsync", fsync)
+
+    fsync_fails(errno.EINVAL)
+    with _io.atomic_directory(tmp_path / "out") as tmp:
+        (tmp_path / tmp / "f").write_text("x")
+    assert (tmp_path / "out" / "f").read_text() == "x"
+    fsync_fails(errno.EIO)
+    with pytest.raises(OSError, match="Input/output error"):
+        with _io.atomic_directory(tmp_path / "out") as tmp:
+            (tmp_path / tmp / "f").write_text("y")
+    assert (tmp_path / "out" / "f").read_text() == "x" and sorted(os.listdir(tmp_path)) == ["out"]
+
+
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):
     from transduce import _io
     from transduce.errors import TransduceError

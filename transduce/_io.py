@@ -238,26 +238,40 @@ def _fsync_tree(top: str) -> None:
         for name in files:
             path = os.path.join(root, name)
             if os.path.isfile(path) and not os.path.islink(path):
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync_path(path)
         _fsync_dir(root)
 
 
 def _fsync_dir(path: str) -> None:
     """A directory's entries on disk (a rename in it, a file created in it), where the file system can."""
+    _fsync_path(path)
+
+
+# what says "this cannot be synced here" (a file system or platform without it, a file we may not open),
+# as opposed to an I/O error, which is raised
+_CANNOT_SYNC = {errno.EINVAL, errno.EBADF, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTSUP,
+                getattr(errno, "EOPNOTSUPP", errno.ENOTSUP)}
+
+
+def _fsync_path(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError as e:
+        if e.errno in _CANNOT_SYNC:
+            return
+        raise
     try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot sync a directory: nothing more to do there
-        pass
+        _fsync_fd(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_fd(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _CANNOT_SYNC:
+            raise
 
 
 def _remove(path: str) -> None:
@@ -381,7 +395,7 @@ def atomic_file(path: str | os.PathLike, error: Callable[[OSError], Exception] |
     try:
         if tmp is not None:
             f.flush()  # a full disk shows here
-            os.fsync(f.fileno())  # on disk before the rename publishes it
+            _fsync_fd(f.fileno())  # on disk before the rename publishes it
         f.close()  # flushes what is written in place
         if tmp is not None:
             os.chmod(tmp, mode)  # mkstemp creates 0600

@@ -168,39 +168,53 @@ def test_resume_refuses_other_options_or_data(tmp_path, small_corpus):
 
 def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, monkeypatch):
     """A resume into a directory whose parent cannot be written stops before training (its checkpoints go
-    beside it); held-out pairs that all exceed max_positions are an error, not a validation loss of 0; a
-    loss that turns NaN stops the run and keeps the last checkpoint."""
-
+    beside it: a link's target); held-out pairs that all exceed max_positions are an error, not a
+    validation loss of 0; a loss or gradients that turn NaN stop the run and keep the last checkpoint."""
     import transduce._io as io
     from transduce.errors import TrainingDiverged
 
     train_pairs, valid_pairs = small_corpus
-    out = tmp_path / "m"
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    out = tmp_path / "real" / "m"
+    link = tmp_path / "links" / "m"
     train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(2, 2), **QUIET)
+    os.symlink(out, link)
     before = (out / "model.safetensors").read_bytes()
     real_access = os.access
-    monkeypatch.setattr(io.os, "access", lambda p, mode: False if os.fspath(p) == str(tmp_path) else real_access(p, mode))
+
+    def deny(directory):
+        monkeypatch.setattr(io.os, "access", lambda p, mode: os.fspath(p) != str(directory) and real_access(p, mode))
+
+    deny(tmp_path / "real")
     with pytest.raises(Exception, match="is not writable"):
-        train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(4, 4), resume=True, **QUIET)
+        train(train_pairs[:100], valid_pairs[:2], str(link), _cfg(3, 3), resume=True, **QUIET)
+    deny(tmp_path / "links")  # the link's own directory is not where the checkpoints go
+    train(train_pairs[:100], valid_pairs[:2], str(link), _cfg(3, 3), resume=True, **QUIET)
     monkeypatch.undo()
     long = " ".join(["seven hundred"] * 100)
     with pytest.raises(DataError, match="none of the 2 held-out pairs fits"):
         train(train_pairs[:100], [(long, long)] * 2, str(tmp_path / "n"), _cfg(2, 2), **QUIET)
 
-    calls = []
     real_loss = label_smoothed_loss
+    for n, (broken, says) in enumerate((
+            (lambda loss: loss * float("nan"), "the training loss is nan at step 6"),
+            # a finite loss (0 added) whose gradient is not: d sqrt(x)/dx at 0 times 0
+            (lambda loss: loss + 0.0 * torch.sqrt(loss - loss.detach()), "the gradients' norm is nan at step 8"))):
+        calls = []
 
-    def diverging(*args):  # the third step's loss after the resume (step 5) is NaN
-        loss, nll = real_loss(*args)
-        calls.append(1)
-        return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
+        def diverging(*args, calls=calls, broken=broken):  # the third step after the resume
+            loss, nll = real_loss(*args)
+            calls.append(1)
+            return (broken(loss), nll) if len(calls) == 3 else (loss, nll)
 
-    monkeypatch.setattr("transduce.models.train.label_smoothed_loss", diverging)
-    with pytest.raises(TrainingDiverged, match="loss is nan at step 5.*the checkpoint of step 4 .* is kept"):
-        train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(6, 1), resume=True, **QUIET)
-    state = json.loads((out / "training" / "state.json").read_text())
-    assert state["step"] == 4 and all(torch.isfinite(t).all() for t in _weights(out).values())
-    assert before != (out / "model.safetensors").read_bytes()  # steps 3 and 4 were saved, not step 5's
+        monkeypatch.setattr("transduce.models.train.label_smoothed_loss", diverging)
+        with pytest.raises(TrainingDiverged, match=f"{says}: training diverged; the checkpoint of step {5 + 2 * n} .* is kept"):
+            train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(9, 1), resume=True, **QUIET)
+        state = json.loads((out / "training" / "state.json").read_text())
+        assert state["step"] == 5 + 2 * n and all(torch.isfinite(t).all() for t in _weights(out).values())
+        monkeypatch.undo()
+    assert before != (out / "model.safetensors").read_bytes()
 
 
 def _weights(path):

@@ -147,6 +147,8 @@ def test_max_length_is_the_formula_exactly():
         got = max_lengths(n + 1, DecodingOptions(max_len_a=a, max_len_b=5), 10_000)
         want = [ceil(Fraction(str(a)) * int(k) + 5) for k in n]
         assert got.tolist() == want, a
+    # a max_len_a just above an integer still counts: 1.0000001 * 4 + 5 = 9.0000004 -> 10
+    assert max_lengths(np.array([5]), DecodingOptions(max_len_a=1.0000001, max_len_b=5), 100).tolist() == [10]
 
 
 def test_stay_in_place_keeps_first_children_in_their_parents_rows():

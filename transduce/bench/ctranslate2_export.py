@@ -332,7 +332,7 @@ def check_greedy_equality(model_dir: str, ct2_dir: str, sources: list[list[int]]
 
 
 def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator, backend) -> EqualityReport:
-    from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+    from transduce.runtime.decoding import DecodingOptions, decode, max_lengths, teacher_forced_log_probs
 
     if backend is None:
         from transduce.runtime.backends.torch_backend import TorchBackend
@@ -358,7 +358,7 @@ def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size
 
     # group by our maximum length so CTranslate2 gets the same cap (it takes one per batch)
     caps = [forced_steps if forced_steps is not None else
-            int(min(np.ceil(opts.max_len_a * len(x) + opts.max_len_b), cfg["max_positions"])) for x in sources]
+            int(max_lengths(np.array([len(x) + 1]), opts, cfg["max_positions"])[0]) for x in sources]
     ours: list[list[int]] = [[] for _ in sources]
     theirs: list[list[int]] = [[] for _ in sources]
     for cap in sorted(set(caps)):

@@ -148,6 +148,8 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     valid_ex, vkept = encode_pairs(tokenizer, valid_pairs, mcfg.max_positions)
     if not train_ex:
         raise DataError("no training pair fits the model's max_positions")
+    if not valid_pairs:
+        raise DataError("there are no held-out pairs to validate on", hint="pass --valid FILE or a --valid-size >= 1")
     if not valid_ex:  # its loss would read 0.000 and its BLEU 0, as if measured
         raise DataError(f"none of the {len(valid_pairs)} held-out pairs fits the model's max_positions "
                         f"({mcfg.max_positions} tokens a side, EOS included)",
@@ -278,7 +280,8 @@ def train(
     from transduce.models.transformer import Transformer
 
     replaces = resume or check_train_output(out_dir, force)  # an existing model directory (not an empty one)
-    check_parent_writable(out_dir)  # every checkpoint is written beside it and renamed: before any training
+    # every checkpoint is written beside it (a link's target) and renamed: checked before any training
+    check_parent_writable(os.path.realpath(out_dir))
     data_sha256 = pairs_sha256(train_pairs)
     held_out = len(valid_pairs)
     device = training_device(train_cfg.device)
@@ -371,14 +374,14 @@ def train(
                     g["lr"] = lr
                 loss, nll = label_smoothed_loss(model(src, lens, tin), tout, train_cfg.label_smoothing, mcfg.pad_id)
                 if not torch.isfinite(loss.detach()):  # before the weights or a checkpoint take it in
-                    kept = f"the checkpoint of step {saved_step} in {out_dir} is kept" if saved_step else "nothing was saved"
-                    raise TrainingDiverged(f"the training loss is {float(loss.detach())} at step {step}: training "
-                                           f"diverged; {kept}",
-                                           hint="lower --lr-scale or raise --warmup, and check any --set overrides")
+                    _diverged(f"the training loss is {float(loss.detach())}", step, saved_step, out_dir, bar)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                if train_cfg.clip_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.clip_norm)
+                # the gradients' norm (clipped to --clip-norm if set): a finite loss can still have
+                # infinite gradients, which the step would write into the weights
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.clip_norm or math.inf)
+                if not torch.isfinite(norm):
+                    _diverged(f"the gradients' norm is {float(norm)}", step, saved_step, out_dir, bar)
                 opt.step()
                 ntok = int((tout != mcfg.pad_id).sum())
                 total_tokens += ntok
@@ -421,6 +424,15 @@ def train(
         bar.close()
     return {"step": step, "train_seconds": round(train_seconds, 1), "tokens": total_tokens,
             "parameters": model.num_parameters(), **last_metrics}
+
+
+def _diverged(what: str, step: int, saved_step: int, out_dir: str, bar) -> None:
+    """Stop a run whose loss or gradients are no longer finite, before they reach the weights."""
+    if bar is not None:
+        bar.close()
+    kept = f"the checkpoint of step {saved_step} in {out_dir} is kept" if saved_step else "nothing was saved"
+    raise TrainingDiverged(f"{what} at step {step}: training diverged; {kept}",
+                           hint="lower --lr-scale or raise --warmup, and check any --set overrides")
 
 
 def default_out_dir() -> str:

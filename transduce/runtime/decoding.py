@@ -94,8 +94,9 @@ class DecodeResult:
 
 def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions: int) -> np.ndarray:
     """Per-sentence maximum target length in tokens (EOS included); src_lengths include the source EOS."""
-    # rounded first: 1.1 * 50 is 55.000000000000007 in floating point, whose ceiling would add a step
-    n = np.ceil(np.round(options.max_len_a * (src_lengths - 1) + options.max_len_b, 6)).astype(np.int64)
+    # less a relative 1e-9 first: 1.1 * 50 is 55.000000000000007 in floating point, whose ceiling would add a step
+    x = options.max_len_a * (src_lengths - 1) + options.max_len_b
+    n = np.ceil(x - 1e-9 * np.maximum(1.0, np.abs(x))).astype(np.int64)
     return np.clip(n, 1, max_positions)
 
 

@@ -202,7 +202,7 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
         same = [h.tokens for h in ref_h] == [h.tokens for h in cand_h]
         if same:
             identical += 1
-            diff = max(abs(a.score - b.score) for a, b in zip(ref_h, cand_h))
+            diff = max(0.0 if a.score == b.score else abs(a.score - b.score) for a, b in zip(ref_h, cand_h))
             max_diff = max(max_diff, diff if math.isfinite(diff) else math.inf)  # a NaN score fails
             continue
         a, b = ref_h[0].tokens, cand_h[0].tokens
