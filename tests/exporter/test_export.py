@@ -13,6 +13,25 @@ import pytest
 from transduce.runtime import contract
 
 
+def test_export_copies_the_config_and_tokenizer_it_loaded(tiny_model_dir, tmp_path):
+    """The artifact's config.json and tokenizer.json are the bytes the model was loaded with, read at
+    once: a model directory that changes meanwhile (a checkpoint saved into it) is an error."""
+    from transduce.errors import CheckpointError
+    from transduce.exporter.onnx_export import load_model, read_copied_files
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model_dir)
+    _, _, cfg = load_model(str(model_dir))
+    copied = read_copied_files(str(model_dir), cfg)
+    assert copied["tokenizer.json"] == (model_dir / "tokenizer.json").read_bytes()
+    (model_dir / "tokenizer.json").write_bytes(copied["tokenizer.json"].replace(b'"<unk>"', b'"<UNK>"'))
+    with pytest.raises(CheckpointError, match="changed while it was being read"):
+        read_copied_files(str(model_dir), cfg)
+    (model_dir / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="cannot read the model directory"):
+        read_copied_files(str(model_dir), cfg)
+
+
 def test_export_writes_an_artifact(artifact_fp32):
     names = set(os.listdir(artifact_fp32.path))
     assert names == {"encoder.onnx", "decoder_step.onnx", "decoder_step.ort.onnx", "manifest.json", "config.json",

@@ -86,6 +86,7 @@ def artifact_dir(tmp_path):
     """An artifact directory: encoder.onnx, decoder_step.onnx and a manifest the runtime accepts."""
     import onnx
 
+    from transduce.models.config import ModelConfig
     from transduce.runtime.contract import ARTIFACT_KIND, CONTRACT_VERSION
 
     path = tmp_path / "artifact"
@@ -102,8 +103,8 @@ def artifact_dir(tmp_path):
         "precision": "fp32",
         "opset": 17,
         "tools": {"torch": "2.13.0", "onnx": onnx.__version__},
-        "model": {"vocab_size": VOCAB, "encoder_layers": 1, "decoder_layers": 1, "d_model": D_MODEL, "n_heads": 2,
-                  "d_ff": 16, "max_positions": 32},
+        "model": ModelConfig(vocab_size=VOCAB, encoder_layers=1, decoder_layers=1, d_model=D_MODEL, n_heads=2, d_ff=16,
+                             max_positions=32).to_dict(),  # every field, as the exporter writes it
         "files": _file_entries(str(path), ["encoder.onnx", "decoder_step.onnx", "tokenizer.json"]),
         "dynamic_axes": {"batch": [1, 64], "src_len": [1, 32], "cache_len": [1, 32]},
         "validation": {"errors": []},

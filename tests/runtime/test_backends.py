@@ -275,6 +275,20 @@ def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkey
     assert problem(str(tmp_path), "a.bin", good, verify_hash=False) is None
 
 
+def test_a_hand_edited_model_config_or_version_is_refused(tiny_artifact_dir, edited_copy):
+    """The manifest's model config is checked whole when it is read: n_heads 0, a missing eos_id or one
+    past the vocabulary failed later as a ZeroDivisionError, KeyError or IndexError."""
+    from transduce.runtime import contract
+
+    for n, (edit, says) in enumerate(((lambda m: m["model"].update(n_heads=0), "n_heads must be >= 1"),
+                                      (lambda m: m["model"].pop("eos_id"), "its model config lacks eos_id"),
+                                      (lambda m: m["model"].update(eos_id=5000), "must be distinct and < vocab_size"),
+                                      (lambda m: m.update(contract_version=2.0), "contract version 2.0"))):
+        art = edited_copy(tiny_artifact_dir, f"a{n}", "manifest.json", edit)
+        with pytest.raises(ArtifactError, match=says):
+            contract.read_manifest(art, verify_hashes=False)
+
+
 def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):
     """decode reads tokenizer.json: an unlisted one would be used unchecked (another model's, say)."""
     from transduce.runtime import contract

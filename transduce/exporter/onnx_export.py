@@ -63,12 +63,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
+import hashlib
 import io
 import logging
 import os
 import platform
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -139,6 +139,32 @@ def load_model(model_dir: str):
         return load_model_dir(model_dir)
     except OSError as e:
         raise CheckpointError(f"cannot read the model directory {model_dir!r}: {e}") from None
+
+
+def read_copied_files(model_dir: str, cfg: dict[str, Any]) -> dict[str, bytes]:
+    """The bytes of the model directory's config.json and tokenizer.json as the model was loaded with them,
+    read now: the artifact gets these, not whatever is there when the export ends (a checkpoint saved
+    into the directory meanwhile would pair the old weights' graphs with a new config and tokenizer)."""
+    import json
+
+    from transduce.models.checkpoint import CONFIG_FILE, TOKENIZER_FILE
+
+    out = {}
+    try:
+        for name in (CONFIG_FILE, TOKENIZER_FILE):
+            with open(os.path.join(model_dir, name), "rb") as f:
+                out[name] = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read the model directory {model_dir!r}: {e}") from None
+    try:
+        same_config = json.loads(out[CONFIG_FILE]) == cfg
+    except ValueError:
+        same_config = False
+    same_tokenizer = hashlib.sha256(out[TOKENIZER_FILE]).hexdigest() == cfg["files"][TOKENIZER_FILE]["sha256"]
+    if not (same_config and same_tokenizer):
+        raise CheckpointError(f"the model directory {model_dir!r} changed while it was being read (a checkpoint "
+                              "saved into it?)", hint="export it again once nothing writes to it")
+    return out
 
 
 # -- tracing -------------------------------------------------------------------------------------
@@ -275,6 +301,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     opset = int(opset)
     replaces = check_destination(model_dir, out_dir, force)  # an existing artifact (not an empty directory)
     model, _, cfg = load_model(model_dir)
+    copied = read_copied_files(model_dir, cfg)
     config = model.cfg.to_dict()
     if quantize:
         check_quantize(quantize, config, precision)
@@ -309,8 +336,9 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
             log(f"validating the {quantize} graphs against eager PyTorch")
             quantization["validation"] = validate.validate_graphs(tmp, model, precision, log=log, tolerances=quantize)
             quantization["seconds"] = round(time.perf_counter() - t0, 2)
-        for name in (CONFIG_FILE, TOKENIZER_FILE):
-            shutil.copyfile(os.path.join(model_dir, name), os.path.join(tmp, name))
+        for name, data in copied.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
         files = file_entries(tmp)
         for name, info in graph_info.items():
             info["bytes"] = files[name]["bytes"]
@@ -331,7 +359,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
             "source_model": {
                 "path": model_dir,
                 "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
-                "config_sha256": contract.sha256_file(os.path.join(model_dir, CONFIG_FILE)),
+                "config_sha256": hashlib.sha256(copied[CONFIG_FILE]).hexdigest(),
             },
             "dynamic_axes": {k: list(v) for k, v in contract.dynamic_axis_ranges(config).items()},
             "static_axes": contract.static_axis_sizes(config),

@@ -37,8 +37,9 @@ search's candidates: TopK(log_probs + topk_bias, topk_k), so a step needs no sec
 IO (contract.ort_step_inputs / ort_step_outputs): the standard step's inputs, with src_lengths and
 cross_* per source (sources = rows gives exactly the standard step), plus topk_k and topk_bias
 (required: ONNX Runtime warns at every session about inputs with default values); outputs
-log_probs, present_key_i/present_value_i instead of new_key_i/new_value_i (the cache with slot `positions[b]` written: run without IO binding they are
-fresh copies of the cache; the runtime binds them onto its cache buffers so nothing is copied), and
+log_probs, present_key_i/present_value_i instead of new_key_i/new_value_i (the cache with slot `positions[b]` written, in place: they must be
+bound onto the past_* input buffers, as the runtime and the validator bind them; unbound, only the slots
+up to each row's position are filled and the rest is undefined), and
 topk_values/topk_ids. Contrib ops run on ONNX Runtime only (not TensorRT), so the standard graph
 stays the artifact's portable step graph; export validates this one against eager PyTorch like the
 others (transduce/exporter/validate.py), the grouped cross-attention, the top-k and the in-place
@@ -63,6 +64,10 @@ def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
         return f"the ONNX Runtime step graph is built for fp32 artifacts only, not {precision}"
     if config["norm_first"]:
         return "the ONNX Runtime step graph is built for post-norm models only (norm_first is set)"
+    head = config["d_model"] // config["n_heads"]
+    if head % 8:  # GroupQueryAttention's CPU kernel refuses it when it runs, not when it loads
+        return (f"the ONNX Runtime step graph's attention kernels need a head size that is a multiple of 8, "
+                f"and this model's is {head} (d_model {config['d_model']} / n_heads {config['n_heads']})")
     size = weight_bytes(config)
     if size > MAX_INLINE_BYTES:
         return (f"the ONNX Runtime step graph keeps its weights inline, and this model's ({size / 1e9:.1f} GB) pass "

@@ -616,7 +616,13 @@ def validate_graphs(directory: str, model, precision: str, engine: str | None = 
     table = ErrorTable(tolerances)
     rng = np.random.default_rng(seed)
     with torch_threads(1):
-        cases = [_run_case(c, model, runner, table, rng) for c in validation_cases(model.cfg.to_dict())]
+        try:
+            cases = [_run_case(c, model, runner, table, rng) for c in validation_cases(model.cfg.to_dict())]
+        except ExportError:
+            raise
+        except Exception as e:  # a kernel that loaded but refuses these shapes when it runs (onnxruntime's errors)
+            raise ExportError(f"running the exported {precision} graphs failed: {e}",
+                              hint="this is a bug in the exporter; nothing was written") from None
     record = {
         "engine": ("onnxruntime CPUExecutionProvider" if runner.engine == "onnxruntime"
                    else "onnx.reference.ReferenceEvaluator"),

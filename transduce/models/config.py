@@ -44,7 +44,7 @@ class ModelConfig:
                                   hint=f"for example --set {f.name}={example}" if f.default is not dataclasses.MISSING else None)
         if self.vocab_size < 4:
             problems.append(f"vocab_size must be >= 4 (the specials), got {self.vocab_size}")
-        if self.d_model % self.n_heads:
+        if self.n_heads >= 1 and self.d_model % self.n_heads:  # n_heads < 1 is reported below
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.d_model % 2:
             problems.append(f"d_model ({self.d_model}) must be even for the sinusoidal encoding")

@@ -31,7 +31,7 @@ An artifact directory holds two graphs (and an optional third) and a manifest:
                                                                 -inf bans an id
     out  log_probs      (batch, vocab)                  float32 as the standard graph's
          present_key_{i}, present_value_{i} (batch, heads, cache_len, head_dim) the cache with slot
-                                                                positions[b] written (bound onto the input)
+                                                                positions[b] written; bound onto the input (unbound: slots past positions[b] undefined)
          topk_values    (batch, k)                      float32 the k best of log_probs + topk_bias
          topk_ids       (batch, k)                      int64   their ids, best first (ties: lower id)
 
@@ -84,6 +84,7 @@ describes them before quantization.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -303,7 +304,7 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if not isinstance(manifest, dict) or manifest.get("kind") != ARTIFACT_KIND:
         raise ArtifactError(f"{path} is not a transduce artifact manifest", hint=hint)
     version = manifest.get("contract_version")
-    if version != CONTRACT_VERSION:  # a string "2" too: its repr below says why
+    if type(version) is not int or version != CONTRACT_VERSION:  # a string "2" or 2.0 too: its repr says why
         raise ArtifactError(
             f"{artifact_dir!r} was exported for IO contract version {version!r}; "
             f"this transduce reads version {CONTRACT_VERSION}",
@@ -312,9 +313,18 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if manifest.get("precision") not in PRECISIONS:
         raise ArtifactError(f"{path}: unknown precision {manifest.get('precision')!r}", hint=hint)
     model = manifest.get("model")
-    needed = ("vocab_size", "decoder_layers", "d_model", "n_heads", "max_positions")  # what the IO checks read
-    if not isinstance(model, dict) or not all(isinstance(model.get(k), int) for k in needed):
-        raise ArtifactError(f"{path}: no model config, or one without integer {', '.join(needed)}", hint=hint)
+    if not isinstance(model, dict):
+        raise ArtifactError(f"{path}: no model config", hint=hint)
+    from transduce.errors import ConfigError
+    from transduce.models.config import ModelConfig
+
+    missing = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in model]
+    if missing:  # the exporter writes every field; a default would guess (an eos_id, say)
+        raise ArtifactError(f"{path}: its model config lacks {', '.join(missing)}", hint=hint)
+    try:  # and valid: n_heads 0 or an eos_id past the vocabulary would fail later, unnamed
+        ModelConfig.from_dict(model)
+    except ConfigError as e:
+        raise ArtifactError(f"{path}: its model config is not valid: {e}", hint=hint) from None
     files = manifest.get("files")
     if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE, TOKENIZER_FILE} <= set(files):
         raise ArtifactError(f"{path} does not list {ENCODER_FILE}, {STEP_FILE} and {TOKENIZER_FILE}", hint=hint)
