@@ -19,7 +19,9 @@ from transduce.errors import TransduceError
 
 
 def check_parent_writable(final: str) -> str:
-    parent = os.path.dirname(os.path.abspath(final)) or "."
+    """The directory atomic_directory writes `final`'s copies in (beside a link's target, as it does)
+    exists or can be made, and can be written: checked before a long job. -> that directory."""
+    parent = os.path.dirname(os.path.realpath(final)) or "."
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as e:

@@ -280,8 +280,7 @@ def train(
     from transduce.models.transformer import Transformer
 
     replaces = resume or check_train_output(out_dir, force)  # an existing model directory (not an empty one)
-    # every checkpoint is written beside it (a link's target) and renamed: checked before any training
-    check_parent_writable(os.path.realpath(out_dir))
+    check_parent_writable(out_dir)  # every checkpoint is written beside it and renamed: before any training
     data_sha256 = pairs_sha256(train_pairs)
     held_out = len(valid_pairs)
     device = training_device(train_cfg.device)
