@@ -118,6 +118,13 @@ def _copy(src, dst):
     return str(dst)
 
 
+def test_the_torch_backend_refuses_options_it_would_ignore(tiny_artifact_dir):
+    from transduce.errors import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="torch backend takes no options, got fused, provider"):
+        make_backend(tiny_artifact_dir, "torch", fused=False, provider="cpu")
+
+
 def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_path):
     art = _copy(tiny_artifact_dir, tmp_path / "a")
     with open(os.path.join(art, "decoder_step.onnx"), "r+b") as f:

@@ -72,7 +72,10 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
     if backend == "torch":
         from transduce.runtime.backends.torch_backend import TorchBackend
 
-        if threads:
+        if options:  # onnxruntime's or tensorrt's: silently dropped, they would change nothing
+            raise BackendUnavailable(f"the torch backend takes no options, got {', '.join(sorted(options))}",
+                                     hint="those are the onnxruntime or tensorrt backend's; leave them out for torch")
+        if threads:  # torch's thread count is process-wide: it holds for every torch model in this process
             import torch
 
             torch.set_num_threads(threads)
