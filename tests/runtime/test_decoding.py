@@ -149,6 +149,11 @@ def test_max_length_is_the_formula_exactly():
         assert got.tolist() == want, a
     # a max_len_a just above an integer still counts: 1.0000001 * 4 + 5 = 9.0000004 -> 10
     assert max_lengths(np.array([5]), DecodingOptions(max_len_a=1.0000001, max_len_b=5), 100).tolist() == [10]
+    # a float32 option stands for its shortest decimal: np.float32(1.1) is 1.100000024 in float64, which
+    # times 50 would give 56; a float64 one is taken as it is
+    assert max_lengths(np.array([51]), DecodingOptions(max_len_a=np.float32(1.1), max_len_b=0), 100).tolist() == [55]
+    assert DecodingOptions(length_penalty=np.float16(0.6)).length_penalty == 0.6
+    assert DecodingOptions(max_len_a=np.float64(1.0000001)).max_len_a == 1.0000001
 
 
 def test_stay_in_place_keeps_first_children_in_their_parents_rows():

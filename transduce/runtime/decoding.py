@@ -48,6 +48,10 @@ class DecodingOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
                 raise InputError(f"{name} must be a finite number, got {v!r}")
+            if isinstance(v, np.floating) and np.finfo(v).precision < 15:
+                # the decimal a float32 or float16 stands for (np.float32(1.1) is 1.100000024, whose
+                # maximum length for 50 source tokens would be 56, not 55)
+                object.__setattr__(self, name, float(str(v)))
         if self.beam_size < 1:
             raise InputError(f"beam size must be >= 1, got {self.beam_size}")
         if not 1 <= self.nbest <= self.beam_size:
