@@ -455,7 +455,7 @@ def test_ct2_conversion_is_redone_when_a_file_is_damaged(tmp_path, tiny_model_di
 def test_ceilings_and_floors_are_positive():
     c = ceilings.measure_ceilings(threads=1, copy_mib=8, matmul_n=128, repeats=2)
     assert c.bandwidth_gbs > 0 and c.matmul_gflops > 0
-    assert all(v > 0 for v in c.detail.values())
+    assert all(v > 0 for v in c.detail.values()) and "numpy_matmul_gflops" in c.detail
     base = dict(vocab_size=8000, encoder_layers=6, decoder_layers=6, d_model=512, n_heads=8, d_ff=2048)
     # 6 x (6 D^2 + 2 D d_ff) + V D, plus biases and norms
     assert 26.1e6 < ceilings.decoder_step_weights(base) < 26.2e6
@@ -464,6 +464,36 @@ def test_ceilings_and_floors_are_positive():
     assert 0 < one["seconds"] <= many["seconds"] and one["bytes"] > 4 * 25e6
     fl = ceilings.decode_floor(base, c, batch=16, beam=4, src_len=32, steps=32)
     assert fl["seconds"] > fl["encoder_seconds"] > 0 and fl["step_bound"] in ("memory", "compute")
+
+
+def test_numpy_matmul_runs_on_the_bench_thread_count(monkeypatch):
+    """numpy's BLAS pool is sized when it loads: its matmul is timed in a child started with `threads`."""
+    import subprocess
+
+    seen = {}
+    run = subprocess.run
+
+    def spy(cmd, env=None, **kw):
+        seen.update(env)
+        return run(cmd, env=env, **kw)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    assert ceilings.numpy_matmul_gflops(1, 64, 1) > 0
+    assert all(seen[var] == "1" for var in ceilings.BLAS_THREAD_VARS)
+    monkeypatch.setattr(ceilings, "_NUMPY_MATMUL", "raise SystemExit(3)")
+    assert ceilings.numpy_matmul_gflops(1, 64, 1) is None
+
+
+def test_a_direct_timing_hands_its_buffers_back(tiny_artifact_dir):
+    """The bench's encoder/step timing ends its run as decode does (the backend's buffer pool keeps them)."""
+    from transduce.bench.worker import _Ours
+
+    w = _Ours("onnxruntime", tiny_artifact_dir, None, 1)
+    ended = []
+    end = w.backend.end
+    w.backend.end = lambda state: (ended.append(state), end(state))
+    w.direct([[5, 6, 7], [8, 9]], 2, 3)
+    assert len(ended) == 1
 
 
 def test_synthetic_tokenizer_has_the_base_vocabulary():

@@ -4,7 +4,8 @@
   bytes read + bytes written per second; numpy's copy (one thread) and torch's (its thread pool, set to
   the benchmark's thread count) are both timed and the faster one is the ceiling.
 - fp32 matmul rate: the best of a few square fp32 matmuls (default 1024) with the benchmark's thread
-  count, torch's and numpy's; 2 n^3 FLOPs each.
+  count, torch's and numpy's; 2 n^3 FLOPs each. numpy's BLAS sizes its thread pool once, when it
+  loads (OPENBLAS_NUM_THREADS ...), so its matmul is timed in a child process started with that many.
 
 Floors (a lower bound on a step's time; no real implementation reaches it):
 - bytes: every weight a decoder step reads (self-attention Q/K/V/out, cross-attention Q/out -- cross
@@ -18,11 +19,30 @@ The encoder floor is 2 x encoder weights x source tokens FLOPs (and its weights 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 FP32 = 4
+# the thread counts numpy's BLAS libraries read when they load (OpenBLAS, MKL, BLIS, OpenMP ones)
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS", "OMP_NUM_THREADS")
+_NUMPY_MATMUL = """
+import sys, time
+import numpy as np
+n, repeats = int(sys.argv[1]), int(sys.argv[2])
+a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+a @ b
+best = float("inf")
+for _ in range(repeats):
+    t = time.perf_counter()
+    a @ b
+    best = min(best, time.perf_counter() - t)
+print(2 * n**3 / best / 1e9)
+"""
 
 
 @dataclass
@@ -56,10 +76,9 @@ def measure_ceilings(threads: int = 2, copy_mib: int = 256, matmul_n: int = 1024
     t = _best(lambda: np.copyto(dst, src), repeats)
     detail["numpy_copy_gbs"] = 2 * src.nbytes / t / 1e9
 
-    a = np.random.default_rng(0).standard_normal((matmul_n, matmul_n), dtype=np.float32)
-    b = np.random.default_rng(1).standard_normal((matmul_n, matmul_n), dtype=np.float32)
-    t = _best(lambda: a @ b, repeats)
-    detail["numpy_matmul_gflops"] = 2 * matmul_n**3 / t / 1e9
+    rate = numpy_matmul_gflops(threads, matmul_n, repeats)
+    if rate is not None:
+        detail["numpy_matmul_gflops"] = rate
     try:
         import torch
     except ImportError:
@@ -71,14 +90,27 @@ def measure_ceilings(threads: int = 2, copy_mib: int = 256, matmul_n: int = 1024
             ts, td = torch.from_numpy(src), torch.from_numpy(dst)
             t = _best(lambda: td.copy_(ts), repeats)
             detail["torch_copy_gbs"] = 2 * src.nbytes / t / 1e9
-            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            ta, tb = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
             t = _best(lambda: torch.mm(ta, tb), repeats)
             detail["torch_matmul_gflops"] = 2 * matmul_n**3 / t / 1e9
         finally:
             torch.set_num_threads(previous)
     bw = max(v for k, v in detail.items() if k.endswith("_gbs"))
+    if not any(k.endswith("_gflops") for k in detail):
+        raise RuntimeError("no matmul rate could be measured: neither torch nor numpy's child process gave one")
     fl = max(v for k, v in detail.items() if k.endswith("_gflops"))
     return Ceilings(bandwidth_gbs=bw, matmul_gflops=fl, threads=threads, detail=detail)
+
+
+def numpy_matmul_gflops(threads: int, n: int, repeats: int) -> float | None:
+    """numpy's best n x n fp32 matmul rate on `threads` BLAS threads, in a child process (None if it fails)."""
+    env = {**os.environ, **{var: str(threads) for var in BLAS_THREAD_VARS}}
+    try:
+        done = subprocess.run([sys.executable, "-c", _NUMPY_MATMUL, str(n), str(repeats)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        return float(done.stdout.strip()) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
 
 
 # -- model arithmetic -------------------------------------------------------------------------------

@@ -103,6 +103,8 @@ class _Ours:
         return {"seconds": seconds, "tokens": int(sum(lengths))}
 
     def direct(self, src, beam: int, steps: int) -> dict[str, Any]:
+        from transduce.runtime.decoding import end_run
+
         ids, lens = self._batch(src)
         be = self.backend
         t = time.perf_counter()
@@ -122,6 +124,9 @@ class _Ours:
             t = time.perf_counter()
             be.step(state, tokens, k)
             times.append(time.perf_counter() - t)
+        # the run's buffers back to the backend's pool, as decode does: the next timed decode would
+        # otherwise allocate (and page-fault) them afresh
+        end_run(be, state)
         return {"encode_seconds": encode_seconds, "step_seconds": times}
 
 
