@@ -43,3 +43,12 @@ def test_normalize_is_what_a_decode_gives_back(tiny_tokenizer):
         assert tiny_tokenizer.normalize(text) == tiny_tokenizer.normalize(tiny_tokenizer.normalize(text))
     assert tiny_tokenizer.normalize("10\xa0000") == "10 000" and tiny_tokenizer.normalize("\ufb01ne") == "fine"
     assert tiny_tokenizer.normalize("cafe\u0301") == "caf\u00e9"
+
+
+def test_whitespace_around_a_sentence_is_not_part_of_it(tiny_tokenizer):
+    """Training strips its pairs; encode strips too, or a trailing space would be one more "▁" token and
+    a tab <unk>, which the model never saw there."""
+    want = tiny_tokenizer.encode("two hundred")
+    for text in ("two hundred ", "two hundred\t", "  two hundred", "\u3000two hundred\r\n"):
+        assert tiny_tokenizer.encode(text) == want, repr(text)
+    assert tiny_tokenizer.encode_batch(["two hundred ", "\ttwo hundred"]) == [want, want]

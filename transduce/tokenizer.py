@@ -1,7 +1,10 @@
 """The shared source/target BPE tokenizer (Hugging Face `tokenizers`), used by training and the runtime.
 
 Sentences are NFKC-normalised and split SentencePiece-style (Metaspace: a word boundary becomes "▁"),
-then segmented by BPE. Characters never seen in training become <unk>. Specials have fixed ids:
+then segmented by BPE. Whitespace around a sentence is not part of it: encode strips it, as training
+strips its pairs (a trailing space would otherwise be one more "▁" token, a tab <unk>, neither of
+which a model ever saw at the end of a sentence). Characters never seen in training become <unk>.
+Specials have fixed ids:
 <pad>=0, <s>=1, </s>=2, <unk>=3 (the defaults of ModelConfig); their spellings in input text are
 ordinary characters.
 """
@@ -66,10 +69,10 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Text -> token ids, never PAD, BOS or EOS (see _text_ids)."""
-        return _text_ids(self._tok.encode(text, add_special_tokens=False).ids)
+        return _text_ids(self._tok.encode(text.strip(), add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [_text_ids(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [_text_ids(e.ids) for e in self._tok.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
 
     def normalize(self, text: str) -> str:
         """`text` as this tokenizer's normalizer (NFKC) makes it: the closest a decode can come to it, so

@@ -42,6 +42,13 @@ def test_empty_lines_translate_to_empty(translator):
     assert not out[2].empty
 
 
+def test_whitespace_around_a_line_changes_nothing(translator):
+    plain = translator.translate(["two hundred"], beam_size=2, max_len_b=5)[0]
+    for text in ("two hundred ", "two hundred\t", " two hundred"):
+        got = translator.translate([text], beam_size=2, max_len_b=5)[0]
+        assert got.tokens == plain.tokens and got.score == plain.score, repr(text)
+
+
 def test_overlong_line_is_a_clear_error_or_truncated(translator):
     long = " ".join(["seven hundred"] * 100)
     with pytest.raises(InputError, match="input line 2 has .* tokens; this model takes at most 63"):
