@@ -502,6 +502,8 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
             return error(f"{what} {name} is a directory", hint="give a text file, one sentence per line")
         return error(f"cannot read {what} {name}: {e.strerror}")
 
+    if stdin and sys.stdin is None:  # fd 0 closed (a daemon's, `<&-`)
+        raise error(f"standard input (the {what} '-') is closed", hint=f"give the {what}'s path")
     try:
         f = sys.stdin.buffer if stdin else open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError as e:

@@ -135,6 +135,10 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
         (["--input", str(tmp_path)], None, "is a directory"),
         ([], b"f\xffive\n", "standard input is not UTF-8 text: line 1"),
         (["--output", str(tmp_path / ("x" * 256))], "one\n", "longer than this file system allows"),
+        (["--output", str(tmp_path / ("d" * 256) / "out.txt")], "one\n", "longer than this file system allows"),
+        (["--output", str(tmp_path / "results") + os.sep], "one\n", "names a directory (it ends in '/')"),
+        (["--output", ""], "one\n", "--output is empty"),
+        (["--threads", "-1"], "one\n", "--threads must be >= 0"),
     ):
         r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, *args], input=stdin)
         assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)
@@ -148,8 +152,30 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
     assert r.exit_code == 2 and "a link to" in r.stderr and "is not a directory" in r.stderr
 
 
+def test_decode_refuses_to_overwrite_its_input_while_reading_it(tiny_artifact_dir, tmp_path):
+    """An --output that leads to the --input file (a link) is written in place: with --chunk-lines that
+    would truncate the input after its first part. Without --chunk-lines the input is read whole first."""
+    src = tmp_path / "in.txt"
+    src.write_text("two hundred\nthree\none\n")
+    os.symlink(src, tmp_path / "out.txt")
+    args = ["decode", tiny_artifact_dir, "--input", str(src), "--output", str(tmp_path / "out.txt"), "--beam", "1",
+            "--max-len-b", "3"]
+    r = CliRunner().invoke(main, [*args, "--chunk-lines", "1"])
+    assert r.exit_code == 2 and "leads to the --input file itself" in r.stderr, r.output
+    assert src.read_text() == "two hundred\nthree\none\n"
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert len(src.read_text().splitlines()) == 3 and os.path.islink(tmp_path / "out.txt")
+
+
 def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_dir, tmp_path):
+    (tmp_path / "pairs.tsv").write_text("two hundred\tdeux cents\n")
+    (tmp_path / "sources.txt").write_text("two hundred\n")
     for args, message in ((["-n", "0"], "--sentences must be >= 1"), (["--json", str(tmp_path)], "--json"),
+                          (["--json", "-"], "--json -: the report goes to standard output already"),
+                          (["--json", str(tmp_path / "reports") + os.sep], "names a directory"),
+                          (["--data", str(tmp_path / "pairs.tsv"), "--input", str(tmp_path / "sources.txt")],
+                           "give either --data"),
                           (["--backend", "torch"], "eager PyTorch with itself"),
                           (["--backend", "torch", "--device", "cpu:0"], "eager PyTorch with itself"),
                           (["--reference-device", "gpu"], "--reference-device 'gpu': eager PyTorch runs on cpu or cuda"),

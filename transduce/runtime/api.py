@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from transduce.errors import ArtifactError, BackendUnavailable
+from transduce.errors import ArtifactError, BackendUnavailable, InputError
 from transduce.runtime import contract
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
@@ -61,6 +61,8 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
 
     if backend not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise InputError(f"threads must be an integer >= 0, got {threads!r}", hint="0: the framework's default")
     kind, index = parse_device(device, runs=f"the {backend} backend runs")
     if backend == "tensorrt":
         # artifact_dir is an engine directory (transduce build); TensorRT runs on CUDA only, so the CLI's

@@ -12,16 +12,25 @@ from transduce.errors import InputError, TruncatedInput
 BACKEND_CHOICE = click.Choice(["onnxruntime", "torch", "tensorrt"])
 
 
-def _check_output(path: str, option: str = "--output") -> None:
-    """Before any work: the output file can be created (a long job is not lost at the end)."""
+def _check_output(path: str, option: str = "--output", stdout: bool = True) -> None:
+    """Before any work: the output file can be created (a long job is not lost at the end). stdout:
+    whether '-' means standard output."""
     import os
 
     from transduce._io import check_creatable, written_in_place
 
-    if path == "-":
+    if path == "-" and stdout:
+        if sys.stdout is None:
+            raise InputError("standard output is closed", hint=f"give {option} FILE")
         return
+    if path == "-":
+        raise InputError(f"{option} -: the report goes to standard output already", hint=f"give {option} a file path")
+    if not path:
+        raise InputError(f"{option} is empty", hint="give a file path")
     if os.path.isdir(path):
         raise InputError(f"{option} {path!r} is a directory", hint="give a file path")
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        raise InputError(f"{option} {path!r} names a directory (it ends in {path[-1]!r})", hint="give a file path")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
     if os.path.islink(path) and not os.path.exists(path):  # a dangling link: its target is written, in place
@@ -32,9 +41,27 @@ def _check_output(path: str, option: str = "--output") -> None:
             name_max = os.pathconf(parent, "PC_NAME_MAX")
         except (OSError, ValueError):
             name_max = 255
-        if len(os.fsencode(os.path.basename(path))) > name_max:
-            raise InputError(f"{option} {path!r}: the file name is longer than this file system allows ({name_max} bytes)",
-                             hint=f"choose a shorter {option}")
+        # every name still to be created: the missing directories' and the file's
+        missing = os.path.relpath(os.path.abspath(path), parent).split(os.sep)
+        too_long = [name for name in missing if len(os.fsencode(name)) > name_max]
+        if too_long:
+            raise InputError(f"{option} {path!r}: the name {too_long[0][:40]!r}... is longer than this file system "
+                             f"allows ({name_max} bytes)", hint=f"choose a shorter {option}")
+
+
+def _written_over(input_path: str, output_path: str) -> bool:
+    """Whether writing --output writes the --input file in place (a link, say, to it; a regular file
+    --output is written beside and renamed, so the input being read stays whole)."""
+    import os
+
+    from transduce._io import written_in_place
+
+    if "-" in (input_path, output_path) or not written_in_place(output_path):
+        return False
+    try:
+        return os.path.samefile(input_path, output_path)
+    except OSError:  # either is missing: reading or writing says so
+        return False
 
 
 @click.command()
@@ -73,7 +100,13 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
 
     if chunk_lines < 0:
         raise InputError(f"--chunk-lines must be >= 0, got {chunk_lines}", hint="0 decodes the whole input at once")
+    if threads < 0:
+        raise InputError(f"--threads must be >= 0, got {threads}", hint="0: the framework's default")
     _check_output(output_path)
+    if chunk_lines and _written_over(input_path, output_path):
+        raise InputError(f"--output {output_path!r} leads to the --input file itself: with --chunk-lines it would be "
+                         "overwritten while its later lines are still to be read",
+                         hint="give another --output, or leave out --chunk-lines (the whole input is then read first)")
     lines = iter_lines(input_path, InputError)
     # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
     first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
@@ -175,13 +208,13 @@ def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device
     """
     from transduce.runtime.parity import parity_for_artifact
 
-    if json_path:
-        _check_output(json_path, "--json")  # before the run, not after it
+    if json_path is not None:
+        _check_output(json_path, "--json", stdout=False)  # before the run, not after it
     report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
                                  sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest,
                                  reference_device=reference_device)
     report.print()
-    if json_path:
+    if json_path is not None:
         from transduce._io import write_json_atomic
 
         try:
