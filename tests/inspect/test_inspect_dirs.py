@@ -102,6 +102,13 @@ def test_table_output(tiny_model_dir):
     assert "parameters" in result.output and "encoder self-attention" in result.output
 
 
+def test_table_output_into_a_pipe_is_not_cut_to_80_columns(demo_model_dir):
+    """Not a terminal (a file, a pipe, CliRunner): 140 columns, so file names are written whole."""
+    result = _cli("inspect", demo_model_dir)
+    assert result.exit_code == 0, result.output
+    assert "training/optimizer.safetensors" in result.output
+
+
 # -- artifact directories ----------------------------------------------------------------------------
 
 

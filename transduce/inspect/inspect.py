@@ -668,10 +668,11 @@ def _files_table(files: list[dict[str, Any]], title: str = "files"):
 
 def render_report(report: dict[str, Any], console=None) -> None:
     """Print a report as rich tables (to `console`, default stdout)."""
-    from rich.console import Console
     from rich.text import Text
 
-    console = console or Console()
+    from transduce._console import console as make_console
+
+    console = console or make_console()  # 140 columns into a file or pipe: names are not cut to fit 80
     console.print(Text.assemble((report["kind"], "bold"), " ", report["path"]))
     sections = []
     if report["kind"] == "engine" and report.get("built_for"):
