@@ -63,6 +63,26 @@ def test_a_damaged_demo_model_is_trained_again(tmp_path, monkeypatch, tiny_model
     verify_model_dir(model_dir)
 
 
+def test_steps_for_a_demo_model_that_is_there_asks_for_retrain(tmp_path, tiny_model_dir):
+    """--steps N names a model trained N steps: the one there (trained for others) is not silently reused."""
+    import json
+    import shutil
+
+    from transduce.models.checkpoint import read_config
+
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    trained = (read_config(str(tmp_path / "model")).get("training") or {}).get("step")
+    logged = []
+    assert demo.ensure_demo_model(str(tmp_path), log=logged.append) == str(tmp_path / "model")
+    assert "reusing the demo model" in logged[0]
+    with pytest.raises(InputError, match=f"--steps 7: the demo model in .* trained for {trained} steps") as e:
+        demo.ensure_demo_model(str(tmp_path), steps=7, log=logged.append)
+    assert "--retrain" in e.value.hint
+    if trained is not None:  # the same step count: reused
+        assert demo.ensure_demo_model(str(tmp_path), steps=trained, log=logged.append)
+    assert json.loads((tmp_path / "model" / "config.json").read_text())  # untouched
+
+
 @pytest.mark.gpu
 def test_the_demo_model_trains_on_the_gpu(tmp_path, monkeypatch):
     import torch

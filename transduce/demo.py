@@ -69,17 +69,24 @@ def check_demo_options(workdir: str, steps: int | None, show: int, device: str =
 def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = None, log=print,
                       device: str = "cpu") -> str:
     """Train the demo model into workdir/model (on `device`) unless a loadable one is there. Returns its path."""
-    from transduce.models.checkpoint import load_model_dir
+    from transduce.models.checkpoint import load_model_dir, read_config
     from transduce.models.train import train
 
     model_dir = os.path.join(workdir, "model")
     if not retrain and os.path.isdir(model_dir):
         try:
             load_model_dir(model_dir)
-            log(f"reusing the demo model in {model_dir} (pass --retrain to train again)")
-            return model_dir
+            trained = (read_config(model_dir).get("training") or {}).get("step")
         except CheckpointError as e:
             log(f"cannot reuse {model_dir} ({e}); training again")
+        else:
+            if steps is not None and trained != steps:  # the user asked for another model than this one
+                raise InputError(f"--steps {steps}: the demo model in {model_dir} is there already, trained for "
+                                 f"{trained} steps, and the demo reuses it",
+                                 hint=f"add --retrain to train a new one for {steps} steps")
+            log(f"reusing the demo model in {model_dir} (pass --retrain to train again"
+                + (f"; --device {device} is where it trains)" if device != "cpu" else ")"))
+            return model_dir
     train_pairs, valid_pairs = demo_data(workdir, log=log)
     cfg = DEMO_TRAIN if steps is None else replace(DEMO_TRAIN, max_steps=steps, save_every=steps,
                                                    eval_every=max(steps // 2, 1))
