@@ -313,6 +313,25 @@ def test_limits_outside_the_engines_are_clear_errors(narrow, tiny_model_dir):
         b.begin(enc, np.arange(1), 41)
 
 
+def test_an_output_shape_tensorrt_disagrees_with_is_refused_every_time(narrow, monkeypatch):
+    """TensorRT's output shape is checked against the contract-sized buffer before each run at new
+    shapes; a refused one stays refused (it would otherwise write past the buffer on the next call)."""
+    b = _backend(narrow)
+    real = fake.IExecutionContext.get_tensor_shape
+
+    def wider(self, name):  # an engine whose memory output is wider than the contract says
+        shape = tuple(real(self, name))
+        return shape[:-1] + (shape[-1] * 2,) if name == "memory" else shape
+
+    monkeypatch.setattr(fake.IExecutionContext, "get_tensor_shape", wider)
+    src, lens = np.array([[5, 6, 2]], np.int64), np.array([3])
+    for _ in range(2):
+        with pytest.raises(EngineError, match="TensorRT computes memory as"):
+            b.encode(src, lens)
+    monkeypatch.setattr(fake.IExecutionContext, "get_tensor_shape", real)
+    assert b.encoder_outputs(b.encode(src, lens))["memory"].shape[-1] == b.config["d_model"]
+
+
 def test_engine_refusals_reach_the_backend(tmp_path_factory, artifact):
     d = _engines(tmp_path_factory, artifact, max_batch=2)
     from transduce.runtime.backends.tensorrt_backend import TensorRTBackend

@@ -152,6 +152,7 @@ class _EngineRunner:
             for name, want in out_shapes.items():
                 have = tuple(int(d) for d in c.ctx.get_tensor_shape(name))
                 if have != want:
+                    c.shapes.clear()  # so the next call checks again instead of running into the small buffer
                     raise EngineError(f"{self.graph}: TensorRT computes {name} as {have}, the contract says {want}")
         for name, ptr in addresses.items():
             if c.addresses.get(name) != ptr:
