@@ -208,6 +208,10 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
         (lambda m: m.__setitem__("profiles", None), "no 'profiles' record"),
         (lambda m: m.__setitem__("gpu", "H100"), "no 'gpu' record"),
         (lambda m: m.__setitem__("tensorrt", "10"), "no 'tensorrt' record"),
+        (lambda m: m.__setitem__("profiles", {}), "unreadable profiles record (KeyError"),
+        (lambda m: m.__setitem__("profiles", {"encoder": "x", "decoder_step": "y"}), "unreadable profiles record"),
+        (lambda m: m.__setitem__("profiles", {"encoder": [{"name": "all"}], "decoder_step": []}), "unreadable profiles"),
+        (lambda m: m["profiles"].__setitem__("decoder_step", []), "records no encoder or no decoder step profiles"),
     ]):
         d = _hand_made_engine_dir(tmp_path / f"e{i}", artifact)
         path = os.path.join(d, eng.ENGINE_MANIFEST)
@@ -340,10 +344,16 @@ def test_one_tensorrt_logger_per_process(monkeypatch):
 def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkeypatch):
     (tmp_path / "afile").write_text("x")
     fake.CALLS.clear()
-    for bad in (tmp_path / "afile" / "t.cache", tmp_path):
+    for bad in (tmp_path / "afile" / "t.cache", tmp_path, tmp_path / "e" / "trt.cache"):
         with pytest.raises(EngineError, match="--timing-cache"):
             _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(bad))
     assert not [c for c in fake.CALLS if c[0] == "build"] and not os.path.exists(tmp_path / "e")
+    # inside --out, it would make --out appear during the build (which then throws it away) or be deleted
+    # with the engine directory it replaces
+    _build(artifact, str(tmp_path / "e"), max_batch=2)
+    with pytest.raises(EngineError, match="is inside --out"):
+        _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(tmp_path / "e" / "trt.cache"), force=True)
+    shutil.rmtree(tmp_path / "e")
 
     write = eng.write_bytes_atomic
     cache = str(tmp_path / "t.cache")
@@ -357,6 +367,17 @@ def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkey
     meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=cache)
     assert any("could not save the timing cache" in line for line in lines)
     assert os.path.isfile(tmp_path / "e" / eng.ENCODER_PLAN)
+
+
+def test_a_gpu_index_past_the_last_gpu_is_a_clear_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(BackendUnavailable, match="there is no CUDA device 1: PyTorch sees 1"):
+        eng.gpu_info("cuda:1")
+    with pytest.raises(BackendUnavailable, match="CUDA device -1 does not exist"):
+        eng.device_index(-1)
 
 
 def test_parser_errors_name_file_and_nodes(tmp_path, tiny_model_dir):

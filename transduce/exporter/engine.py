@@ -413,7 +413,9 @@ def device_index(device: int | str | None) -> int:
     """0 for None/"cuda", N for "cuda:N" or N."""
     if device is None:
         return 0
-    if isinstance(device, int):
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise BackendUnavailable(f"CUDA device {device} does not exist", hint="use --device cuda or cuda:N, N >= 0")
         return device
     d = str(device)
     if d == "cuda":
@@ -434,6 +436,9 @@ def gpu_info(device: int | str | None = 0) -> dict[str, Any]:
         raise BackendUnavailable("no CUDA GPU is available to PyTorch here; TensorRT engines are built and run on one",
                                  hint=GPU_HINT + " (or decode with --backend onnxruntime on CPU)")
     idx = device_index(device)
+    if idx >= torch.cuda.device_count():  # torch would raise a bare AssertionError
+        raise BackendUnavailable(f"there is no CUDA device {idx}: PyTorch sees {torch.cuda.device_count()}",
+                                 hint="use --device cuda, or cuda:N with N below that count (CUDA_VISIBLE_DEVICES decides which)")
     p = torch.cuda.get_device_properties(idx)
     uuid = getattr(p, "uuid", None)
     return {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "index": idx,
@@ -547,6 +552,13 @@ def read_engine_manifest(engine_dir: str | os.PathLike, check_runtime: bool = Tr
                                                changed="after the build")
         if problem:
             raise _refuse(engine_dir, meta, problem)
+    try:  # the backend chooses its profiles from this record
+        plan = plan_from_meta(meta)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, EngineError) as e:
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} has an unreadable profiles record ({type(e).__name__}: {e})") from None
+    if not (plan.encoder and plan.decoder_step) or any(p.cache_len is None for p in plan.decoder_step):
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} records no encoder or no decoder step profiles, or a step "
+                                        "profile without its cache length")
     sources = meta.get("sources")
     if not isinstance(sources, dict) or not all(isinstance(v, dict) for v in sources.values()):
         raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} does not record the graphs the plans were built from")
@@ -898,6 +910,12 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             raise EngineError(f"--timing-cache {timing_cache!r} is a directory",
                               hint="give a file path, e.g. --timing-cache runs/trt.cache")
         check_creatable(timing_cache, EngineError, f"--timing-cache {timing_cache!r}")
+        out_real = os.path.realpath(out_dir)
+        if os.path.commonpath([os.path.realpath(timing_cache), out_real]) == out_real:
+            # written while the new directory is still being built: it would make --out appear during the
+            # run (the build then discarded) or land in the engine directory this build replaces
+            raise EngineError(f"--timing-cache {timing_cache!r} is inside --out {out_dir!r}",
+                              hint="keep it outside the engine directory, e.g. --timing-cache runs/trt.cache")
     device_index(device)  # its spelling, before TensorRT is looked for
     trt = _trt or import_tensorrt()
     gpu = _gpu or select_gpu(device)
