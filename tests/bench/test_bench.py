@@ -46,6 +46,29 @@ def test_ct2_greedy_equals_ours_token_for_token(tiny_model_dir, tiny_ct2_dir, ti
     assert forced.mode == "forced-12"
 
 
+def test_ct2_check_at_the_edges(tiny_model_dir, tiny_ct2_dir, tmp_path):
+    """Forced to max_positions tokens (CTranslate2's score_batch appends </s>: one position too many),
+    and a model whose greedy output is empty (CTranslate2 must be allowed to end at once, as ours is)."""
+    import torch
+
+    from transduce.bench.ctranslate2_export import check_greedy_equality, convert_to_ctranslate2
+    from transduce.models.checkpoint import load_model_dir, save_model_dir
+
+    model, tok, cfg = load_model_dir(tiny_model_dir)
+    top = model.cfg.max_positions
+    forced = check_greedy_equality(tiny_model_dir, tiny_ct2_dir, [[5, 6, 7]], "forced", forced_steps=top)
+    assert forced.passed, forced.summary()
+    with torch.no_grad():  # the last LayerNorm's output is the EOS embedding's direction: EOS first
+        norm = model.decoder_layers[-1].norm3
+        e = model.embed.weight[model.cfg.eos_id]
+        norm.weight.mul_(0.0)
+        norm.bias.copy_(e / e.norm() * 5.0)
+    save_model_dir(str(tmp_path / "eos"), model, tok)
+    ct2 = convert_to_ctranslate2(str(tmp_path / "eos"), str(tmp_path / "eos-ct2"))
+    natural = check_greedy_equality(str(tmp_path / "eos"), ct2, [[5, 6, 7], [8, 9]], "empty outputs")
+    assert natural.passed, natural.summary()
+
+
 def test_ct2_conversion_is_reused_while_the_weights_match(tiny_model_dir, tiny_ct2_dir):
     from transduce.bench.ctranslate2_export import SOURCE_FILE, convert_to_ctranslate2, is_current
 

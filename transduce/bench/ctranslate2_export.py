@@ -247,7 +247,7 @@ def ct2_vocab(ct2_dir: str) -> list[str]:
 
 
 def ct2_translate_ids(translator, vocab: list[str], sources: list[list[int]], beam_size: int = 1,
-                      max_length: int = 256, min_length: int = 1, length_penalty: float = 0.0,
+                      max_length: int = 256, min_length: int = 0, length_penalty: float = 0.0,
                       **options) -> list[list[int]]:
     """Sources as our ids (without EOS: CTranslate2 appends it) -> best hypothesis ids (EOS not included)."""
     index = {t: i for i, t in enumerate(vocab)}
@@ -368,8 +368,10 @@ def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size
             src, lens = padded([sources[i] for i in chunk])
             for i, res in zip(chunk, decode(backend, src, lens, opts)):
                 ours[i] = list(res.best.tokens)
+            # CTranslate2's min_decoding_length counts tokens before EOS, ours EOS included: natural decoding
+            # allows an empty output in both (0), forced decoding bans EOS for `forced_steps` tokens
             got = ct2_translate_ids(translator, vocab, [sources[i] for i in chunk], beam_size=1, max_length=cap,
-                                    min_length=forced_steps if forced_steps is not None else 1)
+                                    min_length=forced_steps if forced_steps is not None else 0)
             for i, g in zip(chunk, got):
                 theirs[i] = g
 
@@ -398,14 +400,18 @@ def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size
             tgt_in[r, 1: len(x)] = x[:-1]
         s_ids, s_lens = padded([sources[i] for i in chunk])
         tf = teacher_forced_log_probs(backend, s_ids, s_lens, tgt_in)  # (B, T, V)
+        # score_batch appends </s>: a target of max_positions tokens would need one position more than
+        # the model has, so it scores at most max_positions - 1 (compare() takes the common prefix)
         scored = translator.score_batch([[vocab[x] for x in sources[i]] for i in chunk],
-                                        [[vocab[x] for x in ours[i]] for i in chunk])
+                                        [[vocab[x] for x in ours[i][: cfg["max_positions"] - 1]] for i in chunk])
         for r, (i, x, sc) in enumerate(zip(chunk, tgts, scored)):
             tf_rows[i] = tf[r]
             if not x:
                 continue
             ours_lp = tf[r, np.arange(len(x)), x]
             their_lp = np.array(sc.log_probs, dtype=np.float64)  # one per target token, plus </s>
+            if len(ours[i]) > cfg["max_positions"] - 1:  # scored cut short: its last one is </s>'s, not ours
+                their_lp = their_lp[: cfg["max_positions"] - 1]
             max_diff = max(max_diff, compare(ours_lp, their_lp))
     # random targets: every position sees a context greedy search would not produce
     rng = np.random.default_rng(0)
