@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -381,7 +382,8 @@ def test_config_validation_and_modes():
                       (dict(min_seconds=float("nan")), "--min-seconds"), (dict(check_sentences=0), "--check-sentences"),
                       (dict(engines={"bogus": "."}), "'bogus' is not among the sizes"),
                       (dict(engines={"demo": "/nonexistent/e"}), "no such directory"),
-                      (dict(sizes=["base"], model_dir="m"), "keep demo in --sizes")):
+                      (dict(sizes=["base"], model_dir="m"), "keep demo in --sizes"),
+                      (dict(backends=["ctranslate2"], ct2_settings=[]), "--ct2-settings names nothing")):
         with pytest.raises(TransduceError, match=says):
             BenchConfig(**bad)
     q = BenchConfig.quick_preset(repeats=3)
@@ -412,6 +414,32 @@ def test_paths_lengths_and_inputs_are_checked_before_any_work(tmp_path, tiny_mod
         with pytest.raises(TransduceError, match=says):
             run_bench(cfg, log=lambda m: None)
     assert not os.path.exists(cache / "demo")
+    # without matplotlib (the bench extra's) the run would be lost at its end, where it draws bench.png
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "matplotlib", None)
+        with pytest.raises(TransduceError, match="matplotlib is not installed"):
+            run_bench(BenchConfig(**{**base, "out_dir": str(tmp_path / "out")}), log=lambda m: None)
+    assert not os.path.exists(cache / "demo")
+
+
+def test_prepare_fills_the_config_in_and_survives_a_refused_conversion(tmp_path, tiny_model_dir, tiny_artifact_dir,
+                                                                       edited_copy, monkeypatch):
+    """A config.json without its defaulted fields is read whole (the report and floors read them all); a
+    model CTranslate2's converter refuses (pre-norm, ...) is still prepared, CTranslate2 then not timed."""
+    from transduce.bench import ctranslate2_export, models
+
+    m = edited_copy(tiny_model_dir, "m", "config.json", lambda cfg: cfg["model"].pop("pad_id"))
+
+    def refuse(*args, **kwargs):
+        raise TransduceError("only post-norm models (norm_first=False) are converted to CTranslate2 here")
+
+    monkeypatch.setattr(ctranslate2_export, "convert_to_ctranslate2", refuse)
+    logged = []
+    p = models.prepare("demo", str(tmp_path / "cache"), model_dir=str(m), artifact_dir=tiny_artifact_dir,
+                       log=logged.append)
+    assert p.config["pad_id"] == 0 and p.config["max_positions"] > 0
+    assert p.ct2_dir is None and "only post-norm models" in p.ct2_error
+    assert any("CTranslate2 is NOT timed" in line for line in logged)
 
 
 def test_a_given_artifact_must_be_an_fp32_export_of_the_model(tmp_path, tiny_model_dir, tiny_artifact_dir,

@@ -166,6 +166,8 @@ class BenchConfig:
         for name, option in (("sizes", "--sizes"), ("backends", "--backends"), ("modes", "--modes")):
             if not getattr(self, name):
                 problems.append(f"{option} names nothing")
+        if "ctranslate2" in self.backends and not self.ct2_settings:
+            problems.append("--ct2-settings names nothing (leave ctranslate2 out of --backends to time it in none)")
         if self.steps < 2:
             problems.append(f"--steps must be >= 2 (per-step latency is derived from 1 and N steps), got {self.steps}")
         if self.src_len < 2:
@@ -601,6 +603,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": asdict(cfg), "machine": machine_info(), "sizes": [],
     }
+    try:  # the plot is one of the three reports: without it the run would be lost at its very end
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TransduceError("matplotlib is not installed: the bench draws its plot (bench.png) with it",
+                             hint="pip install 'transduce[bench]'") from None
     want_ct2 = "ctranslate2" in cfg.backends
     ct2_missing = None
     if want_ct2:
@@ -688,7 +695,9 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
             entry["systems"][ct2_system_name(s)] = {"status": "skipped", "reason": ct2_missing}
 
     ct2_ok, ct2_reason = want_ct2, ""
-    if want_ct2:
+    if want_ct2 and prepared.ct2_error:
+        ct2_ok, ct2_reason = False, prepared.ct2_error
+    elif want_ct2:
         log(f"[{size}] checking CTranslate2's greedy output against ours, token for token")
         entry["checks"] = _checks(prepared, cfg, log)
         bad = [c for c in entry["checks"] if not c["passed"]]

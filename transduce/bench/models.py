@@ -32,13 +32,14 @@ class PreparedModel:
     size: str  # "demo", "base", or the name given to an explicit model directory
     model_dir: str
     artifact_dir: str
-    ct2_dir: str | None  # None when ctranslate2 is not installed
+    ct2_dir: str | None  # None when ctranslate2 is not installed, or its converter refused the model
     config: dict[str, Any]
     description: str
     trained: bool  # False for seeded random weights
     notes: list[str] = field(default_factory=list)
     quantized_dirs: dict[str, str] = field(default_factory=dict)  # method ("int8") -> its quantized export
     quantize_errors: dict[str, str] = field(default_factory=dict)  # method -> why its export failed
+    ct2_error: str | None = None  # why the CTranslate2 conversion failed (CTranslate2 is then not timed)
 
 
 def synthetic_tokenizer(vocab_size: int):
@@ -195,6 +196,7 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
             artifact_dir: str | None = None, log=print, quantize: list[str] | tuple[str, ...] = ()) -> PreparedModel:
     """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size."""
     from transduce.models.checkpoint import read_config
+    from transduce.models.config import ModelConfig
 
     root = os.path.join(cache_dir, size)
     notes: list[str] = []
@@ -216,15 +218,19 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
         trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"
     else:
         raise TransduceError(f"unknown model size {size!r}", hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
-    cfg = read_config(model_dir)["model"]
+    cfg = ModelConfig.from_dict(read_config(model_dir)["model"]).to_dict()  # every field, defaults filled in
     candidates = ([artifact_dir] if artifact_dir else []) + [
         os.path.join(os.path.dirname(os.path.abspath(model_dir)), "artifact"), os.path.join(root, "artifact")]
     artifact = ensure_artifact(model_dir, candidates, log=log)
-    ct2_dir = None
+    ct2_dir = ct2_error = None
     if with_ct2:
         from transduce.bench.ctranslate2_export import convert_to_ctranslate2
 
-        ct2_dir = convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2"))
+        try:
+            ct2_dir = convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2"))
+        except TransduceError as e:  # e.g. a pre-norm model: the other systems are still timed
+            ct2_error = f"its conversion failed: {e}"
+            log(f"CTranslate2 is NOT timed: {ct2_error}")
     quantized, errors = {}, {}
     for q in quantize:
         try:
@@ -233,4 +239,5 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
             errors[q] = str(e)  # its hint included
             log(f"the {q} export failed: {errors[q]}")
     return PreparedModel(size, os.path.abspath(model_dir), os.path.abspath(artifact),
-                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized, errors)
+                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized, errors,
+                         ct2_error)

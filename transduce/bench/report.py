@@ -275,14 +275,20 @@ def plot(result: dict[str, Any], path: str) -> None:
 def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     paths = {"json": os.path.join(out_dir, "bench.json"), "md": os.path.join(out_dir, "bench.md"),
              "png": os.path.join(out_dir, "bench.png")}
+    written: list[str] = []
     try:
         os.makedirs(out_dir, exist_ok=True)
-        write_json_atomic(paths["json"], result)
-        write_text_atomic(paths["md"], markdown(result))
-        plot(result, paths["png"])
+        text = markdown(result)  # before any file is written (the plot first: it is the likeliest to fail)
+        for name, write in (("png", lambda: plot(result, paths["png"])),
+                            ("json", lambda: write_json_atomic(paths["json"], result)),
+                            ("md", lambda: write_text_atomic(paths["md"], text))):
+            write()
+            written.append(paths[name])
     except OSError as e:
         raise TransduceError(f"cannot write the bench report into {out_dir!r}: {e}",
-                             hint="free disk space or choose another --out; the run's figures were not saved") from None
+                             hint="free disk space or choose another --out; "
+                                  + (f"written before the failure: {', '.join(written)}" if written
+                                     else "none of the report files was written")) from None
     return paths
 
 
