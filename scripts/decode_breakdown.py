@@ -32,20 +32,25 @@ import numpy as np
 
 
 class Timer:
-    """Accumulates seconds per part; wrap(obj, name, part) times every call of obj.name."""
+    """Accumulates seconds per part; wrap(obj, name, part) times every call of obj.name. sync: called
+    before each clock is read (a GPU backend's calls only queue work: without it the wait for one part's
+    kernels is counted in the next part that reads a result)."""
 
-    def __init__(self):
+    def __init__(self, sync=None):
         self.total: dict[str, float] = defaultdict(float)
+        self.sync = sync or (lambda: None)
 
     def wrap(self, obj, name: str, part: str) -> None:
         inner = getattr(obj, name)
-        total = self.total
+        total, sync = self.total, self.sync
 
         def timed(*args, **kwargs):
+            sync()
             t = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
+                sync()
                 total[part] += time.perf_counter() - t
 
         setattr(obj, name, timed)
@@ -77,7 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     lens = np.full(args.batch, args.src_len, np.int64)
     opts = DecodingOptions.forced(args.steps, beam_size=args.beam)
 
-    timer = Timer()
+    sync = None
+    if args.backend == "tensorrt" or args.device != "cpu":  # the device's queued work, waited for at each clock
+        import torch
+
+        sync = torch.cuda.synchronize
+    timer = Timer(sync)
     for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
                        ("step", "step"), ("reorder", "reorder")):
         if hasattr(be, name):

@@ -180,6 +180,8 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     md = (out / "bench.md").read_text(encoding="utf-8")
     assert "| mode | batch | system | decode ms |" in md and "Machine ceilings" in md and "*floor*" in md
     assert ("§ on the GPU" in md) == cuda
+    # ONNX Runtime's thread rules, as the backend applies them (at --threads 1: one thread throughout)
+    assert "ONNX Runtime's threads: steps 1 always; encoder 1." in md
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
@@ -354,6 +356,61 @@ def _run_gate(monkeypatch, tmp_path, texts, passed, refs=None, trained=True):
     if trained:
         assert gate["bleu_fp32"] == 100.0
     return gate
+
+
+def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
+    """Its rounds so far are kept; bench.md marks its row and says over how many rounds it is."""
+    import types
+
+    from transduce.bench import harness
+    from transduce.bench.harness import WorkerError, _time_cell, ct2_ratios
+    from transduce.bench.report import _size_section
+
+    monkeypatch.setattr(harness, "settle", lambda pid, **k: 0.0)
+
+    class FakeWorker:
+        def __init__(self, seconds, die_at=None):
+            self.seconds, self.die_at, self.calls = seconds, die_at, 0
+            self.proc = types.SimpleNamespace(pid=os.getpid())
+
+        def call(self, req):
+            self.calls += 1
+            if self.die_at is not None and self.calls >= self.die_at:
+                raise WorkerError("the onnxruntime worker died (exit status -9)")
+            if req["op"] == "direct":
+                return {"encode_seconds": 0.001, "step_seconds": [0.001] * req["steps"]}
+            return {"seconds": self.seconds * req["steps"] / 8, "calls": 1}
+
+    cfg = BenchConfig(sizes=["demo"], backends=["onnxruntime", "ctranslate2"], batches=[1], modes=["greedy"],
+                      repeats=5, warmup=1, steps=8, src_len=8, ceilings=False)
+    workers = {"onnxruntime": FakeWorker(0.010, die_at=10), "ctranslate2": FakeWorker(0.012)}  # dies in round 3
+    raw = _time_cell(workers, list(workers), [[5, 6, 7]], 1, cfg, log=lambda m: None)
+    cell = {"mode": "greedy", "beam": 1, "batch": 1, "src_len": 8, "steps": 8, "repeats": 5, "systems": {},
+            "ratios": {}, "foreign_cpu_share": 0.0}
+    for n in workers:
+        cell["systems"][n] = {"stats": cell_stats(raw[n], 1, 8), "raw": raw[n]}
+    cell.update(ct2_ratios(raw, list(workers)))
+    size = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
+                                                 "n_heads": 4, "d_ff": 512, "vocab_size": 372}, "description": "x"},
+            "systems": {n: {"status": "ok"} for n in workers}, "cells": [cell]}
+    md = "\n".join(_size_section(size, {"steps": 8}))
+    assert "| greedy | 1 | onnxruntime* |" in md
+    assert "onnxruntime (greedy, batch 1): failed after 2 of 5 rounds (the onnxruntime worker died" in md
+
+
+def test_a_hung_worker_is_stopped(tmp_path):
+    import signal
+
+    from transduce.bench.harness import Worker, WorkerError
+
+    w = Worker("onnxruntime", {}, str(tmp_path / "worker.log"))
+    try:
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        with pytest.raises(WorkerError, match="did not answer 'quit' in 0.5 s and was stopped"):
+            w.call({"op": "quit"}, timeout=0.5)
+        assert w.proc.poll() is not None
+    finally:
+        w.close()
 
 
 def test_cell_stats_derives_step_and_encoder():

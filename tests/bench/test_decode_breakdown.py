@@ -44,3 +44,19 @@ def test_breakdown_parts_add_up(tiny_artifact_dir, tiny_model_dir, capsys, backe
 def test_breakdown_refuses_bad_sizes(tiny_artifact_dir):
     with pytest.raises(SystemExit):
         _script().main([tiny_artifact_dir, "--steps", "0"])
+
+
+def test_the_timer_waits_for_queued_device_work_at_each_clock():
+    """A GPU backend's call only queues its kernels: the sync before each clock reading puts their time
+    in the part that queued them, not in the next one that reads a result."""
+    events = []
+
+    class Backend:
+        def encode(self):
+            events.append("encode")
+
+    timer = _script().Timer(sync=lambda: events.append("sync"))
+    be = Backend()
+    timer.wrap(be, "encode", "encoder")
+    be.encode()
+    assert events == ["sync", "encode", "sync"] and timer.total["encoder"] > 0

@@ -260,6 +260,12 @@ def quantized_system(name: str) -> str | None:
 
 
 # -- workers ----------------------------------------------------------------------------------------
+# How long a worker may take to answer one request (a load, or one measurement of at most MAX_CALLS
+# decodes) before it is taken for hung (a deadlocked thread pool, a stopped process) and killed: far
+# beyond any real request (the slowest, base beam 4 batch 16 on eager torch, is a few seconds)
+WORKER_TIMEOUT_SECONDS = 900.0
+
+
 class WorkerError(TransduceError):
     pass
 
@@ -290,10 +296,19 @@ class Worker:
         except OSError:
             return ""
 
-    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+    def call(self, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        import select
+
+        timeout = WORKER_TIMEOUT_SECONDS if timeout is None else timeout
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
+            # one reply line per request, nothing read ahead: the pipe itself says whether it has come
+            if not select.select([self.proc.stdout], [], [], timeout)[0]:
+                self.proc.kill()
+                self.proc.wait()
+                raise WorkerError(f"the {self.name} worker did not answer {req.get('op')!r} in {timeout:g} s and was "
+                                  f"stopped; its log {self.log_path} ends with:\n{self._tail()}")
             line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError):
             line = ""
@@ -759,7 +774,7 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
             before = cpu_sample(pids)
             raw = _time_cell(workers, active, src, beam, cfg, log)
             cell: dict[str, Any] = {"mode": mode, "beam": beam, "batch": batch, "src_len": cfg.src_len,
-                                    "steps": cfg.steps, "systems": {}, "ratios": {},
+                                    "steps": cfg.steps, "repeats": cfg.repeats, "systems": {}, "ratios": {},
                                     "foreign_cpu_share": foreign_cpu_share(before, cpu_sample(pids))}
             for name in active:
                 stats = cell_stats(raw[name], batch, cfg.steps)

@@ -38,8 +38,9 @@ def markdown(result: dict[str, Any]) -> str:
     one_thread = (" (1 in its 1thread setting, within the budget)"
                   if "1thread" in cfg.get("ct2_settings", []) and "ctranslate2" in cfg.get("backends", [])
                   and cfg["threads"] > 1 else "")
-    lines.append(f"Threads: {cfg['threads']} everywhere (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
-                 f"intra_op {cfg['threads']}, inter_op 1; CTranslate2 intra_threads {cfg['threads']}{one_thread}, "
+    lines.append(f"Threads: at most {cfg['threads']} per system (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
+                 f"intra_op {cfg['threads']}, inter_op 1, with one thread where the work is small (each size's "
+                 f"rule below); CTranslate2 intra_threads {cfg['threads']}{one_thread}, "
                  "inter_threads 1, compute_type float32). Every system runs in its own process.")
     lines.append(f"Work: random source ids, {cfg['src_len']} encoder positions per sentence (EOS included); exactly "
                  f"{cfg['steps']} generated tokens per sentence (EOS banned, maximum length {cfg['steps']}), so every "
@@ -49,7 +50,7 @@ def markdown(result: dict[str, Any]) -> str:
                  f"of back-to-back calls filling {cfg.get('min_seconds', 0):g} s (one call for slower cells). "
                  "Shown: median [min–max] over rounds. `step` = (decode − first) / "
                  "(steps − 1) and `enc≈` = first − step are derived alike for every system; `first` is a decode of "
-                 "one step (`enc≈` can come out negative when the noise exceeds the encoder's cost). Ratios: our tokens/s ÷ the fastest CTranslate2 setting's in that cell, per round "
+                 "one step, whose step runs on one beam per sentence: in beam cells `enc≈` is the encoder less the difference between a step at batch × beam rows and one at batch rows, so it reads low there (the encoder timed directly is in the last table), and it can come out negative when noise exceeds the encoder's cost. Ratios: our tokens/s ÷ the fastest CTranslate2 setting's in that cell, per round "
                  "(same round, so machine drift cancels), median [min–max].")
     loads = [c["foreign_cpu_share"] for s in result["sizes"] for c in s["cells"] if c.get("foreign_cpu_share") is not None]
     if loads and max(loads) > 0.25:
@@ -110,6 +111,11 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                     t += f" (our log-prob margin {d['margin']:.1e})"
             lines.append(t)
         lines.append("")
+    ort = s.get("systems", {}).get("onnxruntime", {}).get("info", {})
+    if ort.get("step_threads_rule") or ort.get("encoder_threads_rule"):
+        lines.append(f"ONNX Runtime's threads: steps {ort.get('step_threads_rule', '?')}; encoder "
+                     f"{ort.get('encoder_threads_rule', '?')}.")
+        lines.append("")
     for q, g in s.get("quality_gates", {}).items():
         head = f"{q} quality gate" + (" (the demo size's)" if g.get("from") else "") + ": "
         if "bleu_fp32" in g:
@@ -125,6 +131,7 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     if not s["cells"]:
         return lines
     over = quantized = gpu = False
+    partial = []  # systems that failed after some rounds: their figures are over those rounds only
     loads = [c["foreign_cpu_share"] for c in s["cells"] if c.get("foreign_cpu_share") is not None]
     if loads:
         lines.append(f"Other processes used {100 * min(loads):.0f}–{100 * max(loads):.0f}% of the machine's CPU time "
@@ -146,6 +153,14 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             tps = st["tokens_per_s"]
             r = c["ratios"].get(name)
             ratio = f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] vs {r['vs']}" if r else ""
+            if r and quantized_system(name):  # ours quantized against CTranslate2's fp32
+                ratio += " (fp32)"
+            shown = name
+            if x["raw"].get("error"):
+                shown = f"{name}*"
+                partial.append(f"\\* {name} ({c['mode']}, batch {c['batch']}): failed after "
+                               f"{len(x['raw'].get('decode', []))} of {c.get('repeats', '?')} rounds "
+                               f"({str(x['raw']['error']).splitlines()[0][:120]}); its figures and ratio are over those")
             if name == c.get("ct2_best") and len(c.get("ct2_settings_ratio") or {}) > 0:
                 ratio = "fastest CT2 setting"
             if floor and quantized_system(name):  # the floors are fp32 weights' (int8 reads a quarter of the bytes)
@@ -160,7 +175,7 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                     pct += "†"
                     over = True
             lines.append(
-                f"| {c['mode']} | {c['batch']} | {name} | {_ms(st['decode_ms'], d)} | "
+                f"| {c['mode']} | {c['batch']} | {shown} | {_ms(st['decode_ms'], d)} | "
                 f"{tps['median']:.0f} [{tps['min']:.0f}–{tps['max']:.0f}] | {st['sentences_per_s']['median']:.2f} | "
                 f"{_num(st.get('step_ms_derived'), '{:.2f}')} | {_num(st.get('encoder_ms_derived'), '{:.2f}')} | "
                 f"{_ms(st.get('first_ms'), 2)} | {pct} | {ratio} | {other} |")
@@ -170,6 +185,9 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                          f"{c['batch'] * c['steps'] / fl['seconds']:.0f} | | {fl['step_seconds'] * 1e3:.2f} "
                          f"({fl['step_bound']}) | {fl['encoder_seconds'] * 1e3:.2f} | | | | |")
     lines.append("")
+    for note in partial:
+        lines.append(note)
+        lines.append("")
     if over:
         lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
                      "running while they were taken), so the floors of this run are too high.")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -75,10 +76,15 @@ class _Ours:
             import onnxruntime
 
             be = self.backend
-            self.info.update(onnxruntime=onnxruntime.__version__, encoder_intra_op_threads=threads,
+            from transduce.runtime.backends.onnxruntime_backend import NARROW_ENCODER_MFLOP, encoder_mflop_per_token
+
+            narrow = math.ceil(NARROW_ENCODER_MFLOP / encoder_mflop_per_token(self.cfg))  # source tokens per run
+            self.info.update(onnxruntime=onnxruntime.__version__,
+                             encoder_threads_rule=(f"1 below {narrow} source tokens per run, {threads} from there"
+                                                   if threads != 1 else "1"),
                              step_intra_op_threads=be.threads, inter_op_threads=1,
                              step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
-                                                if be.decoder_wide is not be.decoder else "always"),
+                                                if be.decoder_wide is not be.decoder else f"{be.threads} always"),
                              step_graph=be.step_graphs()[0], pool_spin_us=be.pool_spin_us)
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
