@@ -28,11 +28,12 @@ from transduce.runtime.contract import PRECISIONS
 @cli_errors
 def export(model_dir, out_dir, force, opset, precision, quantize, no_ort_step, quiet):
     """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json,
-    and for fp32 post-norm models decoder_step.ort.onnx (the same step with ONNX Runtime's fused ops)
-    unless --no-ort-step.
+    and for fp32 post-norm models (head size a multiple of 8) decoder_step.ort.onnx (the same step with
+    ONNX Runtime's fused ops) unless --no-ort-step.
 
-    The graphs are checked (ONNX checker, IO contract, TensorRT operator support) and validated
-    against eager PyTorch; if anything fails nothing is written.
+    encoder.onnx and decoder_step.onnx are checked (ONNX checker, IO contract, TensorRT operator support),
+    decoder_step.ort.onnx against its IO contract; all are validated against eager PyTorch; if anything
+    fails nothing is written.
     """
     from transduce.exporter.onnx_export import export_artifact
 
