@@ -307,6 +307,35 @@ def test_fused_graph_reads_each_sources_cross_kv_once_for_its_beams(tiny_artifac
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def test_row_sources_changed_in_place_and_bad_indices(tiny_artifact_dir, tiny_model):
+    """The cross K/V follow row_src's contents, not the array object (a caller may reuse one array);
+    sentence or row indices outside the batch are errors, not clipped or wrapped ones."""
+    from transduce.errors import BackendUnavailable, InputError
+
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+    ref = TorchBackend(tiny_model)
+    src, lens = _src(be.config, 3, seed=2)
+    states = [b.begin(b.encode(src, lens), np.arange(3), 4) for b in (be, ref)]
+    row_src = np.array([0, 1, 2])
+    for b, st in zip((be, ref), states):
+        b.step_log_probs(st, np.full(3, be.config["bos_id"]))
+        b.reorder(st, np.arange(3), row_src)
+    row_src[:] = [2, 1, 0]  # the same array, other contents
+    out = []
+    for b, st in zip((be, ref), states):
+        b.reorder(st, np.arange(3), row_src)
+        out.append(b.step_log_probs(st, np.array([5, 6, 7])))
+    np.testing.assert_allclose(out[0], out[1], atol=1e-4, rtol=0)
+    with pytest.raises(InputError, match="row_src names sentences 0..3; the batch has 3"):
+        be.reorder(states[0], np.arange(3), np.array([0, 1, 3]))
+    with pytest.raises(InputError, match="reorder takes rows 0..2 of the state, got -1..-1"):
+        be.reorder(states[0], np.array([-1, 1, 2]), np.arange(3))
+    with pytest.raises(InputError, match="reorder takes rows 0..2 of the state, got 0..5"):
+        be.reorder(states[0], np.array([5, 0, 2]), np.arange(3))
+    with pytest.raises(BackendUnavailable, match="unknown onnxruntime optimization level 'max'"):
+        make_backend(tiny_artifact_dir, "onnxruntime", optimization="max")
+
+
 def test_small_encoder_runs_take_a_one_thread_session(tiny_artifact_dir, monkeypatch):
     """Below NARROW_ENCODER_MFLOP the encoder runs on a second, one-thread session (made once, when
     first needed), with the same outputs; larger runs and a one-thread budget use the main session."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from transduce.errors import BackendUnavailable
+from transduce.errors import BackendUnavailable, InputError
 from transduce.runtime import contract
 from transduce.runtime.backends.base import ban_bias, banned_ids, move_rows_torch, numpy_topk
 
@@ -155,7 +155,7 @@ class _State:
     outputs: dict[str, Any] = field(default_factory=dict)  # name -> preallocated output buffer (R_max, ...)
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
-    row_src_given: Any = None  # the row_src array last given (decoding passes it again while unchanged)
+    row_src_given: Any = None  # a copy of the row_src last given (decoding passes it again while unchanged)
     bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once;
     # _LAST -> the last step's (key, session, binding, fused graph)
     topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
@@ -190,12 +190,16 @@ class OnnxRuntimeBackend:
                 hint="decode it with --device cpu, or export again without --quantize for the GPU")
         self.provider = provider
         self.on_device = provider != "cpu"
-        level = {
+        levels = {
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        }[optimization]
+        }
+        if optimization not in levels:
+            raise BackendUnavailable(f"unknown onnxruntime optimization level {optimization!r}",
+                                     hint=f"choose one of {', '.join(levels)}")
+        level = levels[optimization]
 
         self.bounded_spin = bounded_spin(ort)
         small = step_mflop_per_row(self.config) < SMALL_STEP_MFLOP
@@ -423,9 +427,12 @@ class OnnxRuntimeBackend:
         return row_src
 
     def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
-        if row_src is state.row_src_given:  # decoding passes the same array again while it is unchanged
-            return
-        state.row_src_given = row_src
+        if state.row_src_given is not None and np.array_equal(row_src, state.row_src_given):
+            return  # decoding passes the same rows again while they are unchanged
+        n = len(state.enc["src_lengths"])
+        if row_src.size and (row_src.min() < 0 or row_src.max() >= n):
+            raise InputError(f"row_src names sentences {row_src.min()}..{row_src.max()}; the batch has {n} (0..{n - 1})")
+        state.row_src_given = row_src.copy()
         rows = self._cross_rows(row_src)
         if np.array_equal(rows, state.cross_rows):
             return
@@ -533,6 +540,8 @@ class OnnxRuntimeBackend:
         if len(rows) > state.cache.shape[1]:
             self._grow(state, len(rows))
         moved = np.flatnonzero(rows != np.arange(len(rows)))  # rows whose content changes
+        if moved.size and (rows[moved].min() < 0 or rows[moved].max() >= state.rows):
+            raise InputError(f"reorder takes rows 0..{state.rows - 1} of the state, got {rows[moved].min()}..{rows[moved].max()}")
         if moved.size and state.position:
             self._mem.move_rows(state.cache, moved, rows[moved], state.position)
         if len(rows) != state.rows:
@@ -692,7 +701,7 @@ class _OrtTopK:
 
     numpy has no top-k: argpartition + argsort cost 2.5-4x more (measured, 64 rows: 181 vs 58 us at
     vocabulary 372, 1474 vs 583 us at 8,000). Banned ids get -inf through an additive (V,) bias; ties
-    go to the lower id (ONNX TopK), like numpy_topk's stable sort.
+    go to the lower id (ONNX TopK's rule; numpy_topk's argpartition may order exact ties otherwise).
     """
 
     def __init__(self, ort, config: dict[str, Any], bias: dict[bool, np.ndarray]):
