@@ -276,7 +276,7 @@ def plot(result: dict[str, Any], path: str) -> None:
                          f"{s['model']['config']['encoder_layers']}+{s['model']['config']['decoder_layers']}), {mode}")
             ax.grid(axis="y", alpha=0.3, which="both")
     threads = result["config"]["threads"]
-    fig.suptitle(f"transduce bench: throughput by batch size and system ({threads} threads, "
+    fig.suptitle(f"transduce bench: throughput by batch size and system (at most {threads} threads each, "
                  f"{result['config']['steps']} forced steps; median, bars min–max)", fontsize=10)
     handles, labels = {}, []
     for ax in axes.flat:
