@@ -83,6 +83,8 @@ def test_special_ids_must_be_the_tokenizers(tmp_path, tiny_model, tiny_tokenizer
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"special ids are not its tokenizer's: bos_id 5 \(the tokenizer's is 1\)"):
         load_model_dir(tmp_path / "m")
+    with pytest.raises(ConfigError, match="the tokenizer is a tokenizers.Tokenizer, not transduce's"):
+        save_model_dir(tmp_path / "raw", tiny_model, tiny_tokenizer._tok)  # the Hugging Face object itself
 
 
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, tiny_model, tiny_tokenizer):
