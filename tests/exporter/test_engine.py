@@ -110,6 +110,9 @@ def test_chunks_pick_profiles_and_split_wide_batches():
     with pytest.raises(EngineError, match="--max-tgt-len 31"):
         eng.choose_chunks(1, step, 5, 31)
     assert eng.choose_chunks(9, plan.encoder, 20) == [(0, 8, 1), (8, 9, 0)]
+    for profiles, cache in ((plan.encoder, None), (step, 5)):  # below every profile: no rebuild flag to name
+        with pytest.raises(EngineError, match="a source of 0 tokens is shorter than every profile takes"):
+            eng.choose_chunks(1, profiles, 0, cache)
 
 
 # -- engine.json and refusals -------------------------------------------------------------------

@@ -335,6 +335,9 @@ def choose_chunks(rows: int, profiles: Sequence[ProfileSpec], src_len: int,
         if src_len > src_max:
             raise EngineError(f"a source of {src_len} tokens is longer than the engines were built for ({src_max})",
                               hint=f"rebuild with transduce build ... --max-src-len {src_len} --force, or shorten the input")
+        src_min = min(p.src_len.min for p in profiles)
+        if src_len < src_min:  # no rebuild flag helps: the profiles start at 1 unless hand-made
+            raise EngineError(f"a source of {src_len} tokens is shorter than every profile takes ({src_min})")
         cache_max = max(p.cache_len.max for p in profiles if p.cache_len is not None)
         raise EngineError(f"decoding needs a cache of {cache_len} positions, more than the engines were built for "
                           f"({cache_max})",
