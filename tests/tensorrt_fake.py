@@ -363,6 +363,9 @@ class ICudaEngine:
     def get_tensor_dtype(self, name):
         return getattr(DataType, self._by_name[name][1])
 
+    def get_tensor_shape(self, name):  # as built: -1 on the dynamic axes
+        return tuple(self._by_name[name][2])
+
     def get_tensor_profile_shape(self, name, profile_index):
         return [tuple(s) for s in self.plan["profiles"][profile_index][name]]
 

@@ -303,6 +303,23 @@ def test_build_writes_a_self_contained_engine_dir(tmp_path, artifact):
     assert any("loaded 23 bytes" in line for line in lines2)
 
 
+def test_an_engine_whose_output_shapes_are_not_the_contracts_is_refused(tmp_path, artifact):
+    """The runtime sizes output buffers by the contract: an engine computing another fixed size (a
+    vocabulary, d_model) is refused when it loads, before it could write past a buffer."""
+    meta, _ = _build(artifact, str(tmp_path / "e"), max_batch=2)
+    with open(tmp_path / "e" / eng.ENCODER_PLAN, "rb") as f:
+        plan = json.loads(f.read())
+    config = contract.read_manifest(artifact)["model"]
+    profiles = eng.plan_from_meta(meta).encoder
+    assert eng.check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles) == []
+    for out in plan["outputs"]:
+        if out[0] == "memory":
+            out[2] = out[2][:-1] + [out[2][-1] * 2]
+    problems = eng.check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles)
+    assert problems == [f"encoder engine output memory has shape (-1, -1, {2 * config['d_model']}), the contract says "
+                        f"('batch', 'src_len', {config['d_model']})"]
+
+
 def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
     cache = tmp_path / "t.cache"
     cache.write_bytes(b"OTHER-GPU cache")
