@@ -420,12 +420,12 @@ def device_index(device: int | str | None) -> int:
         if device < 0:
             raise BackendUnavailable(f"CUDA device {device} does not exist", hint="use --device cuda or cuda:N, N >= 0")
         return device
-    d = str(device)
-    if d == "cuda":
-        return 0
-    if d.startswith("cuda:") and d[5:].isdigit():
-        return int(d[5:])
-    raise BackendUnavailable(f"TensorRT runs on CUDA devices only, not {device!r}", hint="use --device cuda or cuda:N")
+    from transduce._devices import parse_device
+
+    kind, index = parse_device(str(device), error=BackendUnavailable, runs="TensorRT runs")  # the one spelling check
+    if kind != "cuda":
+        raise BackendUnavailable(f"TensorRT runs on CUDA devices only, not {device!r}", hint="use --device cuda or cuda:N")
+    return index or 0
 
 
 def gpu_info(device: int | str | None = 0) -> dict[str, Any]:
