@@ -422,7 +422,10 @@ def device_index(device: int | str | None) -> int:
         return device
     from transduce._devices import parse_device
 
-    kind, index = parse_device(str(device), error=BackendUnavailable, runs="TensorRT runs")  # the one spelling check
+    try:  # the one spelling check
+        kind, index = parse_device(str(device), error=BackendUnavailable)
+    except BackendUnavailable:
+        kind = index = None
     if kind != "cuda":
         raise BackendUnavailable(f"TensorRT runs on CUDA devices only, not {device!r}", hint="use --device cuda or cuda:N")
     return index or 0
