@@ -161,7 +161,16 @@ def test_decode_refuses_to_overwrite_its_input_while_reading_it(tiny_artifact_di
     args = ["decode", tiny_artifact_dir, "--input", str(src), "--output", str(tmp_path / "out.txt"), "--beam", "1",
             "--max-len-b", "3"]
     r = CliRunner().invoke(main, [*args, "--chunk-lines", "1"])
-    assert r.exit_code == 2 and "leads to the --input file itself" in r.stderr, r.output
+    assert r.exit_code == 2 and "leads to the file the input is read from" in r.stderr, r.output
+    assert src.read_text() == "two hundred\nthree\none\n"
+    # the same file as standard input (< in.txt): a subprocess, for a real file descriptor 0
+    import subprocess
+    import sys
+
+    with open(src, "rb") as stdin:
+        done = subprocess.run([sys.executable, "-m", "transduce.cli", *args[:2], "--output", str(tmp_path / "out.txt"),
+                               "--chunk-lines", "1", "--beam", "1"], stdin=stdin, capture_output=True, text=True)
+    assert done.returncode == 2 and "leads to the file the input is read from" in done.stderr, done.stderr
     assert src.read_text() == "two hundred\nthree\none\n"
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output

@@ -56,11 +56,12 @@ def _written_over(input_path: str, output_path: str) -> bool:
 
     from transduce._io import written_in_place
 
-    if "-" in (input_path, output_path) or not written_in_place(output_path):
+    if output_path == "-" or not written_in_place(output_path):
         return False
-    try:
-        return os.path.samefile(input_path, output_path)
-    except OSError:  # either is missing: reading or writing says so
+    try:  # standard input may be that file too (< in.txt)
+        read = os.fstat(sys.stdin.fileno()) if input_path == "-" else os.stat(input_path)
+        return os.path.samestat(read, os.stat(output_path))
+    except (OSError, ValueError, AttributeError):  # missing or closed: reading or writing says so
         return False
 
 
@@ -104,7 +105,7 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
         raise InputError(f"--threads must be >= 0, got {threads}", hint="0: the framework's default")
     _check_output(output_path)
     if chunk_lines and _written_over(input_path, output_path):
-        raise InputError(f"--output {output_path!r} leads to the --input file itself: with --chunk-lines it would be "
+        raise InputError(f"--output {output_path!r} leads to the file the input is read from: with --chunk-lines it would be "
                          "overwritten while its later lines are still to be read",
                          hint="give another --output, or leave out --chunk-lines (the whole input is then read first)")
     lines = iter_lines(input_path, InputError)
