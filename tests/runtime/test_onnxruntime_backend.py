@@ -328,10 +328,12 @@ def test_row_sources_changed_in_place_and_bad_indices(tiny_artifact_dir, tiny_mo
     np.testing.assert_allclose(out[0], out[1], atol=1e-4, rtol=0)
     with pytest.raises(InputError, match="row_src names sentences 0..3; the batch has 3"):
         be.reorder(states[0], np.arange(3), np.array([0, 1, 3]))
-    with pytest.raises(InputError, match="reorder takes rows 0..2 of the state, got -1..-1"):
+    with pytest.raises(InputError, match="reorder takes rows 0..2 of the state, got -1..2"):
         be.reorder(states[0], np.array([-1, 1, 2]), np.arange(3))
     with pytest.raises(InputError, match="reorder takes rows 0..2 of the state, got 0..5"):
         be.reorder(states[0], np.array([5, 0, 2]), np.arange(3))
+    with pytest.raises(InputError, match="reorder takes rows 0..2 of the state, got 0..3"):  # row 3 "stays" in row 3
+        be.reorder(states[0], np.arange(4), np.arange(4) % 3)
     with pytest.raises(BackendUnavailable, match="unknown onnxruntime optimization level 'max'"):
         make_backend(tiny_artifact_dir, "onnxruntime", optimization="max")
 

@@ -155,7 +155,7 @@ class _State:
     outputs: dict[str, Any] = field(default_factory=dict)  # name -> preallocated output buffer (R_max, ...)
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
-    row_src_given: Any = None  # a copy of the row_src last given (decoding passes it again while unchanged)
+    row_src_given: bytes | None = None  # the row_src last given, as bytes (decoding passes it again while unchanged)
     bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once;
     # _LAST -> the last step's (key, session, binding, fused graph)
     topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
@@ -427,12 +427,13 @@ class OnnxRuntimeBackend:
         return row_src
 
     def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
-        if state.row_src_given is not None and np.array_equal(row_src, state.row_src_given):
+        given = row_src.tobytes()  # a content check as cheap as an identity one (~0.3 us at 64 rows)
+        if given == state.row_src_given:
             return  # decoding passes the same rows again while they are unchanged
         n = len(state.enc["src_lengths"])
         if row_src.size and (row_src.min() < 0 or row_src.max() >= n):
             raise InputError(f"row_src names sentences {row_src.min()}..{row_src.max()}; the batch has {n} (0..{n - 1})")
-        state.row_src_given = row_src.copy()
+        state.row_src_given = given
         rows = self._cross_rows(row_src)
         if np.array_equal(rows, state.cross_rows):
             return
@@ -539,9 +540,9 @@ class OnnxRuntimeBackend:
         rows = np.asarray(rows, np.int64)
         if len(rows) > state.cache.shape[1]:
             self._grow(state, len(rows))
+        if len(rows) and rows.view(np.uint64).max() >= state.rows:  # one pass: a negative row is huge as uint64
+            raise InputError(f"reorder takes rows 0..{state.rows - 1} of the state, got {rows.min()}..{rows.max()}")
         moved = np.flatnonzero(rows != np.arange(len(rows)))  # rows whose content changes
-        if moved.size and (rows[moved].min() < 0 or rows[moved].max() >= state.rows):
-            raise InputError(f"reorder takes rows 0..{state.rows - 1} of the state, got {rows[moved].min()}..{rows[moved].max()}")
         if moved.size and state.position:
             self._mem.move_rows(state.cache, moved, rows[moved], state.position)
         if len(rows) != state.rows:
