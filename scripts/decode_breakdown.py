@@ -82,11 +82,17 @@ def main(argv: list[str] | None = None) -> None:
     lens = np.full(args.batch, args.src_len, np.int64)
     opts = DecodingOptions.forced(args.steps, beam_size=args.beam)
 
+    from transduce._devices import parse_device
+
     sync = None
-    if args.backend == "tensorrt" or args.device != "cpu":  # the device's queued work, waited for at each clock
+    kind, index = parse_device(args.device, error=SystemExit)
+    if args.backend == "tensorrt" or kind == "cuda":  # the device's queued work, waited for at each clock
         import torch
 
-        sync = torch.cuda.synchronize
+        gpu = index if kind == "cuda" else None  # tensorrt's --device cpu: the default GPU
+
+        def sync():
+            torch.cuda.synchronize(gpu)
     timer = Timer(sync)
     for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
                        ("step", "step"), ("reorder", "reorder")):

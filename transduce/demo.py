@@ -81,8 +81,9 @@ def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = N
             log(f"cannot reuse {model_dir} ({e}); training again")
         else:
             if steps is not None and trained != steps:  # the user asked for another model than this one
-                raise InputError(f"--steps {steps}: the demo model in {model_dir} is there already, trained for "
-                                 f"{trained} steps, and the demo reuses it",
+                done = f"trained for {trained} steps" if trained is not None else "with no step count recorded"
+                raise InputError(f"--steps {steps}: the demo model in {model_dir} is there already, {done}, and the "
+                                 "demo reuses it",
                                  hint=f"add --retrain to train a new one for {steps} steps")
             log(f"reusing the demo model in {model_dir} (pass --retrain to train again"
                 + (f"; --device {device} is where it trains)" if device != "cpu" else ")"))

@@ -396,6 +396,15 @@ def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     md = "\n".join(_size_section(size, {"steps": 8}))
     assert "| greedy | 1 | onnxruntime* |" in md
     assert "onnxruntime (greedy, batch 1): failed after 2 of 5 rounds (the onnxruntime worker died" in md
+    # CTranslate2 failing part-way: its row is marked, and so is our ratio to it (over its rounds)
+    workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2": FakeWorker(0.012, die_at=7)}
+    raw = _time_cell(workers, list(workers), [[5, 6, 7]], 1, cfg, log=lambda m: None)
+    cell = {**cell, "systems": {n: {"stats": cell_stats(raw[n], 1, 8), "raw": raw[n]} for n in workers}, "ratios": {}}
+    cell.update(ct2_ratios(raw, list(workers)))
+    md = "\n".join(_size_section({**size, "cells": [cell]}, {"steps": 8}))
+    assert "| greedy | 1 | ctranslate2* |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| greedy | 1 | onnxruntime |"))
+    assert "vs ctranslate2*" in row
 
 
 def test_a_hung_worker_is_stopped(tmp_path):

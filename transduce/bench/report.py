@@ -155,6 +155,8 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             ratio = f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] vs {r['vs']}" if r else ""
             if r and quantized_system(name):  # ours quantized against CTranslate2's fp32
                 ratio += " (fp32)"
+            if r and c["systems"].get(r["vs"], {}).get("raw", {}).get("error"):
+                ratio += "*"  # over the rounds that CTranslate2 setting lasted (its note says how many)
             shown = name
             if x["raw"].get("error"):
                 shown = f"{name}*"
@@ -296,10 +298,10 @@ def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     written: list[str] = []
     try:
         os.makedirs(out_dir, exist_ok=True)
-        text = markdown(result)  # before any file is written (the plot first: it is the likeliest to fail)
-        for name, write in (("png", lambda: plot(result, paths["png"])),
-                            ("json", lambda: write_json_atomic(paths["json"], result)),
-                            ("md", lambda: write_text_atomic(paths["md"], text))):
+        text = markdown(result)  # before any file is written; the figures (json) first, the plot last
+        for name, write in (("json", lambda: write_json_atomic(paths["json"], result)),
+                            ("md", lambda: write_text_atomic(paths["md"], text)),
+                            ("png", lambda: plot(result, paths["png"]))):
             write()
             written.append(paths[name])
     except OSError as e:
