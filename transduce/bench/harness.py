@@ -262,8 +262,9 @@ def quantized_system(name: str) -> str | None:
 # -- workers ----------------------------------------------------------------------------------------
 # How long a worker may take to answer one request (a load, or one measurement of at most MAX_CALLS
 # decodes) before it is taken for hung (a deadlocked thread pool, a stopped process) and killed: far
-# beyond any real request (the slowest, base beam 4 batch 16 on eager torch, is a few seconds)
-WORKER_TIMEOUT_SECONDS = 900.0
+# beyond any real request (base beam 4 batch 16 on eager torch is ~3 s a decode; even --batches 4096
+# there, ~10 minutes, stays below it)
+WORKER_TIMEOUT_SECONDS = 3600.0
 
 
 class WorkerError(TransduceError):
