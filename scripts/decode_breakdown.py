@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     from transduce._devices import parse_device
 
     sync = None
-    kind, index = parse_device(args.device, error=SystemExit)
+    kind, index = parse_device(args.device)
     if args.backend == "tensorrt" or kind == "cuda":  # the device's queued work, waited for at each clock
         import torch
 
