@@ -823,15 +823,13 @@ def check_engine(trt, engine, graph: str, config: dict[str, Any], precision: str
     ins, outs = engine_io(trt, engine)
     problems = check_io(ins, graph_inputs(graph, config), precision, f"{graph} engine input")
     problems += check_io(outs, graph_outputs(graph, config), precision, f"{graph} engine output")
-    fixed = contract.static_axis_sizes(config)
     for t in graph_outputs(graph, config):  # the runtime sizes its output buffers by the contract
         if t.name not in outs:
             continue
         have = tuple(int(d) for d in engine.get_tensor_shape(t.name))  # -1 on dynamic axes
-        want = tuple(fixed.get(a, -1) for a in t.axes)
-        if len(have) != len(want) or any(w != -1 and h != w for h, w in zip(have, want)):
-            problems.append(f"{graph} engine output {t.name} has shape {have}, the contract says "
-                            f"{tuple(a if a not in fixed else fixed[a] for a in t.axes)}")
+        dims = contract.axis_dims(t, config)  # dynamic axes by name
+        if len(have) != len(dims) or any(isinstance(w, int) and h != w for h, w in zip(have, dims)):
+            problems.append(f"{graph} engine output {t.name} has shape {have}, the contract says {dims}")
     if engine.num_optimization_profiles != len(profiles):
         problems.append(f"{graph} engine has {engine.num_optimization_profiles} optimization profiles, "
                         f"engine.json describes {len(profiles)}")
