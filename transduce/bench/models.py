@@ -195,8 +195,7 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: 
 def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: bool = True,
             artifact_dir: str | None = None, log=print, quantize: list[str] | tuple[str, ...] = ()) -> PreparedModel:
     """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size."""
-    from transduce.models.checkpoint import read_config
-    from transduce.models.config import ModelConfig
+    from transduce.models.checkpoint import model_config
 
     root = os.path.join(cache_dir, size)
     notes: list[str] = []
@@ -218,7 +217,7 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
         trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"
     else:
         raise TransduceError(f"unknown model size {size!r}", hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
-    cfg = ModelConfig.from_dict(read_config(model_dir)["model"]).to_dict()  # every field, defaults filled in
+    cfg = model_config(model_dir).to_dict()  # every field, defaults filled in
     candidates = ([artifact_dir] if artifact_dir else []) + [
         os.path.join(os.path.dirname(os.path.abspath(model_dir)), "artifact"), os.path.join(root, "artifact")]
     artifact = ensure_artifact(model_dir, candidates, log=log)
