@@ -299,11 +299,12 @@ def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     try:
         os.makedirs(out_dir, exist_ok=True)
         text = markdown(result)  # before any file is written; the figures (json) first, the plot last
-        for name, write in (("json", lambda: write_json_atomic(paths["json"], result)),
-                            ("md", lambda: write_text_atomic(paths["md"], text)),
-                            ("png", lambda: plot(result, paths["png"]))):
-            write()
-            written.append(paths[name])
+        write_json_atomic(paths["json"], result)
+        written.append(paths["json"])
+        write_text_atomic(paths["md"], text)
+        written.append(paths["md"])
+        plot(result, paths["png"])
+        written.append(paths["png"])
     except OSError as e:
         raise TransduceError(f"cannot write the bench report into {out_dir!r}: {e}",
                              hint="free disk space or choose another --out; "
