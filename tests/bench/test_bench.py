@@ -165,6 +165,11 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
         assert {"ctranslate2", "ctranslate2-avx2"} <= set(timed)
         assert size["systems"]["ctranslate2-avx2"]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
         assert "ctranslate2-1thread" not in size["systems"]  # at --threads 1 it is the default setting
+        assert "ctranslate2-nomkl-1thread" not in size["systems"]  # ... and this one nomkl
+        from transduce.bench.harness import cpu_is_intel
+
+        # nomkl is the default setting on a CPU that is not Intel's (CTranslate2 uses MKL on Intel's only)
+        assert ("ctranslate2-nomkl" in timed) == cpu_is_intel()
     for cell in size["cells"]:
         assert set(cell["systems"]) == set(timed)
         for name, s in cell["systems"].items():
@@ -244,7 +249,22 @@ def test_ctranslate2_settings_within_the_thread_budget():
     assert ct2_settings_run(["default", "avx2", "1thread"], 1) == ["default", "avx2"]
     assert ct2_settings_run(["1thread", "default"], 1) == ["1thread"]
     assert ct2_settings_run(["avx2", "1thread"], 1) == ["avx2", "1thread"]  # another environment: kept
-    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread"]
+    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread", "nomkl", "nomkl-1thread"]
+
+
+def test_ctranslate2_settings_resolve_mkl_as_ctranslate2_does():
+    """Without CT2_USE_MKL CTranslate2 uses MKL on Intel CPUs only: there nomkl is a setting of its own
+    (MKL on two threads was 4-10x slower than oneDNN on an Intel Xeon), elsewhere it repeats the default."""
+    from transduce.bench.harness import DEFAULT_CT2_SETTINGS, ct2_effective_env, ct2_setting, ct2_settings_run
+
+    assert ct2_setting("ctranslate2-nomkl-1thread") == "nomkl-1thread"
+    assert ct2_effective_env("default", intel=True)["CT2_USE_MKL"] == "1"
+    assert ct2_effective_env("default", intel=False)["CT2_USE_MKL"] == "0"
+    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=True) == DEFAULT_CT2_SETTINGS
+    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=False) == ["default", "avx2", "1thread"]
+    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 1, intel=True) == ["default", "avx2", "nomkl"]
+    assert ct2_settings_run(["mkl", "default"], 2, intel=True) == ["mkl"]
+    assert ct2_settings_run(["mkl", "default"], 2, intel=False) == ["mkl", "default"]
 
 
 def test_throughput_ratios_pair_rounds():

@@ -52,7 +52,9 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--src-len", type=int, help="Encoder positions per sentence, EOS included.  [default: 32; --quick: 8]")
 @click.option("--threads", default=2, show_default=True, help="Threads of every system.")
 @click.option("--ct2-settings", help="CTranslate2 environments to time, each in its own process: default, avx2 "
-              "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1), 1thread (intra_threads 1).  [default: default,avx2,1thread]")
+              "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1), nomkl (CT2_USE_MKL=0), 1thread (intra_threads 1), "
+              "nomkl-1thread; one that amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on "
+              "Intel CPUs only).  [default: default,avx2,1thread,nomkl,nomkl-1thread]")
 @click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
               "(timed when CUDA is available). Repeatable.")
 @click.option("--quantize", "quantize", multiple=True, type=click.Choice(QUANTIZE_METHODS),

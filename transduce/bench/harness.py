@@ -58,12 +58,20 @@ CT2_SETTINGS: dict[str, dict[str, str | None]] = {
     "default": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_USE_MKL": None},
     "mkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "1"},
+    "nomkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
     "1thread": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
+    "nomkl-1thread": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
 }
 # settings that use fewer threads than --threads (CT2_THREADS[s], at most --threads): CTranslate2 on one thread
-# decodes the demo model's greedy batch 1 faster than on two here (3.1 vs 3.4-3.7 ms), as our backend's
-# one-thread steps do at small row counts; its best configuration is then within the thread budget
-CT2_THREADS = {"1thread": 1}
+# decodes the demo model's greedy batch 1 faster than on two on both machines measured (AMD EPYC: 3.1 vs
+# 3.4-3.7 ms), as our backend's one-thread steps did there; its best configuration is then within the budget
+CT2_THREADS = {"1thread": 1, "nomkl-1thread": 1}
+# Without CT2_USE_MKL, CTranslate2 multiplies with Intel MKL on GenuineIntel CPUs only (oneDNN elsewhere).
+# On an Intel Xeon (2 cores, 2026-11-24) MKL on two threads was 4-10x slower than on one (demo greedy batch 16:
+# 166 vs 17 ms), and CT2_USE_MKL=0 (oneDNN) on two threads was CTranslate2's fastest there at batch 16 (16.8 and
+# 37.3 ms greedy and beam 4) and for the base model at batch 1 (92 vs 183 ms with MKL on one thread): so
+# "nomkl" settings are timed too. On other CPUs they repeat "default" and "1thread" and are left out.
+DEFAULT_CT2_SETTINGS = ["default", "avx2", "1thread", "nomkl", "nomkl-1thread"]
 
 
 def ct2_setting(name: str) -> str:
@@ -76,14 +84,37 @@ def ct2_threads(setting: str, threads: int) -> int:
     return min(threads, CT2_THREADS.get(setting, threads))
 
 
-def ct2_settings_run(settings: list[str], threads: int) -> list[str]:
+def ct2_effective_env(setting: str, intel: bool) -> dict[str, str | None]:
+    """The environment a setting amounts to: CTranslate2 resolves an unset CT2_USE_MKL to MKL on Intel CPUs
+    only (cpu/backend.cc, mayiuse_mkl)."""
+    env = dict(CT2_SETTINGS[setting])
+    if env["CT2_USE_MKL"] is None:
+        env["CT2_USE_MKL"] = "1" if intel else "0"
+    return env
+
+
+def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = None) -> list[str]:
     """The settings timed: those that would only repeat another's configuration at this budget are left
-    out (1thread at --threads 1 is the default setting)."""
+    out (1thread at --threads 1 is the default setting; nomkl is the default on a CPU that is not Intel's)."""
+    intel = cpu_is_intel() if intel is None else intel
     out: list[str] = []
     for s in settings:
-        if not any(CT2_SETTINGS[o] == CT2_SETTINGS[s] and ct2_threads(o, threads) == ct2_threads(s, threads) for o in out):
+        same = (ct2_effective_env(o, intel) == ct2_effective_env(s, intel) and ct2_threads(o, threads) == ct2_threads(s, threads)
+                for o in out)
+        if not any(same):
             out.append(s)
     return out
+
+
+def cpu_is_intel() -> bool:
+    """Whether /proc/cpuinfo names a GenuineIntel CPU (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return False
+
+
 # Between two measurements the measured worker must be idle: thread pools keep spinning after a call
 # (ONNX Runtime's ~16-50 ms here unless bounded, as our backend does on onnxruntime 1.26+: 0.3-3 ms;
 # CTranslate2's ~20 ms), and a pool still spinning when the next system
@@ -145,7 +176,7 @@ class BenchConfig:
     model_dir: str | None = None  # the demo size's model (default runs/demo/model, else a random one)
     artifact_dir: str | None = None  # its ONNX export, if one exists elsewhere
     engines: dict[str, str] = field(default_factory=dict)  # size -> TensorRT engine directory
-    ct2_settings: list[str] = field(default_factory=lambda: ["default", "avx2", "1thread"])
+    ct2_settings: list[str] = field(default_factory=lambda: list(DEFAULT_CT2_SETTINGS))
     quantize: list[str] = field(default_factory=list)  # extra ONNX Runtime rows on quantized exports ("int8")
     # one measurement: the median of back-to-back decode calls that fill this many seconds (one call for
     # slower cells). A single call of a few ms after an idle pause measures thread wake-ups and cold

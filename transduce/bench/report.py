@@ -35,9 +35,9 @@ def markdown(result: dict[str, Any]) -> str:
                  f"1-min load average at start {_num(m.get('load_average_1min_at_start'), '{:.2f}')}).")
     lines.append(f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.")
     lines.append("")
-    one_thread = (" (1 in its 1thread setting, within the budget)"
-                  if "1thread" in cfg.get("ct2_settings", []) and "ctranslate2" in cfg.get("backends", [])
-                  and cfg["threads"] > 1 else "")
+    one = [s for s in cfg.get("ct2_settings", []) if s.endswith("1thread")]
+    one_thread = (f" (1 in its {' and '.join(one)} setting{'s' if len(one) > 1 else ''}, within the budget)"
+                  if one and "ctranslate2" in cfg.get("backends", []) and cfg["threads"] > 1 else "")
     lines.append(f"Threads: at most {cfg['threads']} per system (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
                  f"intra_op {cfg['threads']}, inter_op 1, with one thread where the work is small (each size's "
                  f"rule below); CTranslate2 intra_threads {cfg['threads']}{one_thread}, "
