@@ -690,3 +690,20 @@ def test_quantized_rows_get_no_fp32_floor_percentage():
             for line in text.splitlines() if line.startswith("| greedy | 1 |") and "*floor*" not in line}
     assert rows == {"tensorrt": ("GPU§", "GPU§"), "torch-cuda": ("GPU§", "GPU§")}
     assert "§ on the GPU" in text and "†" not in text
+
+
+def test_the_report_says_how_onnxruntime_steps_use_the_threads():
+    """The ONNX Runtime line names the step rule, and the one-row timings the backend chose it by."""
+    from transduce.bench.report import _size_section
+
+    size = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
+                                                 "d_ff": 512, "vocab_size": 372}, "description": "trained"},
+            "systems": {"onnxruntime": {"status": "ok", "info": {
+                "step_threads_rule": "2 always", "encoder_threads_rule": "1 below 66 source tokens per run, 2 from there",
+                "wide_steps": {"option": "auto", "rule": "always", "one_row_us": {"narrow": 97.3, "wide": 83.9}}}}},
+            "cells": []}
+    text = "\n".join(_size_section(size, {"steps": 32}))
+    assert ("ONNX Runtime's threads: steps 2 always (chosen when the backend loaded: a one-row step took 97.3 us on "
+            "one thread, 83.9 us on the budget's); encoder 1 below 66") in text
+    size["systems"]["onnxruntime"]["info"]["wide_steps"] = {"option": "rows", "rule": "rows"}
+    assert "ONNX Runtime's threads: steps 2 always; encoder" in "\n".join(_size_section(size, {"steps": 32}))

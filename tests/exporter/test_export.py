@@ -151,8 +151,7 @@ def test_one_straight_line_step_graph(artifact_fp32):
         ops = set(g["op_histogram"])
         assert not ops & {"If", "Loop", "Scan", "Dropout", "RandomUniformLike", "RandomNormalLike"}, name
         assert "Constant" not in ops and "Identity" not in ops  # constants folded into initializers
-        if name != contract.ORT_STEP_FILE:  # that one has com.microsoft.SkipLayerNormalization instead
-            assert "LayerNormalization" in ops  # opset >= 17: one node, not a decomposition
+        assert "LayerNormalization" in ops  # opset >= 17: one node, not a decomposition
     onnx_files = [n for n in os.listdir(artifact_fp32.path) if n.endswith(".onnx")]
     assert sorted(onnx_files) == ["decoder_step.onnx", "decoder_step.ort.onnx", "encoder.onnx"]
 

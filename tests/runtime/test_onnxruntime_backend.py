@@ -88,11 +88,11 @@ def test_ort_topk_equals_numpy_topk(tiny_artifact_dir, ban_eos):
 def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, monkeypatch, fused):
     """A small model gets a one-thread step session and a second one of the same graph with the whole
     budget for large row counts; decoding that crosses between them gives the eager model's results."""
-    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=fused)
+    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 6 * orb.step_mflop_per_row(make_backend(tiny_artifact_dir).config))
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=fused, wide_steps="rows")  # wide from 6 rows
     assert be.threads == 1 and be.decoder_wide is not be.decoder and be.fused == fused
     assert be._writes_cache(be._session_for(1)) == be._writes_cache(be._session_for(100)) == fused
-    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 6 * be._mflop_per_row)  # wide from 6 rows
-    assert be.wide_rows_threshold() == 6
+    assert be.wide_rows_threshold() == 6 and be.wide_steps == {"option": "rows", "rule": "rows"}
     assert be._session_for(5) is be.decoder and be._session_for(6) is be.decoder_wide
     ref = TorchBackend(tiny_model)
     src, lens = _src(be.config, 4, seed=3)  # beam 4: 4 rows at step 0, then 16
@@ -106,8 +106,8 @@ def test_a_step_reuses_the_last_binding_only_while_it_applies(tiny_artifact_dir,
     """The last step's session and binding are reused for the same rows, k and ban; a new row count
     (wide session), k, ban or pinned graph, and a reorder that changes the rows, each get their own, and
     a run switched between them mid-decode still gives the eager model's log-probs."""
-    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
-    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 3 * be._mflop_per_row)  # wide from 3 rows
+    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 3 * orb.step_mflop_per_row(make_backend(tiny_artifact_dir).config))
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="rows")  # wide from 3 rows
     runs = []
     for session in {be.decoder, be.decoder_wide}:
         run = session.run_with_iobinding
@@ -140,6 +140,57 @@ def test_a_step_reuses_the_last_binding_only_while_it_applies(tiny_artifact_dir,
         ref.reorder(rst, np.array(rows), np.repeat(np.arange(2), len(rows) // 2))
         step()
     assert runs[-2][0] is be.decoder_wide and runs[-1][0] is be.decoder and runs[-1][1] is not runs[1][1]
+
+
+def test_wide_steps_always_or_as_measured(tiny_artifact_dir, tiny_model, monkeypatch):
+    """wide_steps="always" runs every row count on the budget's session; "auto" times a one-row step on both
+    sessions when the backend loads and takes "always" only if the budget's is faster by WIDE_MARGIN."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="always")
+    assert be.wide_rows_threshold() == 1 and be._session_for(1) is be.decoder_wide is not be.decoder
+    ref = TorchBackend(tiny_model)
+    src, lens = _src(be.config, 3, seed=4)
+    for opts in (DecodingOptions(beam_size=1, max_len_b=8), DecodingOptions(beam_size=3, nbest=2, max_len_b=8)):
+        for g, w in zip(decode(be, src, lens, opts), decode(ref, src, lens, opts)):
+            assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
+
+    measured = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)  # "auto": really timed
+    times = measured.wide_steps["one_row_us"]
+    assert measured.wide_steps["option"] == "auto" and times["narrow"] > 0 and times["wide"] > 0
+    assert measured.wide_steps["rule"] == ("always" if times["wide"] <= orb.WIDE_MARGIN * times["narrow"] else "rows")
+    for wide, rule in ((90.0, "always"), (96.0, "rows")):
+        monkeypatch.setattr(orb.OnnxRuntimeBackend, "_time_one_row_steps",
+                            lambda self, wide=wide: {"one_row_us": {"narrow": 100.0, "wide": wide}})
+        be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+        assert be.wide_steps["rule"] == rule and (be.wide_rows_threshold() == 1) == (rule == "always")
+    # nothing to choose: one thread, or a model above SMALL_STEP_MFLOP (one step session with the budget)
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=1).wide_steps == {"option": "auto", "rule": "rows"}
+    with pytest.raises(orb.BackendUnavailable, match="unknown wide_steps 'sometimes'"):
+        make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="sometimes")
+
+
+def test_cpu_step_sessions_keep_layer_norm_unfused(tiny_artifact_dir, monkeypatch):
+    """Every CPU session is made without SkipLayerNormFusion (ONNX Runtime's CPU SkipLayerNormalization is
+    slower than the Add + LayerNormalization it would replace)."""
+    made = []
+    real = orb._import_ort()
+
+    class Ort:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def InferenceSession(path, *args, **kwargs):
+            made.append((path if isinstance(path, str) else "<bytes>", kwargs.get("disabled_optimizers")))
+            return real.InferenceSession(path, *args, **kwargs)
+
+    monkeypatch.setattr(orb, "_import_ort", lambda: Ort())
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
+    with be.only_step_graph(contract.STEP_FILE):
+        be._session_for(1)
+    be._encoder_for(1)
+    files = sorted({p.rsplit("/", 1)[-1] for p, _ in made})
+    assert files == ["decoder_step.onnx", "decoder_step.ort.onnx", "encoder.onnx"]
+    assert all(d == ["SkipLayerNormFusion"] for _, d in made), made
 
 
 def test_one_thread_budget_has_one_step_session(tiny_artifact_dir):

@@ -113,7 +113,10 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         lines.append("")
     ort = s.get("systems", {}).get("onnxruntime", {}).get("info", {})
     if ort.get("step_threads_rule") or ort.get("encoder_threads_rule"):
-        lines.append(f"ONNX Runtime's threads: steps {ort.get('step_threads_rule', '?')}; encoder "
+        measured = (ort.get("wide_steps") or {}).get("one_row_us")
+        how = (f" (chosen when the backend loaded: a one-row step took {measured['narrow']:g} us on one thread, "
+               f"{measured['wide']:g} us on the budget's)" if measured else "")
+        lines.append(f"ONNX Runtime's threads: steps {ort.get('step_threads_rule', '?')}{how}; encoder "
                      f"{ort.get('encoder_threads_rule', '?')}.")
         lines.append("")
     for q, g in s.get("quality_gates", {}).items():

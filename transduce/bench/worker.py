@@ -84,7 +84,10 @@ class _Ours:
                                                    if threads != 1 else "1"),
                              step_intra_op_threads=be.threads, inter_op_threads=1,
                              step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
-                                                if be.decoder_wide is not be.decoder else f"{be.threads} always"),
+                                                if be.decoder_wide is not be.decoder and be.wide_rows_threshold() > 1
+                                                else f"{threads} always" if be.decoder_wide is not be.decoder
+                                                else f"{be.threads} always"),
+                             wide_steps=be.wide_steps,
                              step_graph=be.step_graphs()[0], pool_spin_us=be.pool_spin_us)
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

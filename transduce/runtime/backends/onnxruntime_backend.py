@@ -14,8 +14,9 @@ standard decoder_step.onnx: the same step with ONNX Runtime's fused contrib ops,
 writes the new K/V into the cache itself (its present_* outputs are bound onto the cache buffers),
 which picks the top-k itself (no second session run per step), and which reads each source's cross
 K/V once for all its beams (gathered per sentence, not per row). On CPU it serves every row count of
-such models, of every size (see transduce/exporter/ort_step.py), small models on one thread below
-the wide threshold and on the whole budget from there. Demo model, us per step run, fused vs
+such models, of every size (see transduce/exporter/ort_step.py); small models have a one-thread step
+session and one with the whole budget, and which serves which row count is measured when the backend
+loads (WIDE_STEPS). Demo model, us per step run, fused vs
 standard graph: 1 row 154 vs 222, 64 rows (two threads) 1,386 vs 1,717 (before the top-k and the
 grouped cross-attention moved into it). `fused=False` keeps to the
 standard graph; `only_step_graph` pins one of the two (parity checks each).
@@ -122,14 +123,16 @@ def bounded_spin(ort) -> bool:
         return True
 
 
-# ONNX Runtime graph fusions the encoder session turns off. SkipLayerNormFusion: ONNX Runtime 1.31's CPU
-# SkipLayerNormalization kernel is 4-6x slower than the Add + LayerNormalization it replaces once there
-# are many rows (one thread, us: 64 x 128 72 vs 27, 512 x 128 430 vs 98, 512 x 512 1,638 vs 252; the
-# same at one row): base encoder at 16 x 32 tokens 177-189 -> 171-178 ms in three A/B runs (the demo's:
-# the same within noise, 6.3-9.0 ms either way). Not for the step sessions: at 16-64 rows on two
-# threads the extra node's synchronisation costs more (demo fused step, 64 rows: 1,508 us with
-# SkipLayerNormalization, 1,648 without), and one row gains nothing.
-ENCODER_UNFUSED = ["SkipLayerNormFusion"]
+# ONNX Runtime graph fusions the encoder session, and the step sessions on the CPU, turn off.
+# SkipLayerNormFusion: ONNX Runtime 1.31's CPU SkipLayerNormalization kernel is 4-6x slower than the Add +
+# LayerNormalization it replaces once there are many rows (one thread, us: 64 x 128 72 vs 27, 512 x 128 430 vs
+# 98, 512 x 512 1,638 vs 252; the same at one row): base encoder at 16 x 32 tokens 177-189 -> 171-178 ms in
+# three A/B runs (the demo's: the same within noise, 6.3-9.0 ms either way). The step graphs: the fused one is
+# now exported with Add + LayerNormalization (figures in transduce/exporter/ort_step.py), which this keeps
+# from being fused back; the standard one is traced that way. On the AMD EPYC machine the steps' were
+# measured with and without the fusion at 0.94-1.01 (demo) and 0.99 (base) of each other, on an Intel Xeon
+# without it 0.95-0.99.
+UNFUSED = ["SkipLayerNormFusion"]
 
 
 # A small model's step still gets the whole thread budget once a step has this much arithmetic
@@ -138,6 +141,28 @@ ENCODER_UNFUSED = ["SkipLayerNormFusion"]
 # fused graph (decoder_step.ort.onnx): 4 rows 159 / 242, 8 rows 307 / 381, 12 rows 470 / 536, 16 rows
 # 545 / 440, 64 rows 2,530 / 1,386; standard graph: 16 rows 519 / 545, 64 rows 2,693 / 1,717.
 WIDE_STEP_MFLOP = 14.0
+
+# Which of a small model's step sessions serves which row count (the backend's `wide_steps` option):
+#   "rows"    the one-thread session below WIDE_STEP_MFLOP of arithmetic per step, the budget's from there;
+#   "always"  the budget's session at every row count;
+#   "auto"    (the default) measured when the backend loads: a one-row step is run on both sessions,
+#             interleaved, and "always" is taken if the budget's session is faster by WIDE_MARGIN, else "rows".
+# Why measured: the machines disagree. On the 2-core AMD EPYC machine two threads made a one-row step slower
+# (demo model, whole decodes on two threads / one: greedy batch 1 1.26, beam 4 batch 1 1.04, greedy batch 4
+# 1.03); on a 2-core Intel Xeon (2026-11-24) faster at every row count (us per one-row step run back to back,
+# one thread / two: 98 / 84; whole decodes, 10 interleaved rounds, two threads / one: greedy batch 1 0.86,
+# beam 4 batch 1 0.91, greedy batch 4 0.92), and the one-row runs back to back rank the two as the decodes do
+# on both. The measurement takes ~100 one-row runs (~10 ms for the demo model).
+WIDE_STEPS = ("auto", "rows", "always")
+WIDE_MARGIN = 0.95  # "auto" takes "always" when the budget's one-row step takes at most this share of the other's
+# The measurement: WIDE_CALIBRATION_BLOCKS blocks per session, alternating between the sessions, each of
+# WIDE_CALIBRATION_RUNS timed runs after WIDE_CALIBRATION_WARMUP untimed ones; a session's time is the lowest of
+# its blocks' medians (interference only adds). Blocks, not single runs alternating: each session holds its own
+# packed copy of the weights, and alternating run by run made both read them from further away (demo: 124 and
+# 116 us instead of 98 and 84).
+WIDE_CALIBRATION_BLOCKS = 3
+WIDE_CALIBRATION_RUNS = 15
+WIDE_CALIBRATION_WARMUP = 3
 
 
 _LAST = "last step"  # the key of _State.bindings' entry for the last step's (key, session, binding, fused)
@@ -168,8 +193,10 @@ class OnnxRuntimeBackend:
 
     def __init__(self, artifact_dir: str | os.PathLike, provider: str = "cpu", threads: int = 0,
                  verify: bool = True, optimization: str = "all", provider_options: dict | None = None,
-                 fused: bool = True):
+                 fused: bool = True, wide_steps: str = "auto"):
         ort = _import_ort()
+        if wide_steps not in WIDE_STEPS:
+            raise BackendUnavailable(f"unknown wide_steps {wide_steps!r}", hint=f"choose one of {', '.join(WIDE_STEPS)}")
         self.ort = ort
         self.artifact_dir = os.fspath(artifact_dir)
         self.manifest = contract.read_manifest(self.artifact_dir, verify_hashes=verify)
@@ -232,18 +259,21 @@ class OnnxRuntimeBackend:
             # decoding loop: demo beam 4 batch 16, 181 -> 131 ms without spinning)
             self.encoder = ort.InferenceSession(os.path.join(self.artifact_dir, contract.ENCODER_FILE),
                                                 options(threads, self.pool_spin_us["encoder"]), providers=[(p, enc_opts.get(p, {})) for p in wanted],
-                                                disabled_optimizers=ENCODER_UNFUSED)
+                                                disabled_optimizers=UNFUSED)
             self.encoder_narrow = self.encoder  # for runs below NARROW_ENCODER_MFLOP (made when first needed)
             self._encoder_threads = threads
             self.fused = fused and self._fused_graph_usable()
             self._step_path = step_path
             self._options = options
             path = os.path.join(self.artifact_dir, contract.ORT_STEP_FILE) if self.fused else step_path
+            step_unfused = [] if self.on_device else UNFUSED
             self.decoder = ort.InferenceSession(path, options(self.threads),
-                                                providers=[(p, dec_opts.get(p, {})) for p in wanted])
+                                                providers=[(p, dec_opts.get(p, {})) for p in wanted],
+                                                disabled_optimizers=step_unfused)
             self.decoder_wide = self.decoder
             if self.threads != threads and not self.on_device:
-                self.decoder_wide = ort.InferenceSession(path, options(threads), providers=["CPUExecutionProvider"])
+                self.decoder_wide = ort.InferenceSession(path, options(threads), providers=["CPUExecutionProvider"],
+                                                         disabled_optimizers=UNFUSED)
             self._standard = None if self.fused else self.decoder  # decoder_step.onnx, when pinned to it
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
@@ -264,6 +294,18 @@ class OnnxRuntimeBackend:
         self._ban_bias = {ban: ban_bias(self.config, ban) for ban in (False, True)}
         self._mflop_per_row = step_mflop_per_row(self.config)
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
+        # the row count from which a step runs on decoder_wide, and how that was decided (the bench reports it)
+        self._wide_from = max(1, int(np.ceil(WIDE_STEP_MFLOP / self._mflop_per_row)))
+        self.wide_steps: dict[str, Any] = {"option": wide_steps, "rule": "rows"}
+        if self.decoder_wide is not self.decoder:
+            if wide_steps == "auto":
+                self.wide_steps.update(self._time_one_row_steps())
+                self.wide_steps["rule"] = ("always" if self.wide_steps["one_row_us"]["wide"]
+                                           <= WIDE_MARGIN * self.wide_steps["one_row_us"]["narrow"] else "rows")
+            else:
+                self.wide_steps["rule"] = wide_steps
+            if self.wide_steps["rule"] == "always":
+                self._wide_from = 1
 
     def _check_io(self, session, graph_file: str) -> None:
         """Refuse a session whose graph's IO is not the contract's for this manifest (contract.check_session_io)."""
@@ -281,8 +323,37 @@ class OnnxRuntimeBackend:
         return not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
 
     def wide_rows_threshold(self) -> int:
-        """Row count from which a step runs on the whole thread budget."""
-        return max(1, int(np.ceil(WIDE_STEP_MFLOP / self._mflop_per_row)))
+        """Row count from which a step runs on the whole thread budget (decoder_wide)."""
+        return self._wide_from
+
+    def _time_one_row_steps(self) -> dict[str, Any]:
+        """A one-row step run back to back on the one-thread session and on the budget's, interleaved, at
+        the middle of a 32-slot cache over a 16-token source of zeros: {"one_row_us": {"narrow": median,
+        "wide": median}} (see WIDE_STEPS)."""
+        import time
+
+        h, dh, src = self.heads, self.head_dim, 16
+        enc: dict[str, Any] = {name: self._mem.from_numpy(np.zeros((1, h, src, dh), self.float_dtype))
+                               for name in self.cross_names}
+        enc["src_lengths"] = np.array([src], np.int64)
+        state = self.begin(enc, np.zeros(1, np.int64), 32)
+        try:
+            self._mem.fill(state.tokens, self.config["bos_id"], 1)
+            self._mem.fill(state.positions, 16, 1)
+            runs = {name: (session, self._binding_for(state, session)) for name, session in
+                    (("narrow", self.decoder), ("wide", self.decoder_wide))}
+            best = {name: math.inf for name in runs}
+            for _ in range(WIDE_CALIBRATION_BLOCKS):
+                for name, (session, binding) in runs.items():
+                    times = []
+                    for _ in range(WIDE_CALIBRATION_WARMUP + WIDE_CALIBRATION_RUNS):
+                        t = time.perf_counter()
+                        session.run_with_iobinding(binding)
+                        times.append(time.perf_counter() - t)
+                    best[name] = min(best[name], float(np.median(times[WIDE_CALIBRATION_WARMUP:])))
+        finally:
+            self.end(state)
+        return {"one_row_us": {name: round(t * 1e6, 1) for name, t in best.items()}}
 
     def step_graphs(self) -> list[str]:
         """The step graph files this backend decodes with (parity checks each one)."""
@@ -308,13 +379,13 @@ class OnnxRuntimeBackend:
             if self._standard is None:
                 try:
                     self._standard = self.ort.InferenceSession(self._step_path, self._options(self.threads),
-                                                               providers=["CPUExecutionProvider"])
+                                                               providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
                 except Exception as e:  # onnxruntime's own exception classes
                     raise BackendUnavailable(f"onnxruntime could not load {self._step_path}: {e}",
                                              hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
                 self._check_io(self._standard, contract.STEP_FILE)
             return self._standard
-        return self.decoder_wide if rows * self._mflop_per_row >= WIDE_STEP_MFLOP else self.decoder
+        return self.decoder_wide if rows >= self._wide_from else self.decoder
 
     def _writes_cache(self, session) -> bool:
         """Whether a step session runs the fused graph (it writes the cache slot itself)."""
@@ -362,7 +433,7 @@ class OnnxRuntimeBackend:
             try:
                 self.encoder_narrow = self.ort.InferenceSession(
                     os.path.join(self.artifact_dir, contract.ENCODER_FILE), self._options(1, 0),
-                    providers=["CPUExecutionProvider"], disabled_optimizers=ENCODER_UNFUSED)
+                    providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
             except Exception as e:  # onnxruntime's own exception classes
                 raise BackendUnavailable(f"onnxruntime could not load {contract.ENCODER_FILE}: {e}",
                                          hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
