@@ -100,3 +100,25 @@ def test_the_demo_model_trains_on_the_gpu(tmp_path, monkeypatch):
     verify_model_dir(model_dir)
     model = load_model_dir(model_dir)[0]  # saved as CPU tensors
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_an_artifact_with_an_older_ort_step_graph_is_exported_again(tmp_path, tiny_model_dir, tiny_artifact_dir):
+    """The demo reuses an export of its model's weights unless its decoder_step.ort.onnx is older than this
+    exporter's (the demo shows today's decoding)."""
+    import json
+    import shutil
+
+    from transduce.exporter import ort_step
+    from transduce.runtime import contract
+
+    shutil.copytree(tiny_artifact_dir, tmp_path / "artifact")
+    logged = []
+    assert demo.ensure_demo_artifact(str(tmp_path), tiny_model_dir, log=logged.append) == str(tmp_path / "artifact")
+    assert logged == [f"reusing the ONNX artifact in {tmp_path / 'artifact'}"]
+    path = tmp_path / "artifact" / "manifest.json"
+    m = json.loads(path.read_text())
+    m["graphs"][contract.ORT_STEP_FILE]["revision"] = ort_step.REVISION - 1
+    path.write_text(json.dumps(m))
+    demo.ensure_demo_artifact(str(tmp_path), tiny_model_dir, log=logged.append)
+    assert "older than this exporter's" in logged[1] and "exporting again" in logged[1]
+    assert contract.read_manifest(tmp_path / "artifact")["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION

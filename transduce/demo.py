@@ -125,6 +125,7 @@ def show_translations(rows: list[tuple[str, str, str]], title: str, show: int) -
 def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
     """Export the demo model into workdir/artifact unless a valid export of these weights is there."""
     from transduce.errors import ArtifactError
+    from transduce.exporter import ort_step
     from transduce.exporter.onnx_export import export_artifact
     from transduce.models.checkpoint import weights_sha256
     from transduce.runtime.contract import read_manifest
@@ -133,7 +134,11 @@ def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
     weights = weights_sha256(model_dir)
     if os.path.isdir(art):
         try:
-            if read_manifest(art).get("source_model", {}).get("weights_sha256") == weights:
+            manifest = read_manifest(art)
+            stale = ort_step.stale_reason(manifest)
+            if stale:
+                log(f"not reusing {art}: {stale}; exporting again")
+            elif manifest.get("source_model", {}).get("weights_sha256") == weights:
                 log(f"reusing the ONNX artifact in {art}")
                 return art
         except ArtifactError as e:

@@ -707,3 +707,21 @@ def test_the_report_says_how_onnxruntime_steps_use_the_threads():
             "one thread, 83.9 us on the budget's); encoder 1 below 66") in text
     size["systems"]["onnxruntime"]["info"]["wide_steps"] = {"option": "rows", "rule": "rows"}
     assert "ONNX Runtime's threads: steps 2 always; encoder" in "\n".join(_size_section(size, {"steps": 32}))
+
+
+def test_a_cached_artifact_with_an_older_ort_step_graph_is_exported_again(tmp_path, tiny_model_dir, tiny_artifact_dir,
+                                                                           edited_copy):
+    """The bench times this exporter's step graph: a cached export of the same weights whose
+    decoder_step.ort.onnx is of an older revision is exported again, with the reason logged."""
+    from transduce.bench.models import ensure_artifact
+    from transduce.exporter import ort_step
+    from transduce.runtime import contract
+
+    old = edited_copy(tiny_artifact_dir, "old", "manifest.json",
+                      lambda m: m["graphs"][contract.ORT_STEP_FILE].pop("revision"))
+    logged = []
+    fresh = str(tmp_path / "fresh")
+    assert ensure_artifact(tiny_model_dir, [str(old), fresh], log=logged.append) == fresh
+    assert any("not timing" in m and "revision 1" in m for m in logged), logged
+    assert contract.read_manifest(fresh)["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION
+    assert ensure_artifact(tiny_model_dir, [tiny_artifact_dir, fresh], log=logged.append) == tiny_artifact_dir

@@ -178,3 +178,20 @@ def test_export_graphs_builds_no_ort_step_graph_when_told(tiny_model, tmp_path, 
     assert set(seconds) == {"encoder", "decoder_step"} and not os.listdir(tmp_path)
     with pytest.raises(AssertionError, match="build_ort_step called"):
         onnx_export.export_graphs(tiny_model, str(tmp_path), "fp32", 18)
+
+
+def test_stale_reason_names_an_older_or_missing_ort_step_graph(artifact_fp32):
+    """The bench and the demo export again an artifact whose decoder_step.ort.onnx is of an older revision
+    (or left out) than this exporter builds; models that cannot have one are never stale."""
+    import copy
+
+    m = artifact_fp32.manifest
+    assert m["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION and ort_step.stale_reason(m) is None
+    old = copy.deepcopy(m)
+    del old["graphs"][contract.ORT_STEP_FILE]["revision"]  # written before revisions were recorded: 1
+    assert ort_step.stale_reason(old) == f"its decoder_step.ort.onnx is revision 1, older than this exporter's {ort_step.REVISION}"
+    slim = copy.deepcopy(m)
+    del slim["files"][contract.ORT_STEP_FILE]
+    assert "exported with --no-ort-step" in ort_step.stale_reason(slim)
+    for edit in ({"precision": "fp16"}, {"model": {**m["model"], "norm_first": True}}):
+        assert ort_step.stale_reason({**slim, **edit}) is None

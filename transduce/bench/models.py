@@ -175,12 +175,11 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: 
                 manifest = contract.read_manifest(cand)
             except TransduceError:
                 continue
-            # exported without decoder_step.ort.onnx (--no-ort-step) though the model can have it: export
-            # again (the ONNX Runtime backend would time the standard step graph only)
-            stale = (contract.ORT_STEP_FILE not in manifest["files"]
-                     and ort_step.unsupported_reason(manifest["model"], "fp32") is None)
+            # without decoder_step.ort.onnx (--no-ort-step) though the model can have it, or with an older one
+            # than this exporter builds: export again (the backend would time another step graph than ours)
+            stale = ort_step.stale_reason(manifest)
             if stale:
-                log(f"not timing {cand}: it has no {contract.ORT_STEP_FILE} (exported with --no-ort-step)")
+                log(f"not timing {cand}: {stale}")
             if (manifest.get("source_model", {}).get("weights_sha256") == weights and manifest.get("precision") == "fp32"
                     and contract.quantization(manifest) == quantize and not stale):
                 return cand

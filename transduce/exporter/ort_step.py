@@ -65,6 +65,10 @@ CONTRIB = "com.microsoft"
 # 10 interleaved rounds, ratio after / before: greedy batch 1 0.99, beam 4 batch 1 0.95, greedy batch 16 0.98,
 # beam 4 batch 16 0.95 (on the AMD EPYC machine the same change measured 0.94-1.01).
 MASKED = -1e9  # attention score at padded source positions (eager: float32's lowest; both give 0)
+# The graph's revision, recorded in the manifest (graphs -> decoder_step.ort.onnx -> revision; absent: 1). 2: residual
+# + norm as Add + LayerNormalization (1: SkipLayerNormalization). Older revisions still decode; the bench and the
+# demo export again rather than time or show them (stale_reason).
+REVISION = 2
 
 
 def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
@@ -81,6 +85,19 @@ def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
     if size > MAX_INLINE_BYTES:
         return (f"the ONNX Runtime step graph keeps its weights inline, and this model's ({size / 1e9:.1f} GB) pass "
                 f"what one ONNX file holds ({MAX_INLINE_BYTES / 1e9:.1f} GB of its 2 GB)")
+    return None
+
+
+def stale_reason(manifest: dict[str, Any]) -> str | None:
+    """Why an artifact lacks the ONNX Runtime step graph this exporter would build for it (None: it has it, or
+    the model cannot have one): left out (--no-ort-step), or of an older REVISION."""
+    if unsupported_reason(manifest["model"], manifest["precision"]) is not None:
+        return None
+    if contract.ORT_STEP_FILE not in manifest["files"]:
+        return f"it has no {contract.ORT_STEP_FILE} (exported with --no-ort-step)"
+    revision = manifest.get("graphs", {}).get(contract.ORT_STEP_FILE, {}).get("revision", 1)
+    if revision < REVISION:
+        return f"its {contract.ORT_STEP_FILE} is revision {revision}, older than this exporter's {REVISION}"
     return None
 
 

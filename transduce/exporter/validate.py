@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import ExportError
-from transduce.exporter import opcheck
+from transduce.exporter import opcheck, ort_step
 from transduce.runtime import contract
 from transduce.runtime.backends.base import ban_bias
 
@@ -253,6 +253,7 @@ def check_ort_step_graph(path: str, config: dict[str, Any]) -> dict[str, Any]:
         "outputs": [{"name": s.name, "axes": list(s.axes), "dtype": contract.resolve_dtype(s, "fp32")} for s in outputs],
         "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "runtime": "onnxruntime only (com.microsoft contrib ops)",
+        "revision": ort_step.REVISION,
         "nodes": sum(hist.values()),
         "op_histogram": hist,
         "initializers": len(proto.graph.initializer),
