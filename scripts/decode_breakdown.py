@@ -19,12 +19,18 @@ by wrapping the backend's methods with perf_counter:
 
 Each wrapper adds about a microsecond per call. The decodes run back to back (as in the bench), after
 three untimed ones; printed are ms per decode and us per step, the medians over --repeats decodes.
+
+Where the backend decodes the batch in parts at the same time (a small model's larger batches on ONNX
+Runtime: backend.shards), each part's time goes to its own thread: the parts are then per part, averaged over
+the parts (their sum over all parts is CPU time, not the decode's), `search` is each part's decode less its
+backend calls, and `total` is the decode's wall time. --whole decodes the batch whole instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 from collections import defaultdict
 
@@ -32,17 +38,18 @@ import numpy as np
 
 
 class Timer:
-    """Accumulates seconds per part; wrap(obj, name, part) times every call of obj.name. sync: called
+    """Accumulates seconds per (thread, part); wrap(obj, name, part) times every call of obj.name. sync: called
     before each clock is read (a GPU backend's calls only queue work: without it the wait for one part's
     kernels is counted in the next part that reads a result)."""
 
     def __init__(self, sync=None):
-        self.total: dict[str, float] = defaultdict(float)
+        self.total: dict[tuple[int, str], float] = defaultdict(float)
         self.sync = sync or (lambda: None)
+        self.lock = threading.Lock()  # the parts of a batch decoded at once add up from their own threads
 
     def wrap(self, obj, name: str, part: str) -> None:
         inner = getattr(obj, name)
-        total, sync = self.total, self.sync
+        total, sync, lock = self.total, self.sync, self.lock
 
         def timed(*args, **kwargs):
             sync()
@@ -51,7 +58,9 @@ class Timer:
                 return inner(*args, **kwargs)
             finally:
                 sync()
-                total[part] += time.perf_counter() - t
+                dt = time.perf_counter() - t
+                with lock:
+                    total[threading.get_ident(), part] += dt
 
         setattr(obj, name, timed)
 
@@ -67,14 +76,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--src-len", type=int, default=32, help="source tokens per sentence, EOS included")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--whole", action="store_true", help="decode the batch whole where the backend would decode it "
+                    "in parts at the same time (backend.shards)")
     args = ap.parse_args(argv)
     if min(args.batch, args.beam, args.steps, args.repeats) < 1 or args.src_len < 2:
         ap.error("--batch, --beam, --steps and --repeats must be >= 1, --src-len >= 2")
 
+    from transduce.runtime import decoding
     from transduce.runtime.api import make_backend
     from transduce.runtime.decoding import DecodingOptions, decode
 
-    be = make_backend(args.artifact, backend=args.backend, device=args.device, threads=args.threads)
+    options = {"shards": False} if args.whole and args.backend == "onnxruntime" else {}
+    be = make_backend(args.artifact, backend=args.backend, device=args.device, threads=args.threads, **options)
     cfg = be.config
     rng = np.random.default_rng(0)
     src = rng.integers(4, cfg["vocab_size"], size=(args.batch, args.src_len - 1))
@@ -94,42 +107,59 @@ def main(argv: list[str] | None = None) -> None:
         def sync():
             torch.cuda.synchronize(gpu)
     timer = Timer(sync)
-    for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
-                       ("step", "step"), ("reorder", "reorder")):
-        if hasattr(be, name):
-            timer.wrap(be, name, part)
+    shards = getattr(be, "shards", None)
+    views = (shards(args.batch, args.beam) if shards else None) or [be]  # the backends the batch's parts run on
+    for view in views:
+        for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
+                           ("step", "step"), ("reorder", "reorder")):
+            if hasattr(view, name):
+                timer.wrap(view, name, part)
+    timer.wrap(decoding, "_decode_one", "decode")  # each part's whole decode, in its own thread
     inner = []  # parts measured inside another one: (part, the part it is in, the label of the rest)
     if args.backend == "onnxruntime":
-        for session in {id(s): s for s in (be.decoder, be.decoder_wide)}.values():
+        for session in {id(s): s for v in views for s in (v.decoder, v.decoder_wide)}.values():
             timer.wrap(session, "run_with_iobinding", "run")
         inner.append(("run", "step", "step: around run"))
         if hasattr(be._mem, "move_rows"):
-            timer.wrap(be._mem, "move_rows", "moves")
+            timer.wrap(be._mem, "move_rows", "moves")  # one memory, shared by the views
             inner.append(("moves", "reorder", "reorder: other"))
 
     for _ in range(3):
         decode(be, ids, lens, opts)
     per_decode: dict[str, list[float]] = defaultdict(list)
+    n_parts = 1
     for _ in range(args.repeats):
         timer.total.clear()
         t = time.perf_counter()
         results = decode(be, ids, lens, opts)
         total = time.perf_counter() - t
         assert all(len(r.best.tokens) == args.steps for r in results), "forced length not reached"
-        parts = dict(timer.total)
-        outer = ("encoder", "begin / end", "step", "reorder")
-        parts["search"] = total - sum(parts.get(p, 0.0) for p in outer)
-        for part, of, rest in inner:
-            if of not in parts:  # never called (greedy search does not reorder)
-                continue
-            parts.setdefault(part, 0.0)
-            parts[rest] = parts[of] - parts[part]
+        threads = sorted({thread for thread, _ in timer.total})
+        n_parts = len(threads)
+        parts: dict[str, float] = defaultdict(float)
+        for thread in threads:  # each part's own times, then averaged over the parts
+            mine = {part: v for (th, part), v in timer.total.items() if th == thread}
+            outer = ("encoder", "begin / end", "step", "reorder")
+            # one part: everything but the backend's calls, decode()'s own checks included (as before parts)
+            whole = total if n_parts == 1 else mine.get("decode", 0.0)
+            mine.pop("decode", None)
+            mine["search"] = whole - sum(mine.get(p, 0.0) for p in outer)
+            for part, of, rest in inner:
+                if of not in mine:  # never called (greedy search does not reorder)
+                    continue
+                mine.setdefault(part, 0.0)
+                mine[rest] = mine[of] - mine[part]
+            for k, v in mine.items():
+                parts[k] += v / n_parts
         parts["total"] = total
         for k, v in parts.items():
             per_decode[k].append(v)
 
     print(f"{args.artifact}  backend {args.backend} ({args.device}), batch {args.batch}, beam {args.beam}, "
           f"{args.steps} steps, {args.src_len} source tokens, {args.threads} threads, median of {args.repeats}")
+    if n_parts > 1:
+        print(f"  the batch decoded in {n_parts} parts at the same time: the parts below are per part (averaged over "
+              f"the {n_parts}), the total is wall time (--whole: the batch whole)")
     order = ["total", "encoder", "begin / end", "step", "run", "step: around run", "reorder", "moves",
              "reorder: other", "search"]
     total = statistics.median(per_decode["total"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import threading
 
 import pytest
 
@@ -59,4 +60,22 @@ def test_the_timer_waits_for_queued_device_work_at_each_clock():
     be = Backend()
     timer.wrap(be, "encode", "encoder")
     be.encode()
-    assert events == ["sync", "encode", "sync"] and timer.total["encoder"] > 0
+    assert events == ["sync", "encode", "sync"] and timer.total[threading.get_ident(), "encoder"] > 0
+
+
+def test_breakdown_of_a_batch_decoded_in_parts(tiny_artifact_dir, capsys):
+    """Where the backend decodes the batch in parts at the same time, the parts are per part: they add up to a
+    part's decode, which is at most the decode's wall time; --whole breaks the batch down whole."""
+    args = [tiny_artifact_dir, "--batch", "4", "--beam", "2", "--steps", "4", "--src-len", "5", "--threads", "2",
+            "--repeats", "2"]
+    _script().main(args)
+    out = capsys.readouterr().out
+    assert "decoded in 2 parts at the same time" in out
+    parts = _parts(out)
+    top = ["encoder", "begin / end", "step", "reorder", "search"]
+    assert all(parts[p] >= 0 for p in top) and parts["run"] > 0
+    assert sum(parts[p] for p in top) <= parts["total"] + 0.005
+    _script().main(args + ["--whole"])
+    out = capsys.readouterr().out
+    parts = _parts(out)
+    assert "parts" not in out and sum(parts[p] for p in top) == pytest.approx(parts["total"], abs=0.005)

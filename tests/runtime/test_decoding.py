@@ -173,3 +173,75 @@ def test_stay_in_place_keeps_first_children_in_their_parents_rows():
             moved = int((new != np.arange(ns * nb)).sum())
             in_block = [{p - i * nb for p in row if 0 <= p - i * nb < nb} for i, row in enumerate(parents.tolist())]
             assert moved == ns * nb - sum(len(s) for s in in_block)
+
+
+class _Parted:
+    """A backend whose shards() deals batches out to views of a torch backend (one may fail), recording which
+    sentences each view decoded and in which thread."""
+
+    def __init__(self, model, views=2, fail_view=None):
+        self.inner = TorchBackend(model)
+        self.config = self.inner.config
+        self.seen: list[tuple[int, tuple[int, ...], str]] = []
+        outer = self
+
+        class View:
+            def __init__(self, j):
+                self.j, self.config = j, outer.config
+
+            def encode(self, src_ids, src_lengths):
+                import threading
+
+                outer.seen.append((self.j, tuple(src_ids[:, 0].tolist()), threading.current_thread().name))
+                if self.j == fail_view:
+                    raise RuntimeError(f"view {self.j} failed")
+                return outer.inner.encode(src_ids, src_lengths)
+
+            def __getattr__(self, name):
+                return getattr(outer.inner, name)
+
+        self.views = [View(j) for j in range(views)]
+
+    def shards(self, batch, beam):
+        return self.views if batch >= 2 else None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_batch_in_parts_decodes_as_the_whole(tiny_model):
+    """A backend offering parts gets its sentences dealt round-robin (sentence i to part i % n), each part
+    decoded at the same time (the first in the calling thread), and the results back in the batch's order,
+    equal to decoding the batch whole."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    cfg = tiny_model.cfg
+    src = rng.integers(4, cfg.vocab_size, size=(5, 6))
+    src[:, 0] = np.arange(10, 15)  # sentence i starts with 10 + i: the views record who decoded what
+    lens = np.array([6, 3, 5, 2, 4])
+    for i, n in enumerate(lens):
+        src[i, n - 1], src[i, n:] = cfg.eos_id, cfg.pad_id
+    for opts in (DecodingOptions(beam_size=1, max_len_b=7), DecodingOptions(beam_size=3, nbest=2, max_len_b=7)):
+        parted = _Parted(tiny_model, views=3)
+        got, want = decode(parted, src, lens, opts), decode(TorchBackend(tiny_model), src, lens, opts)
+        # torch's own results move in the last bits with the batch beside a sentence (the ONNX Runtime backend's
+        # do not, and its parts decode bit for bit as the whole: tests/runtime/test_onnxruntime_backend.py)
+        assert [[h.tokens for h in r.hypotheses] for r in got] == [[h.tokens for h in r.hypotheses] for r in want]
+        np.testing.assert_allclose([h.score for r in got for h in r.hypotheses],
+                                   [h.score for r in want for h in r.hypotheses], rtol=1e-5)
+        assert sorted((j, first) for j, first, _ in parted.seen) == [(0, (10, 13)), (1, (11, 14)), (2, (12,))]
+        threads = {j: name for j, _, name in parted.seen}
+        assert threads[0] == threading.current_thread().name and threads[1] != threads[0] != threads[2]
+    one = _Parted(tiny_model, views=3)
+    decode(one, src[:1], lens[:1], DecodingOptions(beam_size=2, max_len_b=5))  # shards() says no: decoded whole
+    assert one.seen == []
+
+
+@pytest.mark.parametrize("fail_view", [0, 1])
+def test_an_error_in_a_part_is_raised_when_every_part_has_stopped(tiny_model, fail_view):
+    parted = _Parted(tiny_model, views=2, fail_view=fail_view)
+    src = np.array([[5, 6, 2], [6, 5, 2], [4, 2, 0]])
+    with pytest.raises(RuntimeError, match=f"view {fail_view} failed"):
+        decode(parted, src, np.array([3, 3, 2]), DecodingOptions(beam_size=2, max_len_b=4))
+    assert sorted(j for j, _, _ in parted.seen) == [0, 1]  # the other part was decoded too

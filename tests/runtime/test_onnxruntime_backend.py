@@ -562,3 +562,44 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
     assert calls == [("zeros", first.stream), ("empty", first.stream), ("empty", second.stream),
                      ("fill_", second.stream), ("copy_", first.stream)]
     assert Cuda.current == "default"
+
+
+@pytest.mark.parametrize("wide", ["rows", "always"])
+def test_a_small_models_batch_in_parts_decodes_bit_for_bit_as_whole(tiny_artifact_dir, monkeypatch, wide):
+    """A small model's batch of SHARD_MIN_ROWS rows or more is dealt out to one-thread views of the backend,
+    decoded at the same time; on the fused step graph a sentence's results do not depend on the rows beside
+    it, so they equal the whole batch's exactly (scores included), with pooled buffers shared by the parts."""
+    monkeypatch.setattr(orb._NumpyMemory, "POOL_MIN_BYTES", 0)  # every buffer through the shared pool
+    parts = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps=wide)
+    whole = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps=wide, shards=False)
+    cfg = parts.config
+    for n, opts in ((9, DecodingOptions(beam_size=1, max_len_b=9)), (5, DecodingOptions(beam_size=3, nbest=2, max_len_b=9)),
+                    (3, DecodingOptions(beam_size=4, nbest=3, min_length=3, max_len_b=6))):
+        views = parts.shards(n, opts.beam_size)
+        assert views is not None and len(views) == 2 and whole.shards(n, opts.beam_size) is None
+        src, lens = _src(cfg, n, seed=n)
+        for _ in range(3):  # again, on the pool's buffers of the runs before
+            assert decode(parts, src, lens, opts) == decode(whole, src, lens, opts)
+
+
+def test_parts_only_where_they_are_faster(tiny_artifact_dir, monkeypatch):
+    """Parts (one per thread of the budget) for a small model's batch of two sentences or more and at least
+    SHARD_MIN_ROWS rows; never at a budget of one thread, for larger models, with shards=False or while a
+    step graph is pinned. The views run on the one-thread sessions only."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=3)
+    assert be.shards(1, 16) is None and be.shards(7, 1) is None and be.shards(3, 2) is None
+    views = be.shards(8, 1)
+    assert len(views) == 3 and be.shards(2, 4) is views  # made once
+    for v in views:
+        assert v.shards(8, 1) is None  # a view decodes its part whole
+        assert v.encoder.get_session_options().intra_op_num_threads == 1
+        assert v._session_for(1) is v._session_for(10_000) is be.decoder
+        assert be.decoder.get_session_options().intra_op_num_threads == 1
+    with be.only_step_graph(contract.STEP_FILE):
+        assert be.shards(8, 1) is None  # parity pins a graph: the views would not follow
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=1).shards(16, 4) is None
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2, shards=False).shards(16, 4) is None
+    # the standard step graph's results move in the last bits with the rows beside a sentence: no parts
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=False).shards(16, 4) is None
+    monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session with the budget
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2).shards(16, 4) is None

@@ -19,7 +19,10 @@ sentences are dropped from the backend at the next reorder.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,11 +119,56 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
     src_lengths = np.ascontiguousarray(src_lengths, dtype=np.int64)
     if len(src_ids) == 0:
         return []
+    shards = getattr(backend, "shards", None)
+    parts = shards(len(src_ids), options.beam_size) if shards is not None else None
+    if parts and len(parts) > 1:
+        return _decode_in_parts(parts, src_ids, src_lengths, options, search)
+    return _decode_one(backend, src_ids, src_lengths, options, search)
+
+
+def _decode_one(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
+                search: str) -> list[DecodeResult]:
     encoded = backend.encode(src_ids, src_lengths)
     lens = max_lengths(src_lengths, options, backend.config["max_positions"])
     if search == "greedy" or (search == "auto" and options.beam_size == 1):
         return _greedy(backend, encoded, lens, options)
     return _beam(backend, encoded, lens, options)
+
+
+_PARTS_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (threads, pool): the parts after
+# the first are decoded there (made when first needed, and again with more threads if a decode needs more)
+_PARTS_POOL_LOCK = threading.Lock()
+
+
+def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
+                     search: str) -> list[DecodeResult]:
+    """The batch's sentences dealt round-robin to the backend's parts (sentence i to part i % n: a batch sorted
+    by length gives each part a like share), each part decoded by the same search, at the same time: the
+    first in this thread, the others in a pool's threads. Each sentence is decoded exactly as in one batch
+    (the same padded source width; a backend offers parts only where a row's results do not depend on the
+    rows beside it), and the results come back in the batch's order. An error in any part is raised once
+    every part has stopped."""
+    global _PARTS_POOL
+    n = min(len(parts), len(src_ids))
+    index = [np.arange(j, len(src_ids), n) for j in range(n)]
+    with _PARTS_POOL_LOCK:
+        if _PARTS_POOL is None or _PARTS_POOL[0] < n - 1:
+            if _PARTS_POOL is not None:
+                _PARTS_POOL[1].shutdown(wait=False)  # its threads end once idle; submitted work still runs
+            size = max(n - 1, os.cpu_count() or 1)
+            _PARTS_POOL = (size, concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="transduce-decode-part"))
+        pool = _PARTS_POOL[1]
+    futures = [pool.submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]], options, search)
+               for j in range(1, n)]
+    try:
+        first = _decode_one(parts[0], src_ids[index[0]], src_lengths[index[0]], options, search)
+    finally:
+        concurrent.futures.wait(futures)  # no part runs on once this returns or raises
+    results: list[DecodeResult | None] = [None] * len(src_ids)
+    for idx, got in zip(index, [first] + [f.result() for f in futures]):
+        for i, r in zip(idx.tolist(), got):
+            results[i] = r
+    return results  # type: ignore[return-value]
 
 
 def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
@@ -170,12 +218,11 @@ def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> 
         tokens = tok
     end_run(backend, state)
     results = []
-    for i in range(n):
-        m = int(length[i])
-        lps = out_lp[i, :m].astype(np.float64)
-        toks = out_tok[i, : m - 1] if finished[i] else out_tok[i, :m]
-        raw = float(lps.sum())
-        hyp = Hypothesis(tuple(int(x) for x in toks), raw / options.penalty(m), raw, tuple(float(x) for x in lps), bool(finished[i]))
+    # whole rows to Python at once (tolist: ~3x faster than a generator of int()/float() per element)
+    for i, (m, tok_row, lp_row, ended) in enumerate(zip(length.tolist(), out_tok.tolist(), out_lp.tolist(), finished.tolist())):
+        raw = float(out_lp[i, :m].astype(np.float64).sum())
+        toks = tok_row[: m - 1] if ended else tok_row[:m]
+        hyp = Hypothesis(tuple(toks), raw / options.penalty(m), raw, tuple(lp_row[:m]), ended)
         results.append(DecodeResult((hyp,)))
     return results
 

@@ -12,6 +12,11 @@ A backend owns the device memory of one decoding run:
                                          new rows' source index, cross K/V are re-gathered only if it changed
   end(state)                          -> optional: the run is over, its buffers may be reused by the next
                                          run (the state is not used again); decoding calls it when present
+  shards(batch, beam)                 -> optional: None, or backends (views of this one) that decode parts
+                                         of a batch faster at the same time than this one decodes it whole;
+                                         decoding then deals the sentences out to them and runs one search
+                                         per part, each in its own thread. Offered only where a sentence's
+                                         results do not depend on the sentences decoded beside it.
 
 Tokens and token ids cross the protocol as numpy int64 arrays; everything else stays on the backend's
 device. PAD and BOS are never proposed by `step` (their log-probs are excluded from the top-k), and EOS
