@@ -186,7 +186,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     assert "| mode | batch | system | decode ms |" in md and "Machine ceilings" in md and "*floor*" in md
     assert ("§ on the GPU" in md) == cuda
     # ONNX Runtime's thread rules, as the backend applies them (at --threads 1: one thread throughout)
-    assert "ONNX Runtime's threads: steps 1 always; encoder 1." in md
+    assert "ONNX Runtime's threads: steps 1 always; encoder 1; every batch whole." in md
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
@@ -249,7 +249,36 @@ def test_ctranslate2_settings_within_the_thread_budget():
     assert ct2_settings_run(["default", "avx2", "1thread"], 1) == ["default", "avx2"]
     assert ct2_settings_run(["1thread", "default"], 1) == ["1thread"]
     assert ct2_settings_run(["avx2", "1thread"], 1) == ["avx2", "1thread"]  # another environment: kept
-    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread", "nomkl", "nomkl-1thread"]
+    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread", "nomkl", "nomkl-1thread", "inter", "nomkl-inter"]
+
+
+def test_ctranslate2_inter_settings_decode_a_batch_in_parts():
+    """inter: CTranslate2 decodes a batch as --threads sub-batches at once, one thread each (our ONNX Runtime
+    backend decodes a small model's batch in parts too); the worker asks for that many sub-batches, and the
+    output is CTranslate2's forced decode all the same."""
+    from transduce.bench.harness import ct2_inter_threads, ct2_threads
+
+    assert [ct2_inter_threads(s, 2) for s in ("default", "1thread", "inter", "nomkl-inter")] == [1, 1, 2, 2]
+    assert ct2_threads("inter", 2) == ct2_threads("nomkl-inter", 4) == 1
+
+
+def test_ctranslate2_worker_with_inter_threads_splits_the_batch(tiny_ct2_dir, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    from transduce.bench import worker
+
+    calls = []
+    w = worker._CTranslate2(tiny_ct2_dir, 1, inter_threads=2)
+    real = w.translator
+    monkeypatch.setattr(w, "translator", type("T", (), {"translate_batch": lambda self, tokens, **kw: (
+        calls.append(kw["max_batch_size"]), real.translate_batch(tokens, **kw))[1]})())
+    assert w.info["inter_threads"] == 2
+    reply = w.decode([[5, 6, 7], [6, 7], [7, 8, 9], [9]], beam=2, steps=3)
+    assert reply["tokens"] == 12 and calls == [2]
+    one = worker._CTranslate2(tiny_ct2_dir, 1)
+    monkeypatch.setattr(one, "translator", type("T", (), {"translate_batch": lambda self, tokens, **kw: (
+        calls.append(kw["max_batch_size"]), real.translate_batch(tokens, **kw))[1]})())
+    one.decode([[5, 6, 7], [6, 7]], beam=1, steps=2)
+    assert calls == [2, 0]
 
 
 def test_ctranslate2_settings_resolve_mkl_as_ctranslate2_does():
@@ -261,7 +290,7 @@ def test_ctranslate2_settings_resolve_mkl_as_ctranslate2_does():
     assert ct2_effective_env("default", intel=True)["CT2_USE_MKL"] == "1"
     assert ct2_effective_env("default", intel=False)["CT2_USE_MKL"] == "0"
     assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=True) == DEFAULT_CT2_SETTINGS
-    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=False) == ["default", "avx2", "1thread"]
+    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=False) == ["default", "avx2", "1thread", "inter"]
     assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 1, intel=True) == ["default", "avx2", "nomkl"]
     assert ct2_settings_run(["mkl", "default"], 2, intel=True) == ["mkl"]
     assert ct2_settings_run(["mkl", "default"], 2, intel=False) == ["mkl", "default"]
@@ -700,11 +729,13 @@ def test_the_report_says_how_onnxruntime_steps_use_the_threads():
                                                  "d_ff": 512, "vocab_size": 372}, "description": "trained"},
             "systems": {"onnxruntime": {"status": "ok", "info": {
                 "step_threads_rule": "2 always", "encoder_threads_rule": "1 below 66 source tokens per run, 2 from there",
-                "wide_steps": {"option": "auto", "rule": "always", "one_row_us": {"narrow": 97.3, "wide": 83.9}}}}},
+                "wide_steps": {"option": "auto", "rule": "always", "one_row_us": {"narrow": 97.3, "wide": 83.9}},
+                "parts_rule": "a batch of 2 sentences or more and 8 rows or more in 2 parts at the same time"}}},
             "cells": []}
     text = "\n".join(_size_section(size, {"steps": 32}))
     assert ("ONNX Runtime's threads: steps 2 always (chosen when the backend loaded: a one-row step took 97.3 us on "
-            "one thread, 83.9 us on the budget's); encoder 1 below 66") in text
+            "one thread, 83.9 us on the budget's); encoder 1 below 66 source tokens per run, 2 from there; a batch of 2 "
+            "sentences or more and 8 rows or more in 2 parts at the same time.") in text
     size["systems"]["onnxruntime"]["info"]["wide_steps"] = {"option": "rows", "rule": "rows"}
     assert "ONNX Runtime's threads: steps 2 always; encoder" in "\n".join(_size_section(size, {"steps": 32}))
 

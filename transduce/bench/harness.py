@@ -61,17 +61,25 @@ CT2_SETTINGS: dict[str, dict[str, str | None]] = {
     "nomkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
     "1thread": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
     "nomkl-1thread": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
+    "inter": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
+    "nomkl-inter": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
 }
 # settings that use fewer threads than --threads (CT2_THREADS[s], at most --threads): CTranslate2 on one thread
 # decodes the demo model's greedy batch 1 faster than on two on both machines measured (AMD EPYC: 3.1 vs
 # 3.4-3.7 ms), as our backend's one-thread steps did there; its best configuration is then within the budget
-CT2_THREADS = {"1thread": 1, "nomkl-1thread": 1}
+CT2_THREADS = {"1thread": 1, "nomkl-1thread": 1, "inter": 1, "nomkl-inter": 1}
+# settings that decode a batch in parts at the same time, one per thread of the budget: inter_threads = --threads
+# (intra_threads 1), max_batch_size = the batch / --threads, rounded up (CTranslate2 sorts the batch by length and
+# decodes the sub-batches in parallel). Our ONNX Runtime backend decodes a small model's batch in parts on its
+# own (backend.shards), so CTranslate2's way of doing so is timed beside it: demo model, Intel Xeon (2 cores),
+# batch 16, ms: greedy 10.2 (nomkl-inter) against 16.8 for its best on one batch, beam 4 23.3 (inter) against 37.3.
+CT2_INTER = ("inter", "nomkl-inter")
 # Without CT2_USE_MKL, CTranslate2 multiplies with Intel MKL on GenuineIntel CPUs only (oneDNN elsewhere).
 # On an Intel Xeon (2 cores, 2026-11-24) MKL on two threads was 4-10x slower than on one (demo greedy batch 16:
 # 166 vs 17 ms), and CT2_USE_MKL=0 (oneDNN) on two threads was CTranslate2's fastest there at batch 16 (16.8 and
 # 37.3 ms greedy and beam 4) and for the base model at batch 1 (92 vs 183 ms with MKL on one thread): so
 # "nomkl" settings are timed too. On other CPUs they repeat "default" and "1thread" and are left out.
-DEFAULT_CT2_SETTINGS = ["default", "avx2", "1thread", "nomkl", "nomkl-1thread"]
+DEFAULT_CT2_SETTINGS = ["default", "avx2", "1thread", "nomkl", "nomkl-1thread", "inter", "nomkl-inter"]
 
 
 def ct2_setting(name: str) -> str:
@@ -82,6 +90,11 @@ def ct2_setting(name: str) -> str:
 def ct2_threads(setting: str, threads: int) -> int:
     """CTranslate2's intra_threads under `setting` with a budget of `threads`."""
     return min(threads, CT2_THREADS.get(setting, threads))
+
+
+def ct2_inter_threads(setting: str, threads: int) -> int:
+    """CTranslate2's inter_threads under `setting` with a budget of `threads` (see CT2_INTER)."""
+    return threads if setting in CT2_INTER else 1
 
 
 def ct2_effective_env(setting: str, intel: bool) -> dict[str, str | None]:
@@ -95,12 +108,13 @@ def ct2_effective_env(setting: str, intel: bool) -> dict[str, str | None]:
 
 def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = None) -> list[str]:
     """The settings timed: those that would only repeat another's configuration at this budget are left
-    out (1thread at --threads 1 is the default setting; nomkl is the default on a CPU that is not Intel's)."""
+    out (1thread and inter at --threads 1 are the default setting; nomkl is the default on a CPU that is not
+    Intel's)."""
     intel = cpu_is_intel() if intel is None else intel
     out: list[str] = []
     for s in settings:
         same = (ct2_effective_env(o, intel) == ct2_effective_env(s, intel) and ct2_threads(o, threads) == ct2_threads(s, threads)
-                for o in out)
+                and ct2_inter_threads(o, threads) == ct2_inter_threads(s, threads) for o in out)
         if not any(same):
             out.append(s)
     return out
@@ -760,7 +774,8 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
                 entry["systems"][name] = {"status": "skipped", "reason": ct2_reason}
                 continue
             req = {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir,
-                   "threads": ct2_threads(ct2_setting(name), cfg.threads)}
+                   "threads": ct2_threads(ct2_setting(name), cfg.threads),
+                   "inter_threads": ct2_inter_threads(ct2_setting(name), cfg.threads)}
         elif quantized_system(name):
             q = quantized_system(name)
             gate = gates.get(q)

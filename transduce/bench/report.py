@@ -35,13 +35,19 @@ def markdown(result: dict[str, Any]) -> str:
                  f"1-min load average at start {_num(m.get('load_average_1min_at_start'), '{:.2f}')}).")
     lines.append(f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.")
     lines.append("")
-    one = [s for s in cfg.get("ct2_settings", []) if s.endswith("1thread")]
-    one_thread = (f" (1 in its {' and '.join(one)} setting{'s' if len(one) > 1 else ''}, within the budget)"
-                  if one and "ctranslate2" in cfg.get("backends", []) and cfg["threads"] > 1 else "")
+    ct2 = cfg.get("ct2_settings", []) if "ctranslate2" in cfg.get("backends", []) and cfg["threads"] > 1 else []
+    one = [s for s in ct2 if s.endswith("1thread")]
+    inter = [s for s in ct2 if s.endswith("inter")]
+    one_thread = (f" (1 in its {' and '.join(one + inter)} setting{'s' if len(one + inter) > 1 else ''})"
+                  if one or inter else "")
+    inter_text = (f"inter_threads 1 ({cfg['threads']} in its {' and '.join(inter)} setting{'s' if len(inter) > 1 else ''}, "
+                  f"a batch decoded as {cfg['threads']} sub-batches at the same time, max_batch_size = batch / "
+                  f"{cfg['threads']})" if inter else "inter_threads 1")
     lines.append(f"Threads: at most {cfg['threads']} per system (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
-                 f"intra_op {cfg['threads']}, inter_op 1, with one thread where the work is small (each size's "
-                 f"rule below); CTranslate2 intra_threads {cfg['threads']}{one_thread}, "
-                 "inter_threads 1, compute_type float32). Every system runs in its own process.")
+                 f"intra_op {cfg['threads']}, inter_op 1, with one thread where the work is small and a small model's "
+                 f"larger batches in {cfg['threads']} parts at the same time on one thread each (each size's rule "
+                 f"below); CTranslate2 intra_threads {cfg['threads']}{one_thread}, {inter_text}, compute_type "
+                 "float32). Every system runs in its own process.")
     lines.append(f"Work: random source ids, {cfg['src_len']} encoder positions per sentence (EOS included); exactly "
                  f"{cfg['steps']} generated tokens per sentence (EOS banned, maximum length {cfg['steps']}), so every "
                  "system does the same work. Throughput counts the best hypothesis' tokens.")
@@ -116,8 +122,9 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         measured = (ort.get("wide_steps") or {}).get("one_row_us")
         how = (f" (chosen when the backend loaded: a one-row step took {measured['narrow']:g} us on one thread, "
                f"{measured['wide']:g} us on the budget's)" if measured else "")
+        parts = f"; {ort['parts_rule']}" if ort.get("parts_rule") else ""
         lines.append(f"ONNX Runtime's threads: steps {ort.get('step_threads_rule', '?')}{how}; encoder "
-                     f"{ort.get('encoder_threads_rule', '?')}.")
+                     f"{ort.get('encoder_threads_rule', '?')}{parts}.")
         lines.append("")
     for q, g in s.get("quality_gates", {}).items():
         head = f"{q} quality gate" + (" (the demo size's)" if g.get("from") else "") + ": "

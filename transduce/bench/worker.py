@@ -12,7 +12,8 @@ process of its own, so that
 Protocol: one JSON object per line on stdin, one JSON reply per line on the original stdout (fd 1 is
 pointed at stderr, so anything a library prints cannot corrupt the protocol):
   {"op": "load", "system": "torch"|"torch-cuda"|"onnxruntime"|"tensorrt"|"ctranslate2", "path": DIR,
-   "model_dir": DIR, "threads": N}                       -> {"ok": true, "info": {...}}
+   "model_dir": DIR, "threads": N, "inter_threads": M}   -> {"ok": true, "info": {...}}
+      (inter_threads: CTranslate2 only, 1 if absent; a batch is then decoded in M sub-batches at once)
   {"op": "decode", "src": [[id, ...], ...], "beam": K, "steps": N, "min_seconds": T}
       a forced-length decode: exactly N tokens per sentence (EOS banned), source ids given without EOS
       (it is appended), called back to back until the calls fill T seconds (at least once, at most
@@ -76,7 +77,11 @@ class _Ours:
             import onnxruntime
 
             be = self.backend
-            from transduce.runtime.backends.onnxruntime_backend import NARROW_ENCODER_MFLOP, encoder_mflop_per_token
+            from transduce.runtime.backends.onnxruntime_backend import (
+                NARROW_ENCODER_MFLOP,
+                SHARD_MIN_ROWS,
+                encoder_mflop_per_token,
+            )
 
             narrow = math.ceil(NARROW_ENCODER_MFLOP / encoder_mflop_per_token(self.cfg))  # source tokens per run
             self.info.update(onnxruntime=onnxruntime.__version__,
@@ -88,6 +93,9 @@ class _Ours:
                                                 else f"{threads} always" if be.decoder_wide is not be.decoder
                                                 else f"{be.threads} always"),
                              wide_steps=be.wide_steps,
+                             parts_rule=(f"a batch of 2 sentences or more and {SHARD_MIN_ROWS} rows or more in "
+                                         f"{be.shard_count} parts at the same time, one thread each"
+                                         if be.shard_count > 1 else "every batch whole"),
                              step_graph=be.step_graphs()[0], pool_spin_us=be.pool_spin_us)
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -140,16 +148,17 @@ class _Ours:
 
 
 class _CTranslate2:
-    def __init__(self, path: str, threads: int):
+    def __init__(self, path: str, threads: int, inter_threads: int = 1):
         import ctranslate2
 
         from transduce.bench.ctranslate2_export import SUPPRESS, ct2_vocab
 
         self.suppress = SUPPRESS
-        self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32", inter_threads=1,
+        self.inter = inter_threads
+        self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32", inter_threads=inter_threads,
                                                  intra_threads=threads)
         self.vocab = ct2_vocab(path)
-        self.info = {"ctranslate2": ctranslate2.__version__, "intra_threads": threads, "inter_threads": 1,
+        self.info = {"ctranslate2": ctranslate2.__version__, "intra_threads": threads, "inter_threads": inter_threads,
                      "compute_type": self.translator.compute_type,
                      "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                      "CT2_USE_MKL": os.environ.get("CT2_USE_MKL", "")}
@@ -157,9 +166,11 @@ class _CTranslate2:
     def decode(self, src, beam: int, steps: int) -> dict[str, Any]:
         tokens = [[self.vocab[i] for i in x] for x in src]
         t = time.perf_counter()
+        # with inter_threads, the batch in that many sub-batches decoded at the same time (0: one batch)
+        parts = math.ceil(len(tokens) / self.inter) if self.inter > 1 else 0
         results = self.translator.translate_batch(
             tokens, beam_size=beam, max_decoding_length=steps, min_decoding_length=steps,
-            suppress_sequences=self.suppress, max_batch_size=0)
+            suppress_sequences=self.suppress, max_batch_size=parts)
         seconds = time.perf_counter() - t
         lengths = [len(r.hypotheses[0]) for r in results]
         if any(n != steps for n in lengths):
@@ -170,7 +181,7 @@ class _CTranslate2:
 def _load(req: dict[str, Any]):
     system = req["system"]
     if system == "ctranslate2":
-        return _CTranslate2(req["path"], int(req["threads"]))
+        return _CTranslate2(req["path"], int(req["threads"]), int(req.get("inter_threads", 1)))
     return _Ours(system, req["path"], req.get("model_dir"), int(req["threads"]))
 
 

@@ -322,7 +322,9 @@ class OnnxRuntimeBackend:
             if self.wide_steps["rule"] == "always":
                 self._wide_from = 1
         # a small model's batch in parts, one per thread of the budget (SHARD_MIN_ROWS); views made when first needed
-        self._shard_count = (threads or os.cpu_count() or 1) if shards and self.decoder_wide is not self.decoder else 1
+        # parts a large enough batch is decoded in (1: never; only on the fused graph, see shards())
+        self.shard_count = ((threads or os.cpu_count() or 1) if shards and self.fused and self.decoder_wide is not self.decoder
+                            else 1)
         self._shard_views: list[OnnxRuntimeBackend] | None = None
         self._shard_lock = threading.Lock()
 
@@ -470,12 +472,11 @@ class OnnxRuntimeBackend:
         row the same results whatever rows run beside it, so the parts decode bit for bit as the whole batch
         would; the standard graph's move in the last bits (~1e-6 in a score) with the batch, so it is not
         offered parts."""
-        if (self._shard_count < 2 or batch < 2 or batch * beam < SHARD_MIN_ROWS or self._pinned is not None
-                or not self.fused):
+        if self.shard_count < 2 or batch < 2 or batch * beam < SHARD_MIN_ROWS or self._pinned is not None:
             return None
         with self._shard_lock:
             if self._shard_views is None:
-                self._shard_views = [self._one_thread_view() for _ in range(self._shard_count)]
+                self._shard_views = [self._one_thread_view() for _ in range(self.shard_count)]
         return self._shard_views
 
     def _one_thread_view(self) -> OnnxRuntimeBackend:
@@ -488,7 +489,7 @@ class OnnxRuntimeBackend:
         view.decoder_wide = self.decoder  # the one-thread step session, at every row count
         view._wide_from = sys.maxsize
         view.threads = 1
-        view._shard_count, view._shard_views = 1, None
+        view.shard_count, view._shard_views = 1, None
         return view
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> dict[str, Any]:
