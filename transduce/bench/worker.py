@@ -79,6 +79,7 @@ class _Ours:
             be = self.backend
             from transduce.runtime.backends.onnxruntime_backend import (
                 NARROW_ENCODER_MFLOP,
+                SHARD_MIN_PART_ROWS,
                 SHARD_MIN_ROWS,
                 encoder_mflop_per_token,
             )
@@ -93,8 +94,9 @@ class _Ours:
                                                 else f"{threads} always" if be.decoder_wide is not be.decoder
                                                 else f"{be.threads} always"),
                              wide_steps=be.wide_steps,
-                             parts_rule=(f"a batch of 2 sentences or more and {SHARD_MIN_ROWS} rows or more in "
-                                         f"{be.shard_count} parts at the same time, one thread each"
+                             parts_rule=(f"a batch of 2 sentences or more and {SHARD_MIN_ROWS} rows or more in up to "
+                                         f"{be.shard_count} parts of {SHARD_MIN_PART_ROWS} rows or more at the same time, "
+                                         "one thread each"
                                          if be.shard_count > 1 else "every batch whole"),
                              step_graph=be.step_graphs()[0], pool_spin_us=be.pool_spin_us)
 

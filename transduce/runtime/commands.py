@@ -78,7 +78,8 @@ def _written_over(input_path: str, output_path: str) -> bool:
 @click.option("--max-len-b", default=50, show_default=True, help="Max output length = source length + this.")
 @click.option("--min-length", default=0, show_default=True)
 @click.option("--batch-tokens", default=4096, show_default=True, help="Budget of rows x beam x source tokens per batch.")
-@click.option("--threads", default=0, show_default=True, help="Intra-op threads (0: the framework's default).")
+@click.option("--threads", default=0, show_default=True, help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small model's larger "
+              "batches in this many parts at the same time, one thread each.")
 @click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
 @click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
 @click.option("--model", "model_dir", type=click.Path(), help="Model directory for --backend torch (default: the one the artifact names).")

@@ -178,6 +178,10 @@ WIDE_CALIBRATION_WARMUP = 3
 # 15.64 / 17.13, 8 20.60 / 27.48, 16 32.27 / 43.81, 32 53.29 / 73.98. Not for larger models, whose steps are
 # bound by reading the weights, which two parts read twice (base shape, greedy batch 16: 483 / 360 ms).
 SHARD_MIN_ROWS = 8
+# ... and each part gets at least this many rows: the parts' Python (the search, ~25-50 us a step) runs under one
+# interpreter lock, which many one-row parts on a many-core machine would keep busy all the time (not measured
+# here: 2 cores only).
+SHARD_MIN_PART_ROWS = 4
 
 
 _LAST = "last step"  # the key of _State.bindings' entry for the last step's (key, session, binding, fused)
@@ -466,8 +470,9 @@ class OnnxRuntimeBackend:
 
     # -- a batch in parts (SHARD_MIN_ROWS) ----------------------------------------------------------
     def shards(self, batch: int, beam: int) -> list[OnnxRuntimeBackend] | None:
-        """The backends decoding.decode deals a batch out to (one per thread of the budget), or None to decode
-        it whole: a small model's batch of two sentences or more and SHARD_MIN_ROWS rows or more, on the CPU,
+        """The backends decoding.decode deals a batch out to (one per thread of the budget, each with at least
+        SHARD_MIN_PART_ROWS rows), or None to decode it whole: a small model's batch of two sentences or more
+        and SHARD_MIN_ROWS rows or more, on the CPU,
         on the fused step graph and while no step graph is pinned (only_step_graph). The fused graph gives a
         row the same results whatever rows run beside it, so the parts decode bit for bit as the whole batch
         would; the standard graph's move in the last bits (~1e-6 in a score) with the batch, so it is not
@@ -477,7 +482,7 @@ class OnnxRuntimeBackend:
         with self._shard_lock:
             if self._shard_views is None:
                 self._shard_views = [self._one_thread_view() for _ in range(self.shard_count)]
-        return self._shard_views
+        return self._shard_views[: min(self.shard_count, batch, batch * beam // SHARD_MIN_PART_ROWS)]
 
     def _one_thread_view(self) -> OnnxRuntimeBackend:
         """This backend on its one-thread sessions only: it shares their weights, the memory pool and the top-k
