@@ -296,9 +296,10 @@ def plot(result: dict[str, Any], path: str) -> None:
             if lab not in handles:
                 handles[lab] = h
                 labels.append(lab)
-    fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.02 / len(sizes), 1, 1))
+    ncol = min(len(labels), 2 * len(modes) + 1)  # long names (ctranslate2-nomkl-1thread) need ~2 columns a panel
+    fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / fig.get_figheight(), 1, 1))  # the legend's rows below the panels
     write_png_atomic(fig, path, 110)
 
 
