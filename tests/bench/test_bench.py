@@ -296,6 +296,21 @@ def test_ctranslate2_settings_resolve_mkl_as_ctranslate2_does():
     assert ct2_settings_run(["mkl", "default"], 2, intel=False) == ["mkl", "default"]
 
 
+def test_bench_help_names_every_ctranslate2_setting_and_the_default():
+    """--ct2-settings' help lists every setting the harness knows, and the default it really uses."""
+    from click.testing import CliRunner
+
+    from transduce.bench.harness import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
+    from transduce.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "--help"], terminal_width=10_000)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    for name in CT2_SETTINGS:
+        assert f" {name} " in text or f" {name}," in text or f" {name};" in text, name
+    assert f"[default: {','.join(DEFAULT_CT2_SETTINGS)}]" in text
+
+
 def test_throughput_ratios_pair_rounds():
     # our seconds per round, theirs per round: ratio = their seconds / ours (our throughput / theirs)
     r = throughput_ratios([1.0, 2.0, 4.0], [2.0, 2.0, 2.0])

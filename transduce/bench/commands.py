@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from transduce.bench.harness import DEFAULT_CT2_SETTINGS
 from transduce.cli_errors import cli_errors
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
@@ -53,8 +54,9 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--threads", default=2, show_default=True, help="Threads of every system.")
 @click.option("--ct2-settings", help="CTranslate2 environments to time, each in its own process: default, avx2 "
               "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1), nomkl (CT2_USE_MKL=0), 1thread (intra_threads 1), "
-              "nomkl-1thread; one that amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on "
-              "Intel CPUs only).  [default: default,avx2,1thread,nomkl,nomkl-1thread]")
+              "nomkl-1thread, inter (a batch in --threads sub-batches at once, one thread each), nomkl-inter; one that "
+              "amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on Intel CPUs only).  "
+              f"[default: {','.join(DEFAULT_CT2_SETTINGS)}]")
 @click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
               "(timed when CUDA is available). Repeatable.")
 @click.option("--quantize", "quantize", multiple=True, type=click.Choice(QUANTIZE_METHODS),
