@@ -245,3 +245,36 @@ def test_an_error_in_a_part_is_raised_when_every_part_has_stopped(tiny_model, fa
     with pytest.raises(RuntimeError, match=f"view {fail_view} failed"):
         decode(parted, src, np.array([3, 3, 2]), DecodingOptions(beam_size=2, max_len_b=4))
     assert sorted(j for j, _, _ in parted.seen) == [0, 1]  # the other part was decoded too
+
+
+def test_parts_are_submitted_before_another_decode_can_replace_the_pool(tiny_model, monkeypatch):
+    """A decode on another thread that needs more parts than the pool has threads replaces (and shuts down) the
+    pool: one that had just taken the old pool must not submit to it after that. Played deterministically: the
+    replacement happens the moment the pool's lock is let go."""
+    import concurrent.futures
+    import threading
+
+    from transduce.runtime import decoding
+
+    class ReplaceOnRelease:
+        def __init__(self):
+            self.lock, self.replaced = threading.Lock(), False
+
+        def __enter__(self):
+            self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            self.lock.__exit__(*exc)
+            if not self.replaced:  # what a decode needing a bigger pool does on another thread, just now
+                self.replaced = True
+                old = decoding._PARTS_POOL
+                decoding._PARTS_POOL = (64, concurrent.futures.ThreadPoolExecutor(64))
+                old[1].shutdown(wait=False)
+
+    monkeypatch.setattr(decoding, "_PARTS_POOL", None)
+    monkeypatch.setattr(decoding, "_PARTS_POOL_LOCK", ReplaceOnRelease())
+    src = np.array([[5, 6, 2], [6, 5, 2], [4, 2, 0]])
+    parted = _Parted(tiny_model, views=3)
+    got = decode(parted, src, np.array([3, 3, 2]), DecodingOptions(beam_size=1, max_len_b=4))
+    assert len(got) == 3 and sorted(j for j, _, _ in parted.seen) == [0, 1, 2]
+    decoding._PARTS_POOL[1].shutdown()

@@ -151,15 +151,14 @@ def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, 
     global _PARTS_POOL
     n = min(len(parts), len(src_ids))
     index = [np.arange(j, len(src_ids), n) for j in range(n)]
-    with _PARTS_POOL_LOCK:
+    with _PARTS_POOL_LOCK:  # held while submitting: a decode on another thread may replace the pool meanwhile
         if _PARTS_POOL is None or _PARTS_POOL[0] < n - 1:
             if _PARTS_POOL is not None:
                 _PARTS_POOL[1].shutdown(wait=False)  # its threads end once idle; submitted work still runs
             size = max(n - 1, os.cpu_count() or 1)
             _PARTS_POOL = (size, concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="transduce-decode-part"))
-        pool = _PARTS_POOL[1]
-    futures = [pool.submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]], options, search)
-               for j in range(1, n)]
+        futures = [_PARTS_POOL[1].submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]], options, search)
+                   for j in range(1, n)]
     try:
         first = _decode_one(parts[0], src_ids[index[0]], src_lengths[index[0]], options, search)
     finally:
