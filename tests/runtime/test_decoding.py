@@ -162,17 +162,24 @@ def test_stay_in_place_keeps_first_children_in_their_parents_rows():
     from transduce.runtime.decoding import _stay_in_place
 
     rng = np.random.default_rng(0)
+    nones = 0
     for ns, nb in [(1, 4), (16, 4), (3, 2), (5, 1)]:
         for _ in range(50):
             # parents mostly in the sentence's own block, sometimes elsewhere (after sentences were dropped)
             parents = np.sort(rng.integers(0, nb, (ns, nb)), axis=1) + (np.arange(ns) * nb)[:, None]
             parents[rng.random((ns, nb)) < 0.1] += nb
             perm = _stay_in_place(parents, nb)
+            if perm is None:  # every beam keeps its slot
+                perm = np.tile(np.arange(nb), (ns, 1))  # checked as such below (rows moved: the minimum)
+                nones += 1
             assert (np.sort(perm, axis=1) == np.arange(nb)).all()
             new = np.take_along_axis(parents, perm, axis=1).ravel()
             moved = int((new != np.arange(ns * nb)).sum())
             in_block = [{p - i * nb for p in row if 0 <= p - i * nb < nb} for i, row in enumerate(parents.tolist())]
             assert moved == ns * nb - sum(len(s) for s in in_block)
+    assert nones > 0  # the identity (None) came up and was checked
+    assert _stay_in_place(np.array([[0, 0, 0, 3]]), 4) is None  # beams 0 and 3 in their parents' rows, 1 and 2 fill 1, 2
+    assert _stay_in_place(np.array([[0, 0, 1, 3]]), 4).tolist() == [[0, 2, 1, 3]]  # beam 2 to its parent's row 1
 
 
 class _Parted:
