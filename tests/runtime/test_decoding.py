@@ -285,3 +285,46 @@ def test_parts_are_submitted_before_another_decode_can_replace_the_pool(tiny_mod
     got = decode(parted, src, np.array([3, 3, 2]), DecodingOptions(beam_size=1, max_len_b=4))
     assert len(got) == 3 and sorted(j for j, _, _ in parted.seen) == [0, 1, 2]
     decoding._PARTS_POOL[1].shutdown()
+
+
+def test_parts_after_fork_and_at_exit(monkeypatch):
+    """The parts' pool survives neither a fork (its threads are the parent's) nor the interpreter's shutdown
+    (no new futures then): a decode in parts must still finish in a forked child and in an atexit handler.
+    The parts' decoding is a stand-in (no framework in the forked child: only the pool is under test)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from transduce.runtime import decoding
+
+    def one(backend, src_ids, src_lengths, options, search):  # each sentence's "result": its first id
+        return src_ids[:, 0].tolist()
+
+    monkeypatch.setattr(decoding, "_decode_one", one)
+    parts, src, lens = [object(), object()], np.arange(5)[:, None], np.ones(5, np.int64)
+    assert decoding._decode_in_parts(parts, src, lens, None, "auto") == [0, 1, 2, 3, 4]  # the pool exists here
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        signal.alarm(30)  # a hang shows as a failed status, not a stuck suite
+        try:
+            os._exit(0 if decoding._decode_in_parts(parts, src, lens, None, "auto") == [0, 1, 2, 3, 4] else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, f"child status {status}"
+
+    script = textwrap.dedent("""
+        import atexit
+        import numpy as np
+        from transduce.runtime import decoding
+        def one(backend, src_ids, src_lengths, options, search):
+            return src_ids[:, 0].tolist()
+        decoding._decode_one = one
+        def at_exit():
+            print(decoding._decode_in_parts([None, None], np.arange(4)[:, None], np.ones(4, np.int64), None, "auto"))
+        atexit.register(at_exit)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[0, 1, 2, 3]", out.stderr

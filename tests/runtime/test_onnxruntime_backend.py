@@ -604,3 +604,53 @@ def test_parts_only_where_they_are_faster(tiny_artifact_dir, monkeypatch):
     assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=False).shards(16, 4) is None
     monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session with the budget
     assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2).shards(16, 4) is None
+
+
+def test_every_part_has_at_least_shard_min_part_rows(tiny_artifact_dir):
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=8)
+    for batch in range(2, 20):
+        for beam in range(1, 6):
+            views = be.shards(batch, beam)
+            if views:
+                smallest = len(range(len(views) - 1, batch, len(views))) * beam  # the last part's rows
+                assert smallest >= orb.SHARD_MIN_PART_ROWS, (batch, beam, len(views))
+
+
+def test_no_parts_for_quantized_graphs(tiny_model_dir, tmp_path):
+    """Dynamic quantization scales a run's activations by the whole run's range: a row's results depend on the
+    rows beside it, so parts would not decode as the whole batch."""
+    from transduce.exporter.onnx_export import export_artifact
+
+    export_artifact(tiny_model_dir, tmp_path / "q", quantize="int8")
+    assert make_backend(str(tmp_path / "q"), "onnxruntime", threads=2).shards(16, 4) is None
+
+
+def test_load_time_calibration_with_few_positions(tiny_tokenizer, tmp_path_factory):
+    """The one-row calibration step must stay inside the model's positional table (max_positions 8 here)."""
+    from tests.conftest import TINY, saved_model_dir, seeded_model
+    from transduce.exporter.onnx_export import export_artifact
+
+    model_dir = saved_model_dir(tmp_path_factory, "short", seeded_model(tiny_tokenizer, 0, **{**TINY, "max_positions": 8}),
+                                tiny_tokenizer)
+    art = tmp_path_factory.mktemp("short-artifact") / "artifact"
+    export_artifact(model_dir, art)
+    be = make_backend(str(art), "onnxruntime", threads=2)  # wide_steps="auto": timed when it loads
+    assert be.wide_steps["option"] == "auto" and be.wide_steps["one_row_us"]["narrow"] > 0
+
+
+def test_parts_at_threads_0_follow_the_cpus_this_process_may_use(tiny_artifact_dir, monkeypatch):
+    """threads=0 (the CLI's default: all of them) gets one part per CPU of the process's affinity mask, not of the
+    machine: under `taskset -c 0` a batch is decoded whole."""
+    from transduce.runtime.backends import base
+
+    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert base.usable_cpus() == 1
+    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert base.usable_cpus() == 3
+    monkeypatch.setattr(orb, "usable_cpus", lambda: 1)
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=0).shards(16, 4) is None
+    monkeypatch.setattr(orb, "usable_cpus", lambda: 3)
+    assert len(make_backend(tiny_artifact_dir, "onnxruntime", threads=0).shards(16, 4)) == 3
+    monkeypatch.delattr(base.os, "sched_getaffinity")
+    monkeypatch.setattr(base.os, "cpu_count", lambda: 6)
+    assert base.usable_cpus() == 6  # no affinity on this OS: the machine's count

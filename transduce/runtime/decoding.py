@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transduce.errors import InputError
+from transduce.runtime.backends.base import usable_cpus
 
 LENGTH_PENALTIES = ("gnmt", "plain", "none")
 
@@ -120,7 +121,8 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
     if len(src_ids) == 0:
         return []
     shards = getattr(backend, "shards", None)
-    parts = shards(len(src_ids), options.beam_size) if shards is not None else None
+    greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
+    parts = shards(len(src_ids), 1 if greedy else options.beam_size) if shards is not None else None
     if parts and len(parts) > 1:
         return _decode_in_parts(parts, src_ids, src_lengths, options, search)
     return _decode_one(backend, src_ids, src_lengths, options, search)
@@ -140,6 +142,16 @@ _PARTS_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # 
 _PARTS_POOL_LOCK = threading.Lock()
 
 
+def _forget_parts_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist here (submitting to it would hang)."""
+    global _PARTS_POOL, _PARTS_POOL_LOCK
+    _PARTS_POOL, _PARTS_POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parts_pool)
+
+
 def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
                      search: str) -> list[DecodeResult]:
     """The batch's sentences dealt round-robin to the backend's parts (sentence i to part i % n: a batch sorted
@@ -151,20 +163,27 @@ def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, 
     global _PARTS_POOL
     n = min(len(parts), len(src_ids))
     index = [np.arange(j, len(src_ids), n) for j in range(n)]
+    futures: list[concurrent.futures.Future] = []
     with _PARTS_POOL_LOCK:  # held while submitting: a decode on another thread may replace the pool meanwhile
-        if _PARTS_POOL is None or _PARTS_POOL[0] < n - 1:
-            if _PARTS_POOL is not None:
-                _PARTS_POOL[1].shutdown(wait=False)  # its threads end once idle; submitted work still runs
-            size = max(n - 1, os.cpu_count() or 1)
-            _PARTS_POOL = (size, concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="transduce-decode-part"))
-        futures = [_PARTS_POOL[1].submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]], options, search)
-                   for j in range(1, n)]
+        try:
+            if _PARTS_POOL is None or _PARTS_POOL[0] < n - 1:
+                if _PARTS_POOL is not None:
+                    _PARTS_POOL[1].shutdown(wait=False)  # its threads end once idle; submitted work still runs
+                size = max(n - 1, usable_cpus())
+                _PARTS_POOL = (size, concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="transduce-decode-part"))
+            for j in range(1, n):
+                futures.append(_PARTS_POOL[1].submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]],
+                                                     options, search))
+        except RuntimeError:  # the interpreter is shutting down (atexit): no new threads; the rest in this one
+            pass
     try:
         first = _decode_one(parts[0], src_ids[index[0]], src_lengths[index[0]], options, search)
     finally:
         concurrent.futures.wait(futures)  # no part runs on once this returns or raises
+    rest = [_decode_one(parts[j], src_ids[index[j]], src_lengths[index[j]], options, search)
+            for j in range(1 + len(futures), n)]
     results: list[DecodeResult | None] = [None] * len(src_ids)
-    for idx, got in zip(index, [first] + [f.result() for f in futures]):
+    for idx, got in zip(index, [first] + [f.result() for f in futures] + rest):
         for i, r in zip(idx.tolist(), got):
             results[i] = r
     return results  # type: ignore[return-value]

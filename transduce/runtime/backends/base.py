@@ -25,6 +25,7 @@ is excluded when ban_eos is set (minimum length).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,6 +46,15 @@ class Backend(Protocol):
     def reorder(self, state: Any, rows: np.ndarray, row_src: np.ndarray) -> None: ...
 
     def encoder_outputs(self, encoded: Any) -> dict[str, np.ndarray]: ...
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, as under taskset or a container's
+    cpuset), not the machine's count: what parts of a batch decoded at once can really use."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this OS (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def numpy_topk(log_probs: np.ndarray, k: int, banned: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable, InputError
 from transduce.runtime import contract
-from transduce.runtime.backends.base import ban_bias, banned_ids, move_rows_torch, numpy_topk
+from transduce.runtime.backends.base import ban_bias, banned_ids, move_rows_torch, numpy_topk, usable_cpus
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -327,8 +327,10 @@ class OnnxRuntimeBackend:
                 self._wide_from = 1
         # a small model's batch in parts, one per thread of the budget (SHARD_MIN_ROWS); views made when first needed
         # parts a large enough batch is decoded in (1: never; only on the fused graph, see shards())
-        self.shard_count = ((threads or os.cpu_count() or 1) if shards and self.fused and self.decoder_wide is not self.decoder
-                            else 1)
+        # not for quantized graphs: dynamic quantization scales a run's activations by the whole run's range, so a
+        # row's results depend on the rows beside it
+        self.shard_count = ((threads or usable_cpus()) if shards and self.fused and self.decoder_wide is not self.decoder
+                            and not contract.quantization(self.manifest) else 1)
         self._shard_views: list[OnnxRuntimeBackend] | None = None
         self._shard_lock = threading.Lock()
 
@@ -358,13 +360,14 @@ class OnnxRuntimeBackend:
         import time
 
         h, dh, src = self.heads, self.head_dim, 16
+        position = min(16, self.config["max_positions"] - 1)  # a slot the positional table has
         enc: dict[str, Any] = {name: self._mem.from_numpy(np.zeros((1, h, src, dh), self.float_dtype))
                                for name in self.cross_names}
         enc["src_lengths"] = np.array([src], np.int64)
         state = self.begin(enc, np.zeros(1, np.int64), 32)
         try:
             self._mem.fill(state.tokens, self.config["bos_id"], 1)
-            self._mem.fill(state.positions, 16, 1)
+            self._mem.fill(state.positions, position, 1)
             runs = {name: (session, self._binding_for(state, session)) for name, session in
                     (("narrow", self.decoder), ("wide", self.decoder_wide))}
             best = {name: math.inf for name in runs}
@@ -473,7 +476,8 @@ class OnnxRuntimeBackend:
         """The backends decoding.decode deals a batch out to (one per thread of the budget, each with at least
         SHARD_MIN_PART_ROWS rows), or None to decode it whole: a small model's batch of two sentences or more
         and SHARD_MIN_ROWS rows or more, on the CPU,
-        on the fused step graph and while no step graph is pinned (only_step_graph). The fused graph gives a
+        on the fused step graph of an artifact that is not quantized and while no step graph is pinned
+        (only_step_graph); as many parts as leave the smallest SHARD_MIN_PART_ROWS rows, at least two. The fused graph gives a
         row the same results whatever rows run beside it, so the parts decode bit for bit as the whole batch
         would; the standard graph's move in the last bits (~1e-6 in a score) with the batch, so it is not
         offered parts."""
@@ -482,7 +486,8 @@ class OnnxRuntimeBackend:
         with self._shard_lock:
             if self._shard_views is None:
                 self._shard_views = [self._one_thread_view() for _ in range(self.shard_count)]
-        return self._shard_views[: min(self.shard_count, batch, batch * beam // SHARD_MIN_PART_ROWS)]
+        n = min(self.shard_count, batch // -(-SHARD_MIN_PART_ROWS // beam))  # every part >= SHARD_MIN_PART_ROWS rows
+        return self._shard_views[:n] if n > 1 else None
 
     def _one_thread_view(self) -> OnnxRuntimeBackend:
         """This backend on its one-thread sessions only: it shares their weights, the memory pool and the top-k
