@@ -55,7 +55,8 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--ct2-settings", help="CTranslate2 environments to time, each in its own process: default, avx2 "
               "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1), nomkl (CT2_USE_MKL=0), 1thread (intra_threads 1), "
               "nomkl-1thread, inter (a batch in --threads sub-batches at once, one thread each), nomkl-inter; one that "
-              "amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on Intel CPUs only).  "
+              "amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on Intel CPUs only; avx2 caps "
+              "nothing on a CPU without AVX-512, AVX-VNNI or AMX).  "
               f"[default: {','.join(DEFAULT_CT2_SETTINGS)}]")
 @click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
               "(timed when CUDA is available). Repeatable.")

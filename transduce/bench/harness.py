@@ -97,36 +97,69 @@ def ct2_inter_threads(setting: str, threads: int) -> int:
     return threads if setting in CT2_INTER else 1
 
 
-def ct2_effective_env(setting: str, intel: bool) -> dict[str, str | None]:
+def ct2_effective_env(setting: str, intel: bool, above_avx2: bool = True) -> dict[str, str | None]:
     """The environment a setting amounts to: CTranslate2 resolves an unset CT2_USE_MKL to MKL on Intel CPUs
-    only (cpu/backend.cc, mayiuse_mkl)."""
+    only (cpu/backend.cc, mayiuse_mkl); ONEDNN_MAX_CPU_ISA=AVX2 caps nothing on a CPU with no instruction set
+    above AVX2 that oneDNN would use (above_avx2 False: the variable amounts to being unset)."""
     env = dict(CT2_SETTINGS[setting])
     if env["CT2_USE_MKL"] is None:
         env["CT2_USE_MKL"] = "1" if intel else "0"
+    if env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and not above_avx2:
+        env["ONEDNN_MAX_CPU_ISA"] = None
     return env
 
 
-def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = None) -> list[str]:
+def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = None,
+                     above_avx2: bool | None = None) -> list[str]:
     """The settings timed: those that would only repeat another's configuration at this budget are left
     out (1thread and inter at --threads 1 are the default setting; nomkl is the default on a CPU that is not
-    Intel's)."""
+    Intel's; avx2 is the default on a CPU with nothing above AVX2). Timing a configuration twice would only
+    let the faster of two identical runs, noise, stand as CTranslate2's best."""
     intel = cpu_is_intel() if intel is None else intel
+    above_avx2 = cpu_above_avx2() if above_avx2 is None else above_avx2
+
+    def env(x: str) -> dict[str, str | None]:
+        return ct2_effective_env(x, intel, above_avx2)
+
     out: list[str] = []
     for s in settings:
-        same = (ct2_effective_env(o, intel) == ct2_effective_env(s, intel) and ct2_threads(o, threads) == ct2_threads(s, threads)
+        same = (env(o) == env(s) and ct2_threads(o, threads) == ct2_threads(s, threads)
                 and ct2_inter_threads(o, threads) == ct2_inter_threads(s, threads) for o in out)
         if not any(same):
             out.append(s)
     return out
 
 
-def cpu_is_intel() -> bool:
-    """Whether /proc/cpuinfo names a GenuineIntel CPU (False where it cannot be read)."""
+def cpuinfo() -> dict[str, Any] | None:
+    """The first CPU's vendor, model name and flags from /proc/cpuinfo (None where it cannot be read)."""
+    info: dict[str, Any] = {"vendor": "", "model": "", "flags": set()}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and not info["vendor"]:
+                    info["vendor"] = value.strip()
+                elif key == "model name" and not info["model"]:
+                    info["model"] = value.strip()
+                elif key == "flags" and not info["flags"]:
+                    info["flags"] = set(value.split())
     except OSError:
-        return False
+        return None
+    return info
+
+
+def cpu_is_intel() -> bool:
+    """Whether /proc/cpuinfo names a GenuineIntel CPU (False where it cannot be read)."""
+    info = cpuinfo()
+    return info is not None and info["vendor"] == "GenuineIntel"
+
+
+def cpu_above_avx2() -> bool:
+    """Whether the CPU has an instruction set above AVX2 that oneDNN dispatches to (AVX-512, AVX-VNNI, AMX): where
+    it has not, ONEDNN_MAX_CPU_ISA=AVX2 changes nothing. True where /proc/cpuinfo cannot be read (time both)."""
+    info = cpuinfo()
+    return info is None or any(f.startswith(("avx512", "avx_vnni", "amx")) for f in info["flags"])
 
 
 # Between two measurements the measured worker must be idle: thread pools keep spinning after a call
@@ -492,17 +525,9 @@ def foreign_cpu_share(before, after) -> float | None:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    info = cpuinfo()
+    cpu = (info and info["model"]) or platform.processor() or ""
+    flags: set[str] = info["flags"] if info else set()
     isa = [f for f in ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     versions: dict[str, str] = {"python": platform.python_version(), "numpy": np.__version__}
     for mod in ("torch", "onnxruntime", "ctranslate2"):

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from transduce._io import write_json_atomic, write_png_atomic, write_text_atomic
-from transduce.bench.harness import GPU_SYSTEMS, quantized_system
+from transduce.bench.harness import GPU_SYSTEMS, ct2_setting, is_ct2, quantized_system
 from transduce.errors import TransduceError
 
 
@@ -35,12 +35,18 @@ def markdown(result: dict[str, Any]) -> str:
                  f"1-min load average at start {_num(m.get('load_average_1min_at_start'), '{:.2f}')}).")
     lines.append(f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.")
     lines.append("")
-    ct2 = cfg.get("ct2_settings", []) if "ctranslate2" in cfg.get("backends", []) and cfg["threads"] > 1 else []
+    # the settings timed: ct2_settings_run leaves out those that repeat another on this CPU (nomkl* off Intel)
+    timed = {ct2_setting(n) for s in result["sizes"] for n in s.get("systems", {}) if is_ct2(n)}
+    ct2 = ([s for s in cfg.get("ct2_settings", []) if s in timed]
+           if "ctranslate2" in cfg.get("backends", []) and cfg["threads"] > 1 else [])
     one = [s for s in ct2 if s.endswith("1thread")]
     inter = [s for s in ct2 if s.endswith("inter")]
-    one_thread = (f" (1 in its {' and '.join(one + inter)} setting{'s' if len(one + inter) > 1 else ''})"
-                  if one or inter else "")
-    inter_text = (f"inter_threads 1 ({cfg['threads']} in its {' and '.join(inter)} setting{'s' if len(inter) > 1 else ''}, "
+
+    def settings(names: list[str]) -> str:
+        return f"{' and '.join(names)} setting{'s' if len(names) > 1 else ''}"
+
+    one_thread = f" (1 in its {settings(one + inter)})" if one or inter else ""
+    inter_text = (f"inter_threads 1 ({cfg['threads']} in its {settings(inter)}, "
                   f"a batch decoded as {cfg['threads']} sub-batches at the same time, max_batch_size = batch / "
                   f"{cfg['threads']})" if inter else "inter_threads 1")
     lines.append(f"Threads: at most {cfg['threads']} per system (torch.set_num_threads({cfg['threads']}); ONNX Runtime "
@@ -300,7 +306,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     rows = -(-len(labels) // ncol)
     fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / fig.get_figheight(), 1, 1))  # the legend's rows below the panels
-    write_png_atomic(fig, path, 110)
+    write_png_atomic(fig, path, 110, bbox_inches="tight")  # a one-panel-wide figure: the legend and title wider than it
 
 
 def write_reports(result: dict[str, Any], out_dir: str) -> dict[str, str]:
