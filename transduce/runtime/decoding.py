@@ -120,8 +120,9 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
     src_lengths = np.ascontiguousarray(src_lengths, dtype=np.int64)
     if len(src_ids) == 0:
         return []
-    shards = getattr(backend, "shards", None)
     greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
+    search = "greedy" if greedy else "beam"  # resolved once, for every part
+    shards = getattr(backend, "shards", None)
     parts = shards(len(src_ids), 1 if greedy else options.beam_size) if shards is not None else None
     if parts and len(parts) > 1:
         return _decode_in_parts(parts, src_ids, src_lengths, options, search)
@@ -130,9 +131,10 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
 
 def _decode_one(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
                 search: str) -> list[DecodeResult]:
+    """One batch (or part) with the search decode resolved: "greedy" or "beam"."""
     encoded = backend.encode(src_ids, src_lengths)
     lens = max_lengths(src_lengths, options, backend.config["max_positions"])
-    if search == "greedy" or (search == "auto" and options.beam_size == 1):
+    if search == "greedy":
         return _greedy(backend, encoded, lens, options)
     return _beam(backend, encoded, lens, options)
 
@@ -264,7 +266,7 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
     lp_max = options.penalty(max_len.astype(np.float64))
     first_max = int(max_len.min())  # no sentence reaches its maximum length before this
     kth = np.full(n, -np.inf)  # score of each sentence's k-th best finished hypothesis (-inf: fewer than k)
-    any_kth = [False]  # whether any sentence has k finished hypotheses yet (kth then has a finite entry)
+    any_kth = False  # whether any sentence has k finished hypotheses yet (kth then has a finite entry)
     offsets: dict[tuple[int, int], np.ndarray] = {}  # (ns, w) -> (ns, 1) first flat index of each sentence's block
     # back-pointers: after step u, row r holds token toks[u][r] (log-prob lps[u][r]) and continues
     # row parents[u][r] of the state after step u - 1
@@ -275,6 +277,7 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
     def finish(ss: np.ndarray, rows: np.ndarray, t: int, raws: np.ndarray, last_tok: np.ndarray,
                last_lp: np.ndarray, finished: bool) -> None:
         """New hypotheses of sentences ss: rows of the state that made step t, plus one token each."""
+        nonlocal any_kth
         m = len(rows)
         hist_tok = np.empty((m, t + 1), np.int64)
         hist_lp = np.empty((m, t + 1), np.float32)
@@ -289,7 +292,7 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
             final[s].append(Hypothesis(tuple(ts.tolist()), raw / penalty, raw, tuple(hist_lp[i].tolist()), finished))
             if len(final[s]) >= k:
                 kth[s] = sorted((h.score for h in final[s]), reverse=True)[k - 1]
-                any_kth[0] = True
+                any_kth = True
 
     kk = min(2 * k, cfg["vocab_size"])  # candidates per row: 2k leaves k non-EOS even if k rows end
     for t in range(cap):
@@ -335,7 +338,7 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
             if fs.size:
                 finish(sent[fs], n_row[fs, fj], t, n_score[fs, fj], n_tok[fs, fj], n_lp[fs, fj], False)
             done = at_max
-        if any_kth[0]:
+        if any_kth:
             k_done = kth[sent]
             beaten = np.isfinite(k_done) & ~(n_score[:, 0] / lp_max[sent] > k_done)
             done = beaten if done is None else done | beaten
