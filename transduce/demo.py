@@ -124,25 +124,15 @@ def show_translations(rows: list[tuple[str, str, str]], title: str, show: int) -
 
 def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
     """Export the demo model into workdir/artifact unless a valid export of these weights is there."""
-    from transduce.errors import ArtifactError
-    from transduce.exporter import ort_step
-    from transduce.exporter.onnx_export import export_artifact
-    from transduce.models.checkpoint import weights_sha256
-    from transduce.runtime.contract import read_manifest
+    from transduce.exporter.onnx_export import export_artifact, reuse_refusal
 
     art = os.path.join(workdir, "artifact")
-    weights = weights_sha256(model_dir)
     if os.path.isdir(art):
-        try:
-            manifest = read_manifest(art)
-            stale = ort_step.stale_reason(manifest)
-            if stale:
-                log(f"not reusing {art}: {stale}; exporting again")
-            elif manifest.get("source_model", {}).get("weights_sha256") == weights:
-                log(f"reusing the ONNX artifact in {art}")
-                return art
-        except ArtifactError as e:
-            log(f"cannot reuse {art} ({e.args[0]}); exporting again")
+        why = reuse_refusal(art, model_dir)
+        if why is None:
+            log(f"reusing the ONNX artifact in {art}")
+            return art
+        log(f"not reusing {art}: {why}; exporting again")
     t0 = time.perf_counter()
     manifest = export_artifact(model_dir, art, force=True, log=lambda m: log(f"[export] {m}"))
     worst = max(r["max_abs"] for r in manifest["validation"]["errors"] if r["output"] == "log_probs")

@@ -240,3 +240,24 @@ def test_external_data_is_checked_validated_and_hashed(artifact_fp32, tiny_model
     assert manifest["files"]["encoder.onnx.data"]["bytes"] > whole // 3
     assert all(r["passed"] for r in manifest["validation"]["errors"])
     contract.read_manifest(out)
+
+
+def test_reuse_refusal_says_why_an_export_cannot_be_reused(tmp_path, tiny_model_dir, tiny_artifact_dir, edited_copy):
+    """The demo and the bench reuse an export only while it is a current fp32, unquantized (or as asked) export
+    of the same weights; otherwise the reason is given (and they export again)."""
+    from transduce.exporter import ort_step
+    from transduce.exporter.onnx_export import reuse_refusal
+    from transduce.runtime import contract
+
+    assert reuse_refusal(tiny_artifact_dir, tiny_model_dir) is None
+    assert "quantization is none, not int8" in reuse_refusal(tiny_artifact_dir, tiny_model_dir, quantize="int8")
+    other = edited_copy(tiny_artifact_dir, "other", "manifest.json",
+                        lambda m: m["source_model"].update(weights_sha256="0" * 64))
+    assert "exported from other weights" in reuse_refusal(other, tiny_model_dir)
+    fp16 = edited_copy(tiny_artifact_dir, "fp16", "manifest.json", lambda m: m.update(precision="fp16"))
+    assert "it is fp16, not fp32" in reuse_refusal(fp16, tiny_model_dir)
+    old = edited_copy(tiny_artifact_dir, "old", "manifest.json",
+                      lambda m: m["graphs"][contract.ORT_STEP_FILE].update(revision=ort_step.REVISION - 1))
+    assert "older than this exporter's" in reuse_refusal(old, tiny_model_dir)
+    (tmp_path / "empty").mkdir()
+    assert "not a valid artifact" in reuse_refusal(tmp_path / "empty", tiny_model_dir)

@@ -163,28 +163,16 @@ def check_artifact(artifact_dir: str, model_dir: str) -> None:
 
 def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: str | None = None) -> str:
     """An ONNX export of model_dir (quantized with `quantize`, or not at all): the first candidate that
-    is a valid such export of these weights, else a fresh export into the last candidate."""
-    from transduce.exporter import ort_step
-    from transduce.models.checkpoint import weights_sha256
-    from transduce.runtime import contract
+    is a current such export of these weights (onnx_export.reuse_refusal), else a fresh export into the
+    last candidate."""
+    from transduce.exporter.onnx_export import export_artifact, reuse_refusal
 
-    weights = weights_sha256(model_dir)
     for cand in candidates:
         if os.path.isdir(cand):
-            try:
-                manifest = contract.read_manifest(cand)
-            except TransduceError:
-                continue
-            # without decoder_step.ort.onnx (--no-ort-step) though the model can have it, or with an older one
-            # than this exporter builds: export again (the backend would time another step graph than ours)
-            stale = ort_step.stale_reason(manifest)
-            if stale:
-                log(f"not timing {cand}: {stale}")
-            if (manifest.get("source_model", {}).get("weights_sha256") == weights and manifest.get("precision") == "fp32"
-                    and contract.quantization(manifest) == quantize and not stale):
+            why = reuse_refusal(cand, model_dir, quantize=quantize)
+            if why is None:
                 return cand
-    from transduce.exporter.onnx_export import export_artifact
-
+            log(f"not timing {cand}: {why}")
     out = candidates[-1]
     log(f"exporting {model_dir} to ONNX{' (' + quantize + ')' if quantize else ''} in {out} (once; reused while the weights match)")
     export_artifact(model_dir, out, force=True, log=log, quantize=quantize)

@@ -75,7 +75,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transduce._io import atomic_output, check_replaceable, write_json
-from transduce.errors import CheckpointError, ExportError
+from transduce.errors import CheckpointError, ExportError, TransduceError
 from transduce.runtime import contract
 
 DEFAULT_OPSET = 18
@@ -372,6 +372,29 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
         write_json(os.path.join(tmp, contract.MANIFEST_FILE), manifest)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return manifest
+
+
+def reuse_refusal(artifact_dir: str | os.PathLike, model_dir: str | os.PathLike,
+                  quantize: str | None = None) -> str | None:
+    """Why artifact_dir cannot stand for a fresh fp32 export of model_dir (quantized with `quantize`, or not
+    at all) by this exporter; None when it can be reused as it is. The demo and the bench export once and
+    reuse the export while this holds."""
+    from transduce.exporter import ort_step
+    from transduce.models.checkpoint import weights_sha256
+
+    try:
+        manifest = contract.read_manifest(artifact_dir)
+    except TransduceError as e:
+        return f"it is not a valid artifact ({e.args[0]})"
+    if manifest.get("source_model", {}).get("weights_sha256") != weights_sha256(model_dir):
+        return f"it was exported from other weights than {os.fspath(model_dir)}'s"
+    if manifest.get("precision") != "fp32":
+        return f"it is {manifest.get('precision')}, not fp32"
+    if contract.quantization(manifest) != quantize:
+        return f"its quantization is {contract.quantization(manifest) or 'none'}, not {quantize or 'none'}"
+    # without decoder_step.ort.onnx (--no-ort-step) though the model can have it, or with an older one than
+    # this exporter builds (ONNX Runtime would decode with another step graph than today's)
+    return ort_step.stale_reason(manifest)
 
 
 def _ops_source() -> str:
