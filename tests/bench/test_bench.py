@@ -330,6 +330,12 @@ def test_cpu_facts_from_proc_cpuinfo(monkeypatch, tmp_path):
     assert not harness.cpu_is_intel() and not harness.cpu_above_avx2()
     (tmp_path / "cpuinfo").unlink()
     assert harness.cpuinfo() is None and not harness.cpu_is_intel() and harness.cpu_above_avx2()
+    # ct2_settings_run reads /proc/cpuinfo once for both questions
+    (tmp_path / "cpuinfo").write_text(text)
+    opened = []
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: opened.append(path) or fake_open(path, *a, **k))
+    assert harness.ct2_settings_run(["default", "avx2", "nomkl"], 2) == ["default", "avx2", "nomkl"]
+    assert opened.count("/proc/cpuinfo") == 1
 
 
 def test_bench_help_names_every_ctranslate2_setting_and_the_default():

@@ -53,32 +53,46 @@ OUR_BACKENDS = ("torch", "torch-cuda", "onnxruntime", "tensorrt")
 # on the GPU (skipped with the reason where CUDA is missing): CTranslate2 runs on the CPU here, so these get no
 # ratio to it and no CPU floor
 GPU_SYSTEMS = ("torch-cuda", "tensorrt")
-CT2_SETTINGS: dict[str, dict[str, str | None]] = {
-    # None removes the variable from the worker's environment
-    "default": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
-    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_USE_MKL": None},
-    "mkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "1"},
-    "nomkl": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
-    "1thread": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
-    "nomkl-1thread": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
-    "inter": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": None},
-    "nomkl-inter": {"ONEDNN_MAX_CPU_ISA": None, "CT2_USE_MKL": "0"},
+
+
+@dataclass(frozen=True)
+class Ct2Setting:
+    """One way of running CTranslate2 within the bench's thread budget (--threads)."""
+    isa: str | None = None  # ONEDNN_MAX_CPU_ISA in the worker's environment (None: removed from it)
+    mkl: str | None = None  # CT2_USE_MKL likewise (None: CTranslate2 uses MKL on Intel's CPUs only)
+    one_thread: bool = False  # intra_threads 1 instead of the budget
+    inter: bool = False  # the batch in parts at the same time: inter_threads = the budget, intra_threads 1
+
+    def env(self) -> dict[str, str | None]:
+        return {"ONEDNN_MAX_CPU_ISA": self.isa, "CT2_USE_MKL": self.mkl}
+
+
+# Why these settings:
+# - one thread (1thread): CTranslate2 on one thread decodes the demo model's greedy batch 1 faster than on two
+#   on both machines measured (AMD EPYC: 3.1 vs 3.4-3.7 ms), as our backend's one-thread steps did there; its
+#   best configuration is then within the budget.
+# - inter: max_batch_size = the batch / --threads, rounded up (CTranslate2 sorts the batch by length and decodes
+#   the sub-batches in parallel). Our ONNX Runtime backend decodes a small model's batch in parts on its own
+#   (backend.shards), so CTranslate2's way of doing so is timed beside it: demo model, Intel Xeon (2 cores),
+#   batch 16, ms: greedy 10.2 (nomkl-inter) against 16.8 for its best on one batch, beam 4 23.3 (inter) against
+#   37.3.
+# - nomkl: without CT2_USE_MKL, CTranslate2 multiplies with Intel MKL on GenuineIntel CPUs only (oneDNN
+#   elsewhere). On an Intel Xeon (2 cores, 2026-11-24) MKL on two threads was 4-10x slower than on one (demo
+#   greedy batch 16: 166 vs 17 ms), and CT2_USE_MKL=0 (oneDNN) on two threads was CTranslate2's fastest there
+#   at batch 16 (16.8 and 37.3 ms greedy and beam 4) and for the base model at batch 1 (92 vs 183 ms with MKL
+#   on one thread). On other CPUs the nomkl settings repeat default, 1thread and inter and are left out.
+# - avx2: oneDNN's AVX-512 path was slow at 16-64 rows on the machine the issue was measured on (about 2x at
+#   fp32 batch 16); on a CPU with nothing above AVX2 it repeats default and is left out.
+CT2_SETTINGS: dict[str, Ct2Setting] = {
+    "default": Ct2Setting(),
+    "avx2": Ct2Setting(isa="AVX2"),
+    "mkl": Ct2Setting(mkl="1"),
+    "nomkl": Ct2Setting(mkl="0"),
+    "1thread": Ct2Setting(one_thread=True),
+    "nomkl-1thread": Ct2Setting(mkl="0", one_thread=True),
+    "inter": Ct2Setting(inter=True),
+    "nomkl-inter": Ct2Setting(mkl="0", inter=True),
 }
-# settings that use fewer threads than --threads (CT2_THREADS[s], at most --threads): CTranslate2 on one thread
-# decodes the demo model's greedy batch 1 faster than on two on both machines measured (AMD EPYC: 3.1 vs
-# 3.4-3.7 ms), as our backend's one-thread steps did there; its best configuration is then within the budget
-CT2_THREADS = {"1thread": 1, "nomkl-1thread": 1, "inter": 1, "nomkl-inter": 1}
-# settings that decode a batch in parts at the same time, one per thread of the budget: inter_threads = --threads
-# (intra_threads 1), max_batch_size = the batch / --threads, rounded up (CTranslate2 sorts the batch by length and
-# decodes the sub-batches in parallel). Our ONNX Runtime backend decodes a small model's batch in parts on its
-# own (backend.shards), so CTranslate2's way of doing so is timed beside it: demo model, Intel Xeon (2 cores),
-# batch 16, ms: greedy 10.2 (nomkl-inter) against 16.8 for its best on one batch, beam 4 23.3 (inter) against 37.3.
-CT2_INTER = ("inter", "nomkl-inter")
-# Without CT2_USE_MKL, CTranslate2 multiplies with Intel MKL on GenuineIntel CPUs only (oneDNN elsewhere).
-# On an Intel Xeon (2 cores, 2026-11-24) MKL on two threads was 4-10x slower than on one (demo greedy batch 16:
-# 166 vs 17 ms), and CT2_USE_MKL=0 (oneDNN) on two threads was CTranslate2's fastest there at batch 16 (16.8 and
-# 37.3 ms greedy and beam 4) and for the base model at batch 1 (92 vs 183 ms with MKL on one thread): so
-# "nomkl" settings are timed too. On other CPUs they repeat "default" and "1thread" and are left out.
 DEFAULT_CT2_SETTINGS = ["default", "avx2", "1thread", "nomkl", "nomkl-1thread", "inter", "nomkl-inter"]
 
 
@@ -89,19 +103,20 @@ def ct2_setting(name: str) -> str:
 
 def ct2_threads(setting: str, threads: int) -> int:
     """CTranslate2's intra_threads under `setting` with a budget of `threads`."""
-    return min(threads, CT2_THREADS.get(setting, threads))
+    s = CT2_SETTINGS[setting]
+    return 1 if s.one_thread or s.inter else threads
 
 
 def ct2_inter_threads(setting: str, threads: int) -> int:
-    """CTranslate2's inter_threads under `setting` with a budget of `threads` (see CT2_INTER)."""
-    return threads if setting in CT2_INTER else 1
+    """CTranslate2's inter_threads under `setting` with a budget of `threads`."""
+    return threads if CT2_SETTINGS[setting].inter else 1
 
 
 def ct2_effective_env(setting: str, intel: bool, above_avx2: bool = True) -> dict[str, str | None]:
     """The environment a setting amounts to: CTranslate2 resolves an unset CT2_USE_MKL to MKL on Intel CPUs
     only (cpu/backend.cc, mayiuse_mkl); ONEDNN_MAX_CPU_ISA=AVX2 caps nothing on a CPU with no instruction set
     above AVX2 that oneDNN would use (above_avx2 False: the variable amounts to being unset)."""
-    env = dict(CT2_SETTINGS[setting])
+    env = CT2_SETTINGS[setting].env()
     if env["CT2_USE_MKL"] is None:
         env["CT2_USE_MKL"] = "1" if intel else "0"
     if env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and not above_avx2:
@@ -115,8 +130,10 @@ def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = Non
     out (1thread and inter at --threads 1 are the default setting; nomkl is the default on a CPU that is not
     Intel's; avx2 is the default on a CPU with nothing above AVX2). Timing a configuration twice would only
     let the faster of two identical runs, noise, stand as CTranslate2's best."""
-    intel = cpu_is_intel() if intel is None else intel
-    above_avx2 = cpu_above_avx2() if above_avx2 is None else above_avx2
+    if intel is None or above_avx2 is None:
+        info = cpuinfo()  # read once for both
+        intel = cpu_is_intel(info) if intel is None else intel
+        above_avx2 = cpu_above_avx2(info) if above_avx2 is None else above_avx2
 
     def env(x: str) -> dict[str, str | None]:
         return ct2_effective_env(x, intel, above_avx2)
@@ -149,16 +166,21 @@ def cpuinfo() -> dict[str, Any] | None:
     return info
 
 
-def cpu_is_intel() -> bool:
-    """Whether /proc/cpuinfo names a GenuineIntel CPU (False where it cannot be read)."""
-    info = cpuinfo()
+_UNREAD: Any = object()
+
+
+def cpu_is_intel(info: dict[str, Any] | None = _UNREAD) -> bool:
+    """Whether /proc/cpuinfo (or `info`, cpuinfo()'s answer) names a GenuineIntel CPU (False where it cannot be
+    read)."""
+    info = cpuinfo() if info is _UNREAD else info
     return info is not None and info["vendor"] == "GenuineIntel"
 
 
-def cpu_above_avx2() -> bool:
-    """Whether the CPU has an instruction set above AVX2 that oneDNN dispatches to (AVX-512, AVX-VNNI, AMX): where
-    it has not, ONEDNN_MAX_CPU_ISA=AVX2 changes nothing. True where /proc/cpuinfo cannot be read (time both)."""
-    info = cpuinfo()
+def cpu_above_avx2(info: dict[str, Any] | None = _UNREAD) -> bool:
+    """Whether the CPU (or `info`, cpuinfo()'s answer) has an instruction set above AVX2 that oneDNN dispatches to
+    (AVX-512, AVX-VNNI, AMX): where it has not, ONEDNN_MAX_CPU_ISA=AVX2 changes nothing. True where /proc/cpuinfo
+    cannot be read (time both)."""
+    info = cpuinfo() if info is _UNREAD else info
     return info is None or any(f.startswith(("avx512", "avx_vnni", "amx")) for f in info["flags"])
 
 
@@ -724,7 +746,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     gates: dict[str, dict[str, Any]] = {}  # quantization -> the demo size's quality gate (see quality_gate)
     try:
         for n in names:
-            env = CT2_SETTINGS[ct2_setting(n)] if is_ct2(n) else {}
+            env = CT2_SETTINGS[ct2_setting(n)].env() if is_ct2(n) else {}
             workers[n] = Worker(n, env, os.path.join(logs, f"worker-{n}.log"))
         for i, size in enumerate(cfg.sizes):
             result["sizes"].append(_run_size(size, cfg, cache, workers, ct2_missing, log, gates))
