@@ -21,14 +21,16 @@ Each wrapper adds about a microsecond per call. The decodes run back to back (as
 three untimed ones; printed are ms per decode and us per step, the medians over --repeats decodes.
 
 Where the backend decodes the batch in parts at the same time (a small model's larger batches on ONNX
-Runtime: backend.shards), each part's time goes to its own thread: the parts are then per part, averaged over
-the parts (their sum over all parts is CPU time, not the decode's), `search` is each part's decode less its
-backend calls, and `total` is the decode's wall time. --whole decodes the batch whole instead.
+Runtime: backend.shards), each part's calls are timed apart (by the part, not by the thread that ran it):
+the figures are then per part, averaged over the parts (their sum over all parts is CPU time, not the
+decode's), `search` is each part's decode less its backend calls, and `total` is the decode's wall time.
+--whole decodes the batch whole instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import threading
 import time
@@ -38,20 +40,28 @@ import numpy as np
 
 
 class Timer:
-    """Accumulates seconds per (thread, part); wrap(obj, name, part) times every call of obj.name. sync: called
-    before each clock is read (a GPU backend's calls only queue work: without it the wait for one part's
-    kernels is counted in the next part that reads a result)."""
+    """Accumulates seconds per (part, label); wrap(obj, name, label) times every call of obj.name. A part is one
+    call of the method wrapped with opens_part=True (decoding._decode_one: one part of a batch decoded in parts,
+    or the whole batch) and everything timed in its thread while it runs; time outside every part goes to part
+    0. sync: called before each clock is read (a GPU backend's calls only queue work: without it the wait for
+    one part's kernels is counted in the next part that reads a result)."""
 
     def __init__(self, sync=None):
         self.total: dict[tuple[int, str], float] = defaultdict(float)
         self.sync = sync or (lambda: None)
         self.lock = threading.Lock()  # the parts of a batch decoded at once add up from their own threads
+        self.current = threading.local()  # .part: the part running in this thread
+        self.parts = itertools.count(1)
 
-    def wrap(self, obj, name: str, part: str) -> None:
+    def wrap(self, obj, name: str, label: str, opens_part: bool = False) -> None:
         inner = getattr(obj, name)
-        total, sync, lock = self.total, self.sync, self.lock
+        total, sync, lock, current, parts = self.total, self.sync, self.lock, self.current, self.parts
 
         def timed(*args, **kwargs):
+            outer = getattr(current, "part", 0)
+            if opens_part:
+                with lock:
+                    current.part = next(parts)
             sync()
             t = time.perf_counter()
             try:
@@ -60,7 +70,8 @@ class Timer:
                 sync()
                 dt = time.perf_counter() - t
                 with lock:
-                    total[threading.get_ident(), part] += dt
+                    total[getattr(current, "part", 0), label] += dt
+                current.part = outer
 
         setattr(obj, name, timed)
 
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                            ("step", "step"), ("reorder", "reorder")):
             if hasattr(view, name):
                 timer.wrap(view, name, part)
-    timer.wrap(decoding, "_decode_one", "decode")  # each part's whole decode, in its own thread
+    timer.wrap(decoding, "_decode_one", "decode", opens_part=True)  # each part's whole decode
     inner = []  # parts measured inside another one: (part, the part it is in, the label of the rest)
     if args.backend == "onnxruntime":
         for session in {id(s): s for v in views for s in (v.decoder, v.decoder_wide)}.values():
@@ -134,11 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         results = decode(be, ids, lens, opts)
         total = time.perf_counter() - t
         assert all(len(r.best.tokens) == args.steps for r in results), "forced length not reached"
-        threads = sorted({thread for thread, _ in timer.total})
-        n_parts = len(threads)
+        assert not any(p == 0 for p, _ in timer.total), "a backend call outside every part"
+        part_ids = sorted({p for p, _ in timer.total})
+        n_parts = len(part_ids)
         parts: dict[str, float] = defaultdict(float)
-        for thread in threads:  # each part's own times, then averaged over the parts
-            mine = {part: v for (th, part), v in timer.total.items() if th == thread}
+        for i in part_ids:  # each part's own times, then averaged over the parts
+            mine = {part: v for (p, part), v in timer.total.items() if p == i}
             outer = ("encoder", "begin / end", "step", "reorder")
             # one part: everything but the backend's calls, decode()'s own checks included (as before parts)
             whole = total if n_parts == 1 else mine.get("decode", 0.0)

@@ -60,7 +60,34 @@ def test_the_timer_waits_for_queued_device_work_at_each_clock():
     be = Backend()
     timer.wrap(be, "encode", "encoder")
     be.encode()
-    assert events == ["sync", "encode", "sync"] and timer.total[threading.get_ident(), "encoder"] > 0
+    assert events == ["sync", "encode", "sync"] and timer.total[0, "encoder"] > 0  # part 0: outside every part
+
+
+def test_the_timer_keeps_parts_apart_that_one_thread_ran():
+    """Parts are told apart by the call that opens them, not by thread: two parts decoded one after the other
+    in one thread (a pool thread that took two parts, or the calling thread) are two parts, and a part's
+    calls from its own thread are its own while another thread runs another part."""
+    timer = _script().Timer()
+
+    class Backend:
+        def encode(self):
+            pass
+
+    be = Backend()
+    timer.wrap(be, "encode", "encoder")
+
+    class Decoding:
+        @staticmethod
+        def decode_one():
+            be.encode()
+
+    timer.wrap(Decoding, "decode_one", "decode", opens_part=True)
+    Decoding.decode_one()
+    Decoding.decode_one()
+    worker = threading.Thread(target=Decoding.decode_one)
+    worker.start()
+    worker.join()
+    assert sorted(timer.total) == [(p, label) for p in (1, 2, 3) for label in ("decode", "encoder")]
 
 
 def test_breakdown_of_a_batch_decoded_in_parts(tiny_artifact_dir, capsys):
