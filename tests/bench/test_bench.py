@@ -269,6 +269,39 @@ def test_ctranslate2_inter_settings_decode_a_batch_in_parts():
     assert ct2_threads("inter", 2) == ct2_threads("nomkl-inter", 4) == 1
 
 
+def test_an_inter_setting_at_batch_1_repeats_its_one_thread_setting():
+    """One sentence is one sub-batch on one thread: in a batch-1 cell inter is 1thread (and nomkl-inter
+    nomkl-1thread), so only the first of each is timed there; from batch 2 on they differ."""
+    from transduce.bench.harness import ct2_cell_repeats, ct2_sub_batches
+
+    assert [ct2_sub_batches("inter", 2, b) for b in (1, 2, 3, 16)] == [1, 2, 2, 2]
+    assert ct2_sub_batches("inter", 4, 5) == 3 and ct2_sub_batches("default", 2, 16) == 1  # parts of 2: 2, 2, 1
+    names = ["torch", "onnxruntime", "ctranslate2", "ctranslate2-1thread", "ctranslate2-nomkl-1thread",
+             "ctranslate2-inter", "ctranslate2-nomkl-inter"]
+    assert ct2_cell_repeats(names, 2, 1) == {"ctranslate2-inter": "ctranslate2-1thread",
+                                             "ctranslate2-nomkl-inter": "ctranslate2-nomkl-1thread"}
+    assert ct2_cell_repeats(names, 2, 2) == ct2_cell_repeats(names, 2, 16) == {}
+    assert ct2_cell_repeats(["ctranslate2-inter", "ctranslate2-1thread"], 2, 1) == {
+        "ctranslate2-1thread": "ctranslate2-inter"}  # the first one named is timed
+
+
+def test_the_report_names_the_settings_not_timed_in_a_cell():
+    from transduce.bench.report import _size_section
+
+    stats = {"stats": {"decode_ms": {"median": 5.0, "min": 4.0, "max": 6.0, "n": 3},
+                       "tokens_per_s": {"median": 6400.0, "min": 5000.0, "max": 8000.0, "n": 3},
+                       "sentences_per_s": {"median": 200.0}}, "raw": {}}
+    cells = [{"mode": m, "beam": 1, "batch": 1, "steps": 32, "systems": {"ctranslate2-1thread": stats}, "ratios": {},
+              "not_timed": {"ctranslate2-inter": "ctranslate2-1thread"}} for m in ("greedy", "beam4")]
+    size = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
+                                                 "n_heads": 4, "d_ff": 512, "vocab_size": 372}, "description": "x"},
+            "systems": {"ctranslate2-1thread": {"status": "ok"}, "ctranslate2-inter": {"status": "ok"}}, "cells": cells}
+    text = "\n".join(_size_section(size, {"steps": 32}))
+    assert ("ctranslate2-inter is not timed at greedy batch 1, beam4 batch 1: there it runs as ctranslate2-1thread "
+            "does") in text
+    assert "| ctranslate2-inter |" not in text
+
+
 def test_ctranslate2_worker_with_inter_threads_splits_the_batch(tiny_ct2_dir, monkeypatch):
     pytest.importorskip("ctranslate2")
     from transduce.bench import worker

@@ -147,6 +147,35 @@ def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = Non
     return out
 
 
+def ct2_sub_batches(setting: str, threads: int, batch: int) -> int:
+    """How many sub-batches CTranslate2 decodes at the same time under `setting` for `batch` sentences: an inter
+    setting splits the batch into parts of ceil(batch / inter_threads) (bench/worker.py), so a batch of one
+    sentence is one sub-batch on one thread, whatever inter_threads says."""
+    inter = ct2_inter_threads(setting, threads)
+    return 1 if inter == 1 else min(inter, math.ceil(batch / math.ceil(batch / inter)))
+
+
+def ct2_cell_repeats(names: list[str], threads: int, batch: int) -> dict[str, str]:
+    """The CTranslate2 systems (of those timed in the run, in order) that would repeat an earlier one's
+    configuration in a cell of `batch` sentences -> {system: the one it repeats}. At batch 1 an inter setting
+    is its one-thread counterpart (one sub-batch, intra_threads 1): timing both would let the faster of two
+    identical runs, noise, stand as CTranslate2's best (ct2_settings_run does the same for the whole run)."""
+    def key(name: str) -> tuple:
+        s = ct2_setting(name)
+        return (CT2_SETTINGS[s].isa, CT2_SETTINGS[s].mkl, ct2_threads(s, threads), ct2_sub_batches(s, threads, batch))
+
+    first: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for n in names:
+        if not is_ct2(n):
+            continue
+        if key(n) in first:
+            out[n] = first[key(n)]
+        else:
+            first[key(n)] = n
+    return out
+
+
 def cpuinfo() -> dict[str, Any] | None:
     """The first CPU's vendor, model name and flags from /proc/cpuinfo (None where it cannot be read)."""
     info: dict[str, Any] = {"vendor": "", "model": "", "flags": set()}
@@ -866,14 +895,21 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
             log(f"[{size}] {mode} batch {batch}: {', '.join(active)} x {cfg.repeats} rounds")
             pids = [os.getpid()] + [w.proc.pid for w in workers.values()]
             before = cpu_sample(pids)
-            raw = _time_cell(workers, active, src, beam, cfg, log)
+            repeats = ct2_cell_repeats(active, cfg.threads, batch)
+            timed = [n for n in active if n not in repeats]
+            if repeats:
+                log(f"[{size}] {mode} batch {batch}: not timed, repeating another here: "
+                    + ", ".join(f"{n} (= {r})" for n, r in repeats.items()))
+            raw = _time_cell(workers, timed, src, beam, cfg, log)
             cell: dict[str, Any] = {"mode": mode, "beam": beam, "batch": batch, "src_len": cfg.src_len,
                                     "steps": cfg.steps, "repeats": cfg.repeats, "systems": {}, "ratios": {},
                                     "foreign_cpu_share": foreign_cpu_share(before, cpu_sample(pids))}
-            for name in active:
+            if repeats:
+                cell["not_timed"] = repeats  # {system: the system it repeats in this cell}
+            for name in timed:
                 stats = cell_stats(raw[name], batch, cfg.steps)
                 cell["systems"][name] = {"stats": stats, "raw": raw[name]}
-            cell.update(ct2_ratios(raw, active))
+            cell.update(ct2_ratios(raw, timed))
             entry["cells"].append(cell)
             _log_cell(cell, size, log)
     return entry

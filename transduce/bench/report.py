@@ -206,6 +206,15 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     for note in partial:
         lines.append(note)
         lines.append("")
+    repeated: dict[tuple[str, str], list[str]] = {}  # (system, the one it repeats) -> the cells
+    for c in s["cells"]:
+        for name, other in (c.get("not_timed") or {}).items():
+            repeated.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
+    for (name, other), cells in repeated.items():
+        lines.append(f"{name} is not timed at {', '.join(cells)}: there it runs as {other} does (one sentence is one "
+                     "sub-batch on one thread), and timing one configuration twice would let the faster of two "
+                     "identical runs stand as CTranslate2's best.")
+        lines.append("")
     if over:
         lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
                      "running while they were taken), so the floors of this run are too high.")
