@@ -155,14 +155,22 @@ def ct2_sub_batches(setting: str, threads: int, batch: int) -> int:
     return 1 if inter == 1 else min(inter, math.ceil(batch / math.ceil(batch / inter)))
 
 
-def ct2_cell_repeats(names: list[str], threads: int, batch: int) -> dict[str, str]:
+def ct2_cell_repeats(names: list[str], threads: int, batch: int, intel: bool | None = None,
+                     above_avx2: bool | None = None) -> dict[str, str]:
     """The CTranslate2 systems (of those timed in the run, in order) that would repeat an earlier one's
-    configuration in a cell of `batch` sentences -> {system: the one it repeats}. At batch 1 an inter setting
-    is its one-thread counterpart (one sub-batch, intra_threads 1): timing both would let the faster of two
-    identical runs, noise, stand as CTranslate2's best (ct2_settings_run does the same for the whole run)."""
+    configuration, as it amounts to on this CPU (ct2_effective_env), in a cell of `batch` sentences -> {system:
+    the one it repeats}. At batch 1 an inter setting is its one-thread counterpart (one sub-batch, intra_threads
+    1): timing both would let the faster of two identical runs, noise, stand as CTranslate2's best
+    (ct2_settings_run does the same for the whole run)."""
+    if intel is None or above_avx2 is None:
+        info = cpuinfo()
+        intel = cpu_is_intel(info) if intel is None else intel
+        above_avx2 = cpu_above_avx2(info) if above_avx2 is None else above_avx2
+
     def key(name: str) -> tuple:
         s = ct2_setting(name)
-        return (CT2_SETTINGS[s].isa, CT2_SETTINGS[s].mkl, ct2_threads(s, threads), ct2_sub_batches(s, threads, batch))
+        env = ct2_effective_env(s, intel, above_avx2)
+        return (tuple(sorted(env.items())), ct2_threads(s, threads), ct2_sub_batches(s, threads, batch))
 
     first: dict[tuple, str] = {}
     out: dict[str, str] = {}
@@ -892,14 +900,14 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         beam = beam_of(mode)
         for batch in cfg.batches:
             src = random_sources(rng, batch, cfg.src_len, prepared.config["vocab_size"])
-            log(f"[{size}] {mode} batch {batch}: {', '.join(active)} x {cfg.repeats} rounds")
-            pids = [os.getpid()] + [w.proc.pid for w in workers.values()]
-            before = cpu_sample(pids)
             repeats = ct2_cell_repeats(active, cfg.threads, batch)
             timed = [n for n in active if n not in repeats]
+            log(f"[{size}] {mode} batch {batch}: {', '.join(timed)} x {cfg.repeats} rounds")
             if repeats:
                 log(f"[{size}] {mode} batch {batch}: not timed, repeating another here: "
                     + ", ".join(f"{n} (= {r})" for n, r in repeats.items()))
+            pids = [os.getpid()] + [w.proc.pid for w in workers.values()]
+            before = cpu_sample(pids)
             raw = _time_cell(workers, timed, src, beam, cfg, log)
             cell: dict[str, Any] = {"mode": mode, "beam": beam, "batch": batch, "src_len": cfg.src_len,
                                     "steps": cfg.steps, "repeats": cfg.repeats, "systems": {}, "ratios": {},
