@@ -124,25 +124,38 @@ def ct2_effective_env(setting: str, intel: bool, above_avx2: bool = True) -> dic
     return env
 
 
+def ct2_cpu(intel: bool | None = None, above_avx2: bool | None = None) -> tuple[bool, bool]:
+    """(an Intel CPU, an instruction set above AVX2): what ct2_effective_env needs, the values not given read
+    from /proc/cpuinfo, once for both."""
+    if intel is None or above_avx2 is None:
+        info = cpuinfo()
+        intel = cpu_is_intel(info) if intel is None else intel
+        above_avx2 = cpu_above_avx2(info) if above_avx2 is None else above_avx2
+    return intel, above_avx2
+
+
+def ct2_configuration(setting: str, threads: int, cpu: tuple[bool, bool], batch: int | None = None) -> tuple:
+    """What `setting` amounts to on this CPU (cpu: ct2_cpu()) with a budget of `threads`: its effective
+    environment, intra_threads, and inter_threads, or with a batch the sub-batches decoded at once. Two
+    settings with one configuration would time the same thing twice."""
+    env = ct2_effective_env(setting, *cpu)
+    parallel = ct2_inter_threads(setting, threads) if batch is None else ct2_sub_batches(setting, threads, batch)
+    return tuple(sorted(env.items())), ct2_threads(setting, threads), parallel
+
+
 def ct2_settings_run(settings: list[str], threads: int, intel: bool | None = None,
                      above_avx2: bool | None = None) -> list[str]:
     """The settings timed: those that would only repeat another's configuration at this budget are left
     out (1thread and inter at --threads 1 are the default setting; nomkl is the default on a CPU that is not
     Intel's; avx2 is the default on a CPU with nothing above AVX2). Timing a configuration twice would only
     let the faster of two identical runs, noise, stand as CTranslate2's best."""
-    if intel is None or above_avx2 is None:
-        info = cpuinfo()  # read once for both
-        intel = cpu_is_intel(info) if intel is None else intel
-        above_avx2 = cpu_above_avx2(info) if above_avx2 is None else above_avx2
-
-    def env(x: str) -> dict[str, str | None]:
-        return ct2_effective_env(x, intel, above_avx2)
-
+    cpu = ct2_cpu(intel, above_avx2)
+    seen: set[tuple] = set()
     out: list[str] = []
     for s in settings:
-        same = (env(o) == env(s) and ct2_threads(o, threads) == ct2_threads(s, threads)
-                and ct2_inter_threads(o, threads) == ct2_inter_threads(s, threads) for o in out)
-        if not any(same):
+        key = ct2_configuration(s, threads, cpu)
+        if key not in seen:
+            seen.add(key)
             out.append(s)
     return out
 
@@ -158,29 +171,20 @@ def ct2_sub_batches(setting: str, threads: int, batch: int) -> int:
 def ct2_cell_repeats(names: list[str], threads: int, batch: int, intel: bool | None = None,
                      above_avx2: bool | None = None) -> dict[str, str]:
     """The CTranslate2 systems (of those timed in the run, in order) that would repeat an earlier one's
-    configuration, as it amounts to on this CPU (ct2_effective_env), in a cell of `batch` sentences -> {system:
-    the one it repeats}. At batch 1 an inter setting is its one-thread counterpart (one sub-batch, intra_threads
-    1): timing both would let the faster of two identical runs, noise, stand as CTranslate2's best
-    (ct2_settings_run does the same for the whole run)."""
-    if intel is None or above_avx2 is None:
-        info = cpuinfo()
-        intel = cpu_is_intel(info) if intel is None else intel
-        above_avx2 = cpu_above_avx2(info) if above_avx2 is None else above_avx2
-
-    def key(name: str) -> tuple:
-        s = ct2_setting(name)
-        env = ct2_effective_env(s, intel, above_avx2)
-        return (tuple(sorted(env.items())), ct2_threads(s, threads), ct2_sub_batches(s, threads, batch))
-
+    configuration (ct2_configuration) in a cell of `batch` sentences -> {system: the one it repeats}. At batch 1
+    an inter setting is its one-thread counterpart (one sub-batch, intra_threads 1): timing both would let the
+    faster of two identical runs, noise, stand as CTranslate2's best (ct2_settings_run does the same for the
+    whole run)."""
+    cpu = ct2_cpu(intel, above_avx2)
     first: dict[tuple, str] = {}
     out: dict[str, str] = {}
     for n in names:
-        if not is_ct2(n):
-            continue
-        if key(n) in first:
-            out[n] = first[key(n)]
-        else:
-            first[key(n)] = n
+        if is_ct2(n):
+            key = ct2_configuration(ct2_setting(n), threads, cpu, batch)
+            if key in first:
+                out[n] = first[key]
+            else:
+                first[key] = n
     return out
 
 
@@ -832,11 +836,12 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
                   "notes": prepared.notes},
         "systems": {}, "checks": [], "cells": [], "quality_gates": {},
     }
+    cpu = ct2_cpu()  # what the CTranslate2 settings amount to here, read once for the size's cells
     if size == "demo":
         for q in cfg.quantize:
             gates[q] = entry["quality_gates"][q] = quality_gate(prepared, q, cfg, log)
     if ct2_missing:
-        for s in ct2_settings_run(cfg.ct2_settings, cfg.threads):
+        for s in ct2_settings_run(cfg.ct2_settings, cfg.threads, *cpu):
             entry["systems"][ct2_system_name(s)] = {"status": "skipped", "reason": ct2_missing}
 
     ct2_ok, ct2_reason = want_ct2, ""
@@ -900,7 +905,7 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         beam = beam_of(mode)
         for batch in cfg.batches:
             src = random_sources(rng, batch, cfg.src_len, prepared.config["vocab_size"])
-            repeats = ct2_cell_repeats(active, cfg.threads, batch)
+            repeats = ct2_cell_repeats(active, cfg.threads, batch, *cpu)
             timed = [n for n in active if n not in repeats]
             log(f"[{size}] {mode} batch {batch}: {', '.join(timed)} x {cfg.repeats} rounds")
             if repeats:
