@@ -501,28 +501,33 @@ def _run_gate(monkeypatch, tmp_path, texts, passed, refs=None, trained=True):
     return gate
 
 
+class FakeWorker:
+    """A bench worker that answers at once: `seconds` per 8-step decode; dies from its `die_at`-th call."""
+
+    def __init__(self, seconds, die_at=None):
+        import types
+
+        self.seconds, self.die_at, self.calls = seconds, die_at, 0
+        self.proc = types.SimpleNamespace(pid=os.getpid())
+
+    def call(self, req):
+        from transduce.bench.harness import WorkerError
+
+        self.calls += 1
+        if self.die_at is not None and self.calls >= self.die_at:
+            raise WorkerError("the onnxruntime worker died (exit status -9)")
+        if req["op"] == "direct":
+            return {"encode_seconds": 0.001, "step_seconds": [0.001] * req["steps"]}
+        return {"seconds": self.seconds * req["steps"] / 8, "calls": 1}
+
+
 def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     """Its rounds so far are kept; bench.md marks its row and says over how many rounds it is."""
-    import types
-
     from transduce.bench import harness
-    from transduce.bench.harness import WorkerError, _time_cell, ct2_ratios
+    from transduce.bench.harness import _time_cell, ct2_ratios
     from transduce.bench.report import _size_section
 
     monkeypatch.setattr(harness, "settle", lambda pid, **k: 0.0)
-
-    class FakeWorker:
-        def __init__(self, seconds, die_at=None):
-            self.seconds, self.die_at, self.calls = seconds, die_at, 0
-            self.proc = types.SimpleNamespace(pid=os.getpid())
-
-        def call(self, req):
-            self.calls += 1
-            if self.die_at is not None and self.calls >= self.die_at:
-                raise WorkerError("the onnxruntime worker died (exit status -9)")
-            if req["op"] == "direct":
-                return {"encode_seconds": 0.001, "step_seconds": [0.001] * req["steps"]}
-            return {"seconds": self.seconds * req["steps"] / 8, "calls": 1}
 
     cfg = BenchConfig(sizes=["demo"], backends=["onnxruntime", "ctranslate2"], batches=[1], modes=["greedy"],
                       repeats=5, warmup=1, steps=8, src_len=8, ceilings=False)
@@ -548,6 +553,75 @@ def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     assert "| greedy | 1 | ctranslate2* |" in md
     row = next(line for line in md.splitlines() if line.startswith("| greedy | 1 | onnxruntime |"))
     assert "vs ctranslate2*" in row
+
+
+DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
+                                                "d_ff": 512, "vocab_size": 372}, "description": "x"}}
+
+
+def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, tmp_path):
+    """At --threads 2 and batch 1, inter is 1thread: it is not timed beside it, and the report and the plot
+    say so; if 1thread fails in that cell, the cell is timed again with inter in its place, so that our
+    ratio is to rounds paired with ours. From batch 2 on both are timed."""
+    from transduce.bench import harness
+    from transduce.bench.report import _size_section, plot
+
+    monkeypatch.setattr(harness, "settle", lambda pid, **k: 0.0)
+    cfg = BenchConfig(sizes=["demo"], backends=["onnxruntime", "ctranslate2"], batches=[1], modes=["greedy"],
+                      repeats=3, warmup=1, steps=8, src_len=8, ceilings=False, threads=2,
+                      ct2_settings=["1thread", "inter"])
+    amd = (False, True)  # not Intel's, above AVX2
+    names = ["onnxruntime", "ctranslate2-1thread", "ctranslate2-inter"]
+    logged = []
+
+    def cell_of(workers, src):
+        c = harness._timed_cell(workers, names, src, 1, cfg, amd, logged.append)
+        return {"mode": "greedy", "beam": 1, **c}
+
+    workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2-1thread": FakeWorker(0.012),
+               "ctranslate2-inter": FakeWorker(0.011)}
+    cell = cell_of(workers, [[5, 6, 7]])
+    assert list(cell["systems"]) == ["onnxruntime", "ctranslate2-1thread"] and workers["ctranslate2-inter"].calls == 0
+    assert cell["not_timed"] == {"ctranslate2-inter": "ctranslate2-1thread"} and "stand_ins" not in cell
+    assert cell["ratios"]["onnxruntime"]["vs"] == "ctranslate2-1thread"
+    assert cell["ratios"]["onnxruntime"]["median"] == pytest.approx(1.2)
+    assert "not timed, repeating another here: ctranslate2-inter (= ctranslate2-1thread)" in logged
+    wide = cell_of(workers, [[5, 6, 7], [8, 9]])  # batch 2: two sub-batches, inter is itself
+    assert list(wide["systems"]) == names and "not_timed" not in wide
+
+    # 1thread fails in its second round: timed again, inter standing in, our rounds paired with its
+    workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2-1thread": FakeWorker(0.012, die_at=4),
+               "ctranslate2-inter": FakeWorker(0.011)}
+    failed = cell_of(workers, [[5, 6, 7]])
+    assert failed["stand_ins"] == {"ctranslate2-inter": "ctranslate2-1thread"} and "not_timed" not in failed
+    assert list(failed["systems"]) == names
+    assert failed["systems"]["ctranslate2-1thread"]["raw"]["error"].startswith("the onnxruntime worker died")
+    assert len(failed["systems"]["onnxruntime"]["raw"]["decode"]) == 3  # the second timing's, not 3 + 3
+    assert failed["ratios"]["onnxruntime"]["vs"] == "ctranslate2-inter"
+    assert failed["ratios"]["onnxruntime"]["median"] == pytest.approx(1.1)
+    assert "timed again, ctranslate2-inter in place of ctranslate2-1thread, which failed" in logged
+
+    size = {**DEMO_SIZE, "systems": {n: {"status": "ok"} for n in names}, "cells": [cell, wide, failed]}
+    md = "\n".join(_size_section(size, {"steps": 8}))
+    assert "ctranslate2-inter is not timed at greedy batch 1: there it runs as ctranslate2-1thread does" in md
+    assert "ctranslate2-inter is timed at greedy batch 1 in place of ctranslate2-1thread, which failed there" in md
+    import matplotlib.axes
+
+    notes = []
+    annotate = matplotlib.axes.Axes.annotate
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, *a, **k: notes.append(text) or annotate(ax, text, *a, **k))
+    plot({"config": {"threads": 2, "steps": 8}, "sizes": [{**size, "cells": [cell, wide]}]}, str(tmp_path / "bench.png"))
+    assert notes == ["= 1thread"]  # inter's empty slot at batch 1
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_encoder_thread_rule_reads_plainly():
+    from transduce.bench.worker import encoder_threads_rule
+
+    assert encoder_threads_rule(1, 66) == "1"
+    assert encoder_threads_rule(2, 66) == "1 below 66 source tokens per run, 2 from there"  # the demo model
+    assert encoder_threads_rule(2, 2) == "1 for a run of one source token, 2 from two"  # the base model
+    assert encoder_threads_rule(4, 1) == "4 always"
 
 
 def test_a_hung_worker_is_stopped(tmp_path):

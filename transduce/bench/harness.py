@@ -32,6 +32,7 @@ measured at the start and at the end of the run.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -905,27 +906,51 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         beam = beam_of(mode)
         for batch in cfg.batches:
             src = random_sources(rng, batch, cfg.src_len, prepared.config["vocab_size"])
-            repeats = ct2_cell_repeats(active, cfg.threads, batch, *cpu)
-            timed = [n for n in active if n not in repeats]
-            log(f"[{size}] {mode} batch {batch}: {', '.join(timed)} x {cfg.repeats} rounds")
-            if repeats:
-                log(f"[{size}] {mode} batch {batch}: not timed, repeating another here: "
-                    + ", ".join(f"{n} (= {r})" for n, r in repeats.items()))
             pids = [os.getpid()] + [w.proc.pid for w in workers.values()]
             before = cpu_sample(pids)
-            raw = _time_cell(workers, timed, src, beam, cfg, log)
-            cell: dict[str, Any] = {"mode": mode, "beam": beam, "batch": batch, "src_len": cfg.src_len,
-                                    "steps": cfg.steps, "repeats": cfg.repeats, "systems": {}, "ratios": {},
-                                    "foreign_cpu_share": foreign_cpu_share(before, cpu_sample(pids))}
-            if repeats:
-                cell["not_timed"] = repeats  # {system: the system it repeats in this cell}
-            for name in timed:
-                stats = cell_stats(raw[name], batch, cfg.steps)
-                cell["systems"][name] = {"stats": stats, "raw": raw[name]}
-            cell.update(ct2_ratios(raw, timed))
+            head = f"[{size}] {mode} batch {batch}: "
+            cell = {"mode": mode, "beam": beam,
+                    **_timed_cell(workers, active, src, beam, cfg, cpu, functools.partial(_prefixed, log, head))}
+            cell["foreign_cpu_share"] = foreign_cpu_share(before, cpu_sample(pids))
             entry["cells"].append(cell)
             _log_cell(cell, size, log)
     return entry
+
+
+def _prefixed(log, head: str, message: str) -> None:
+    log(head + message)
+
+
+def _timed_cell(workers: dict[str, Worker], active: list[str], src: list[list[int]], beam: int, cfg: BenchConfig,
+                cpu: tuple[bool, bool], log) -> dict[str, Any]:
+    """One cell's measurements, stats and ratios. A CTranslate2 setting that repeats another in this cell
+    (ct2_cell_repeats) is not timed, unless the one it repeats fails there: then the whole cell is timed
+    again with it standing in, so that its rounds pair with ours."""
+    batch = len(src)
+    repeats = ct2_cell_repeats(active, cfg.threads, batch, *cpu)
+    timed = [n for n in active if n not in repeats]
+    log(f"{', '.join(timed)} x {cfg.repeats} rounds")
+    if repeats:
+        log("not timed, repeating another here: " + ", ".join(f"{n} (= {r})" for n, r in repeats.items()))
+    raw = _time_cell(workers, timed, src, beam, cfg, log)
+    stand_ins = {n: r for n, r in repeats.items() if "error" in raw[r]}
+    if stand_ins:
+        log("timed again, " + ", ".join(f"{n} in place of {r}, which failed" for n, r in stand_ins.items()))
+        again = [n for n in active if (n in timed and "error" not in raw[n]) or n in stand_ins]
+        raw.update(_time_cell(workers, again, src, beam, cfg, log))
+        timed = [n for n in active if n in timed or n in stand_ins]
+    cell: dict[str, Any] = {"batch": batch, "src_len": cfg.src_len, "steps": cfg.steps, "repeats": cfg.repeats,
+                            "systems": {}, "ratios": {}}
+    not_timed = {n: r for n, r in repeats.items() if n not in stand_ins}
+    if not_timed:
+        cell["not_timed"] = not_timed  # {system: the system it repeats in this cell}
+    if stand_ins:
+        cell["stand_ins"] = stand_ins  # {system: the failed system it was timed in place of}
+    for name in timed:
+        cell["systems"][name] = {"stats": cell_stats(raw[name], batch, cfg.steps), "raw": raw[name]}
+    # a failed system that was stood in for has rounds from the first timing only, unpaired with ours
+    cell.update(ct2_ratios(raw, [n for n in timed if n not in stand_ins.values()]))
+    return cell
 
 
 def _divergence_text(check: dict[str, Any]) -> str:

@@ -215,6 +215,15 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                      "sub-batch on one thread), and timing one configuration twice would let the faster of two "
                      "identical runs stand as CTranslate2's best.")
         lines.append("")
+    stood: dict[tuple[str, str], list[str]] = {}  # (system, the failed one it stood in for) -> the cells
+    for c in s["cells"]:
+        for name, other in (c.get("stand_ins") or {}).items():
+            stood.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
+    for (name, other), cells in stood.items():
+        lines.append(f"{name} is timed at {', '.join(cells)} in place of {other}, which failed there (the two run "
+                     f"as one configuration in those cells); the cell was timed again for it, and its ratios are "
+                     f"to the systems of that second timing.")
+        lines.append("")
     if over:
         lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
                      "running while they were taken), so the floors of this run are too high.")
@@ -290,8 +299,15 @@ def plot(result: dict[str, Any], path: str) -> None:
                     med.append(tps["median"] if tps else 0.0)
                     lo.append(tps["median"] - tps["min"] if tps else 0.0)
                     hi.append(tps["max"] - tps["median"] if tps else 0.0)
-                ax.bar(x + (k - (len(systems) - 1) / 2) * width, med, width, yerr=[lo, hi], capsize=2, label=name,
+                slots = x + (k - (len(systems) - 1) / 2) * width
+                ax.bar(slots, med, width, yerr=[lo, hi], capsize=2, label=name,
                        hatch="//" if name.startswith("ctranslate2") else None, edgecolor="black", linewidth=0.4)
+                for slot, c, m in zip(slots, cells, med):  # an empty slot says why it is empty
+                    why = (f"= {c['not_timed'][name].removeprefix('ctranslate2-')}" if name in (c.get("not_timed") or {})
+                           else "failed" if name in c["systems"] and not m else None)
+                    if why:
+                        ax.annotate(why, (slot, 0.02), xycoords=("data", "axes fraction"), rotation=90, ha="center",
+                                    va="bottom", fontsize=6)
             floors = [c.get("floor") for c in cells]
             if all(floors):
                 ceil_tps = [c["batch"] * c["steps"] / f["seconds"] for c, f in zip(cells, floors)]

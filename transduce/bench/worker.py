@@ -52,6 +52,17 @@ def repeated(call, min_seconds: float) -> dict[str, Any]:
             return {**reply, "seconds": float(np.median(times)), "calls": len(times)}
 
 
+def encoder_threads_rule(threads: int, narrow: int) -> str:
+    """How ONNX Runtime's encoder uses `threads`: one thread below `narrow` source tokens per run."""
+    if threads == 1:
+        return "1"
+    if narrow <= 1:  # a model whose one source token is already past the one-thread limit
+        return f"{threads} always"
+    if narrow == 2:  # the base model's: "below 2 tokens" would be an odd way to say it
+        return f"1 for a run of one source token, {threads} from two"
+    return f"1 below {narrow} source tokens per run, {threads} from there"
+
+
 class _Ours:
     """A transduce backend, driven by transduce.runtime.decoding."""
 
@@ -86,8 +97,7 @@ class _Ours:
 
             narrow = math.ceil(NARROW_ENCODER_MFLOP / encoder_mflop_per_token(self.cfg))  # source tokens per run
             self.info.update(onnxruntime=onnxruntime.__version__,
-                             encoder_threads_rule=(f"1 below {narrow} source tokens per run, {threads} from there"
-                                                   if threads != 1 else "1"),
+                             encoder_threads_rule=encoder_threads_rule(threads, narrow),
                              step_intra_op_threads=be.threads, inter_op_threads=1,
                              step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
                                                 if be.decoder_wide is not be.decoder and be.wide_rows_threshold() > 1
