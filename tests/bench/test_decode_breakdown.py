@@ -90,6 +90,39 @@ def test_the_timer_keeps_parts_apart_that_one_thread_ran():
     assert sorted(timer.total) == [(p, label) for p in (1, 2, 3) for label in ("decode", "encoder")]
 
 
+def test_the_timer_keeps_parts_apart_that_run_at_the_same_time():
+    """Two parts in two threads, each inside its part while the other calls the backend (a barrier holds
+    them there): each call is counted in its own thread's part, and nothing falls to part 0."""
+    timer = _script().Timer()
+    seen: dict[str, set] = {}
+    both_inside = threading.Barrier(2)
+
+    class Backend:
+        def encode(self):
+            seen.setdefault(threading.current_thread().name, set()).add(timer.current.part)
+
+    be = Backend()
+    timer.wrap(be, "encode", "encoder")
+
+    class Decoding:
+        @staticmethod
+        def decode_one():
+            be.encode()
+            both_inside.wait(timeout=10)
+            be.encode()
+            both_inside.wait(timeout=10)
+
+    timer.wrap(Decoding, "decode_one", "decode", opens_part=True)
+    threads = [threading.Thread(target=Decoding.decode_one, name=f"part-{i}") for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(parts) for parts in seen.values()) == [1, 1]  # one part per thread, kept across its calls
+    assert set.union(*seen.values()) == {1, 2}
+    assert sorted(timer.total) == [(p, label) for p in (1, 2) for label in ("decode", "encoder")]
+
+
 def test_breakdown_of_a_batch_decoded_in_parts(tiny_artifact_dir, capsys):
     """Where the backend decodes the batch in parts at the same time, the parts are per part: they add up to a
     part's decode, which is at most the decode's wall time; --whole breaks the batch down whole."""
