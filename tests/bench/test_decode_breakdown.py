@@ -63,15 +63,12 @@ def test_the_timer_waits_for_queued_device_work_at_each_clock():
     assert events == ["sync", "encode", "sync"] and timer.total[0, "encoder"] > 0  # part 0: outside every part
 
 
-def test_the_timer_keeps_parts_apart_that_one_thread_ran():
-    """Parts are told apart by the call that opens them, not by thread: two parts decoded one after the other
-    in one thread (a pool thread that took two parts, or the calling thread) are two parts, and a part's
-    calls from its own thread are its own while another thread runs another part."""
-    timer = _script().Timer()
+def _timed_decode_one(timer, encode=lambda: None, pause=lambda: None):
+    """A decode_one wrapped to open a part, which calls a timed backend.encode twice, pause() after each."""
 
     class Backend:
         def encode(self):
-            pass
+            encode()
 
     be = Backend()
     timer.wrap(be, "encode", "encoder")
@@ -79,12 +76,23 @@ def test_the_timer_keeps_parts_apart_that_one_thread_ran():
     class Decoding:
         @staticmethod
         def decode_one():
-            be.encode()
+            for _ in range(2):
+                be.encode()
+                pause()
 
     timer.wrap(Decoding, "decode_one", "decode", opens_part=True)
-    Decoding.decode_one()
-    Decoding.decode_one()
-    worker = threading.Thread(target=Decoding.decode_one)
+    return Decoding.decode_one
+
+
+def test_the_timer_keeps_parts_apart_that_one_thread_ran():
+    """Parts are told apart by the call that opens them, not by thread: two parts decoded one after the other
+    in one thread (a pool thread that took two parts, or the calling thread) are two parts, and a part's
+    calls from its own thread are its own while another thread runs another part."""
+    timer = _script().Timer()
+    decode_one = _timed_decode_one(timer)
+    decode_one()
+    decode_one()
+    worker = threading.Thread(target=decode_one)
     worker.start()
     worker.join()
     assert sorted(timer.total) == [(p, label) for p in (1, 2, 3) for label in ("decode", "encoder")]
@@ -96,24 +104,10 @@ def test_the_timer_keeps_parts_apart_that_run_at_the_same_time():
     timer = _script().Timer()
     seen: dict[str, set] = {}
     both_inside = threading.Barrier(2)
-
-    class Backend:
-        def encode(self):
-            seen.setdefault(threading.current_thread().name, set()).add(timer.current.part)
-
-    be = Backend()
-    timer.wrap(be, "encode", "encoder")
-
-    class Decoding:
-        @staticmethod
-        def decode_one():
-            be.encode()
-            both_inside.wait(timeout=10)
-            be.encode()
-            both_inside.wait(timeout=10)
-
-    timer.wrap(Decoding, "decode_one", "decode", opens_part=True)
-    threads = [threading.Thread(target=Decoding.decode_one, name=f"part-{i}") for i in range(2)]
+    decode_one = _timed_decode_one(
+        timer, encode=lambda: seen.setdefault(threading.current_thread().name, set()).add(timer.current.part),
+        pause=lambda: both_inside.wait(timeout=10))
+    threads = [threading.Thread(target=decode_one, name=f"part-{i}") for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
