@@ -589,17 +589,32 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     wide = cell_of(workers, [[5, 6, 7], [8, 9]])  # batch 2: two sub-batches, inter is itself
     assert list(wide["systems"]) == names and "not_timed" not in wide
 
-    # 1thread fails in its second round: timed again, inter standing in, our rounds paired with its
-    workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2-1thread": FakeWorker(0.012, die_at=4),
+    # 1thread, the fastest, fails in its second round: timed again without it, inter standing in; the
+    # ratios are over that second timing, not to 1thread's one round from the first
+    workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2-1thread": FakeWorker(0.005, die_at=5),
                "ctranslate2-inter": FakeWorker(0.011)}
     failed = cell_of(workers, [[5, 6, 7]])
     assert failed["stand_ins"] == {"ctranslate2-inter": "ctranslate2-1thread"} and "not_timed" not in failed
     assert list(failed["systems"]) == names
     assert failed["systems"]["ctranslate2-1thread"]["raw"]["error"].startswith("the onnxruntime worker died")
+    assert len(failed["systems"]["ctranslate2-1thread"]["raw"]["decode"]) == 1
     assert len(failed["systems"]["onnxruntime"]["raw"]["decode"]) == 3  # the second timing's, not 3 + 3
-    assert failed["ratios"]["onnxruntime"]["vs"] == "ctranslate2-inter"
+    assert failed["ratios"]["onnxruntime"]["vs"] == "ctranslate2-inter" and failed["ct2_best"] == "ctranslate2-inter"
     assert failed["ratios"]["onnxruntime"]["median"] == pytest.approx(1.1)
     assert "timed again, ctranslate2-inter in place of ctranslate2-1thread, which failed" in logged
+
+    # ... and so is any other setting that failed in the first timing (here the default, the fastest)
+    workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2": FakeWorker(0.004, die_at=5),
+               "ctranslate2-1thread": FakeWorker(0.012, die_at=3), "ctranslate2-inter": FakeWorker(0.011)}
+    c = harness._timed_cell(workers, ["onnxruntime", "ctranslate2"] + names[1:], [[5, 6, 7]], 1, cfg, amd, logged.append)
+    assert c["stand_ins"] == {"ctranslate2-inter": "ctranslate2-1thread"} and workers["ctranslate2"].calls == 5
+    assert c["ct2_best"] == "ctranslate2-inter" and c["ratios"]["onnxruntime"]["median"] == pytest.approx(1.1)
+    # with nothing of ours left to pair with, it is not timed at all
+    workers = {"onnxruntime": FakeWorker(0.010, die_at=8), "ctranslate2-1thread": FakeWorker(0.012, die_at=3),
+               "ctranslate2-inter": FakeWorker(0.011)}
+    unpaired = cell_of(workers, [[5, 6, 7]])
+    assert "stand_ins" not in unpaired and unpaired["not_timed"] == {"ctranslate2-inter": "ctranslate2-1thread"}
+    assert workers["ctranslate2-inter"].calls == 0 and unpaired["ratios"] == {}
 
     size = {**DEMO_SIZE, "systems": {n: {"status": "ok"} for n in names}, "cells": [cell, wide, failed]}
     md = "\n".join(_size_section(size, {"steps": 8}))
@@ -610,8 +625,10 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     notes = []
     annotate = matplotlib.axes.Axes.annotate
     monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, *a, **k: notes.append(text) or annotate(ax, text, *a, **k))
-    plot({"config": {"threads": 2, "steps": 8}, "sizes": [{**size, "cells": [cell, wide]}]}, str(tmp_path / "bench.png"))
-    assert notes == ["= 1thread"]  # inter's empty slot at batch 1
+    unpaired = {**unpaired, "mode": "beam2"}  # a panel of its own, where 1thread has no round at all
+    plot({"config": {"threads": 2, "steps": 8}, "sizes": [{**size, "cells": [cell, wide, failed, unpaired]}]},
+         str(tmp_path / "bench.png"))
+    assert notes == ["= 1thread", "failed"]  # inter's empty slot at greedy batch 1, 1thread's at beam2 batch 1
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 

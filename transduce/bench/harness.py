@@ -686,7 +686,7 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
                 settle(w.proc.pid)
         except WorkerError as e:
             failed[name] = str(e)
-            log(f"[bench] {name} failed: {e}")
+            log(f"{name} failed: {e}")
             return
         if record:
             raw[name]["decode"].append(d["seconds"])
@@ -925,7 +925,8 @@ def _timed_cell(workers: dict[str, Worker], active: list[str], src: list[list[in
                 cpu: tuple[bool, bool], log) -> dict[str, Any]:
     """One cell's measurements, stats and ratios. A CTranslate2 setting that repeats another in this cell
     (ct2_cell_repeats) is not timed, unless the one it repeats fails there: then the whole cell is timed
-    again with it standing in, so that its rounds pair with ours."""
+    again with it standing in and without what failed, and the ratios are over that second timing, whose
+    rounds pair with each other."""
     batch = len(src)
     repeats = ct2_cell_repeats(active, cfg.threads, batch, *cpu)
     timed = [n for n in active if n not in repeats]
@@ -933,12 +934,17 @@ def _timed_cell(workers: dict[str, Worker], active: list[str], src: list[list[in
     if repeats:
         log("not timed, repeating another here: " + ", ".join(f"{n} (= {r})" for n, r in repeats.items()))
     raw = _time_cell(workers, timed, src, beam, cfg, log)
+    paired = timed  # the systems whose rounds the ratios pair: those of one timing
     stand_ins = {n: r for n, r in repeats.items() if "error" in raw[r]}
-    if stand_ins:
+    # timed again: the stand-ins and the CPU systems that did not fail (the GPU ones get no ratios)
+    again = [n for n in active if n not in GPU_SYSTEMS and (n in stand_ins or (n in timed and "error" not in raw[n]))]
+    if stand_ins and any(not is_ct2(n) for n in again):
         log("timed again, " + ", ".join(f"{n} in place of {r}, which failed" for n, r in stand_ins.items()))
-        again = [n for n in active if (n in timed and "error" not in raw[n]) or n in stand_ins]
         raw.update(_time_cell(workers, again, src, beam, cfg, log))
+        paired = again  # what failed in the first timing has no rounds paired with the second's
         timed = [n for n in active if n in timed or n in stand_ins]
+    else:
+        stand_ins = {}  # nothing of ours left to pair with a stand-in
     cell: dict[str, Any] = {"batch": batch, "src_len": cfg.src_len, "steps": cfg.steps, "repeats": cfg.repeats,
                             "systems": {}, "ratios": {}}
     not_timed = {n: r for n, r in repeats.items() if n not in stand_ins}
@@ -948,8 +954,7 @@ def _timed_cell(workers: dict[str, Worker], active: list[str], src: list[list[in
         cell["stand_ins"] = stand_ins  # {system: the failed system it was timed in place of}
     for name in timed:
         cell["systems"][name] = {"stats": cell_stats(raw[name], batch, cfg.steps), "raw": raw[name]}
-    # a failed system that was stood in for has rounds from the first timing only, unpaired with ours
-    cell.update(ct2_ratios(raw, [n for n in timed if n not in stand_ins.values()]))
+    cell.update(ct2_ratios(raw, paired))
     return cell
 
 

@@ -221,8 +221,8 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             stood.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
     for (name, other), cells in stood.items():
         lines.append(f"{name} is timed at {', '.join(cells)} in place of {other}, which failed there (the two run "
-                     f"as one configuration in those cells); the cell was timed again for it, and its ratios are "
-                     f"to the systems of that second timing.")
+                     f"as one configuration in those cells); the cell was timed again for it without what had failed, and "
+                     f"its ratios are over that second timing (what failed in the first gets none).")
         lines.append("")
     if over:
         lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
