@@ -544,6 +544,7 @@ def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     md = "\n".join(_size_section(size, {"steps": 8}))
     assert "| greedy | 1 | onnxruntime* |" in md
     assert "onnxruntime (greedy, batch 1): failed after 2 of 5 rounds (the onnxruntime worker died" in md
+    assert "(exit status -9)); its figures are over those and so is its ratio" in md
     # CTranslate2 failing part-way: its row is marked, and so is our ratio to it (over its rounds)
     workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2": FakeWorker(0.012, die_at=7)}
     raw = _time_cell(workers, list(workers), [[5, 6, 7]], 1, cfg, log=lambda m: None)
@@ -601,6 +602,7 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     assert len(failed["systems"]["onnxruntime"]["raw"]["decode"]) == 3  # the second timing's, not 3 + 3
     assert failed["ratios"]["onnxruntime"]["vs"] == "ctranslate2-inter" and failed["ct2_best"] == "ctranslate2-inter"
     assert failed["ratios"]["onnxruntime"]["median"] == pytest.approx(1.1)
+    assert failed["timed_again"] == ["onnxruntime", "ctranslate2-inter"]
     assert "timed again, ctranslate2-inter in place of ctranslate2-1thread, which failed" in logged
 
     # ... and so is any other setting that failed in the first timing (here the default, the fastest)
@@ -620,6 +622,8 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     md = "\n".join(_size_section(size, {"steps": 8}))
     assert "ctranslate2-inter is not timed at greedy batch 1: there it runs as ctranslate2-1thread does" in md
     assert "ctranslate2-inter is timed at greedy batch 1 in place of ctranslate2-1thread, which failed there" in md
+    assert ("ctranslate2-1thread (greedy, batch 1): failed after 1 of 3 rounds (the onnxruntime worker died (exit "
+            "status -9)); its figures are over those; no ratio: the cell was timed again without it") in md
     import matplotlib.axes
 
     notes = []

@@ -952,6 +952,7 @@ def _timed_cell(workers: dict[str, Worker], active: list[str], src: list[list[in
         cell["not_timed"] = not_timed  # {system: the system it repeats in this cell}
     if stand_ins:
         cell["stand_ins"] = stand_ins  # {system: the failed system it was timed in place of}
+        cell["timed_again"] = paired  # the systems of the second timing, over which the ratios are
     for name in timed:
         cell["systems"][name] = {"stats": cell_stats(raw[name], batch, cfg.steps), "raw": raw[name]}
     cell.update(ct2_ratios(raw, paired))

@@ -178,7 +178,9 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                 shown = f"{name}*"
                 partial.append(f"\\* {name} ({c['mode']}, batch {c['batch']}): failed after "
                                f"{len(x['raw'].get('decode', []))} of {c.get('repeats', '?')} rounds "
-                               f"({str(x['raw']['error']).splitlines()[0][:120]}); its figures and ratio are over those")
+                               f"({str(x['raw']['error']).splitlines()[0][:120]}); its figures are over those"
+                               + ("; no ratio: the cell was timed again without it"
+                                  if name not in c.get("timed_again", [name]) else " and so is its ratio"))
             if name == c.get("ct2_best") and len(c.get("ct2_settings_ratio") or {}) > 0:
                 ratio = "fastest CT2 setting"
             if floor and quantized_system(name):  # the floors are fp32 weights' (int8 reads a quarter of the bytes)
