@@ -229,6 +229,10 @@ def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny
 
 
 # -- arithmetic ------------------------------------------------------------------------------------
+DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
+                                                "d_ff": 512, "vocab_size": 372}, "description": "x"}}
+
+
 def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
     """Per round, against the fastest CTranslate2 setting in the cell; the GPU systems (CTranslate2 runs on the
     CPU here) get none, and the settings are compared with each other."""
@@ -298,9 +302,8 @@ def test_the_report_names_the_settings_not_timed_in_a_cell():
                        "sentences_per_s": {"median": 200.0}}, "raw": {}}
     cells = [{"mode": m, "beam": 1, "batch": 1, "steps": 32, "systems": {"ctranslate2-1thread": stats}, "ratios": {},
               "not_timed": {"ctranslate2-inter": "ctranslate2-1thread"}} for m in ("greedy", "beam4")]
-    size = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
-                                                 "n_heads": 4, "d_ff": 512, "vocab_size": 372}, "description": "x"},
-            "systems": {"ctranslate2-1thread": {"status": "ok"}, "ctranslate2-inter": {"status": "ok"}}, "cells": cells}
+    size = {**DEMO_SIZE, "systems": {"ctranslate2-1thread": {"status": "ok"}, "ctranslate2-inter": {"status": "ok"}},
+            "cells": cells}
     text = "\n".join(_size_section(size, {"steps": 32}))
     assert ("ctranslate2-inter is not timed at greedy batch 1, beam4 batch 1: there it runs as ctranslate2-1thread "
             "does") in text
@@ -538,9 +541,7 @@ def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     for n in workers:
         cell["systems"][n] = {"stats": cell_stats(raw[n], 1, 8), "raw": raw[n]}
     cell.update(ct2_ratios(raw, list(workers)))
-    size = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
-                                                 "n_heads": 4, "d_ff": 512, "vocab_size": 372}, "description": "x"},
-            "systems": {n: {"status": "ok"} for n in workers}, "cells": [cell]}
+    size = {**DEMO_SIZE, "systems": {n: {"status": "ok"} for n in workers}, "cells": [cell]}
     md = "\n".join(_size_section(size, {"steps": 8}))
     assert "| greedy | 1 | onnxruntime* |" in md
     assert "onnxruntime (greedy, batch 1): failed after 2 of 5 rounds (the onnxruntime worker died" in md
@@ -554,10 +555,6 @@ def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     assert "| greedy | 1 | ctranslate2* |" in md
     row = next(line for line in md.splitlines() if line.startswith("| greedy | 1 | onnxruntime |"))
     assert "vs ctranslate2*" in row
-
-
-DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
-                                                "d_ff": 512, "vocab_size": 372}, "description": "x"}}
 
 
 def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, tmp_path):

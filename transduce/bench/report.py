@@ -97,6 +97,16 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cells_by_pair(cells: list[dict[str, Any]], key: str) -> dict[tuple[str, str], list[str]]:
+    """A cell map {system: other system} (not_timed: the one it repeats; stand_ins: the failed one it stood in
+    for), gathered over the cells: (system, other) -> the cells it holds in, as "mode batch N"."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for c in cells:
+        for name, other in (c.get(key) or {}).items():
+            out.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
+    return out
+
+
 def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     mc = s["model"]["config"]
     lines = [f"## {s['size']}: {s['model']['description']}", ""]
@@ -208,20 +218,12 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     for note in partial:
         lines.append(note)
         lines.append("")
-    repeated: dict[tuple[str, str], list[str]] = {}  # (system, the one it repeats) -> the cells
-    for c in s["cells"]:
-        for name, other in (c.get("not_timed") or {}).items():
-            repeated.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
-    for (name, other), cells in repeated.items():
+    for (name, other), cells in _cells_by_pair(s["cells"], "not_timed").items():
         lines.append(f"{name} is not timed at {', '.join(cells)}: there it runs as {other} does (one sentence is one "
                      "sub-batch on one thread), and timing one configuration twice would let the faster of two "
                      "identical runs stand as CTranslate2's best.")
         lines.append("")
-    stood: dict[tuple[str, str], list[str]] = {}  # (system, the failed one it stood in for) -> the cells
-    for c in s["cells"]:
-        for name, other in (c.get("stand_ins") or {}).items():
-            stood.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
-    for (name, other), cells in stood.items():
+    for (name, other), cells in _cells_by_pair(s["cells"], "stand_ins").items():
         lines.append(f"{name} is timed at {', '.join(cells)} in place of {other}, which failed there (the two run "
                      f"as one configuration in those cells); the cell was timed again for it without what had failed, and "
                      f"its ratios are over that second timing (what failed in the first gets none).")
