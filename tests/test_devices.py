@@ -33,7 +33,7 @@ def test_torch_devices_are_ones_this_torch_sees():
         assert e.value.hint == "--device cpu"
 
 
-def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir):
+def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir, monkeypatch):
     from transduce.runtime.api import make_backend
     from transduce.runtime.backends.torch_backend import TorchBackend
 
@@ -46,7 +46,13 @@ def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir):
     for backend in ("onnxruntime", "torch", "tensorrt"):  # before anything is loaded
         with pytest.raises(InputError, match=f"--device 'gpu': the {backend} backend runs on cpu or cuda"):
             make_backend(tiny_artifact_dir, backend, device="gpu")
-    # the onnxruntime backend's CUDA buffers and providers are on the first visible GPU: another is refused
-    with pytest.raises(BackendUnavailable, match="first visible GPU only") as e:
-        make_backend(tiny_artifact_dir, "onnxruntime", device="cuda:1")
-    assert "CUDA_VISIBLE_DEVICES" in e.value.hint
+    # the onnxruntime backend's CUDA buffers and providers are on the GPU --device names ("cuda": the first)
+    from transduce.runtime.backends import onnxruntime_backend as orb
+
+    seen = []
+    monkeypatch.setattr(orb, "OnnxRuntimeBackend", lambda *a, **k: seen.append(k))
+    for device in ("cuda:1", "cuda", "cpu"):
+        make_backend(tiny_artifact_dir, "onnxruntime", device=device)
+    make_backend(tiny_artifact_dir, "onnxruntime", device="cuda:0", provider="tensorrt")
+    assert [(k["provider"], k.get("device_index")) for k in seen] == [("cuda", 1), ("cuda", 0), ("cpu", None),
+                                                                         ("tensorrt", 0)]

@@ -515,7 +515,12 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
             return True
 
         @staticmethod
+        def device_count():
+            return 2
+
+        @staticmethod
         def Stream(device):
+            streams.append(device)
             return f"stream {len(made)}"
 
         @staticmethod
@@ -546,15 +551,18 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
             calls.append(("copy_", Cuda.current))
 
     fake = types.SimpleNamespace(cuda=Cuda, float32="float32", float16="float16", bfloat16="bfloat16", int64="int64",
-                                 device=lambda *args: "cuda:0")
+                                 device=lambda *args: ":".join(map(str, args)))
     fake.zeros = lambda shape, dtype, device: calls.append(("zeros", Cuda.current)) or Tensor()
     fake.empty = lambda shape, dtype, device: calls.append(("empty", Cuda.current)) or Tensor()
     monkeypatch.setitem(sys.modules, "torch", fake)
-    made = []
+    made, streams = [], []
     made.append(orb._TorchCudaMemory("fp32"))
-    made.append(orb._TorchCudaMemory("fp16"))
+    made.append(orb._TorchCudaMemory("fp16", 1))  # --device cuda:1: its buffers and stream on that GPU
     first, second = made
     assert first.stream != second.stream and Cuda.current == "default"
+    assert (first.device, second.device, streams) == ("cuda:0", "cuda:1", ["cuda:0", "cuda:1"])
+    with pytest.raises(orb.BackendUnavailable, match="--device cuda:2: there are 2 CUDA GPUs here"):
+        orb._TorchCudaMemory("fp32", 2)
     cache = first.zeros((2, 3))
     first.empty((4,), np.float32)
     second.fill(second.empty((5,)), 7, 5)
@@ -562,6 +570,30 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
     assert calls == [("zeros", first.stream), ("empty", first.stream), ("empty", second.stream),
                      ("fill_", second.stream), ("copy_", first.stream)]
     assert Cuda.current == "default"
+
+
+def test_gpu_provider_options_name_the_backends_gpu_and_stream(tiny_artifact_dir):
+    """The CUDA and TensorRT providers' options (no GPU here: a backend's state without its sessions): the
+    GPU of --device cuda:N, the buffers' stream, TF32 off for fp32, the TensorRT provider's one profile
+    per graph and engine cache; a user's options override them."""
+    import types
+
+    be = object.__new__(orb.OnnxRuntimeBackend)
+    be.manifest = contract.read_manifest(tiny_artifact_dir)
+    be.config, be.precision, be.device_index = be.manifest["model"], "fp32", 1
+    be._mem = types.SimpleNamespace(stream=types.SimpleNamespace(cuda_stream=1234))
+    assert be._provider_options("cpu", {"x": 1}) == ({"x": 1}, {"x": 1})
+    enc, dec = be._provider_options("cuda", {"CUDAExecutionProvider": {"use_tf32": "1", "arena_extend_strategy": "x"}})
+    assert enc == dec == {"CUDAExecutionProvider": {"device_id": "1", "user_compute_stream": "1234", "use_tf32": "1",
+                                                    "arena_extend_strategy": "x"}}
+    enc, dec = be._provider_options("tensorrt", {})
+    assert enc["CUDAExecutionProvider"]["use_tf32"] == "0" and enc["CUDAExecutionProvider"]["device_id"] == "1"
+    trt_enc, trt_dec = enc["TensorrtExecutionProvider"], dec["TensorrtExecutionProvider"]
+    assert trt_enc["device_id"] == trt_dec["device_id"] == "1" and trt_enc["user_compute_stream"] == "1234"
+    assert "src_ids" in trt_enc["trt_profile_min_shapes"] and "past_key_0" in trt_dec["trt_profile_max_shapes"]
+    assert trt_enc["trt_engine_cache_path"].endswith(be.manifest["files"][contract.STEP_FILE]["sha256"][:16])
+    be.precision = "fp16"
+    assert "use_tf32" not in be._provider_options("cuda", {})[0]["CUDAExecutionProvider"]
 
 
 @pytest.mark.parametrize("wide", ["rows", "always"])

@@ -85,9 +85,8 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 
     provider = options.pop("provider", None) or kind
-    if provider != "cpu" and index:  # its CUDA buffers, stream and providers are on the first GPU
-        raise BackendUnavailable(f"--device {device}: the onnxruntime backend runs on the first visible GPU only",
-                                 hint="make that GPU the first visible one (CUDA_VISIBLE_DEVICES) and pass --device cuda")
+    if provider != "cpu":  # its CUDA buffers, stream and providers on that GPU ("cuda": the first, as ORT's default)
+        options.setdefault("device_index", index or 0)
     return OnnxRuntimeBackend(artifact_dir, provider=provider, threads=threads, **options)
 
 

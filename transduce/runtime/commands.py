@@ -70,7 +70,7 @@ def _written_over(input_path: str, output_path: str) -> bool:
 @click.option("--input", "input_path", default="-", show_default=True, help="Sentences, one per line ('-' = stdin).")
 @click.option("--output", "output_path", default="-", show_default=True, help="Where translations go ('-' = stdout).")
 @click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (onnxruntime: the first visible GPU; tensorrt: always a GPU, cpu meaning the default one).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (cuda: the first GPU for onnxruntime; tensorrt: always a GPU, cpu meaning the default one).")
 @click.option("--beam", default=4, show_default=True, help="Beam size (1 = greedy).")
 @click.option("--nbest", default=1, show_default=True, help="Hypotheses per sentence (written as 'i ||| text ||| score').")
 @click.option("--length-penalty", default=0.6, show_default=True, help="alpha of ((5+len)/6)^alpha.")

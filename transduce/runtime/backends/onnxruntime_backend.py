@@ -212,7 +212,8 @@ class OnnxRuntimeBackend:
 
     def __init__(self, artifact_dir: str | os.PathLike, provider: str = "cpu", threads: int = 0,
                  verify: bool = True, optimization: str = "all", provider_options: dict | None = None,
-                 fused: bool = True, wide_steps: str = "auto", shards: bool = True):
+                 fused: bool = True, wide_steps: str = "auto", shards: bool = True, device_index: int = 0):
+        """device_index: the GPU (CUDA ordinal) the CUDA and TensorRT providers, and the buffers, are on."""
         ort = _import_ort()
         if wide_steps not in WIDE_STEPS:
             raise BackendUnavailable(f"unknown wide_steps {wide_steps!r}", hint=f"choose one of {', '.join(WIDE_STEPS)}")
@@ -236,6 +237,7 @@ class OnnxRuntimeBackend:
                 hint="decode it with --device cpu, or export again without --quantize for the GPU")
         self.provider = provider
         self.on_device = provider != "cpu"
+        self.device_index = device_index if self.on_device else 0
         levels = {
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
@@ -268,7 +270,7 @@ class OnnxRuntimeBackend:
             return so
 
         self.threads = intra_op_threads(self.config, threads)  # the step's threads at small row counts
-        self._mem = _TorchCudaMemory(self.precision) if self.on_device else _NumpyMemory(self.precision, ort)
+        self._mem = _TorchCudaMemory(self.precision, self.device_index) if self.on_device else _NumpyMemory(self.precision, ort)
         enc_opts, dec_opts = self._provider_options(provider, provider_options or {})
         step_path = os.path.join(self.artifact_dir, contract.STEP_FILE)
         try:
@@ -431,7 +433,7 @@ class OnnxRuntimeBackend:
         """
         if provider == "cpu":
             return user, user
-        cuda = {"device_id": "0", "user_compute_stream": str(self._mem.stream.cuda_stream)}
+        cuda = {"device_id": str(self.device_index), "user_compute_stream": str(self._mem.stream.cuda_stream)}
         if self.precision == "fp32":
             cuda["use_tf32"] = "0"
         enc = {"CUDAExecutionProvider": dict(cuda)}
@@ -442,7 +444,7 @@ class OnnxRuntimeBackend:
             plan = derive_profiles(self.config, profiles="single")
             cache = os.path.join(os.path.expanduser("~"), ".cache", "transduce", "ort-trt",
                                  self.manifest["files"][contract.STEP_FILE]["sha256"][:16])
-            base = {"device_id": "0", "trt_engine_cache_enable": "1", "trt_engine_cache_path": cache,
+            base = {"device_id": str(self.device_index), "trt_engine_cache_enable": "1", "trt_engine_cache_path": cache,
                     "trt_timing_cache_enable": "1", "trt_timing_cache_path": cache,
                     "user_compute_stream": str(self._mem.stream.cuda_stream)}
             enc["TensorrtExecutionProvider"] = {**base, **ort_tensorrt_profile_options(plan.profiles("encoder")[0], "encoder", self.config)}
@@ -514,7 +516,7 @@ class OnnxRuntimeBackend:
         for name, arr in feeds.items():
             binding.bind_cpu_input(name, arr)
         for o in self.encoder.get_outputs():
-            binding.bind_output(o.name, "cuda", 0)
+            binding.bind_output(o.name, "cuda", self.device_index)
         self.encoder.run_with_iobinding(binding)
         outs = {o.name: self._mem.from_ortvalue(v) for o, v in zip(self.encoder.get_outputs(), binding.get_outputs())}
         binding.clear_binding_outputs()
@@ -917,19 +919,23 @@ class _TorchCudaMemory:
 
     _DT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
-    def __init__(self, precision: str):
+    def __init__(self, precision: str, index: int = 0):
         try:
             import torch
         except ImportError:
             raise BackendUnavailable("device decoding with onnxruntime needs torch for CUDA buffers") from None
         if not torch.cuda.is_available():
             raise BackendUnavailable("CUDA is not available here", hint="use --device cpu")
+        if not 0 <= index < torch.cuda.device_count():
+            raise BackendUnavailable(f"--device cuda:{index}: there are {torch.cuda.device_count()} CUDA GPUs here",
+                                     hint="cuda:0 is the first (CUDA_VISIBLE_DEVICES renumbers them)")
         if precision == "bf16":
             raise BackendUnavailable("bf16 artifacts are decoded by the tensorrt backend, not onnxruntime's IO binding",
                                      hint="use --backend tensorrt, or export fp16/fp32 for onnxruntime")
         self.torch = torch
         self.dtype = getattr(torch, self._DT[precision])
-        self.device = torch.device("cuda", 0)
+        self.index = index
+        self.device = torch.device("cuda", index)
         # ORT runs on this stream (user_compute_stream) and so do our cache writes, gathers and top-k,
         # each made current only while it runs (not set for the thread: that would move the caller's
         # own torch work onto it, and a second backend would take it over for both)
@@ -972,7 +978,7 @@ class _TorchCudaMemory:
     def bind(self, binding, name, t, is_input):
         assert t.is_contiguous(), name  # bound by pointer
         np_dtype = self._np_of[t.dtype]
-        (binding.bind_input if is_input else binding.bind_output)(name, "cuda", 0, np_dtype, list(t.shape), t.data_ptr())
+        (binding.bind_input if is_input else binding.bind_output)(name, "cuda", self.index, np_dtype, list(t.shape), t.data_ptr())
 
     @_on_stream
     def fill(self, buf, values, rows):
