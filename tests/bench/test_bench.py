@@ -618,6 +618,14 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     size = {**DEMO_SIZE, "systems": {n: {"status": "ok"} for n in names}, "cells": [cell, wide, failed]}
     md = "\n".join(_size_section(size, {"steps": 8}))
     assert "ctranslate2-inter is not timed at greedy batch 1: there it runs as ctranslate2-1thread does" in md
+    assert "none of our systems was left" not in md
+    # where the setting it repeats failed and nothing of ours was left, the note says so
+    unpaired.update(mode="beam4", batch=16)
+    also = "\n".join(_size_section({**size, "cells": [cell, unpaired]}, {"steps": 8}))
+    assert ("ctranslate2-inter is not timed at greedy batch 1, beam4 batch 16: there it runs as ctranslate2-1thread "
+            "does") in also
+    assert ("ctranslate2-1thread failed at beam4 batch 16, and none of our systems was left there to time "
+            "ctranslate2-inter against in its place.") in also
     assert "ctranslate2-inter is timed at greedy batch 1 in place of ctranslate2-1thread, which failed there" in md
     assert ("ctranslate2-1thread (greedy, batch 1): failed after 1 of 3 rounds (the onnxruntime worker died (exit "
             "status -9)); its figures are over those; no ratio: the cell was timed again without it") in md

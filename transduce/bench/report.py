@@ -222,6 +222,11 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         lines.append(f"{name} is not timed at {', '.join(cells)}: there it runs as {other} does (one sentence is one "
                      "sub-batch on one thread), and timing one configuration twice would let the faster of two "
                      "identical runs stand as CTranslate2's best.")
+        failed = [f"{c['mode']} batch {c['batch']}" for c in s["cells"] if (c.get("not_timed") or {}).get(name) == other
+                  and c["systems"].get(other, {}).get("raw", {}).get("error")]
+        if failed:  # the harness times a stand-in only where one of our systems is left to pair it with
+            lines[-1] += (f" {other} failed at {', '.join(failed)}, and none of our systems was left there to time "
+                          f"{name} against in its place.")
         lines.append("")
     for (name, other), cells in _cells_by_pair(s["cells"], "stand_ins").items():
         lines.append(f"{name} is timed at {', '.join(cells)} in place of {other}, which failed there (the two run "
