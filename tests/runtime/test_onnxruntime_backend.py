@@ -561,7 +561,7 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
     first, second = made
     assert first.stream != second.stream and Cuda.current == "default"
     assert (first.device, second.device, streams) == ("cuda:0", "cuda:1", ["cuda:0", "cuda:1"])
-    with pytest.raises(orb.BackendUnavailable, match="--device cuda:2: there are 2 CUDA GPUs here"):
+    with pytest.raises(orb.BackendUnavailable, match="--device cuda:2: there are 2 CUDA GPUs"):
         orb._TorchCudaMemory("fp32", 2)
     cache = first.zeros((2, 3))
     first.empty((4,), np.float32)

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from transduce._devices import torch_device
 from transduce.errors import BackendUnavailable, InputError
 from transduce.runtime import contract
 from transduce.runtime.backends.base import ban_bias, banned_ids, move_rows_torch, numpy_topk, usable_cpus
@@ -924,11 +925,8 @@ class _TorchCudaMemory:
             import torch
         except ImportError:
             raise BackendUnavailable("device decoding with onnxruntime needs torch for CUDA buffers") from None
-        if not torch.cuda.is_available():
-            raise BackendUnavailable("CUDA is not available here", hint="use --device cpu")
-        if not 0 <= index < torch.cuda.device_count():
-            raise BackendUnavailable(f"--device cuda:{index}: there are {torch.cuda.device_count()} CUDA GPUs here",
-                                     hint="cuda:0 is the first (CUDA_VISIBLE_DEVICES renumbers them)")
+        # a GPU this torch sees (ORT numbers them alike: both follow CUDA_VISIBLE_DEVICES), or BackendUnavailable
+        torch_device(f"cuda:{index}", error=BackendUnavailable, runs="the onnxruntime backend runs")
         if precision == "bf16":
             raise BackendUnavailable("bf16 artifacts are decoded by the tensorrt backend, not onnxruntime's IO binding",
                                      hint="use --backend tensorrt, or export fp16/fp32 for onnxruntime")
