@@ -97,14 +97,19 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cells_by_pair(cells: list[dict[str, Any]], key: str) -> dict[tuple[str, str], list[str]]:
+def _cells_by_pair(cells: list[dict[str, Any]], key: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """A cell map {system: other system} (not_timed: the one it repeats; stand_ins: the failed one it stood in
-    for), gathered over the cells: (system, other) -> the cells it holds in, as "mode batch N"."""
-    out: dict[tuple[str, str], list[str]] = {}
+    for), gathered over the cells: (system, other) -> the cells it holds in."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in cells:
         for name, other in (c.get(key) or {}).items():
-            out.setdefault((name, other), []).append(f"{c['mode']} batch {c['batch']}")
+            out.setdefault((name, other), []).append(c)
     return out
+
+
+def _where(cells: list[dict[str, Any]]) -> str:
+    """The cells as "mode batch N, ..."."""
+    return ", ".join(f"{c['mode']} batch {c['batch']}" for c in cells)
 
 
 def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
@@ -219,17 +224,16 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
         lines.append(note)
         lines.append("")
     for (name, other), cells in _cells_by_pair(s["cells"], "not_timed").items():
-        lines.append(f"{name} is not timed at {', '.join(cells)}: there it runs as {other} does (one sentence is one "
+        lines.append(f"{name} is not timed at {_where(cells)}: there it runs as {other} does (one sentence is one "
                      "sub-batch on one thread), and timing one configuration twice would let the faster of two "
                      "identical runs stand as CTranslate2's best.")
-        failed = [f"{c['mode']} batch {c['batch']}" for c in s["cells"] if (c.get("not_timed") or {}).get(name) == other
-                  and c["systems"].get(other, {}).get("raw", {}).get("error")]
+        failed = [c for c in cells if c["systems"].get(other, {}).get("raw", {}).get("error")]
         if failed:  # the harness times a stand-in only where one of our systems is left to pair it with
-            lines[-1] += (f" {other} failed at {', '.join(failed)}, and none of our systems was left there to time "
+            lines[-1] += (f" {other} failed at {_where(failed)}, and none of our systems was left there to time "
                           f"{name} against in its place.")
         lines.append("")
     for (name, other), cells in _cells_by_pair(s["cells"], "stand_ins").items():
-        lines.append(f"{name} is timed at {', '.join(cells)} in place of {other}, which failed there (the two run "
+        lines.append(f"{name} is timed at {_where(cells)} in place of {other}, which failed there (the two run "
                      f"as one configuration in those cells); the cell was timed again for it without what had failed, and "
                      f"its ratios are over that second timing (what failed in the first gets none).")
         lines.append("")
