@@ -325,7 +325,10 @@ def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
     cache.write_bytes(b"OTHER-GPU cache")
     meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(cache), tf32=True)
     assert any("another GPU or TensorRT version" in line for line in lines)
-    assert cache.read_bytes() == b"[encoder][decoder_step]" and meta["tensorrt"]["tf32"] is True
+    # another GPU's cache is left as it is: this build's cache is not written over it
+    assert cache.read_bytes() == b"OTHER-GPU cache" and meta["tensorrt"]["tf32"] is True
+    assert any("timing cache: not saved" in line and "is left as it is" in line for line in lines)
+    assert not any("saved to" in line for line in lines)
 
 
 def test_build_survives_an_unreadable_timing_cache(tmp_path, artifact):
@@ -334,7 +337,8 @@ def test_build_survives_an_unreadable_timing_cache(tmp_path, artifact):
     cache.write_bytes(b"CORRUPT cache")
     meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(cache))
     assert any("not one this TensorRT can read (Serialization assertion failed" in line for line in lines)
-    assert meta["tensorrt"]["timing_cache_loaded"] is False and cache.read_bytes() == b"[encoder][decoder_step]"
+    assert meta["tensorrt"]["timing_cache_loaded"] is False and cache.read_bytes() == b"CORRUPT cache"
+    assert any("not saved" in line and "is not one this TensorRT can read" in line for line in lines)
 
 
 def test_one_tensorrt_logger_per_process(monkeypatch):

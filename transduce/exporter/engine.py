@@ -34,7 +34,8 @@ Building (`build_engines`, needs TensorRT >= 10 and a CUDA GPU; runs only on a G
 - a timing cache (`config.create_timing_cache(bytes)`, `set_timing_cache(cache, ignore_mismatch=False)`)
   is loaded from `timing_cache` if the file exists, shared by both builds, and written back
   atomically after them (`cache.serialize()`). TensorRT rejects a cache from another device or
-  version; the build then starts from an empty cache and says so;
+  version (and bytes it cannot read); the build then starts from an empty cache, says so, and leaves
+  that file as it is rather than replace another GPU's cache with this one's;
 - a `trt.IProgressMonitor` subclass shows the builder's phases (tqdm bars on a terminal, one line
   per top-level phase otherwise);
 - `builder.build_serialized_network(network, config)`; the plans are deserialized again
@@ -944,6 +945,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         cache_bytes = _read_timing_cache(timing_cache, log)
         timing = None
         cache_loaded = bool(cache_bytes)
+        cache_rejected = ""  # why TensorRT refused the file's cache: then the file is kept, not overwritten
         graphs_meta: dict[str, Any] = {}
         keep_alive = []  # parsers own the weights until the build is done
         for graph, (onnx_name, plan_name) in GRAPHS.items():
@@ -974,11 +976,13 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
                     log(f"timing cache {timing_cache} is not one this TensorRT can read "
                         f"({logger.recent(1) or 'no error reported'}); starting from an empty one")
                     cache_loaded = False
+                    cache_rejected = "is not one this TensorRT can read"
                     timing = bconfig.create_timing_cache(b"")
             if not bconfig.set_timing_cache(timing, False):
                 log(f"timing cache {timing_cache} was made on another GPU or TensorRT version; "
                     "starting from an empty one")
                 cache_loaded = False
+                cache_rejected = "was made on another GPU or TensorRT version"
                 timing = bconfig.create_timing_cache(b"")
                 bconfig.set_timing_cache(timing, False)
             monitor = None
@@ -1011,7 +1015,10 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
                                   "profiles": len(plan.profiles(graph))}
             log(f"{graph}: built in {seconds:.1f} s")
         del keep_alive
-        if timing_cache and timing is not None:
+        if timing_cache and cache_rejected:
+            log(f"timing cache: not saved; {timing_cache} {cache_rejected} and is left as it is "
+                "(give each GPU and TensorRT version its own --timing-cache file, or delete this one)")
+        elif timing_cache and timing is not None:
             try:  # a side product: failing to save it must not throw the engines away
                 write_bytes_atomic(timing_cache, timing.serialize())
                 log(f"timing cache: saved to {timing_cache}")
