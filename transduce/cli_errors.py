@@ -4,7 +4,9 @@ imports those modules to register them)."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import warnings
 
 import click
 
@@ -16,13 +18,28 @@ def report(e: TransduceError) -> None:
     sys.exit(2)
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning this package gives is printed as one 'warning: ...' line, like the CLI's own; anyone
+    else's (a library's deprecation) keeps Python's form, which says where it comes from."""
+    if os.path.abspath(filename).startswith(_PACKAGE):
+        click.secho(f"warning: {message}", fg="yellow", err=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def cli_errors(fn):
-    """Decorator: a TransduceError becomes one clear message on stderr (no traceback) and exit status 2."""
+    """Decorator: a TransduceError becomes one clear message on stderr (no traceback) and exit status 2;
+    the package's warnings are printed as 'warning: ...' lines."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return fn(*args, **kwargs)
         except TransduceError as e:
             report(e)
 

@@ -235,6 +235,38 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
         source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model))
 
 
+def test_decode_checks_its_options_before_reading_input_or_loading(tmp_path):
+    """An option error comes first: before the input is read (a pipe may take long to end) and before the
+    model loads (here there is none, and the input is not UTF-8: neither is reached)."""
+    missing = str(tmp_path / "nope")
+    for args, message in ((["--beam", "0"], "beam size must be >= 1, got 0"),
+                          (["--nbest", "5"], "nbest must be between 1 and the beam size (4), got 5"),
+                          (["--length-penalty", "-1"], "length penalty alpha must be >= 0"),
+                          (["--min-length", "-1"], "must be >= 0"),
+                          (["--batch-tokens", "0"], "--batch-tokens must be >= 1, got 0")):
+        r = CliRunner().invoke(main, ["decode", missing, *args], input=b"\xff\xfe bad\n")
+        assert r.exit_code == 2 and message in r.stderr and "does not exist" not in r.stderr, (args, r.output)
+
+
+def test_decode_takes_a_huge_max_len_b_as_the_models_cap(tiny_artifact_dir):
+    args = ["decode", tiny_artifact_dir, "--beam", "1", "--scores"]
+    capped = CliRunner().invoke(main, [*args, "--max-len-b", "1000"], input="two hundred\n")
+    huge = CliRunner().invoke(main, [*args, "--max-len-b", str(10**30)], input="two hundred\n")
+    assert capped.exit_code == 0 and huge.exit_code == 0 and huge.stdout == capped.stdout, huge.output
+    assert "warning" not in huge.stderr
+
+
+def test_parity_warnings_are_one_line(tiny_artifact_dir, tmp_path):
+    """The package's warnings print as 'warning: ...' lines under the CLI, not as Python's UserWarning
+    with a source line."""
+    src = tmp_path / "in.txt"
+    src.write_text(" ".join(["nine"] * 300) + "\nseven\n")
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--input", str(src), "-n", "2", "--beam", "2"])
+    assert r.exit_code in (0, 1), r.output
+    assert "warning: parity: 1 source(s) longer than" in r.stderr
+    assert "UserWarning" not in r.stderr and "warnings.warn" not in r.stderr
+
+
 def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
     """--chunk-lines N: the same output as the whole input at once, each part written when it is done; an
     error in a later part leaves a file --output as it was (and no temporary), stdout with the parts before."""

@@ -156,6 +156,20 @@ def test_max_length_is_the_formula_exactly():
     assert DecodingOptions(max_len_a=np.float64(1.0000001)).max_len_a == 1.0000001
 
 
+def test_a_huge_max_length_is_the_models_cap():
+    """A max_len_a or max_len_b far past the model (meaning 'as long as it allows') gives max_positions,
+    not an int64 overflow clipped to one token."""
+    from transduce.runtime.decoding import max_lengths
+
+    src = np.array([3, 10, 2])
+    for opts in (DecodingOptions(max_len_b=10**30), DecodingOptions(max_len_b=10**400), DecodingOptions(max_len_a=1e300),
+                 DecodingOptions(max_len_a=1e300, max_len_b=10**30), DecodingOptions(max_len_a=0, max_len_b=2**63)):
+        assert max_lengths(src, opts, 256).tolist() == [256, 256, 256], opts
+    assert max_lengths(src, DecodingOptions(max_len_a=0, max_len_b=255), 256).tolist() == [255, 255, 255]
+    # a source of EOS alone: a * 0 + b
+    assert max_lengths(np.array([3, 1]), DecodingOptions(max_len_a=1e300, max_len_b=0), 256).tolist() == [256, 1]
+
+
 def test_stay_in_place_keeps_first_children_in_their_parents_rows():
     """Each sentence's slot order is a permutation; the first child of every parent whose row is in the
     sentence's block keeps that row, so a reorder moves only the other children (the minimum)."""

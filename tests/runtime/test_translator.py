@@ -171,3 +171,17 @@ def test_stream_errors_name_the_line_in_the_whole_input(translator):
     next(stream)
     with pytest.raises(InputError, match="input line 42 has"):
         next(stream)
+
+
+def test_text_that_is_not_unicode_is_a_clear_error(translator):
+    """A lone surrogate (bytes decoded with 'surrogateescape') is an InputError naming the sentence, not
+    the tokenizer's TypeError."""
+    with pytest.raises(InputError, match=r"sentence 2 is not valid Unicode text: surrogates not allowed at character 3"):
+        translator.translate(["one", "two\udcff"])
+
+
+def test_batch_limits_are_checked_by_name(translator):
+    for kw, name in ((dict(max_batch_tokens=0), "max_batch_tokens"), (dict(max_batch_size=0), "max_batch_size"),
+                     (dict(max_batch_size=2.5), "max_batch_size")):
+        with pytest.raises(InputError, match=f"{name} must be an integer >= 1"):
+            Translator(translator.backend, translator.tokenizer, **kw)

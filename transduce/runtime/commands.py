@@ -99,11 +99,18 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
 
     from transduce._io import iter_lines
     from transduce.runtime.api import load
+    from transduce.runtime.decoding import DecodingOptions
 
     if chunk_lines < 0:
         raise InputError(f"--chunk-lines must be >= 0, got {chunk_lines}", hint="0 decodes the whole input at once")
     if threads < 0:
         raise InputError(f"--threads must be >= 0, got {threads}", hint="0: the framework's default")
+    if batch_tokens < 1:
+        raise InputError(f"--batch-tokens must be >= 1, got {batch_tokens}",
+                         hint="a batch holds sentences x beam x source tokens up to this budget")
+    # the decoding options' errors before any input is read (a pipe may be slow to end) or the model loads
+    DecodingOptions(beam_size=beam, nbest=nbest, length_penalty=length_penalty, length_penalty_form=length_penalty_form,
+                    max_len_b=max_len_b, min_length=min_length)
     _check_output(output_path)
     if chunk_lines and _written_over(input_path, output_path):
         raise InputError(f"--output {output_path!r} leads to the file the input is read from: with --chunk-lines it would be "

@@ -102,8 +102,11 @@ class DecodeResult:
 
 def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions: int) -> np.ndarray:
     """Per-sentence maximum target length in tokens (EOS included); src_lengths include the source EOS."""
+    # capped at max_positions before the int64 cast: a huge a or b (meaning "as long as the model allows")
+    # would otherwise overflow to garbage, then clip to 1; b is capped first, exactly (a * (len - 1) >= 0)
+    b = float(min(options.max_len_b, max_positions))
+    x = np.minimum(options.max_len_a * (np.asarray(src_lengths, dtype=np.float64) - 1) + b, float(max_positions))
     # less a relative 1e-9 first: 1.1 * 50 is 55.000000000000007 in floating point, whose ceiling would add a step
-    x = options.max_len_a * (src_lengths - 1) + options.max_len_b
     n = np.ceil(x - 1e-9 * np.maximum(1.0, np.abs(x))).astype(np.int64)
     return np.clip(n, 1, max_positions)
 

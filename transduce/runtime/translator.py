@@ -45,8 +45,9 @@ class Translation:
 
 class Translator:
     def __init__(self, backend, tokenizer, max_batch_tokens: int = 4096, max_batch_size: int = 256):
-        if max_batch_tokens < 1 or max_batch_size < 1:
-            raise InputError("max_batch_tokens and max_batch_size must be >= 1")
+        for name, v in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise InputError(f"{name} must be an integer >= 1, got {v!r}")
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = backend.config
@@ -114,6 +115,11 @@ class Translator:
         for n, text in enumerate(texts, first_line):
             if not isinstance(text, str):
                 raise InputError(f"sentence {n} is a {type(text).__name__}, not a str", hint="pass strings only")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would fail with a TypeError
+                raise InputError(f"sentence {n} is not valid Unicode text: {e.reason} at character {e.start}",
+                                 hint="decode bytes with errors='strict' (or 'replace'), not 'surrogateescape'") from None
         encoded = self._encode(texts, truncate, first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
