@@ -7,20 +7,19 @@ import sys
 
 import click
 
-from transduce.cli_errors import cli_errors, report
+from transduce.cli_errors import cli_errors, cli_messages
 from transduce.errors import TransduceError
 
 __all__ = ["main", "cli_errors"]
 
 
 class _Group(click.Group):
-    """Prints a TransduceError as one clear message (no traceback) and exits with status 2."""
+    """Prints a TransduceError as one clear message (no traceback) and exits with status 2; the
+    package's warnings as 'warning: ...' lines (cli_messages)."""
 
     def invoke(self, ctx):
-        try:
+        with cli_messages():
             return super().invoke(ctx)
-        except TransduceError as e:
-            report(e)
 
 
 @click.group(cls=_Group)
@@ -80,7 +79,8 @@ def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, override
                       label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
                       save_every=save_every, eval_sentences=eval_sentences, seed=seed, threads=threads, device=device)
     summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
-                               valid_size=valid_size, resume=resume, progress=not no_progress, force=force)
+                               valid_size=valid_size, resume=resume, progress=not no_progress, force=force,
+                               log=lambda m: click.echo(m, err=True))  # stdout: the JSON summary alone
     click.echo(json.dumps(summary, indent=2))
 
 

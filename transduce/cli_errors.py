@@ -3,6 +3,7 @@ imports those modules to register them)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -30,17 +31,24 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+@contextlib.contextmanager
+def cli_messages():
+    """A TransduceError becomes one clear message on stderr (no traceback) and exit status 2; the
+    package's warnings are printed as 'warning: ...' lines."""
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            yield
+    except TransduceError as e:
+        report(e)
+
+
 def cli_errors(fn):
-    """Decorator: a TransduceError becomes one clear message on stderr (no traceback) and exit status 2;
-    the package's warnings are printed as 'warning: ...' lines."""
+    """Decorator: the command runs under cli_messages()."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            with warnings.catch_warnings():
-                warnings.showwarning = _show_warning
-                return fn(*args, **kwargs)
-        except TransduceError as e:
-            report(e)
+        with cli_messages():
+            return fn(*args, **kwargs)
 
     return wrapper

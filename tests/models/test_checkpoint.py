@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from transduce.errors import CheckpointError
+from transduce.errors import CheckpointError, TransduceError
 from transduce.models.checkpoint import load_model_dir, save_model_dir
 
 
@@ -57,6 +57,14 @@ def test_truncated_config(damaged):
     c = damaged / "config.json"
     c.write_text(c.read_text()[:50])
     with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+        load_model_dir(damaged)
+
+
+def test_config_whose_model_is_not_an_object(damaged):
+    cfg = json.loads((damaged / "config.json").read_text())
+    cfg["model"] = None
+    (damaged / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TransduceError, match="config.json: the model config must be a JSON object of fields, got NoneType"):
         load_model_dir(damaged)
 
 

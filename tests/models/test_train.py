@@ -227,7 +227,8 @@ def test_training_options_are_checked():
     from transduce.errors import ConfigError
 
     for bad in (dict(eval_every=0), dict(save_every=0), dict(threads=-1), dict(vocab_size=3), dict(lr_scale=-1.0),
-                dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")), dict(label_smoothing=1.0)):
+                dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")), dict(label_smoothing=1.0),
+                dict(seed=2**64), dict(seed=-(2**63) - 1), dict(vocab_size=2**64)):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             TrainConfig(**bad)
 
@@ -404,3 +405,23 @@ def test_files_written_into_an_empty_out_during_the_run_are_kept(tmp_path, small
             train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), force=force, progress=False, log=meanwhile)
         assert os.listdir(out) == ["notes.txt"]
     assert sorted(os.listdir(tmp_path)) == ["model-False", "model-True"]
+
+
+def test_train_cli_prints_only_its_summary_on_stdout(tmp_path, small_corpus):
+    """`transduce train ... > summary.json` gives JSON: the log lines (model, evaluations) go to stderr."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    train_pairs, valid_pairs = small_corpus
+    data = tmp_path / "c.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in train_pairs[:200] + valid_pairs[:10]))
+    r = CliRunner().invoke(main, ["train", "--data", str(data), "--out", str(tmp_path / "m"), "--valid-size", "10",
+                                  "--vocab-size", "120", "--max-steps", "2", "--eval-every", "1", "--eval-sentences", "2",
+                                  "--max-tokens", "256", "--no-progress", "--threads", "1",
+                                  "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
+                                  "--set", "encoder_layers=1", "--set", "decoder_layers=1"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["step"] == 2 and summary["parameters"] > 0
+    assert "model: 1+1 layers" in r.stderr and "step 1: train loss" in r.stderr

@@ -102,3 +102,10 @@ def test_invalid_config_is_a_clear_error():
         ModelConfig(vocab_size=100, d_model=30, n_heads=4)
     with pytest.raises(ConfigError, match="unknown preset"):
         preset("huge", 100)
+    with pytest.raises(ConfigError, match="max_positions must be <= 65,536"):
+        ModelConfig(vocab_size=100, max_positions=10**12)
+    with pytest.raises(ConfigError, match="vocab_size must be < 2"):
+        ModelConfig(vocab_size=2**40)
+    for bad in (None, 3, "abc", [1]):  # a damaged config.json's "model"
+        with pytest.raises(ConfigError, match="the model config must be a JSON object"):
+            ModelConfig.from_dict(bad)

@@ -11,6 +11,10 @@ from transduce.errors import ConfigError
 # Bumped when the meaning of a field changes; config.json records it and loading checks it.
 CONFIG_FORMAT_VERSION = 1
 
+# The longest sequence a model may be configured for: its attention is quadratic in length (one
+# 65,536-token self-attention is a 16 GB score matrix per head in fp32), so a larger value is a typo.
+MAX_POSITIONS = 65_536
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -51,6 +55,12 @@ class ModelConfig:
         for name in ("encoder_layers", "decoder_layers", "d_model", "n_heads", "d_ff", "max_positions"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        # upper bounds where a typo would otherwise fail late, in an allocation or a library's int32
+        if self.max_positions > MAX_POSITIONS:
+            problems.append(f"max_positions must be <= {MAX_POSITIONS:,} (the sinusoidal table and the attention "
+                            f"over that many tokens), got {self.max_positions:,}")
+        if self.vocab_size >= 2**31:
+            problems.append(f"vocab_size must be < 2**31, got {self.vocab_size:,}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 < self.layer_norm_eps < 1.0:  # NaN fails this too
@@ -70,6 +80,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"the model config must be a JSON object of fields, got {type(d).__name__} {d!r:.60}",
+                              hint="the model directory's config.json is damaged: train or copy it again")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -15,8 +15,10 @@ import hashlib
 import math
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,6 +52,10 @@ class TrainConfig:
                     (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
                      ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB))
                     if getattr(self, name) < low]
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            problems.append(f"seed must be in [-2**63, 2**64), got {self.seed}")
+        if self.vocab_size >= 2**31:
+            problems.append(f"vocab_size must be < 2**31, got {self.vocab_size:,}")
         if not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
             problems.append(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
         if not math.isfinite(self.clip_norm):
@@ -404,7 +410,7 @@ def train(
                            f"exact match {100 * last_metrics['exact_match']:.1f}%, BLEU {last_metrics['bleu']:.1f} "
                            f"(eval {time.perf_counter() - t_eval:.1f}s)")
                     if bar is not None:
-                        bar.write(msg)
+                        bar.write(msg, file=sys.stderr)  # beside the bar, off stdout (the CLI's JSON summary)
                     else:
                         log(msg)
                 if step % train_cfg.save_every == 0 or step == train_cfg.max_steps:
@@ -440,7 +446,8 @@ def default_out_dir() -> str:
 
 def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = None, source: str | None = None,
                      target: str | None = None, valid: str | None = None, valid_size: int = 300,
-                     resume: bool = False, progress: bool = True, force: bool = False) -> dict[str, Any]:
+                     resume: bool = False, progress: bool = True, force: bool = False,
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """`transduce train`: read the corpus (or make the embedded one), hold out a validation set, train."""
     from transduce.models.corpus import demo_corpus
     from transduce.models.data import read_parallel
@@ -464,4 +471,4 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
         pairs, valid_pairs = demo_corpus()
         if valid:
             valid_pairs = read_parallel(valid)
-    return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress, force=force)
+    return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress, force=force, log=log)
