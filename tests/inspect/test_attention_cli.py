@@ -67,3 +67,13 @@ def test_an_output_that_cannot_be_written_is_an_error(tiny_model_dir, tmp_path):
     result = _cli("attention", tiny_model_dir, SOURCE, "--out", str(out), "--dpi", "30")
     assert result.exit_code == 2 and "cannot write" in result.output and "decoder_self_layer1.png" in result.output
     assert "Traceback" not in result.output and not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+def test_without_matplotlib_it_is_a_clear_error_before_loading(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    result = _cli("attention", str(tmp_path / "no-model"), SOURCE, "--out", str(tmp_path / "maps"))
+    assert result.exit_code == 2, result.output
+    assert "matplotlib is not installed" in result.stderr and "pip install matplotlib" in result.stderr
+    assert not os.path.exists(tmp_path / "maps")

@@ -8,7 +8,7 @@ import sys
 import click
 
 from transduce.cli_errors import cli_errors
-from transduce.errors import InputError
+from transduce.errors import InputError, TransduceError
 
 MIN_DPI, MAX_DPI = 20, 1200  # a heatmap grid at 30,000 dpi ran out of memory
 
@@ -43,6 +43,11 @@ def attention(model_dir, source, target, out_dir, token, token_attention, layer,
     if not MIN_DPI <= dpi <= MAX_DPI:
         raise InputError(f"--dpi must be between {MIN_DPI} and {MAX_DPI}, got {dpi}",
                          hint="a figure is a few inches wide: 1200 dpi is already print quality")
+    try:  # before the model loads: the figures are the command's whole output
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TransduceError("matplotlib is not installed: transduce attention draws its figures with it",
+                             hint="pip install matplotlib (or pip install 'transduce[dev]')") from None
     model, tokenizer, _ = load_model_dir(model_dir)
     maps = sentence_attention(model, tokenizer, source, target)
     paths = write_attention_figures(maps, out_dir, token=token, token_kind=TOKEN_ATTENTION[token_attention],
