@@ -228,6 +228,30 @@ def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny
         assert size["systems"][name]["reason"].startswith("greedy output differs from ours: demo: ")
 
 
+def test_a_conversion_ctranslate2_cannot_load_skips_it_and_times_the_rest(tmp_path, tiny_model_dir, tiny_artifact_dir,
+                                                                          monkeypatch):
+    _ct2()
+    from click.testing import CliRunner
+
+    from transduce.bench import harness
+    from transduce.cli import main
+
+    def refused(*args):
+        raise RuntimeError("Unsupported model binary version. This executable supports models with binary version v6")
+
+    monkeypatch.setattr(harness, "_checks", refused)
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir", tiny_artifact_dir,
+                                    "--out", str(out), "--threads", "1", "--batches", "1", "--modes", "greedy",
+                                    "--repeats", "1", "--steps", "2", "--src-len", "4", "--no-ceilings",
+                                    "--backends", "onnxruntime,ctranslate2"])
+    assert res.exit_code == 0, res.output
+    (size,) = json.loads((out / "bench.json").read_text())["sizes"]
+    assert size["systems"]["ctranslate2"]["status"] == "skipped"
+    assert "cannot load its conversion" in size["systems"]["ctranslate2"]["reason"]
+    assert size["cells"][0]["systems"]["onnxruntime"]["stats"]["tokens_per_s"]["median"] > 0
+
+
 # -- arithmetic ------------------------------------------------------------------------------------
 DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
                                                 "d_ff": 512, "vocab_size": 372}, "description": "x"}}
@@ -778,13 +802,16 @@ def test_max_positions_of_a_minimal_model_config(tiny_model_dir, edited_copy):
 def test_the_bench_remakes_its_own_cached_model_when_broken(tmp_path, tiny_model_dir):
     import shutil
 
-    from transduce.bench.models import _own_model
+    from transduce.bench.models import BENCH_NOTE, _own_model
 
     path, made, logged = str(tmp_path / "model"), [], []
 
-    def make(p):
+    def make(p):  # a model the bench made: its training record says so
         made.append(p)
         shutil.copytree(tiny_model_dir, p, dirs_exist_ok=True)
+        cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+        cfg["training"] = {"note": f"random weights (seed 0) {BENCH_NOTE}"}
+        (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
 
     assert _own_model(path, make, logged.append) == path and len(made) == 1  # absent: made
     assert _own_model(path, make, logged.append) == path and len(made) == 1 and not logged  # complete: reused
@@ -792,6 +819,79 @@ def test_the_bench_remakes_its_own_cached_model_when_broken(tmp_path, tiny_model
         f.truncate(1000)
     _own_model(path, make, logged.append)
     assert len(made) == 2 and "remaking the cached model" in logged[0] and "1000 bytes" in logged[0]
+
+
+def test_the_bench_never_replaces_a_model_it_did_not_make(tmp_path, tiny_model_dir):
+    """A trained model where the cache keeps its random one (a --cache-dir that holds the user's runs), even
+    one this version cannot load, is refused and left as it is; an empty directory is the bench's to fill."""
+    import shutil
+
+    from transduce.bench.models import _own_model
+    from transduce.errors import TransduceError
+
+    theirs = tmp_path / "theirs"
+    shutil.copytree(tiny_model_dir, theirs)
+    cfg = json.loads((theirs / "config.json").read_text())
+    cfg["format_version"] = 99  # written by a later transduce
+    (theirs / "config.json").write_text(json.dumps(cfg))
+    before = {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()}
+    made = []
+    with pytest.raises(TransduceError, match="holds a model it did not make"):
+        _own_model(str(theirs), made.append, lambda m: None)
+    assert not made and {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()} == before
+    (tmp_path / "empty").mkdir()
+    _own_model(str(tmp_path / "empty"), made.append, lambda m: None)
+    assert made == [str(tmp_path / "empty")]
+
+
+def test_a_cache_dir_holding_the_users_models_is_refused(tmp_path, tiny_model_dir, monkeypatch):
+    """--cache-dir runs would make CACHE/demo the demo's own run directory: refused before any work."""
+    from transduce.bench.harness import BenchConfig, run_bench
+    from transduce.errors import TransduceError
+
+    monkeypatch.chdir(tmp_path)  # runs/demo/model is relative to the working directory
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    with pytest.raises(TransduceError, match="would put the bench's demo models in"):
+        run_bench(BenchConfig(sizes=["demo"], backends=["torch"], cache_dir="runs", out_dir="out", ceilings=False),
+                  log=lambda m: None)
+    with pytest.raises(TransduceError, match="which holds .*m1"):
+        run_bench(BenchConfig(sizes=["demo"], backends=["torch"], cache_dir=str(tmp_path / "c"), out_dir="out",
+                              model_dir=str(tmp_path / "c" / "demo" / "m1"), ceilings=False), log=lambda m: None)
+    assert not os.path.exists(tmp_path / "runs" / "demo" / "model")
+
+
+def test_a_logs_entry_that_is_a_file_is_a_clear_error(tmp_path, tiny_model_dir):
+    from transduce.bench.harness import BenchConfig, run_bench
+    from transduce.errors import TransduceError
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "logs").write_text("x")
+    with pytest.raises(TransduceError, match="logs directory"):
+        run_bench(BenchConfig(sizes=["demo"], backends=["torch"], cache_dir=str(tmp_path / "c"),
+                              out_dir=str(tmp_path / "out"), model_dir=tiny_model_dir, ceilings=False), log=lambda m: None)
+
+
+def test_a_conversion_by_another_ctranslate2_is_not_current(tmp_path, tiny_model_dir, tiny_ct2_dir):
+    import shutil
+
+    from transduce.bench.ctranslate2_export import SOURCE_FILE, is_current
+
+    copy_dir = tmp_path / "ct2"
+    shutil.copytree(tiny_ct2_dir, copy_dir)
+    assert is_current(str(copy_dir), tiny_model_dir)
+    src = json.loads((copy_dir / SOURCE_FILE).read_text())
+    src["ctranslate2"] = "99.0.0"
+    (copy_dir / SOURCE_FILE).write_text(json.dumps(src))
+    assert not is_current(str(copy_dir), tiny_model_dir)
+
+
+def test_tokens_per_second_is_the_rate_at_the_median_time():
+    """With an even number of rounds too: the row's tokens/s matches the decode time beside it."""
+    st = cell_stats({"decode": [0.010, 0.020]}, batch=16, steps=32)
+    assert st["decode_ms"]["median"] == pytest.approx(15.0)
+    assert st["tokens_per_s"]["median"] == pytest.approx(16 * 32 / 0.015)
+    assert st["tokens_per_s"]["max"] == pytest.approx(16 * 32 / 0.010)
+    assert st["sentences_per_s"]["median"] == pytest.approx(16 / 0.015)
 
 
 def test_ct2_conversion_is_redone_when_a_file_is_damaged(tmp_path, tiny_model_dir, tiny_ct2_dir):

@@ -360,3 +360,17 @@ def test_artifact_from_the_exporter(tiny_artifact_dir, tiny_model):
     assert "encoder" in report["graphs"]["encoder.onnx"]["parameters"]["components"]
     assert "encoder" not in report["graphs"]["decoder_step.onnx"]["parameters"]["components"]
     assert all(f["sha256_ok"] for f in report["files"] if f["sha256"])
+
+
+def test_an_export_without_its_manifest_is_named_as_such(tiny_artifact_dir, tmp_path):
+    """Not reported as a model directory missing its weights: the graphs beside the copied config.json say
+    what it is."""
+    import shutil
+
+    half = tmp_path / "half"
+    shutil.copytree(tiny_artifact_dir, half)
+    os.remove(half / "manifest.json")
+    with pytest.raises(ArtifactError, match="holds an export's ONNX graphs but no manifest.json"):
+        inspect_path(str(half))
+    r = CliRunner().invoke(main, ["inspect", str(half)])
+    assert r.exit_code == 2 and "transduce export MODEL_DIR OUT_DIR --force" in r.stderr

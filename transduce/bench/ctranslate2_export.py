@@ -195,9 +195,12 @@ def _converted_files(ct2_dir: str) -> dict[str, dict[str, Any]]:
 
 
 def is_current(ct2_dir: str, model_dir: str) -> bool:
-    """True if ct2_dir is a complete conversion of exactly these weights by this converter version: every
-    file it recorded is there with its size and sha256 (a truncated model.bin or a lost vocabulary made
-    CTranslate2 fail at load on every later run)."""
+    """True if ct2_dir is a complete conversion of exactly these weights by this converter version and this
+    ctranslate2 version (a model.bin from another one may not load: a cache shared by two environments):
+    every file it recorded is there with its size and sha256 (a truncated model.bin or a lost vocabulary
+    made CTranslate2 fail at load on every later run)."""
+    import ctranslate2 as ct2
+
     from transduce.models.checkpoint import weights_sha256
 
     path = os.path.join(ct2_dir, SOURCE_FILE)
@@ -207,6 +210,7 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
         with open(path, encoding="utf-8") as f:
             src = json.load(f)
         return (src.get("weights_sha256") == weights_sha256(model_dir) and src.get("converter_version") == CONVERTER_VERSION
+                and src.get("ctranslate2") == ct2.__version__
                 and isinstance(src.get("files"), dict) and src["files"] == _converted_files(ct2_dir))
     except (OSError, ValueError, TransduceError):
         return False

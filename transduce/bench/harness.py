@@ -521,8 +521,11 @@ def cell_stats(raw: dict[str, Any], batch: int, steps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if dec:
         out["decode_ms"] = summary([t * 1e3 for t in dec])
-        out["tokens_per_s"] = summary([batch * steps / t for t in dec])
-        out["sentences_per_s"] = summary([batch / t for t in dec])
+        # throughput at the median decode time (with an even count of rounds the median of the per-round
+        # rates is not the rate at the median time shown beside it); min and max are the rounds' own
+        for key, work in (("tokens_per_s", batch * steps), ("sentences_per_s", batch)):
+            out[key] = summary([work / t for t in dec])
+            out[key]["median"] = float(work / statistics.median(dec))
     if first:
         out["first_ms"] = summary([t * 1e3 for t in first])
     if dec and first:
@@ -723,7 +726,19 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
         raise TransduceError(f"--out {cfg.out_dir!r} is inside --cache-dir {cfg.cache_dir!r}, where prepared models "
                              "and exports go", hint="choose an --out outside the cache")
     make_writable_dir(cfg.out_dir, "--out")
+    make_writable_dir(os.path.join(cfg.out_dir, "logs"), "--out's logs directory")
     make_writable_dir(cache, "--cache-dir")
+    # CACHE/<size>/{model,artifact,...} are the bench's to replace: none may be a model or export of the user's
+    # (--cache-dir runs would make CACHE/demo the demo's own directory)
+    theirs = [p for p in (cfg.model_dir, cfg.artifact_dir, models.DEMO_MODEL_DIR) if p]
+    for size in cfg.sizes:
+        mine = os.path.realpath(os.path.join(cache, size))
+        for p in theirs:
+            real = os.path.realpath(p)
+            if real == mine or real.startswith(mine + os.sep):
+                raise TransduceError(f"--cache-dir {cache!r} would put the bench's {size} models in {mine}, which holds "
+                                     f"{p}: the bench replaces what is in its cache",
+                                     hint="choose a --cache-dir of its own (the default is OUT/models)")
     if cfg.model_dir:
         models.check_model_dir(cfg.model_dir)
     if cfg.artifact_dir:
@@ -745,8 +760,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
     from transduce.bench import ceilings as ceil
 
     cache = check_paths_and_lengths(cfg)
-    logs = os.path.join(cfg.out_dir, "logs")
-    os.makedirs(logs, exist_ok=True)
+    logs = os.path.join(cfg.out_dir, "logs")  # made writable by check_paths_and_lengths
     started = time.time()
     result: dict[str, Any] = {
         "format": "transduce-bench", "format_version": 1,
@@ -850,7 +864,12 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         ct2_ok, ct2_reason = False, prepared.ct2_error
     elif want_ct2:
         log(f"[{size}] checking CTranslate2's greedy output against ours, token for token")
-        entry["checks"] = _checks(prepared, cfg, log)
+        try:
+            entry["checks"] = _checks(prepared, cfg, log)
+        except RuntimeError as e:  # CTranslate2 refusing its conversion: skip it, time the others
+            entry["checks"], ct2_ok = [], False
+            ct2_reason = f"CTranslate2 cannot load its conversion {prepared.ct2_dir}: {e}"
+            log(f"[{size}] CTranslate2 is NOT timed: {ct2_reason}")
         bad = [c for c in entry["checks"] if not c["passed"]]
         if bad:
             ct2_ok = False
@@ -906,7 +925,8 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         beam = beam_of(mode)
         for batch in cfg.batches:
             src = random_sources(rng, batch, cfg.src_len, prepared.config["vocab_size"])
-            pids = [os.getpid()] + [w.proc.pid for w in workers.values()]
+            # live workers only: a dead one's pid cannot be read, which would void every later cell's sample
+            pids = [os.getpid()] + [w.proc.pid for w in workers.values() if w.proc.poll() is None]
             before = cpu_sample(pids)
             head = f"[{size}] {mode} batch {batch}: "
             cell = {"mode": mode, "beam": beam,

@@ -67,7 +67,7 @@ def _random_model_dir(path: str, preset: str, tokenizer, seed: int = 0, **overri
 
     torch.manual_seed(seed)
     model = Transformer(make_preset(preset, tokenizer.vocab_size, overrides)).eval()
-    save_model_dir(path, model, tokenizer, training={"note": f"random weights (seed {seed}) made by transduce bench"})
+    save_model_dir(path, model, tokenizer, training={"note": f"random weights (seed {seed}) {BENCH_NOTE}"})
 
 
 def _unusable(model_dir: str) -> str | None:
@@ -94,12 +94,37 @@ def check_model_dir(model_dir: str) -> dict[str, Any]:
                                   "of a transduce train; --artifact-dir takes its export") from None
 
 
+BENCH_NOTE = "made by transduce bench"  # in the training record of the random models the bench makes
+
+
+def _made_by_bench(path: str) -> bool:
+    """Whether model directory `path` is one the bench made (its config.json says so), or is empty: only
+    those are the bench's to replace. Read as plain JSON, so that a config this version cannot load still
+    tells whose it is."""
+    import json
+
+    if not os.listdir(path):
+        return True
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            note = json.load(f).get("training", {}).get("note", "")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(note, str) and BENCH_NOTE in note
+
+
 def _own_model(path: str, make, log) -> str:
-    """The bench's own model in the cache: made once, remade when it is incomplete or corrupt."""
+    """The bench's own model in the cache: made once, remade when it is incomplete or corrupt; a directory
+    there that the bench did not make (a --cache-dir that holds a trained model) is never replaced."""
     if os.path.isdir(path):
         why = _unusable(path)
         if why is None:
             return path
+        if not _made_by_bench(path):
+            raise TransduceError(f"{path} is where the bench keeps its random model, but holds a model it did not "
+                                 f"make ({why}); the bench does not replace it",
+                                 hint="choose another --cache-dir (the default is OUT/models), or move that "
+                                      "directory away")
         log(f"remaking the cached model {path}: {why}")
     make(path)
     return path

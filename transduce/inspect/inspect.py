@@ -53,6 +53,15 @@ BUILT_FOR_KEYS = {
 # -- entry point -------------------------------------------------------------------------------------
 
 
+def _export_without_manifest(path: str) -> bool:
+    """An export's graphs beside a config.json, with no weights of a model directory: an artifact that lost
+    its manifest (export writes the manifest into its temporary directory before the rename)."""
+    from transduce.runtime.contract import ENCODER_FILE, STEP_FILE
+
+    return (not os.path.exists(os.path.join(path, "model.safetensors"))
+            and any(os.path.isfile(os.path.join(path, f)) for f in (ENCODER_FILE, STEP_FILE)))
+
+
 def detect_kind(path: str | os.PathLike) -> tuple[str, str]:
     """-> (kind, directory). A path to one of the description files stands for its directory."""
     path = os.path.abspath(os.fspath(path))
@@ -66,6 +75,10 @@ def detect_kind(path: str | os.PathLike) -> tuple[str, str]:
                              hint="give the directory that holds config.json, manifest.json or engine.json")
     for name, kind in KINDS.items():
         if os.path.isfile(os.path.join(path, name)):
+            if kind == "model" and _export_without_manifest(path):
+                raise ArtifactError(f"{path!r} holds an export's ONNX graphs but no {MANIFEST_FILE}: an incomplete "
+                                    "or hand-copied export (its config.json is the model's, copied beside them)",
+                                    hint="export it again with: transduce export MODEL_DIR OUT_DIR --force")
             return kind, path
     raise TransduceError(
         f"{path!r} is not a model, artifact or engine directory: it holds none of "
