@@ -238,7 +238,11 @@ def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathL
 # -- decoding with CTranslate2 ----------------------------------------------------------------------
 def load_translator(ct2_dir: str, threads: int = 2):
     ct2 = import_ctranslate2()
-    return ct2.Translator(ct2_dir, device="cpu", compute_type="float32", inter_threads=1, intra_threads=threads)
+    try:
+        return ct2.Translator(ct2_dir, device="cpu", compute_type="float32", inter_threads=1, intra_threads=threads)
+    except RuntimeError as e:  # a model.bin it cannot read (another version's): the caller may skip CTranslate2
+        raise BackendUnavailable(f"CTranslate2 cannot load its conversion {ct2_dir}: {e}",
+                                 hint=f"delete {ct2_dir} to have it converted again") from None
 
 
 def ct2_vocab(ct2_dir: str) -> list[str]:

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from transduce.errors import TransduceError
+from transduce.errors import BackendUnavailable, TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
 OUR_BACKENDS = ("torch", "torch-cuda", "onnxruntime", "tensorrt")
@@ -866,9 +866,8 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         log(f"[{size}] checking CTranslate2's greedy output against ours, token for token")
         try:
             entry["checks"] = _checks(prepared, cfg, log)
-        except RuntimeError as e:  # CTranslate2 refusing its conversion: skip it, time the others
-            entry["checks"], ct2_ok = [], False
-            ct2_reason = f"CTranslate2 cannot load its conversion {prepared.ct2_dir}: {e}"
+        except BackendUnavailable as e:  # CTranslate2 refusing its conversion (load_translator): time the others
+            entry["checks"], ct2_ok, ct2_reason = [], False, e.args[0]
             log(f"[{size}] CTranslate2 is NOT timed: {ct2_reason}")
         bad = [c for c in entry["checks"] if not c["passed"]]
         if bad:
