@@ -1,6 +1,7 @@
 """transduce._io: atomic single-file writes (decode --output, parity --json, engine plans, the timing cache)."""
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -237,10 +238,11 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
 
 def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, monkeypatch):
     """A writer killed between atomic_directory's two renames leaves the previous copy as .NAME.old-HOST-PID-*
-    (the load error's mv hint names it). A later run that replaces NAME removes those of this host whose
-    process is gone and that were moved aside over an hour ago; it keeps a running process's, another
-    host's, a recent one, and all of them when it only creates NAME (the user may still restore one), and
-    another name's whose first characters are the same."""
+    (the load error's mv hint names it). A later run that writes NAME, replacing it or where it was lost,
+    removes those of this host whose process is gone and that were moved aside over an hour ago (once a
+    newer complete NAME is in place nothing names them any more: hidden copies the size of the artifact);
+    it keeps a running process's, another host's, a recent one, and another name's whose first characters
+    are the same."""
     import time
 
     from transduce import _io
@@ -261,15 +263,17 @@ def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, m
         (p / "manifest.json").write_text("previous")
     real_time = time.time
     hours_later = lambda: real_time() + 2 * 3600  # noqa: E731
-    for step, later in (("creates", True), ("replaces a recent one", False), ("replaces", True)):
+    for step, later in (("creates beside a recent one", False), ("replaces a recent one", False), ("creates", True)):
+        if step == "creates":
+            shutil.rmtree(out)  # lost (an interrupted replacement): written again where it was
         with monkeypatch.context() as m:
             if later:
                 m.setattr(time, "time", hours_later)
             with _io.atomic_directory(out) as tmp:
                 (tmp_path / tmp / "manifest.json").write_text(step)
-        left = [abandoned.name] if step != "replaces" else []
+        left = [abandoned.name] if step != "creates" else []
         assert sorted(os.listdir(tmp_path)) == sorted([out.name, *kept, *left]), step
-    assert (out / "manifest.json").read_text() == "replaces"
+    assert (out / "manifest.json").read_text() == "creates"
 
 
 def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
@@ -422,3 +426,23 @@ def test_lines_of_a_pipe_come_as_they_arrive(tmp_path):
         assert list(iter_lines(str(tmp_path / "f.txt"), InputError)) == lines, data
     assert isinstance(got[2], InputError) and "line 3 has an invalid byte" in str(got[2])
 
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path, tiny_model_dir):
+    """SIGTERM (docker stop, systemd, timeout) during an export: the temporary copy is removed, as after
+    Ctrl-C, and the command exits with status 143 (the default action would die leaving it on disk)."""
+    import signal
+    import time
+
+    out = tmp_path / "artifact"
+    proc = subprocess.Popen([sys.executable, "-c", "from transduce.cli import main; main()", "export", tiny_model_dir,
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    prefix = _tmp_prefix("artifact")
+    deadline = time.monotonic() + 120
+    while not any(n.startswith(prefix) for n in os.listdir(tmp_path)):  # the export has begun writing
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # no hidden copy, no artifact

@@ -179,8 +179,9 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     """Yield a fresh temporary directory beside `final`; on success it replaces `final`.
 
     On an exception the temporary directory is removed and `final` is left as it was. The previous
-    `final` is moved aside (.NAME.old-HOST-PID-*) between the two renames and removed after them; when
-    this run replaced one, the copies that killed writers left there are removed too (_remove_abandoned). A symlink at
+    `final` is moved aside (.NAME.old-HOST-PID-*) between the two renames and removed after them; once
+    this run's copy is in place, the previous copies that killed writers moved aside are removed too
+    (_remove_abandoned). A symlink at
     `final` stays: the directory it points to is the one replaced. Without `overwrite` an existing
     `final` is refused, unless it is an empty directory, which is then replaced only if it is still
     empty at the end (one rename; whatever was written into it meanwhile stays, and this run's output
@@ -228,9 +229,11 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
                                  hint=f"restore it with: mv {old} {final}") from e
         raise
     _fsync_dir(parent)  # the renames on disk before the previous copy goes
-    if old is not None:  # this run replaced a previous copy: so may the ones a killed writer left
+    if old is not None:
         _remove(old)
-        _remove_abandoned(parent, os.path.basename(final), "old")
+    # a newer complete copy is in place: the previous ones a killed writer moved aside are not needed to
+    # restore it any more, whether this run replaced one or wrote where it had been lost
+    _remove_abandoned(parent, os.path.basename(final), "old")
 
 
 def _fsync_tree(top: str) -> None:

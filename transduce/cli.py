@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -15,11 +16,34 @@ __all__ = ["main", "cli_errors"]
 
 class _Group(click.Group):
     """Prints a TransduceError as one clear message (no traceback) and exits with status 2; the
-    package's warnings as 'warning: ...' lines (cli_messages)."""
+    package's warnings as 'warning: ...' lines (cli_messages). SIGTERM ends a command as Ctrl-C does."""
 
     def invoke(self, ctx):
-        with cli_messages():
+        with cli_messages(), _terminate_like_interrupt():
             return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _terminate_like_interrupt():
+    """SIGTERM (docker stop, systemd, Kubernetes, timeout) as an exception in the main thread, so that the
+    cleanup Ctrl-C gets runs too: a killed export or checkpoint removes its temporary copy, which the
+    default action (death without cleanup) leaves on disk, the size of the artifact. Exit status 143."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield  # not ours to change: a caller that set its own handler, or a thread (no handler can be set)
+        return
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @click.group(cls=_Group)
