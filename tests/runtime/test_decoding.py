@@ -134,6 +134,19 @@ def test_invalid_options(tiny_model):
     assert decode(backend, np.zeros((0, 3), np.int64), np.zeros(0, np.int64), DecodingOptions()) == []
 
 
+def test_lengths_that_are_not_the_batchs_are_refused(tiny_model):
+    """One length per row, each 1..width: a backend would otherwise drop a sentence or read padding."""
+    backend = TorchBackend(tiny_model)
+    src = np.array([[5, 6, 2], [7, 2, 0]])
+    for ids, lengths, says in ((src, np.array([3]), r"one length per row of src_ids \(2\), got shape \(1,\)"),
+                               (src, np.array([3, 4]), r"src_lengths\[1\] is 4: each length must be 1..3"),
+                               (src, np.array([0, 2]), r"src_lengths\[0\] is 0"),
+                               (src[0], np.array([3]), r"must be a \(batch, length\) array, got shape \(3,\)")):
+        with pytest.raises(InputError, match=says):
+            decode(backend, ids, lengths, DecodingOptions(beam_size=1))
+    assert len(decode(backend, src, np.array([3, 2]), DecodingOptions(beam_size=1, max_len_b=2))) == 2
+
+
 def test_max_length_is_the_formula_exactly():
     """ceil(a * source tokens + b), without a step more where a * n lands just above an integer in floating
     point (1.1 * 50 is 55.000000000000007)."""

@@ -121,6 +121,7 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
         raise InputError(f"search must be 'auto', 'greedy' or 'beam', got {search!r}")
     src_ids = np.ascontiguousarray(src_ids, dtype=np.int64)
     src_lengths = np.ascontiguousarray(src_lengths, dtype=np.int64)
+    _check_batch(src_ids, src_lengths)
     if len(src_ids) == 0:
         return []
     greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
@@ -130,6 +131,20 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
     if parts and len(parts) > 1:
         return _decode_in_parts(parts, src_ids, src_lengths, options, search)
     return _decode_one(backend, src_ids, src_lengths, options, search)
+
+
+def _check_batch(src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
+    """A padded batch whose lengths are its rows': one per row, each 1..width (a backend would otherwise
+    drop sentences or read padding, silently)."""
+    if src_ids.ndim != 2:
+        raise InputError(f"src_ids must be a (batch, length) array, got shape {src_ids.shape}")
+    if src_lengths.shape != (len(src_ids),):
+        raise InputError(f"src_lengths must hold one length per row of src_ids ({len(src_ids)}), got shape "
+                         f"{src_lengths.shape}")
+    bad = np.flatnonzero((src_lengths < 1) | (src_lengths > src_ids.shape[1]))
+    if bad.size:
+        raise InputError(f"src_lengths[{bad[0]}] is {src_lengths[bad[0]]}: each length must be 1..{src_ids.shape[1]} "
+                         "(the padded width), EOS included")
 
 
 def _decode_one(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
