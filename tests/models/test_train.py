@@ -63,6 +63,10 @@ def test_corpus_errors(tmp_path):
     (tmp_path / "b.txt").write_text("un\n\n")
     with pytest.raises(DataError, match=r"b\.txt:2: empty target sentence"):
         read_parallel(tmp_path / "a.txt", tmp_path / "b.txt")
+    from transduce.models.corpus import demo_corpus
+
+    with pytest.raises(DataError, match="draws at most 900,000 distinct ones; 0 training and 999,001 held-out"):
+        demo_corpus(n_train=0, n_valid=999_001)  # more numbers than exist: it used to draw forever
 
 
 def _cfg(steps, save_every):

@@ -17,6 +17,10 @@ import random
 
 MAX_NUMBER = 999_999
 LEXICON = 1_000  # numbers below this are all in the training set
+# distinct numbers of LEXICON..MAX_NUMBER drawn at most: log-uniform draws of nearly all 999,000 take ever
+# longer (the largest numbers are the rarest; all of them would take ~1e8 draws), so a request past this
+# is refused rather than left running (600,000 take ~4 s)
+MAX_DRAWN = 900_000
 
 
 def _sample_numbers(n: int, rng: random.Random, exclude: set[int]) -> list[int]:
@@ -43,6 +47,12 @@ def demo_corpus(n_train: int = 40_000, n_valid: int = 400, seed: int = 1234) -> 
     n_train counts the drawn numbers; the lexicon (0..999, min(n_train, 1000) of them) comes on top
     of it, shuffled in.
     """
+    if n_train + n_valid > MAX_DRAWN:
+        from transduce.errors import DataError
+
+        raise DataError(f"the demo corpus has {MAX_NUMBER - LEXICON + 1:,} numbers to draw from and draws at most "
+                        f"{MAX_DRAWN:,} distinct ones; {n_train:,} training and {n_valid:,} held-out ones were asked for",
+                        hint="ask for fewer sentences (parity -n, bench --check-sentences), or give your own data")
     rng = random.Random(seed)
     valid_numbers = _sample_numbers(n_valid, rng, set())
     train_numbers = _sample_numbers(n_train, rng, set(valid_numbers)) + list(range(min(n_train, LEXICON)))
