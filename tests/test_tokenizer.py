@@ -52,3 +52,13 @@ def test_whitespace_around_a_sentence_is_not_part_of_it(tiny_tokenizer):
     for text in ("two hundred ", "two hundred\t", "  two hundred", "\u3000two hundred\r\n"):
         assert tiny_tokenizer.encode(text) == want, repr(text)
     assert tiny_tokenizer.encode_batch(["two hundred ", "\ttwo hundred"]) == [want, want]
+
+
+def test_whitespace_inside_a_sentence_is_one_word_boundary(tiny_tokenizer):
+    """A tab, a no-break space, a line separator or two spaces between words are one boundary: a tab was
+    <unk>, and the decode then ran the two words together ("twohundred")."""
+    want = tiny_tokenizer.encode("two hundred")
+    for text in ("two\thundred", "two  hundred", "two\xa0hundred", "two\u2028hundred", "two \t hundred"):
+        assert tiny_tokenizer.encode(text) == want, repr(text)
+        assert tiny_tokenizer.normalize(text) == "two hundred"
+    assert tiny_tokenizer.decode(tiny_tokenizer.encode("two\thundred")) == "two hundred"

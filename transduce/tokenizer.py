@@ -1,9 +1,10 @@
 """The shared source/target BPE tokenizer (Hugging Face `tokenizers`), used by training and the runtime.
 
-Sentences are NFKC-normalised and split SentencePiece-style (Metaspace: a word boundary becomes "▁"),
-then segmented by BPE. Whitespace around a sentence is not part of it: encode strips it, as training
-strips its pairs (a trailing space would otherwise be one more "▁" token, a tab <unk>, neither of
-which a model ever saw at the end of a sentence). Characters never seen in training become <unk>.
+Sentences are NFKC-normalised, every run of whitespace inside them becomes one space (tokenizers trained
+before 2026-11-25 keep runs as they are, and a tab there is <unk>), and they are split SentencePiece-style
+(Metaspace: a word boundary becomes "▁"), then segmented by BPE. Whitespace around a sentence is not
+part of it: encode strips it, as training strips its pairs (a trailing space would otherwise be one
+more "▁" token, which a model never saw at the end of a sentence). Characters never seen in training become <unk>.
 Specials have fixed ids:
 <pad>=0, <s>=1, </s>=2, <unk>=3 (the defaults of ModelConfig); their spellings in input text are
 ordinary characters.
@@ -34,11 +35,13 @@ class Tokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
         from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
         tok = HFTokenizer(models.BPE(unk_token="<unk>"))
-        tok.normalizer = normalizers.NFKC()
+        # NFKC, then every run of whitespace (a tab, a no-break space, a line separator, two spaces) one space:
+        # one word boundary, as SentencePiece's nmt_nfkc has it (a tab was <unk>, and decoded to no space at all)
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " ")])
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(
@@ -75,7 +78,7 @@ class Tokenizer:
         return [_text_ids(e.ids) for e in self._tok.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
 
     def normalize(self, text: str) -> str:
-        """`text` as this tokenizer's normalizer (NFKC) makes it: the closest a decode can come to it, so
+        """`text` as this tokenizer's normalizer (NFKC, whitespace runs as one space) makes it: the closest a decode can come to it, so
         the form to compare decoded text with (a no-break space or a ligature in a reference otherwise
         counts against a perfect model)."""
         normalizer = self._tok.normalizer
