@@ -76,6 +76,33 @@ def test_config_that_does_not_match_weights(damaged, tiny_model, tiny_tokenizer)
         load_model_dir(damaged)
 
 
+@pytest.mark.parametrize("field,value", [("n_heads", 2), ("layer_norm_eps", 1e-6), ("dropout", 0.3)])
+def test_config_fields_that_keep_the_shapes_must_be_the_ones_saved_with_the_weights(damaged, field, value):
+    """config.json is the one file no hash covers; a hand edit of a field that leaves every weight's shape
+    alone would load and compute something else."""
+    cfg = json.loads((damaged / "config.json").read_text())
+    before = cfg["model"][field]
+    cfg["model"][field] = value
+    (damaged / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=rf"not the one the weights were saved with: {field} {value!r} "
+                                              rf"\(saved with the weights: {before!r}\)"):
+        load_model_dir(damaged)
+
+
+def test_weights_saved_without_their_config_still_load(damaged, tiny_model):
+    """Weights written before the config went into their metadata carry none: loaded as they are."""
+    from safetensors.torch import load_file, save_file
+
+    from transduce.runtime.contract import file_entry
+
+    w = damaged / "model.safetensors"
+    save_file(load_file(w), w, metadata={"format": "transduce-model"})
+    cfg = json.loads((damaged / "config.json").read_text())
+    cfg["files"]["model.safetensors"] = file_entry(str(w))
+    (damaged / "config.json").write_text(json.dumps(cfg))
+    assert load_model_dir(damaged)[0].cfg == tiny_model.cfg
+
+
 def test_special_ids_must_be_the_tokenizers(tmp_path, tiny_model, tiny_tokenizer):
     """A model whose EOS id is one of its tokenizer's text pieces would never end where it should: saving
     one is refused, and a hand-edited config.json (not hash-checked) is a CheckpointError at load."""

@@ -37,6 +37,10 @@ FORMAT = MODEL_FORMAT
 TRAINING_DIR = "training"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
+# the model config, as JSON, in the weights file's metadata: config.json is the one file no hash covers, and
+# its fields that leave every weight's shape alone (n_heads, norm_first, layer_norm_eps, ...) change what
+# the weights compute
+WEIGHTS_CONFIG_KEY = "model_config"
 
 
 def special_id_mismatches(mcfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:
@@ -81,7 +85,8 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
 
     with atomic_directory(path, overwrite=overwrite) as tmp:
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(weights, os.path.join(tmp, WEIGHTS_FILE), metadata={"format": FORMAT})
+        save_file(weights, os.path.join(tmp, WEIGHTS_FILE),
+                  metadata={"format": FORMAT, WEIGHTS_CONFIG_KEY: json.dumps(model.cfg.to_dict(), sort_keys=True)})
         tokenizer.save(os.path.join(tmp, TOKENIZER_FILE))
         files = {name: file_entry(os.path.join(tmp, name)) for name in (WEIGHTS_FILE, TOKENIZER_FILE)}
         if optimizer_state is not None or train_state is not None:
@@ -224,9 +229,32 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
                 "wrong shape " + ", ".join(f"{k} {tuple(weights[k].shape)} != {tuple(expected[k].shape)}" for k in wrong[:5])
             )
         raise CheckpointError(f"{wpath} does not match config.json: " + "; ".join(detail))
+    _check_config_saved_with_weights(wpath, mcfg)
     model.load_state_dict(weights, strict=True)
     model.to(device).eval()
     return model, tokenizer, cfg
+
+
+def _check_config_saved_with_weights(wpath: str, mcfg: ModelConfig) -> None:
+    """config.json's model config must be the one saved in the (hash-checked) weights file's metadata.
+    Weights saved before this check existed carry none and are taken as they are."""
+    from safetensors import safe_open
+
+    with safe_open(wpath, framework="pt") as f:
+        saved = (f.metadata() or {}).get(WEIGHTS_CONFIG_KEY)
+    if saved is None:
+        return
+    try:
+        saved_cfg = ModelConfig.from_dict(json.loads(saved))
+    except (ValueError, TypeError, ConfigError) as e:
+        raise CheckpointError(f"{wpath}: the model config saved with the weights cannot be read ({e})") from None
+    if saved_cfg != mcfg:
+        changed = [f"{k} {v!r} (saved with the weights: {saved_cfg.to_dict()[k]!r})"
+                   for k, v in mcfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
+        raise CheckpointError(f"{os.path.dirname(wpath) or '.'}: config.json's model config is not the one the weights were "
+                              f"saved with: {', '.join(changed)}",
+                              hint="config.json was edited by hand: restore those fields; to change a model's "
+                                   "configuration, train a new model")
 
 
 def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
