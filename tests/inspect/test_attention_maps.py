@@ -178,3 +178,19 @@ def test_token_figure_of_a_source_token_by_name(tiny_model, tiny_tokenizer, tmp_
     with pytest.raises(InputError, match=r"layer 3 \(counted from 1\) is out of range"):
         write_attention_figures(maps, tmp_path / "bad", token_layer=2)
     assert not (tmp_path / "bad").exists()  # checked before anything is written
+
+
+def test_heatmaps_of_layers_the_model_lacks_are_removed_with_a_warning(tiny_model, tiny_tokenizer, tmp_path):
+    """A deeper model's run left encoder_layer3.png etc. in --out: they would read as this model's figures."""
+    maps = sentence_attention(tiny_model, tiny_tokenizer, SOURCES[0], TARGETS[0])
+    out = tmp_path / "maps"
+    out.mkdir()
+    stale = ["encoder_layer3.png", "cross_layer7.png"]
+    kept = ["encoder_layer3.txt", "notes.png", "token_cross_layer3_pos1.png"]  # not heatmaps this run replaces
+    for name in stale + kept:
+        (out / name).write_bytes(b"old")
+    with pytest.warns(UserWarning, match=r"removed 2 heatmap\(s\) .*cross_layer7\.png, encoder_layer3\.png"):
+        paths = write_attention_figures(maps, out, dpi=60)
+    names = {p.name for p in out.iterdir()}
+    assert not names & set(stale) and set(kept) <= names
+    assert {p.rsplit("/", 1)[-1] for p in paths} <= names

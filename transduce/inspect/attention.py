@@ -27,6 +27,7 @@ import contextlib
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -422,4 +423,24 @@ def write_attention_figures(maps: AttentionMaps, out_dir: str | os.PathLike, tok
         raise TransduceError(f"the output directory {out_dir!r} is not writable", hint="choose a directory you can write to")
     paths = write_heatmaps(maps, out_dir, dpi)
     paths.append(write_token_figure(maps, out_dir, token, token_kind, token_layer, dpi))
+    _remove_stale_heatmaps(maps, out_dir)
     return paths
+
+
+_HEATMAP_NAME = re.compile(r"^(" + "|".join(ATTENTION_KINDS) + r")_layer([0-9]+)\.png$")
+
+
+def _remove_stale_heatmaps(maps: AttentionMaps, out_dir: str) -> None:
+    """Heatmaps of layers this model does not have, left in out_dir by an earlier run on a deeper model, would
+    read as this model's: they are removed, with a warning that names them."""
+    stale = []
+    for name in sorted(os.listdir(out_dir)):
+        match = _HEATMAP_NAME.match(name)
+        if match and int(match.group(2)) > len(maps.layers(match.group(1))):
+            stale.append(name)
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
+    if stale:
+        warnings.warn(f"removed {len(stale)} heatmap(s) of layers this model does not have, left in {out_dir} "
+                      f"by an earlier run: {', '.join(stale)}", stacklevel=3)
