@@ -252,6 +252,32 @@ def test_a_conversion_ctranslate2_cannot_load_skips_it_and_times_the_rest(tmp_pa
     assert size["cells"][0]["systems"]["onnxruntime"]["stats"]["tokens_per_s"]["median"] > 0
 
 
+def test_a_failed_report_write_prints_the_measurements(tmp_path, tiny_model_dir, tiny_artifact_dir, monkeypatch):
+    """A disk that fills up after the run: the table goes to stdout and the whole result to stderr, not lost."""
+    import errno
+
+    from click.testing import CliRunner
+
+    from transduce.bench import report
+    from transduce.cli import main
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(report, "write_json_atomic", full)
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir", tiny_artifact_dir,
+                                    "--out", str(out), "--threads", "1", "--batches", "1", "--modes", "greedy",
+                                    "--repeats", "1", "--steps", "2", "--src-len", "4", "--no-ceilings",
+                                    "--backends", "onnxruntime"])
+    assert res.exit_code == 2
+    assert "cannot write the bench report" in res.stderr and "none of the report files was written" in res.stderr
+    assert "| onnxruntime" in res.stdout or "onnxruntime |" in res.stdout
+    result = json.loads(res.stderr.split("as bench.json would have held it:\n", 1)[1].split("\nerror:", 1)[0])
+    assert result["sizes"][0]["cells"][0]["systems"]["onnxruntime"]["stats"]["tokens_per_s"]["median"] > 0
+    assert not (out / "bench.json").exists()
+
+
 # -- arithmetic ------------------------------------------------------------------------------------
 DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
                                                 "d_ff": 512, "vocab_size": 372}, "description": "x"}}

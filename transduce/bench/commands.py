@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from transduce.bench.harness import DEFAULT_CT2_SETTINGS
@@ -81,7 +83,7 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
     CTranslate2 is timed only after its greedy output matched ours token for token.
     """
     from transduce.bench.harness import BenchConfig, run_bench
-    from transduce.bench.report import write_reports
+    from transduce.bench.report import markdown, write_reports
 
     options = dict(sizes=_csv(sizes), backends=_csv(backends), batches=_ints(batches), modes=_csv(modes),
                    repeats=repeats, warmup=warmup, min_seconds=min_seconds, steps=steps, src_len=src_len, threads=threads,
@@ -91,7 +93,13 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
     given = {k: v for k, v in options.items() if v is not None}
     cfg = BenchConfig.quick_preset(**given) if quick else BenchConfig(**given)
     result = run_bench(cfg, log=lambda msg: click.echo(msg, err=True))
-    paths = write_reports(result, cfg.out_dir)
+    try:
+        paths = write_reports(result, cfg.out_dir)
+    except TransduceError:
+        # the run's measurements are not lost with the files: the table on stdout, the whole result on stderr
+        click.echo(markdown(result))
+        click.echo("the bench's result, as bench.json would have held it:\n" + json.dumps(result, indent=1), err=True)
+        raise
     click.echo(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
 
 
