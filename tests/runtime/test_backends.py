@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from artifact_edits import perturb_one_weight
 
 from transduce.errors import ArtifactError
 from transduce.runtime.api import load, make_backend
@@ -148,35 +149,6 @@ def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_p
         load(art2)
 
 
-def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:
-    """A copy of the artifact with one weight of the step graph changed and the manifest re-hashed.
-
-    The weight: one element of the last decoder layer's last LayerNorm bias, which every log-prob sees.
-    """
-    import onnx
-    from onnx import numpy_helper
-
-    from transduce.runtime.contract import file_entry
-
-    art = _copy(artifact_dir, out_dir)
-    path = os.path.join(art, "decoder_step.onnx")
-    model = onnx.load(path)
-    name = f"decoder_layers.{_n_layers(model) - 1}.norm3.bias"
-    init = next(t for t in model.graph.initializer if t.name.endswith(name))
-    arr = numpy_helper.to_array(init).copy()
-    arr.flat[0] += delta
-    init.CopyFrom(numpy_helper.from_array(arr, init.name))
-    onnx.save(model, path)
-    manifest = json.loads(open(os.path.join(art, "manifest.json")).read())
-    manifest["files"]["decoder_step.onnx"] = file_entry(path)
-    open(os.path.join(art, "manifest.json"), "w").write(json.dumps(manifest))
-    return art
-
-
-def _n_layers(model) -> int:
-    return sum(1 for i in model.graph.input if i.name.startswith("past_key_"))
-
-
 def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_model_dir, tmp_path):
     from transduce.models.corpus import demo_corpus
     from transduce.runtime.parity import run_parity
@@ -294,6 +266,37 @@ def test_a_hand_edited_model_config_or_version_is_refused(tiny_artifact_dir, edi
         art = edited_copy(tiny_artifact_dir, f"a{n}", "manifest.json", edit)
         with pytest.raises(ArtifactError, match=says):
             contract.read_manifest(art, verify_hashes=False)
+
+
+def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_model_dir, edited_copy):
+    """The hint of a refused artifact is the export that makes it again as it was made (its model, precision,
+    quantization, no fused step graph); an engine directory, which export refuses, gets the export and the build."""
+    from transduce.runtime import contract
+
+    def old(**changes):
+        return lambda m: m.update(contract_version=1, **changes)
+
+    cases = ((old(), ""), (old(precision="fp16", quantization={"method": "int8"}), " --precision fp16 --quantize int8"))
+    for n, (edit, options) in enumerate(cases):
+        art = edited_copy(tiny_artifact_dir, f"v{n}", "manifest.json", edit)
+        with pytest.raises(ArtifactError, match="contract version 1") as e:
+            contract.read_manifest(art, verify_hashes=False)
+        assert e.value.hint == f"rebuild the artifact with: transduce export {tiny_model_dir} {art} --force{options}"
+
+    def no_ort_step(m):
+        m.update(contract_version=1, source_model={"path": "/gone"})
+        m["files"].pop(contract.ORT_STEP_FILE)
+
+    art = edited_copy(tiny_artifact_dir, "v2", "manifest.json", no_ort_step)
+    with pytest.raises(ArtifactError) as e:
+        contract.read_manifest(art, verify_hashes=False)
+    assert e.value.hint == f"rebuild the artifact with: transduce export MODEL_DIR {art} --force --no-ort-step"
+    (art / contract.ENGINE_MANIFEST_FILE).write_text("{}")  # an engine directory holds its artifact's manifest
+    with pytest.raises(ArtifactError) as e:
+        contract.read_manifest(art, verify_hashes=False)
+    assert e.value.hint == (f"{art} is an engine directory: export the model again, then build its engines again: "
+                            f"transduce export MODEL_DIR ARTIFACT_DIR --force --no-ort-step && "
+                            f"transduce build ARTIFACT_DIR --out {art} --force")
 
 
 def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):

@@ -83,7 +83,7 @@ from transduce.runtime import contract
 
 ENGINE_KIND = "transduce-engine"
 ENGINE_FORMAT_VERSION = 1
-ENGINE_MANIFEST = "engine.json"
+ENGINE_MANIFEST = contract.ENGINE_MANIFEST_FILE
 ENCODER_PLAN = "encoder.plan"
 STEP_PLAN = "decoder_step.plan"
 # graph name -> (ONNX file, plan file)
@@ -965,7 +965,7 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             problems += check_io(outs, graph_outputs(graph, config), precision, f"{onnx_name} output")
             if problems:
                 raise EngineError(f"{onnx_path} does not follow the IO contract as TensorRT parses it: "
-                                  + "; ".join(problems), hint=contract.REBUILD_HINT.format(out=artifact_dir))
+                                  + "; ".join(problems), hint=contract.rebuild_hint(artifact_dir, manifest))
             bconfig = builder.create_builder_config()
             bconfig.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
             if not tf32 and hasattr(trt.BuilderFlag, "TF32"):

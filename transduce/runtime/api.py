@@ -103,5 +103,5 @@ def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: 
     tokenizer = Tokenizer.from_file(tok_path)
     if tokenizer.vocab_size != be.config["vocab_size"]:  # another model's tokenizer.json put in its place
         raise ArtifactError(f"{tok_path} has {tokenizer.vocab_size} tokens, the model {be.config['vocab_size']}: it is "
-                            "not the tokenizer this model was trained with", hint=contract.REBUILD_HINT.format(out=tok_dir))
+                            "not the tokenizer this model was trained with", hint=contract.rebuild_hint(tok_dir, getattr(be, "manifest", None)))
     return Translator(be, tokenizer, max_batch_tokens=max_batch_tokens)

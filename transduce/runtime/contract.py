@@ -76,8 +76,8 @@ outputs, op_histogram, ...}, `validation` {engine, tolerances, cases, errors: [{
 max_abs, max_rel, atol, rtol, passed}]}, `tools`, `export_seconds`, and `files` {name: {sha256,
 bytes}} for every other file of the directory (the graphs, any external-data file, and config.json
 and tokenizer.json copied from the model directory). An artifact exported with `--quantize int8`
-also has `quantization` {method, graphs, ops, validation (rows {graph, output, max_abs, rel_rms,
-rel_rms_limit, passed, worst_case}), ...} (transduce/exporter/quantize.py): its encoder.onnx and
+also has `quantization` {method, graphs, ops, bytes (the quantized graphs' sizes), validation (rows
+{graph, output, max_abs, rel_rms, rel_rms_limit, passed, worst_case}), ...} (transduce/exporter/quantize.py): its encoder.onnx and
 decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider only; `graphs`
 describes them before quantization.
 """
@@ -102,7 +102,42 @@ ARTIFACT_KIND = "transduce-artifact"
 PRECISIONS = ("fp32", "fp16", "bf16")
 # numpy / ONNX element type names of the graph's float tensors, per precision
 FLOAT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-REBUILD_HINT = "rebuild the artifact with: transduce export MODEL_DIR {out} --force"
+ENGINE_MANIFEST_FILE = "engine.json"  # marks an engine directory (transduce build; transduce/exporter/engine.py)
+
+
+def _ort_step_by_default(manifest: dict[str, Any]) -> bool:
+    """Whether export makes decoder_step.ort.onnx for this manifest's model and precision unless told not to."""
+    from transduce.exporter import ort_step
+
+    try:
+        return ort_step.unsupported_reason(manifest["model"], manifest["precision"]) is None
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a manifest too damaged to tell
+        return False
+
+
+def rebuild_hint(artifact_dir: str, manifest: Any = None) -> str:
+    """The hint of a refused artifact: the export command that makes it again with the options it was made
+    with (its model, precision, quantization, no fused step graph), as far as a parsed `manifest` tells;
+    for an engine directory, which export refuses to replace, the export and then the build."""
+    m = manifest if isinstance(manifest, dict) else {}
+    source = m.get("source_model")
+    model = source.get("path") if isinstance(source, dict) else None
+    model = model if isinstance(model, str) and os.path.isdir(model) else "MODEL_DIR"
+    options = []
+    precision = m.get("precision")
+    if precision in PRECISIONS and precision != "fp32":
+        options.append(f"--precision {precision}")
+    quantized = quantization(m)
+    if isinstance(quantized, str) and quantized.isidentifier():
+        options.append(f"--quantize {quantized}")
+    if isinstance(m.get("files"), dict) and ORT_STEP_FILE not in m["files"] and _ort_step_by_default(m):
+        options.append("--no-ort-step")
+    extra = "".join(f" {o}" for o in options)
+    if os.path.isfile(os.path.join(artifact_dir, ENGINE_MANIFEST_FILE)):
+        return (f"{artifact_dir} is an engine directory: export the model again, then build its engines again: "
+                f"transduce export {model} ARTIFACT_DIR --force{extra} && "
+                f"transduce build ARTIFACT_DIR --out {artifact_dir} --force")
+    return f"rebuild the artifact with: transduce export {model} {artifact_dir} --force{extra}"
 
 
 @dataclass(frozen=True)
@@ -282,7 +317,7 @@ def is_artifact_dir(directory: str) -> bool:
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
     """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
     artifact_dir = os.fspath(artifact_dir)
-    hint = REBUILD_HINT.format(out=artifact_dir)
+    hint = rebuild_hint(artifact_dir)
     path = os.path.join(artifact_dir, MANIFEST_FILE)
     from transduce._io import require_directory
 
@@ -303,6 +338,7 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
         raise ArtifactError(f"{path} is unreadable or not JSON ({e})", hint=hint) from None
     if not isinstance(manifest, dict) or manifest.get("kind") != ARTIFACT_KIND:
         raise ArtifactError(f"{path} is not a transduce artifact manifest", hint=hint)
+    hint = rebuild_hint(artifact_dir, manifest)
     version = manifest.get("contract_version")
     if type(version) is not int or version != CONTRACT_VERSION:  # a string "2" or 2.0 too: its repr says why
         raise ArtifactError(
@@ -378,4 +414,4 @@ def check_session_io(session, inputs: list[TensorSpec], outputs: list[TensorSpec
     if problems:
         raise ArtifactError(f"{os.path.join(artifact_dir, label)} does not match its manifest ({precision}, "
                             f"{manifest['model'].get('decoder_layers')} decoder layers): " + "; ".join(problems[:4]),
-                            hint=REBUILD_HINT.format(out=artifact_dir))
+                            hint=rebuild_hint(artifact_dir, manifest))

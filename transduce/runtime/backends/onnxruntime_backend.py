@@ -299,7 +299,7 @@ class OnnxRuntimeBackend:
             self._standard = None if self.fused else self.decoder  # decoder_step.onnx, when pinned to it
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
-                                     hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
+                                     hint=contract.rebuild_hint(self.artifact_dir, self.manifest)) from None
         self.n_layers = self.config["decoder_layers"]
         self._check_io(self.encoder, contract.ENCODER_FILE)
         self._check_io(self.decoder, contract.ORT_STEP_FILE if self.fused else contract.STEP_FILE)
@@ -413,7 +413,7 @@ class OnnxRuntimeBackend:
                                                                providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
                 except Exception as e:  # onnxruntime's own exception classes
                     raise BackendUnavailable(f"onnxruntime could not load {self._step_path}: {e}",
-                                             hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
+                                             hint=contract.rebuild_hint(self.artifact_dir, self.manifest)) from None
                 self._check_io(self._standard, contract.STEP_FILE)
             return self._standard
         return self.decoder_wide if rows >= self._wide_from else self.decoder
@@ -471,7 +471,7 @@ class OnnxRuntimeBackend:
                     providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
             except Exception as e:  # onnxruntime's own exception classes
                 raise BackendUnavailable(f"onnxruntime could not load {contract.ENCODER_FILE}: {e}",
-                                         hint=contract.REBUILD_HINT.format(out=self.artifact_dir)) from None
+                                         hint=contract.rebuild_hint(self.artifact_dir, self.manifest)) from None
         return self.encoder_narrow
 
     # -- a batch in parts (SHARD_MIN_ROWS) ----------------------------------------------------------
