@@ -5,9 +5,10 @@
     decoder_step.onnx   Transformer.decode_step: one graph for every step, past length 0 included
     decoder_step.ort.onnx  fp32 post-norm models: the same step with ONNX Runtime's fused contrib ops,
                         built from the weights (transduce/exporter/ort_step.py), validated like the others;
-                        left out with ort_step_graph=False (`--no-ort-step`)
-                        (a graph whose weights pass 1.5 GB, torch.onnx's threshold below protobuf's
-                        2 GB limit, keeps them in <name>.data beside it)
+                        left out with ort_step_graph=False (`--no-ort-step`); its weights always inline,
+                        so it is not made for a model whose step weights pass 1.8 GB (protobuf's 2 GB limit)
+    (encoder.onnx and decoder_step.onnx: a graph whose weights pass 1.5 GB, torch.onnx's threshold below
+    protobuf's 2 GB limit, keeps them in <name>.data beside it, listed and hashed in the manifest)
     config.json         copied from the model directory, with
     tokenizer.json      ... the tokenizer: the artifact is all a runtime needs
     manifest.json       kind, contract_version, precision, opset, tool versions, the model config, the
@@ -43,9 +44,11 @@ to fp32 become fp32 initializers) and deduplicates identical initializers.
 
 Opset: 18 by default, the opset torch's ONNX function library is written in (no version
 conversion), >= 17 so LayerNorm is one LayerNormalization node, loaded by ONNX Runtime 1.31 and
-parsed by TensorRT 10.0+ (opsets 9-20). 17..23 may be asked for (torch.onnx converts; the result
-is checked like any other: 17, 20 and 23 pass every check and the validation). Not 24: ONNX
-Runtime 1.31 does not load opset-24 models.
+parsed by every TensorRT 10 (10.0 takes opsets 9-20; the operator check's list is 10.15's, which takes
+9-24). 17..23 may be asked for (torch.onnx converts; the result is checked like any other: 17, 20 and
+23 pass every check and the validation), but an artifact meant for TensorRT releases before 10.15 should
+keep an opset <= 20, which nothing here can check without TensorRT. Not 24: ONNX Runtime 1.31 does not
+load opset-24 models.
 
 Precision: fp16/bf16 graphs are traced from a copy of the model cast with `.to(dtype)`. The model
 code computes LayerNorm, softmax with its masking, the post-norm residual sums and log_softmax in
@@ -327,6 +330,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
         validation = validate.validate_graphs(tmp, model, precision, log=log)
         validation["seconds"] = round(time.perf_counter() - t0, 2)
         quantization = None
+        graph_bytes = {name: os.path.getsize(os.path.join(tmp, name)) for name in graph_info}  # before quantization
         if quantize:  # the fp32 graphs are validated above; then quantized, and validated again
             from transduce.exporter import quantize as q
 
@@ -336,12 +340,13 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
             log(f"validating the {quantize} graphs against eager PyTorch")
             quantization["validation"] = validate.validate_graphs(tmp, model, precision, log=log, tolerances=quantize)
             quantization["seconds"] = round(time.perf_counter() - t0, 2)
+            quantization["bytes"] = {name: os.path.getsize(os.path.join(tmp, name)) for name in q.QUANTIZED_FILES}
         for name, data in copied.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
         files = file_entries(tmp)
         for name, info in graph_info.items():
-            info["bytes"] = files[name]["bytes"]
+            info["bytes"] = graph_bytes[name]  # `graphs` describes the graphs as exported, before any quantization
             info["external_data"] = sorted(f for f in files if f.startswith(name + ".") and f != name)
         manifest = {
             "kind": contract.ARTIFACT_KIND,

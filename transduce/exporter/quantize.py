@@ -34,6 +34,8 @@ from transduce.runtime import contract
 METHODS = ("int8",)
 QUANTIZED_FILES = (contract.ENCODER_FILE, contract.ORT_STEP_FILE)
 OP_TYPES = ("MatMul", "Gemm")
+# what quantize_dynamic makes of them (one of these is in every graph it quantized)
+QUANTIZED_OP_TYPES = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QGemm")
 UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR OUT_DIR"
 
 

@@ -6,9 +6,15 @@ Three checks on a sample of real inputs, each against a reference backend (eager
    and per precision (Polygraphy's rule: an element fails where |d| > atol AND |d| / |ref| > rtol);
 2. greedy decoding: token-identical sequences;
 3. beam search: identical n-best lists, scores within tolerance.
-Where sequences diverge, the report gives the first divergent step and the reference model's log-prob
-margin there between its own choice and the candidate's: a near-tie (margin <= tie_margin) explains a
-divergence, a large margin is a bug. The report is JSON-serialisable and prints as a table.
+Scores of identical sequences are compared per token: |difference of their log-prob sums| / length <=
+score_atol, so that a long sentence may carry the per-token error a short one may.
+Where sequences diverge, the report gives the first divergent step and the reference model's margin
+between its own output and the candidate's: for greedy search, its log-prob of its own token minus that
+of the candidate's at that step; for beam search, whose choice is made by whole-sequence scores, its
+score (length-penalised log-prob sum, as the search scores) of its own hypothesis minus that of the
+candidate's. A margin <= tie_margin is a near-tie that explains a divergence; a larger one is a bug. A
+NaN anywhere fails. The report is JSON-serialisable (non-finite numbers as the strings "inf", "-inf",
+"nan") and prints as a table.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from transduce.errors import InputError
+from transduce.errors import ArtifactError, InputError
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
 
 
@@ -34,7 +40,7 @@ class Tolerance:
 @dataclass(frozen=True)
 class PrecisionPolicy:
     outputs: dict[str, Tolerance]  # "memory", "cross_kv", "log_probs"
-    score_atol: float  # sequence scores (sums of log-probs, length-normalised)
+    score_atol: float  # identical sequences' scores, per token: |log-prob sum difference| / length
     tie_margin: float  # a divergence with a smaller reference margin is a near-tie
     min_agreement: float  # fraction of sentences that must be identical
 
@@ -82,25 +88,32 @@ def error_stats(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> 
     got = np.asarray(got, np.float64).ravel()
     assert ref.shape == got.shape, (name, ref.shape, got.shape)
     finite = np.isfinite(ref) & np.isfinite(got)
-    mismatched_inf = int((~finite & ~((ref == got) | (np.isnan(ref) & np.isnan(got)))).sum())
+    # equal infinities match (a log-prob of -inf on both sides); a NaN on either side fails, on both too:
+    # a reference that computes NaN checks nothing
+    bad_nonfinite = int((~finite & ((ref != got) | np.isnan(ref) | np.isnan(got))).sum())
     ref, got = ref[finite], got[finite]
     if ref.size == 0:
-        return ErrorStats(name, 0, 0, 0, 0, 0, 0, 0, mismatched_inf, tol.atol, tol.rtol)
+        worst = math.inf if bad_nonfinite else 0.0
+        return ErrorStats(name, 0, worst, worst, worst, worst, worst, worst, bad_nonfinite, tol.atol, tol.rtol)
     d = np.abs(ref - got)
     rel = d / np.maximum(np.abs(ref), 1e-12)
-    failing = int(((d > tol.atol) & (rel > tol.rtol)).sum()) + mismatched_inf
-    return ErrorStats(name, int(ref.size), float(d.max()), float(d.mean()), float(np.percentile(d, 99)),
-                      float(rel.max()), float(rel.mean()), float(np.percentile(rel, 99)), failing, tol.atol, tol.rtol)
+    failing = int(((d > tol.atol) & (rel > tol.rtol)).sum()) + bad_nonfinite
+    max_abs, max_rel = (math.inf, math.inf) if bad_nonfinite else (float(d.max()), float(rel.max()))
+    return ErrorStats(name, int(ref.size), max_abs, float(d.mean()), float(np.percentile(d, 99)),
+                      max_rel, float(rel.mean()), float(np.percentile(rel, 99)), failing, tol.atol, tol.rtol)
 
 
 @dataclass(frozen=True)
 class Divergence:
-    sentence: int
+    sentence: int  # index in the sentences given to run_parity, from 0
     step: int  # first position where the tokens differ
-    reference_token: int | None
+    reference_token: int | None  # None: the end of the sequence (EOS, or no token: cut at its maximum length)
     candidate_token: int | None
-    margin: float  # reference log-prob of its own token minus that of the candidate's, at that step
+    margin: float  # the reference model's own output minus the candidate's, by `measure`
     near_tie: bool
+    rank: int = 0  # the n-best entry (0: the best) where the lists part
+    measure: str = "step"  # "step": log-probs at `step` (greedy); "sequence": the search's scores (beam);
+    #                        "count": the candidate returned another number of hypotheses (always a bug)
 
 
 @dataclass(frozen=True)
@@ -108,10 +121,11 @@ class SequenceCheck:
     mode: str  # "greedy" or "beam4" etc.
     sentences: int
     identical: int
-    max_score_diff: float
+    max_score_diff: float  # over identical sequences, |score difference| (length-penalised, as searched)
     divergences: tuple[Divergence, ...]
     min_agreement: float
     score_atol: float
+    max_token_score_diff: float = 0.0  # the same per token: |log-prob sum difference| / length; held to score_atol
 
     @property
     def agreement(self) -> float:
@@ -120,7 +134,7 @@ class SequenceCheck:
     @property
     def passed(self) -> bool:
         bugs = [d for d in self.divergences if not d.near_tie]
-        return not bugs and self.agreement >= self.min_agreement and self.max_score_diff <= self.score_atol
+        return not bugs and self.agreement >= self.min_agreement and self.max_token_score_diff <= self.score_atol
 
 
 @dataclass
@@ -137,12 +151,13 @@ class ParityReport:
         return all(s.passed for s in self.teacher_forced) and all(s.passed for s in self.sequences)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """JSON-ready: non-finite numbers (a NaN output, an infinite error) as the strings "inf", "-inf", "nan"."""
+        return _json_ready({
             "passed": self.passed, "candidate": self.candidate, "reference": self.reference,
             "precision": self.precision, "sentences": self.sentences,
             "teacher_forced": [{**asdict(s), "passed": s.passed} for s in self.teacher_forced],
             "sequences": [{**asdict(s), "agreement": s.agreement, "passed": s.passed} for s in self.sequences],
-        }
+        })
 
     def print(self, console=None) -> None:
         from rich.markup import escape
@@ -157,23 +172,43 @@ class ParityReport:
         for s in self.teacher_forced:
             # escape: the brackets of "log_probs [decoder_step.onnx]" are text, not rich markup
             t.add_row(escape(s.name), f"{s.max_abs:.2e}", f"{s.mean_abs:.2e}", f"{s.p99_abs:.2e}", f"{s.max_rel:.2e}",
-                      f"{s.p99_rel:.2e}", f"{s.atol:.0e} / {s.rtol:.0e}",
+                      f"{s.p99_rel:.2e}", f"{s.atol:.2g} / {s.rtol:.2g}",
                       "[green]pass[/]" if s.passed else f"[red]FAIL ({s.failing} elements)[/]")
         console.print(t)
         t2 = Table(title="decoded sequences")
-        for col in ("search", "identical", "max score diff", "divergences (near-tie / bug)", "result"):
+        for col in ("search", "identical", "max score diff", "per token / tol", "divergences (near-tie / bug)", "result"):
             t2.add_column(col)
         for s in self.sequences:
             ties = sum(d.near_tie for d in s.divergences)
             t2.add_row(s.mode, f"{s.identical}/{s.sentences} ({100 * s.agreement:.1f}%)", f"{s.max_score_diff:.2e}",
-                       f"{ties} / {len(s.divergences) - ties}", "[green]pass[/]" if s.passed else "[red]FAIL[/]")
+                       f"{s.max_token_score_diff:.2e} / {s.score_atol:.2g}", f"{ties} / {len(s.divergences) - ties}",
+                       "[green]pass[/]" if s.passed else "[red]FAIL[/]")
         console.print(t2)
         for s in self.sequences:
             for d in s.divergences[:10]:
-                console.print(f"  {s.mode}: sentence {d.sentence} diverges at step {d.step}: reference token "
-                              f"{d.reference_token}, candidate {d.candidate_token}, margin {d.margin:.2e} "
-                              f"({'near-tie' if d.near_tie else 'BUG: large margin'})")
+                console.print(f"  {s.mode}: {_describe(d)}")
         console.print("[green]PARITY PASSED[/]" if self.passed else "[red]PARITY FAILED[/]")
+
+
+def _describe(d: Divergence) -> str:
+    where = f"sentence {d.sentence}" + (f", n-best entry {d.rank}" if d.rank else "")
+    if d.measure == "count":
+        return f"{where}: the candidate returned another number of hypotheses (BUG)"
+    margin = ("its log-prob of its own token minus the candidate's there" if d.measure == "step"
+              else "its score of its own hypothesis minus the candidate's")
+    verdict = "near-tie" if d.near_tie else "BUG: large margin"
+    return (f"{where} diverges at step {d.step}: reference token {d.reference_token}, candidate {d.candidate_token}; "
+            f"the reference model's margin ({margin}) {d.margin:.2e} ({verdict})")
+
+
+def _json_ready(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_ready(v) for v in obj]
+    return obj
 
 
 def _pad(seqs: list[list[int]], pad: int, lead: int | None = None) -> np.ndarray:
@@ -195,27 +230,69 @@ def _margin(reference, src: np.ndarray, length: int, prefix: tuple[int, ...], re
     return float(a - b)
 
 
-def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, policy, cfg) -> SequenceCheck:
-    identical, max_diff, divs = 0, 0.0, []
+def _reference_scores(reference, src: np.ndarray, length: int, hyps, options: DecodingOptions, bos: int,
+                      eos: int) -> list[float]:
+    """The reference model's score of each hypothesis, as beam search scores it: the log-prob sum of its
+    tokens (and of EOS when finished) over the length penalty of that many tokens."""
+    rows = [list(h.tokens) + ([eos] if h.finished else []) for h in hyps]
+    tgt = _pad([r[:-1] for r in rows], eos, lead=bos)  # the inputs: BOS, then every token but the last
+    lp = teacher_forced_log_probs(reference, np.repeat(src[None], len(rows), 0), np.full(len(rows), length), tgt)
+    scores = []
+    for i, r in enumerate(rows):
+        raw = float(lp[i, np.arange(len(r)), r].sum()) if r else 0.0
+        scores.append(raw / float(options.penalty(max(len(r), 1))))
+    return scores
+
+
+def _score_diffs(ref_h, cand_h) -> tuple[float, float]:
+    """Identical n-best lists -> (max |score difference|, max |log-prob sum difference| / length); a
+    non-finite difference (a NaN or infinite score on either side, in any entry) is infinite."""
+    def worst(values):
+        return max((v if math.isfinite(v) else math.inf for v in values), default=0.0)
+
+    score = worst(0.0 if a.score == b.score else abs(a.score - b.score) for a, b in zip(ref_h, cand_h))
+    per_token = worst(0.0 if a.log_prob == b.log_prob else abs(a.log_prob - b.log_prob) / max(len(a.token_log_probs), 1)
+                      for a, b in zip(ref_h, cand_h))
+    return score, per_token
+
+
+def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, policy, cfg,
+                       options: DecodingOptions | None = None, indices: list[int] | None = None) -> SequenceCheck:
+    """Compare decoded results sentence by sentence. `options` are the beam search's (None: greedy, whose
+    divergences are judged at their first differing step); `indices` number the sentences in the report."""
+    assert len(ref_results) == len(cand_results), (len(ref_results), len(cand_results))
+    identical, max_diff, max_token_diff, divs = 0, 0.0, 0.0, []
     for i, (ref, cand) in enumerate(zip(ref_results, cand_results)):
+        sentence = indices[i] if indices is not None else i
         ref_h, cand_h = ref.hypotheses, cand.hypotheses
-        same = [h.tokens for h in ref_h] == [h.tokens for h in cand_h]
-        if same:
+        if [h.tokens for h in ref_h] == [h.tokens for h in cand_h]:
             identical += 1
-            diff = max(0.0 if a.score == b.score else abs(a.score - b.score) for a, b in zip(ref_h, cand_h))
-            max_diff = max(max_diff, diff if math.isfinite(diff) else math.inf)  # a NaN score fails
+            diff, token_diff = _score_diffs(ref_h, cand_h)
+            max_diff, max_token_diff = max(max_diff, diff), max(max_token_diff, token_diff)
             continue
-        a, b = ref_h[0].tokens, cand_h[0].tokens
-        if a == b:  # best identical, lower n-best entries differ: compare where the lists part
-            k = next(j for j, (x, y) in enumerate(zip(ref_h, cand_h)) if x.tokens != y.tokens)
-            a, b = ref_h[k].tokens, cand_h[k].tokens
+        k = next((j for j, (x, y) in enumerate(zip(ref_h, cand_h)) if x.tokens != y.tokens), None)
+        if k is None:  # one list is the other's beginning
+            divs.append(Divergence(sentence, 0, None, None, math.inf, False, min(len(ref_h), len(cand_h)), "count"))
+            continue
+        a, b = ref_h[k].tokens, cand_h[k].tokens
         step = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         rt = a[step] if step < len(a) else None
         ct = b[step] if step < len(b) else None
         src, length = src_batches[i]
-        margin = _margin(reference, src, length, a[:step], rt, ct, cfg["bos_id"], cfg["eos_id"])
-        divs.append(Divergence(i, step, rt, ct, margin, abs(margin) <= policy.tie_margin))
-    return SequenceCheck(mode, len(ref_results), identical, max_diff, tuple(divs), policy.min_agreement, policy.score_atol)
+        if options is None:
+            margin = _margin(reference, src, length, a[:step], rt, ct, cfg["bos_id"], cfg["eos_id"])
+            near_tie = abs(margin) <= policy.tie_margin
+        else:
+            ref_score, cand_score = _reference_scores(reference, src, length, (ref_h[k], cand_h[k]), options,
+                                                      cfg["bos_id"], cfg["eos_id"])
+            margin = ref_score - cand_score
+            # negative: the candidate's hypothesis is the better one by the reference's own score (its search
+            # pruned it); explained either way when the candidate's is no worse than by tie_margin
+            near_tie = margin <= policy.tie_margin
+        near_tie = near_tie and math.isfinite(margin)
+        divs.append(Divergence(sentence, step, rt, ct, margin, near_tie, k, "step" if options is None else "sequence"))
+    return SequenceCheck(mode, len(ref_results), identical, max_diff, tuple(divs), policy.min_agreement,
+                         policy.score_atol, max_token_diff)
 
 
 def run_parity(reference, candidate, tokenizer, sources: list[str], targets: list[str] | None = None,
@@ -226,6 +303,8 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     targets: the reference translations used for teacher forcing; None uses the reference
     backend's own greedy output.
     """
+    if precision not in POLICIES:
+        raise InputError(f"no parity policy for precision {precision!r}", hint=f"one of {sorted(POLICIES)}")
     policy = POLICIES[precision]
     cfg = reference.config
     eos, pad, bos = cfg["eos_id"], cfg["pad_id"], cfg["bos_id"]
@@ -246,8 +325,9 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest)
     results: dict[str, tuple[list, list]] = {"greedy": ([], []), f"beam{beam_size}": ([], [])}
     src_rows: list[tuple[np.ndarray, int]] = []
-    # a backend that decodes with more than one step graph (ONNX Runtime's fused one at few rows, the
-    # standard one at many) gets its teacher-forced log-probs checked once per graph
+    # a backend with more than one step graph (ONNX Runtime on an artifact with the fused graph, which it
+    # decodes with, and the standard one, which parity pins it to and TensorRT builds from) gets its
+    # teacher-forced log-probs checked once per graph
     graphs = candidate.step_graphs() if hasattr(candidate, "step_graphs") else []
     lp_labels = [(f"log_probs [{g}]", g) for g in graphs] if len(graphs) > 1 else [("log_probs", None)]
     for start in range(0, len(src_tok), batch_size):
@@ -287,8 +367,26 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
                                                      np.concatenate([a.ravel() for a in tf_cand[key]]),
                                                      policy.outputs[key.split(" ")[0]]))
     for mode, (ref_res, cand_res) in results.items():
-        report.sequences.append(_compare_sequences(mode, reference, src_rows, ref_res, cand_res, policy, cfg))
+        report.sequences.append(_compare_sequences(mode, reference, src_rows, ref_res, cand_res, policy, cfg,
+                                                   None if mode == "greedy" else beam_opts, keep))
     return report
+
+
+def _check_quantized_graphs(art_dir: str, method: str) -> None:
+    """The looser policy of a quantized artifact only for graphs that are quantized: the manifest is the one
+    file no hash covers, and a hand-edited claim would hold fp32 graphs to int8's tolerances."""
+    import os
+
+    import onnx
+
+    from transduce.exporter.quantize import QUANTIZED_FILES, QUANTIZED_OP_TYPES
+
+    for name in QUANTIZED_FILES:
+        ops = {n.op_type for n in onnx.load(os.path.join(art_dir, name), load_external_data=False).graph.node}
+        if not ops & set(QUANTIZED_OP_TYPES):
+            raise ArtifactError(f"{art_dir}: its manifest says {method} quantization, but {name} has no quantized "
+                                f"operator ({', '.join(QUANTIZED_OP_TYPES)})",
+                                hint="its manifest.json was edited by hand: restore it, or export the artifact again")
 
 
 @contextlib.contextmanager
@@ -354,6 +452,12 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     # the fp32 source model whatever the artifact's precision, to fp32's
     quantized = contract.quantization(manifest) if backend == "onnxruntime" else None
     precision = "fp32" if backend == "torch" else quantized or manifest["precision"]
+    if precision not in POLICIES:
+        raise ArtifactError(f"{art_dir}: its manifest says {'quantization' if quantized else 'precision'} "
+                            f"{precision!r}, which parity has no tolerances for (it knows {', '.join(POLICIES)})",
+                            hint=f"export it again with this transduce: {contract.rebuild_hint(art_dir, manifest)}")
+    if quantized:
+        _check_quantized_graphs(art_dir, quantized)
     if backend == "tensorrt":
         device = str(candidate.device)  # TensorRT runs on a GPU whatever --device said
     name = f"{backend}:{device} ({precision})"
