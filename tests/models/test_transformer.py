@@ -109,3 +109,78 @@ def test_invalid_config_is_a_clear_error():
     for bad in (None, 3, "abc", [1]):  # a damaged config.json's "model"
         with pytest.raises(ConfigError, match="the model config must be a JSON object"):
             ModelConfig.from_dict(bad)
+
+
+def _paper_forward(model: Transformer, src: torch.Tensor, src_len: int, tgt_in: torch.Tensor) -> torch.Tensor:
+    """One sentence through the paper's formulas, written out from the weights with plain tensor ops (no
+    module's forward): embeddings x sqrt(d_model) + PE; per sublayer LayerNorm(x + Sublayer(x)); attention
+    softmax(QK^T / sqrt(d_k))V per head, over the real source tokens only, and for decoder self-attention
+    over positions <= the query's; FFN max(0, xW1 + b1)W2 + b2; logits x E^T with the shared embedding E."""
+    cfg = model.cfg
+    d, h = cfg.d_model, cfg.n_heads
+    dk = d // h
+    pe = torch.zeros(512, d)
+    for pos in range(512):
+        for i in range(0, d, 2):
+            pe[pos, i] = math.sin(pos / 10000 ** (i / d))
+            pe[pos, i + 1] = math.cos(pos / 10000 ** (i / d))
+
+    def linear(lin, x):
+        return x @ lin.weight.T + lin.bias
+
+    def norm(ln, x):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + cfg.layer_norm_eps) * ln.weight + ln.bias
+
+    def attention(att, xq, xkv, allowed):  # allowed[i, j]: query i may see key j
+        heads = []
+        for j in range(h):
+            cols = slice(j * dk, (j + 1) * dk)
+            q, k, v = linear(att.q_proj, xq)[:, cols], linear(att.k_proj, xkv)[:, cols], linear(att.v_proj, xkv)[:, cols]
+            scores = (q @ k.T / math.sqrt(dk)).masked_fill(~allowed, float("-inf"))
+            heads.append(torch.softmax(scores, -1) @ v)
+        return linear(att.out_proj, torch.cat(heads, -1))
+
+    def ffn(f, x):
+        return linear(f.w2, torch.clamp(linear(f.w1, x), min=0))
+
+    x = model.embed.weight[src[:src_len]] * math.sqrt(d) + pe[:src_len]
+    everything = torch.ones(src_len, src_len, dtype=torch.bool)
+    for layer in model.encoder_layers:
+        x = norm(layer.norm1, x + attention(layer.self_attn, x, x, everything))
+        x = norm(layer.norm2, x + ffn(layer.ffn, x))
+    memory, t = x, len(tgt_in)
+    y = model.embed.weight[tgt_in] * math.sqrt(d) + pe[:t]
+    subsequent = torch.ones(t, t, dtype=torch.bool).tril()
+    to_source = torch.ones(t, src_len, dtype=torch.bool)
+    for layer in model.decoder_layers:
+        y = norm(layer.norm1, y + attention(layer.self_attn, y, y, subsequent))
+        y = norm(layer.norm2, y + attention(layer.cross_attn, y, memory, to_source))
+        y = norm(layer.norm3, y + ffn(layer.ffn, y))
+    return y @ model.embed.weight.T
+
+
+def test_the_model_is_the_papers_formulas(tiny_model):
+    """An independent reference: a padded batch through the model equals each sentence through the paper's
+    formulas written out from its weights (post-norm, scaling, masks, shared embeddings): swapped norms, a
+    misplaced residual, a missing sqrt(d_model) or a leaking pad would all fail this."""
+    torch.manual_seed(0)
+    v = tiny_model.cfg.vocab_size
+    lengths = [7, 3, 5]
+    src = torch.randint(4, v, (3, 7))
+    for i, n in enumerate(lengths):
+        src[i, n:] = torch.randint(4, v, (7 - n,))  # garbage, not pad: only the lengths may hide it
+    tgt_in = torch.randint(4, v, (3, 6))
+    tgt_in[:, 0] = tiny_model.cfg.bos_id
+    was_training = tiny_model.training
+    tiny_model.eval()  # no dropout
+    try:
+        with torch.no_grad():
+            logits = tiny_model(src, torch.tensor(lengths), tgt_in)
+    finally:
+        tiny_model.train(was_training)
+    with torch.no_grad():
+        for i, n in enumerate(lengths):
+            want = _paper_forward(tiny_model, src[i], n, tgt_in[i])
+            torch.testing.assert_close(logits[i], want, atol=2e-4, rtol=1e-4)
