@@ -446,3 +446,44 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path, tiny_model_dir):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # no hidden copy, no artifact
+
+
+def test_sigterm_ends_a_command_stuck_in_native_code(tmp_path):
+    """Python runs no signal handler while the main thread is in native code (a TensorRT build): SIGTERM still
+    ends the command, with status 143, once the grace period has passed, and a second SIGTERM at once."""
+    import signal
+    import time
+
+    # native code that lets go of the GIL, as TensorRT's builder and ONNX Runtime do: libc's sleep, with SIGTERM
+    # blocked in the main thread so that it is not cut short (the signal goes to the watchdog's thread)
+    script = ("import ctypes, signal, sys; from transduce import cli; cli.TERM_GRACE_S = float(sys.argv[1])\n"
+              "with cli._terminate_like_interrupt():\n"
+              "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+              "    print('ready', flush=True)\n"
+              "    ctypes.CDLL(None).sleep(3600)\n")
+    for grace, signals in ((0.5, 1), (60.0, 2)):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(grace)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 143 and time.monotonic() - t0 < 20, (grace, signals, proc.returncode)
+
+
+def test_a_command_that_ends_stops_the_sigterm_watchdog():
+    """The watchdog thread and the wakeup fd are the command's only: gone once it returns."""
+    import signal
+    import threading
+
+    from transduce import cli
+
+    with cli._terminate_like_interrupt():
+        assert any(t.name == "transduce-sigterm-watchdog" for t in threading.enumerate())
+    assert not any(t.name == "transduce-sigterm-watchdog" for t in threading.enumerate())
+    assert signal.set_wakeup_fd(-1) == -1 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -23,11 +23,22 @@ class _Group(click.Group):
             return super().invoke(ctx)
 
 
+# seconds a SIGTERM waits for the interpreter: a long native call (a TensorRT build, a big matmul) runs no
+# Python signal handler until it returns, so past this the process exits without the cleanup, as SIGTERM's
+# default action would (within docker stop's 10 s before its SIGKILL)
+TERM_GRACE_S = 5.0
+
+
 @contextlib.contextmanager
 def _terminate_like_interrupt():
     """SIGTERM (docker stop, systemd, Kubernetes, timeout) as an exception in the main thread, so that the
     cleanup Ctrl-C gets runs too: a killed export or checkpoint removes its temporary copy, which the
-    default action (death without cleanup) leaves on disk, the size of the artifact. Exit status 143."""
+    default action (death without cleanup) leaves on disk, the size of the artifact. Exit status 143.
+
+    Python runs the handler only between bytecodes of the main thread; a watchdog thread, woken by the
+    signal through signal.set_wakeup_fd, ends the process with status 143 if it is still alive TERM_GRACE_S
+    later (the main thread stuck in native code), or at once on a second SIGTERM. Native code that keeps the
+    GIL keeps the watchdog waiting too; TensorRT's builder, ONNX Runtime and torch's kernels let go of it."""
     import signal
     import threading
 
@@ -40,10 +51,65 @@ def _terminate_like_interrupt():
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
+    stop_watchdog = _start_term_watchdog()
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        stop_watchdog()
+
+
+def _start_term_watchdog():
+    """The watchdog of _terminate_like_interrupt; -> a function that stops it. None started where a wakeup fd
+    is already in use (an event loop's): the handler alone then."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    receive, send = socket.socketpair()
+    send.setblocking(False)
+    try:
+        previous = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        previous = None
+    if previous != -1:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        receive.close()
+        send.close()
+        return lambda: None
+
+    def watch():
+        # one byte per caught signal, its number (SIGINT's too: ignored); 0: stop
+        while (byte := receive.recv(1)) and byte[0] != 0:
+            if byte[0] != signal.SIGTERM:
+                continue
+            receive.settimeout(TERM_GRACE_S)
+            try:
+                while (again := receive.recv(1)) and again[0] not in (0, signal.SIGTERM):
+                    pass
+                if again and again[0] == 0:
+                    return  # stopped: the command ended within the grace period
+            except TimeoutError:
+                pass
+            os._exit(128 + signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="transduce-sigterm-watchdog", daemon=True)
+    thread.start()
+
+    def stop():
+        signal.set_wakeup_fd(-1)
+        try:
+            send.send(b"\0")
+        except OSError:
+            pass
+        thread.join(timeout=1.0)
+        send.close()
+        if not thread.is_alive():
+            receive.close()
+
+    return stop
 
 
 @click.group(cls=_Group)
