@@ -133,7 +133,8 @@ def test_a_wrong_ort_step_graph_fails_the_export(artifact_fp32, tiny_model_dir, 
 
 def test_no_ort_step_leaves_the_graph_out(artifact_fp32, tiny_model_dir, tmp_path, copied_graphs):
     """`transduce export --no-ort-step`: no decoder_step.ort.onnx in the files or the manifest; the ONNX
-    Runtime backend decodes it with decoder_step.onnx, as the full artifact's standard graph does."""
+    Runtime backend decodes it with decoder_step.onnx, as the full artifact's standard graph does; the
+    manifest records the choice, which the rebuild hint repeats."""
     from click.testing import CliRunner
 
     from transduce.cli import main
@@ -147,6 +148,8 @@ def test_no_ort_step_leaves_the_graph_out(artifact_fp32, tiny_model_dir, tmp_pat
     assert contract.ORT_STEP_FILE not in os.listdir(out)
     assert contract.ORT_STEP_FILE not in manifest["files"] and contract.ORT_STEP_FILE not in manifest["graphs"]
     assert not any(row["graph"] == "decoder_step.ort" for row in manifest["validation"]["errors"])
+    assert manifest["ort_step_graph"] is False and artifact_fp32.manifest["ort_step_graph"] is True
+    assert contract.rebuild_hint(str(out), manifest).endswith("--force --no-ort-step")  # a rebuild keeps it out
     slim, full = make_backend(out, "onnxruntime"), make_backend(artifact_fp32.path, "onnxruntime")
     assert not slim.fused and slim.step_graphs() == [contract.STEP_FILE]
     src = np.array([[5, 6, 7, slim.config["eos_id"]]], np.int64)

@@ -276,18 +276,22 @@ def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_mo
     def old(**changes):
         return lambda m: m.update(contract_version=1, **changes)
 
-    cases = ((old(), ""), (old(precision="fp16", quantization={"method": "int8"}), " --precision fp16 --quantize int8"))
+    cases = ((old(), ""), (old(quantization={"method": "int8"}), " --quantize int8"),
+             (old(precision="fp16"), " --precision fp16"),
+             # a hand edit gets no option export would refuse: an unknown method, or int8 of an fp16 export
+             (old(quantization={"method": "int4"}), ""), (old(precision="fp16", quantization={"method": "int8"}),
+                                                         " --precision fp16"))
     for n, (edit, options) in enumerate(cases):
         art = edited_copy(tiny_artifact_dir, f"v{n}", "manifest.json", edit)
         with pytest.raises(ArtifactError, match="contract version 1") as e:
             contract.read_manifest(art, verify_hashes=False)
         assert e.value.hint == f"rebuild the artifact with: transduce export {tiny_model_dir} {art} --force{options}"
 
-    def no_ort_step(m):
-        m.update(contract_version=1, source_model={"path": "/gone"})
+    def no_ort_step(m):  # as `--no-ort-step` records it; a manifest without the record gets no option (above)
+        m.update(contract_version=1, source_model={"path": "/gone"}, ort_step_graph=False)
         m["files"].pop(contract.ORT_STEP_FILE)
 
-    art = edited_copy(tiny_artifact_dir, "v2", "manifest.json", no_ort_step)
+    art = edited_copy(tiny_artifact_dir, "noort", "manifest.json", no_ort_step)
     with pytest.raises(ArtifactError) as e:
         contract.read_manifest(art, verify_hashes=False)
     assert e.value.hint == f"rebuild the artifact with: transduce export MODEL_DIR {art} --force --no-ort-step"

@@ -353,6 +353,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
             "contract_version": contract.CONTRACT_VERSION,
             "precision": precision,
             "opset": opset,
+            "ort_step_graph": bool(ort_step_graph),  # False: --no-ort-step, which a rebuild hint repeats
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "export_seconds": {"total": round(time.perf_counter() - t_start, 2), "trace": trace_s,
                                "check": round(check_s, 2), "validate": validation["seconds"]},

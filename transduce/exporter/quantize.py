@@ -31,7 +31,7 @@ from typing import Any
 from transduce.errors import ExportError
 from transduce.runtime import contract
 
-METHODS = ("int8",)
+METHODS = contract.QUANTIZATION_METHODS
 QUANTIZED_FILES = (contract.ENCODER_FILE, contract.ORT_STEP_FILE)
 OP_TYPES = ("MatMul", "Gemm")
 # what quantize_dynamic makes of them (one of these is in every graph it quantized)

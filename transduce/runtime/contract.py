@@ -69,7 +69,8 @@ shapes and no per-step allocation, which matter for TensorRT engines and CUDA gr
 
 The manifest (manifest.json) records `contract_version`; the runtime refuses any other version
 with a message naming the command that rebuilds the artifact. The exporter
-(transduce/exporter/onnx_export.py) also writes: `kind`, `precision`, `opset`, `model` (the
+(transduce/exporter/onnx_export.py) also writes: `kind`, `precision`, `opset`, `ort_step_graph` (false:
+exported with `--no-ort-step`; absent before 2026-11-25), `model` (the
 ModelConfig dict), `source_model` {path, weights_sha256, config_sha256}, `dynamic_axes`
 {axis: [min, max or null]} (see dynamic_axis_ranges), `static_axes`, `graphs` {file: inputs,
 outputs, op_histogram, ...}, `validation` {engine, tolerances, cases, errors: [{graph, output,
@@ -100,19 +101,10 @@ MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"  # copied from the model directory; listed, so its hash is checked at load
 ARTIFACT_KIND = "transduce-artifact"
 PRECISIONS = ("fp32", "fp16", "bf16")
+QUANTIZATION_METHODS = ("int8",)  # export --quantize (transduce/exporter/quantize.py)
 # numpy / ONNX element type names of the graph's float tensors, per precision
 FLOAT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 ENGINE_MANIFEST_FILE = "engine.json"  # marks an engine directory (transduce build; transduce/exporter/engine.py)
-
-
-def _ort_step_by_default(manifest: dict[str, Any]) -> bool:
-    """Whether export makes decoder_step.ort.onnx for this manifest's model and precision unless told not to."""
-    from transduce.exporter import ort_step
-
-    try:
-        return ort_step.unsupported_reason(manifest["model"], manifest["precision"]) is None
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a manifest too damaged to tell
-        return False
 
 
 def rebuild_hint(artifact_dir: str, manifest: Any = None) -> str:
@@ -128,9 +120,9 @@ def rebuild_hint(artifact_dir: str, manifest: Any = None) -> str:
     if precision in PRECISIONS and precision != "fp32":
         options.append(f"--precision {precision}")
     quantized = quantization(m)
-    if isinstance(quantized, str) and quantized.isidentifier():
+    if quantized in QUANTIZATION_METHODS and precision == "fp32":  # another is a hand edit: no option repeats it
         options.append(f"--quantize {quantized}")
-    if isinstance(m.get("files"), dict) and ORT_STEP_FILE not in m["files"] and _ort_step_by_default(m):
+    if m.get("ort_step_graph") is False:  # recorded by export since 2026-11-25; older manifests cannot tell
         options.append("--no-ort-step")
     extra = "".join(f" {o}" for o in options)
     if os.path.isfile(os.path.join(artifact_dir, ENGINE_MANIFEST_FILE)):
