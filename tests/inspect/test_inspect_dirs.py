@@ -86,8 +86,28 @@ def test_model_dir_that_loading_would_refuse_is_reported(tiny_model_dir, tmp_pat
     assert any(p.startswith("weights missing for this config: decoder_layers.2.") for p in problems), problems
     assert any(p.startswith("weights of other shapes than the config's: encoder_layers.0.ffn.w1.weight") for p in problems)
     assert any("does not record tokenizer.json" in p for p in problems)
+    assert any(p.startswith("config.json's model config is not the one the weights were saved with: decoder_layers 3 "
+                            "(saved with the weights: 2)") for p in problems), problems
     os.symlink(path / "nowhere", path / "dangling")
     assert any("is a link to nothing" in p for p in inspect_path(path)["problems"])
+
+
+def test_a_config_edit_that_keeps_the_shapes_is_reported(tiny_model_dir, tmp_path):
+    """n_heads changes no weight's shape: only the config saved in the weights' metadata tells (load refuses it)."""
+    import shutil
+
+    from transduce.models.checkpoint import load_model_dir
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, path)
+    cfg = json.loads((path / "config.json").read_text())
+    before = cfg["model"]["n_heads"]
+    cfg["model"]["n_heads"] = before * 2
+    (path / "config.json").write_text(json.dumps(cfg))
+    want = f"config.json's model config is not the one the weights were saved with: n_heads {before * 2}"
+    assert [p for p in inspect_path(path)["problems"] if p.startswith(want)], inspect_path(path)["problems"]
+    with pytest.raises(CheckpointError, match=want):
+        load_model_dir(path)
 
 
 def test_json_output_is_the_report(tiny_model_dir):

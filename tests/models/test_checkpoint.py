@@ -76,7 +76,7 @@ def test_config_that_does_not_match_weights(damaged, tiny_model, tiny_tokenizer)
         load_model_dir(damaged)
 
 
-@pytest.mark.parametrize("field,value", [("n_heads", 2), ("layer_norm_eps", 1e-6), ("dropout", 0.3)])
+@pytest.mark.parametrize("field,value", [("n_heads", 2), ("layer_norm_eps", 1e-6), ("max_positions", 40)])
 def test_config_fields_that_keep_the_shapes_must_be_the_ones_saved_with_the_weights(damaged, field, value):
     """config.json is the one file no hash covers; a hand edit of a field that leaves every weight's shape
     alone would load and compute something else."""
@@ -87,6 +87,14 @@ def test_config_fields_that_keep_the_shapes_must_be_the_ones_saved_with_the_weig
     with pytest.raises(CheckpointError, match=rf"not the one the weights were saved with: {field} {value!r} "
                                               rf"\(saved with the weights: {before!r}\)"):
         load_model_dir(damaged)
+
+
+def test_dropout_may_differ_from_the_one_saved_with_the_weights(damaged):
+    """Dropout is training-only: the weights compute the same with another (a resumed run may change it)."""
+    cfg = json.loads((damaged / "config.json").read_text())
+    cfg["model"]["dropout"] = 0.3
+    (damaged / "config.json").write_text(json.dumps(cfg))
+    assert load_model_dir(damaged)[0].cfg.dropout == 0.3
 
 
 def test_weights_saved_without_their_config_still_load(damaged, tiny_model):

@@ -111,8 +111,9 @@ def read_json_file(path: str, error=TransduceError) -> dict[str, Any]:
     return data
 
 
-def read_safetensors_header(path: str) -> dict[str, tuple[str, list[int]]]:
-    """{tensor name: (dtype, shape)} from a safetensors file's JSON header, without reading the tensors."""
+def read_safetensors_header(path: str) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
+    """({tensor name: (dtype, shape)}, the metadata) from a safetensors file's JSON header, without reading
+    the tensors."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -124,9 +125,9 @@ def read_safetensors_header(path: str) -> dict[str, tuple[str, list[int]]]:
         header = json.loads(f.read(n))
     if not isinstance(header, dict):
         raise ValueError("the header is not a JSON object")
-    header.pop("__metadata__", None)
-    return {name: (SAFETENSORS_DTYPES.get(meta["dtype"], str(meta["dtype"]).lower()), list(meta["shape"]))
-            for name, meta in header.items()}
+    metadata = header.pop("__metadata__", None)
+    return ({name: (SAFETENSORS_DTYPES.get(meta["dtype"], str(meta["dtype"]).lower()), list(meta["shape"]))
+             for name, meta in header.items()}, metadata if isinstance(metadata, dict) else {})
 
 
 def tokenizer_report(path: str, problems: list[str]) -> dict[str, Any] | None:
@@ -260,7 +261,7 @@ def count_parameters(tensors: Iterable[tuple[str, list[int], str]]) -> dict[str,
 
 def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     """Report of a model directory; the weights are counted from the safetensors header only."""
-    from transduce.models.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_config
+    from transduce.models.checkpoint import TOKENIZER_FILE, WEIGHTS_CONFIG_KEY, WEIGHTS_FILE, read_config
 
     cfg = read_config(directory)  # CheckpointError on a corrupt or foreign config.json
     problems: list[str] = []
@@ -277,14 +278,14 @@ def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     if "training" in cfg and not isinstance(cfg["training"], dict):
         problems.append(f"{os.path.join(directory, MODEL_CONFIG_FILE)}: its training record is not an object")
     wpath = os.path.join(directory, WEIGHTS_FILE)
-    header = None
+    header, metadata = None, {}
     if os.path.isfile(wpath):
         try:
-            header = read_safetensors_header(wpath)
+            header, metadata = read_safetensors_header(wpath)
             report["parameters"] = count_parameters((k, shape, dt) for k, (dt, shape) in header.items())
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{wpath} has no readable safetensors header ({e})")
-    problems.extend(weights_against_config(report["config"], header))
+    problems.extend(weights_against_config(report["config"], header, metadata.get(WEIGHTS_CONFIG_KEY)))
     files = cfg.get("files")
     for name in (WEIGHTS_FILE, TOKENIZER_FILE):  # what loading checks every file against
         entry = files.get(name) if isinstance(files, dict) else None
@@ -298,26 +299,30 @@ def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     return report
 
 
-def weights_against_config(config: dict[str, Any], header: dict[str, tuple[str, list[int]]] | None) -> list[str]:
-    """What loading would refuse: a config that is not a valid ModelConfig, or weights (from the
-    safetensors header) whose names or shapes are not the ones that config's model has. The model is
-    built on torch's meta device: no memory, no weights read."""
+def weights_against_config(config: dict[str, Any], header: dict[str, tuple[str, list[int]]] | None,
+                           saved_config: str | None = None) -> list[str]:
+    """What loading would refuse: a config that is not a valid ModelConfig, one that is not the config saved
+    in the weights' metadata (`saved_config`, JSON), or weights (from the safetensors header) whose names or
+    shapes are not the ones that config's model has. The model is built on torch's meta device: no memory,
+    no weights read."""
     from transduce.errors import ConfigError
+    from transduce.models.checkpoint import saved_config_mismatch
     from transduce.models.config import ModelConfig
 
     try:
         cfg = ModelConfig.from_dict(config)
     except ConfigError as e:
         return [str(e)]
+    mismatch = saved_config_mismatch(saved_config, cfg)
+    problems = [mismatch] if mismatch else []
     if header is None:
-        return []
+        return problems
     import torch
 
     from transduce.models.transformer import Transformer
 
     with torch.device("meta"):
         expected = {k: list(v.shape) for k, v in Transformer(cfg).state_dict().items()}
-    problems = []
     missing, extra = sorted(set(expected) - set(header)), sorted(set(header) - set(expected))
     if missing:
         problems.append(f"weights missing for this config: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))

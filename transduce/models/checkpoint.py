@@ -41,6 +41,8 @@ STATE_FILE = "state.json"
 # its fields that leave every weight's shape alone (n_heads, norm_first, layer_norm_eps, ...) change what
 # the weights compute
 WEIGHTS_CONFIG_KEY = "model_config"
+# model config fields that do not change what the weights compute (a run resumed with another dropout is fine)
+TRAINING_ONLY_FIELDS = ("dropout",)
 
 
 def special_id_mismatches(mcfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:
@@ -236,25 +238,34 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
 
 
 def _check_config_saved_with_weights(wpath: str, mcfg: ModelConfig) -> None:
-    """config.json's model config must be the one saved in the (hash-checked) weights file's metadata.
-    Weights saved before this check existed carry none and are taken as they are."""
+    """config.json's model config must be the one saved in the (hash-checked) weights file's metadata
+    (saved_config_mismatch)."""
     from safetensors import safe_open
 
     with safe_open(wpath, framework="pt") as f:
         saved = (f.metadata() or {}).get(WEIGHTS_CONFIG_KEY)
-    if saved is None:
-        return
-    try:
-        saved_cfg = ModelConfig.from_dict(json.loads(saved))
-    except (ValueError, TypeError, ConfigError) as e:
-        raise CheckpointError(f"{wpath}: the model config saved with the weights cannot be read ({e})") from None
-    if saved_cfg != mcfg:
-        changed = [f"{k} {v!r} (saved with the weights: {saved_cfg.to_dict()[k]!r})"
-                   for k, v in mcfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
-        raise CheckpointError(f"{os.path.dirname(wpath) or '.'}: config.json's model config is not the one the weights were "
-                              f"saved with: {', '.join(changed)}",
+    problem = saved_config_mismatch(saved, mcfg)
+    if problem:
+        raise CheckpointError(f"{os.path.dirname(wpath) or '.'}: {problem}",
                               hint="config.json was edited by hand: restore those fields; to change a model's "
                                    "configuration, train a new model")
+
+
+def saved_config_mismatch(saved: str | None, mcfg: ModelConfig) -> str | None:
+    """Why `mcfg` (config.json's) is not the model config saved with the weights (`saved`: the JSON in their
+    metadata), but for TRAINING_ONLY_FIELDS; None when it is. Weights saved before the config went into
+    their metadata carry none and are taken as they are."""
+    if saved is None:
+        return None
+    try:
+        saved_dict = ModelConfig.from_dict(json.loads(saved)).to_dict()
+    except (ValueError, TypeError, ConfigError) as e:
+        return f"the model config saved with the weights cannot be read ({e})"
+    changed = [f"{k} {v!r} (saved with the weights: {saved_dict[k]!r})" for k, v in mcfg.to_dict().items()
+               if k not in TRAINING_ONLY_FIELDS and saved_dict.get(k) != v]
+    if changed:
+        return f"config.json's model config is not the one the weights were saved with: {', '.join(changed)}"
+    return None
 
 
 def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
