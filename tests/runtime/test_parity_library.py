@@ -21,6 +21,7 @@ from transduce.runtime.parity import (
     ParityReport,
     Tolerance,
     _compare_sequences,
+    _margin,
     error_stats,
     parity_for_artifact,
     run_parity,
@@ -115,8 +116,9 @@ def _sources(tokenizer, texts, eos):
                          ids=["finished", "cut-at-max-length"])
 def test_beam_divergences_are_judged_by_the_references_sequence_scores(reference, tiny_tokenizer, options):
     """A candidate whose best is the reference's second best: the margin is the difference of the two
-    hypotheses' scores as the search computed them (the reference model re-scores both), not a step's
-    log-prob gap; near-tie or bug by tie_margin; a candidate better by the reference's own score is explained."""
+    hypotheses' scores as the search computed them (the reference model re-scores both); near-tie or bug by
+    tie_margin; a candidate better by the reference's own score is explained, and so is one that parts from
+    the reference's at a near-tie (the step's log-prob gap within tie_margin), whatever the gap at the end."""
     eos = reference.config["eos_id"]
     judged = 0
     for src in _sources(tiny_tokenizer, ["three hundred and two", "seven", "forty-one thousand"], eos):
@@ -127,13 +129,20 @@ def test_beam_divergences_are_judged_by_the_references_sequence_scores(reference
         gap = best.score - second.score
         assert gap >= 0
         rows = [(src, len(src))]
-        for tie_margin, near_tie in ((gap + 1e-3, True), (gap / 2 - 1e-6, False)):
+        step = next((j for j, (x, y) in enumerate(zip(best.tokens, second.tokens)) if x != y),
+                    min(len(best.tokens), len(second.tokens)))
+        token = [t[step] if step < len(t) else None for t in (best.tokens, second.tokens)]
+        branch = abs(_margin(reference, src, len(src), best.tokens[:step], *token, reference.config["bos_id"], eos))
+        cases = [(gap + 1e-3, True, "sequence", gap), (min(gap, branch) / 2, False, "sequence", gap)]
+        if branch < gap:  # a near-tie where the two branch explains a larger gap at the end
+            cases.append(((branch + gap) / 2, True, "step", branch))
+        for tie_margin, near_tie, measure, margin in cases:
             policy = dataclasses.replace(POLICIES["fp32"], tie_margin=tie_margin)
             check = _compare_sequences("beam4", reference, rows, [r], [DecodeResult((second, best))], policy,
                                        reference.config, options)
             (d,) = check.divergences
-            assert d.measure == "sequence" and d.rank == 0
-            assert d.margin == pytest.approx(gap, abs=1e-4)
+            assert d.measure == measure and d.rank == 0 and d.step == step
+            assert abs(d.margin) == pytest.approx(margin, abs=1e-4)
             assert d.near_tie is near_tie and check.passed is False  # agreement 0 < 1.0 either way
         swapped = _compare_sequences("beam4", reference, rows, [DecodeResult((second,))], [DecodeResult((best,))],
                                      dataclasses.replace(POLICIES["fp32"], tie_margin=0.0), reference.config, options)

@@ -112,7 +112,8 @@ class Divergence:
     margin: float  # the reference model's own output minus the candidate's, by `measure`
     near_tie: bool
     rank: int = 0  # the n-best entry (0: the best) where the lists part
-    measure: str = "step"  # "step": log-probs at `step` (greedy); "sequence": the search's scores (beam);
+    measure: str = "step"  # "step": log-probs at `step` (greedy; beam search when a near-tie there explains it);
+    #                        "sequence": the search's scores of the two hypotheses (beam search);
     #                        "count": the candidate returned another number of hypotheses (always a bug)
 
 
@@ -259,7 +260,8 @@ def _score_diffs(ref_h, cand_h) -> tuple[float, float]:
 def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, policy, cfg,
                        options: DecodingOptions | None = None, indices: list[int] | None = None) -> SequenceCheck:
     """Compare decoded results sentence by sentence. `options` are the beam search's (None: greedy, whose
-    divergences are judged at their first differing step); `indices` number the sentences in the report."""
+    divergences are judged at their first differing step; beam search's by the two hypotheses' scores, or by a
+    near-tie at that step); `indices` number the sentences in the report."""
     assert len(ref_results) == len(cand_results), (len(ref_results), len(cand_results))
     identical, max_diff, max_token_diff, divs = 0, 0.0, 0.0, []
     for i, (ref, cand) in enumerate(zip(ref_results, cand_results)):
@@ -279,18 +281,21 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
         rt = a[step] if step < len(a) else None
         ct = b[step] if step < len(b) else None
         src, length = src_batches[i]
-        if options is None:
-            margin = _margin(reference, src, length, a[:step], rt, ct, cfg["bos_id"], cfg["eos_id"])
-            near_tie = abs(margin) <= policy.tie_margin
-        else:
+        step_margin = _margin(reference, src, length, a[:step], rt, ct, cfg["bos_id"], cfg["eos_id"])
+        margin, measure = step_margin, "step"
+        near_tie = abs(step_margin) <= policy.tie_margin
+        if options is not None:
             ref_score, cand_score = _reference_scores(reference, src, length, (ref_h[k], cand_h[k]), options,
                                                       cfg["bos_id"], cfg["eos_id"])
-            margin = ref_score - cand_score
             # negative: the candidate's hypothesis is the better one by the reference's own score (its search
-            # pruned it); explained either way when the candidate's is no worse than by tie_margin
-            near_tie = margin <= policy.tie_margin
+            # pruned it); explained when the candidate's is no worse than by tie_margin. Or by a near-tie where
+            # the two branch (a pruning decision there can flip, after which the two searches keep different
+            # beams and may end far apart); otherwise the whole-sequence margin, what beam search ranks by
+            if ref_score - cand_score <= policy.tie_margin or not near_tie:
+                margin, measure = ref_score - cand_score, "sequence"
+                near_tie = margin <= policy.tie_margin
         near_tie = near_tie and math.isfinite(margin)
-        divs.append(Divergence(sentence, step, rt, ct, margin, near_tie, k, "step" if options is None else "sequence"))
+        divs.append(Divergence(sentence, step, rt, ct, margin, near_tie, k, measure))
     return SequenceCheck(mode, len(ref_results), identical, max_diff, tuple(divs), policy.min_agreement,
                          policy.score_atol, max_token_diff)
 
