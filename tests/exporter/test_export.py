@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from transduce.errors import ArtifactError
 from transduce.runtime import contract
 
 
@@ -89,8 +90,6 @@ def test_manifest_describes_the_export(artifact_fp32, tiny_model_dir):
 
 
 def test_manifest_hashes_every_file(artifact_fp32, tmp_path):
-    from transduce.errors import ArtifactError
-
     m = artifact_fp32.manifest
     on_disk = sorted(n for n in os.listdir(artifact_fp32.path) if n != "manifest.json")
     assert sorted(m["files"]) == on_disk
@@ -240,6 +239,15 @@ def test_external_data_is_checked_validated_and_hashed(artifact_fp32, tiny_model
     assert manifest["files"]["encoder.onnx.data"]["bytes"] > whole // 3
     assert all(r["passed"] for r in manifest["validation"]["errors"])
     contract.read_manifest(out)
+    data = out / "encoder.onnx.data"  # the weights: a changed byte or a lost file is refused, as a graph's is
+    blob = bytearray(data.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    data.write_bytes(bytes(blob))
+    with pytest.raises(ArtifactError, match="encoder.onnx.data"):
+        contract.read_manifest(out)
+    data.unlink()
+    with pytest.raises(ArtifactError, match="encoder.onnx.data"):
+        contract.read_manifest(out)
 
 
 def test_reuse_refusal_says_why_an_export_cannot_be_reused(tmp_path, tiny_model_dir, tiny_artifact_dir, edited_copy):
