@@ -92,6 +92,22 @@ def test_quantize_needs_fp32_and_the_onnx_runtime_step_graph(tiny_model, tiny_mo
     assert not (tmp_path / "fp16").exists()
 
 
+def test_quantize_refuses_an_encoder_torch_onnx_writes_external_data_for(artifact_fp32):
+    """Told before the export runs: an encoder whose weights pass torch.onnx's 1.5 GiB goes to an external data
+    file, which quantization cannot take. The estimate is a lower bound of the graph's weights, so it never
+    refuses a model whose encoder stays inline."""
+    import onnx
+    from onnx import numpy_helper
+
+    big = {**artifact_fp32.manifest["model"], "vocab_size": 8000, "d_model": 1024, "n_heads": 16, "d_ff": 4096,
+           "encoder_layers": 40, "decoder_layers": 1}
+    assert "encoder.onnx's weights (at least 1.9 GiB) pass the 1.5 GiB" in quantize.unsupported_reason("int8", big, "fp32")
+    assert quantize.unsupported_reason("int8", {**big, "encoder_layers": 24}, "fp32") is None
+    graph = onnx.load(os.path.join(artifact_fp32.path, "encoder.onnx")).graph
+    stored = sum(numpy_helper.to_array(t).nbytes for t in graph.initializer)
+    assert quantize.encoder_weight_bytes(artifact_fp32.manifest["model"]) <= stored
+
+
 def test_int8_validation_fails_a_wrong_tensor_and_leaves_nothing(tiny_model_dir, tmp_path, copied_graphs, monkeypatch):
     monkeypatch.setitem(validate.RELATIVE_RMS, "int8", {k: 1e-6 for k in validate.RELATIVE_RMS["int8"]})
     with pytest.raises(ExportError, match="relative RMS error"):

@@ -17,7 +17,8 @@ BLEU on the demo data is within 0.5 of fp32's.
 
 Limits. ONNX Runtime's CPU provider only: TensorRT engines and the CUDA provider need an unquantized
 export (both refuse a quantized artifact, naming the command). fp32 post-norm models only (the
-quantized step graph is decoder_step.ort.onnx).
+quantized step graph is decoder_step.ort.onnx), whose graphs keep their weights inline (an encoder over
+torch.onnx's 1.5 GiB is refused before the export runs).
 """
 
 from __future__ import annotations
@@ -48,7 +49,24 @@ def unsupported_reason(method: str, config: dict[str, Any], precision: str) -> s
     reason = ort_step.unsupported_reason(config, precision)
     if reason:
         return f"--quantize {method} quantizes the ONNX Runtime step graph, and {reason}"
+    size = encoder_weight_bytes(config)
+    if size > TORCH_EXTERNAL_DATA_BYTES:  # told before the export runs; quantize_graphs checks the files too
+        return (f"{contract.ENCODER_FILE}'s weights (at least {size / 2**30:.1f} GiB) pass the "
+                f"{TORCH_EXTERNAL_DATA_BYTES / 2**30:.1f} GiB above which torch.onnx writes them to an external data "
+                f"file, and --quantize {method} handles graphs with inline weights only")
     return None
+
+
+# torch.onnx (ONNXProgram.save) keeps a graph's weights in <name>.data above this many bytes
+TORCH_EXTERNAL_DATA_BYTES = 1536 * 2**20
+
+
+def encoder_weight_bytes(config: dict[str, Any]) -> int:
+    """A lower bound of encoder.onnx's weight bytes (fp32): the embedding, the encoder layers' matrices and
+    the decoder layers' cross-attention K/V projections (biases, LayerNorms and the position table left out)."""
+    d, ff = config["d_model"], config["d_ff"]
+    return 4 * (config["vocab_size"] * d + config["encoder_layers"] * (4 * d * d + 2 * d * ff)
+                + config["decoder_layers"] * 2 * d * d)
 
 
 @contextlib.contextmanager
