@@ -234,6 +234,27 @@ def test_graphs_that_do_not_match_their_manifest_are_refused(tiny_artifact_dir, 
         assert "transduce export" in e.value.hint, name
 
 
+def test_a_graph_with_a_fixed_size_where_the_contract_has_an_axis_is_refused(tiny_artifact_dir, tmp_path):
+    """An encoder exported for batch 1 only (hashed as it is) would fail at the first batch of 2, inside
+    ONNX Runtime: refused on load instead, naming the input."""
+    import onnx
+
+    from transduce.runtime.contract import ENCODER_FILE, file_entry
+
+    art = _copy(tiny_artifact_dir, tmp_path / "fixed")
+    path = os.path.join(art, ENCODER_FILE)
+    model = onnx.load(path)
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.Clear()
+    dim.dim_value = 1
+    onnx.save(model, path)
+    m = json.loads(open(os.path.join(art, "manifest.json")).read())
+    m["files"][ENCODER_FILE] = file_entry(path)
+    open(os.path.join(art, "manifest.json"), "w").write(json.dumps(m))
+    with pytest.raises(ArtifactError, match=rf"{ENCODER_FILE} does not match its manifest.*input src_ids has dims \[1, "):
+        load(art)
+
+
 def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkeypatch):
     from transduce.runtime import contract
 
