@@ -21,6 +21,18 @@ def test_learning_rate_schedule():
     assert learning_rate(w // 2, d, w, scale=2.0) == pytest.approx(2 * d**-0.5 * (w // 2) * w**-1.5)
 
 
+def test_the_first_update_uses_the_schedules_first_step(tmp_path, small_corpus):
+    """The loop counts steps from 1, as the schedule does: lr(0) would be 0 (no update), lr(2) a step ahead."""
+    from transduce.models.config import ModelConfig
+
+    train_pairs, valid_pairs = small_corpus
+    out = tmp_path / "m"
+    train(train_pairs[:40], valid_pairs[:2], str(out), _cfg(1, 1), **QUIET)
+    (first,) = json.loads((out / "training" / "state.json").read_text())["history"]
+    d_model = ModelConfig.from_dict(json.loads((out / "config.json").read_text())["model"]).d_model
+    assert first["step"] == 1 and first["lr"] == pytest.approx(learning_rate(1, d_model, 4))
+
+
 def test_label_smoothing_ignores_padding():
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 10)
@@ -35,6 +47,19 @@ def test_label_smoothing_ignores_padding():
     uniform = -(lp.sum(-1) - lp[..., 0]) / 9
     manual = (0.9 * -lp.gather(-1, target[..., None])[..., 0] + 0.1 * uniform)[mask].mean()
     torch.testing.assert_close(smoothed, manual)
+    # the same as cross-entropy against the explicit smoothed distribution, written out token by token: 1 - eps on
+    # the true class, eps spread evenly over the 9 non-pad classes (the true one among them), nothing on <pad>
+    explicit = []
+    for b, t in zip(logits, target):
+        for row, y in zip(b, t):
+            if y == 0:
+                continue
+            q = torch.full((10,), 0.1 / 9)
+            q[0] = 0.0
+            q[y] += 0.9
+            assert float(q.sum()) == pytest.approx(1.0)
+            explicit.append(-(q * torch.log_softmax(row, -1)).sum())
+    torch.testing.assert_close(smoothed, torch.stack(explicit).mean())
     logits2 = logits.clone()
     logits2[0, 2] += 100  # a padded position
     torch.testing.assert_close(label_smoothed_loss(logits2, target, 0.1, 0)[0], smoothed)
@@ -77,24 +102,30 @@ def _cfg(steps, save_every):
 
 
 def test_resume_continues_as_if_uninterrupted(tmp_path, small_corpus):
+    """Stopped within the first epoch and resumed into the second (gradients clipped), the run ends where the
+    uninterrupted one does: same step, epoch, batch, tokens, learning rate and weights."""
+    from dataclasses import replace
+
     train_pairs, valid_pairs = small_corpus
+    pairs = train_pairs[:40]
     quiet = dict(progress=False, log=lambda *a: None)
     straight = tmp_path / "straight"
-    train(train_pairs[:300], valid_pairs[:5], str(straight), _cfg(6, 6), **quiet)
+    train(pairs, valid_pairs[:5], str(straight), replace(_cfg(6, 6), clip_norm=0.5), **quiet)
     resumed = tmp_path / "resumed"
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        train(train_pairs[:300], valid_pairs[:5], str(resumed), _cfg(3, 3), **quiet)  # on 1 thread
+        train(pairs, valid_pairs[:5], str(resumed), replace(_cfg(3, 3), clip_norm=0.5), **quiet)  # on 1 thread
         assert torch.get_num_threads() == 2  # the caller's setting is back
     finally:
         torch.set_num_threads(before)
     state = json.loads((resumed / "training" / "state.json").read_text())
-    assert state["step"] == 3
-    train(train_pairs[:300], valid_pairs[:5], str(resumed), _cfg(6, 6), resume=True, **quiet)
+    assert state["step"] == 3 and state["epoch"] == 0
+    train(pairs, valid_pairs[:5], str(resumed), replace(_cfg(6, 6), clip_norm=0.5), resume=True, **quiet)
     a = json.loads((straight / "training" / "state.json").read_text())
     b = json.loads((resumed / "training" / "state.json").read_text())
     assert (a["step"], a["epoch"], a["batch"], a["tokens"]) == (b["step"], b["epoch"], b["batch"], b["tokens"])
+    assert a["epoch"] >= 1  # the resumed run crossed into another epoch (its batches in a new order)
     assert a["history"][-1]["lr"] == b["history"][-1]["lr"]
     from safetensors.torch import load_file
 
@@ -164,10 +195,12 @@ def test_resume_refuses_other_options_or_data(tmp_path, small_corpus):
     with pytest.raises(ConfigError, match="training data differ"):
         train(train_pairs[1:101], valid_pairs[:2], out, _cfg(3, 3), resume=True, **QUIET)
     # what may change: when to stop, evaluate and save; and the validation set
-    train(train_pairs[:100], valid_pairs[2:4], out, replace(_cfg(3, 3), eval_every=7, threads=0), resume=True, **QUIET)
+    with pytest.warns(UserWarning, match=r"--resume on other hardware settings \(--threads 1 -> 0\): .* not bit for bit"):
+        train(train_pairs[:100], valid_pairs[2:4], out, replace(_cfg(3, 3), eval_every=7, threads=0), resume=True,
+              **QUIET)
     assert json.loads((tmp_path / "m" / "training" / "state.json").read_text())["step"] == 3
     with pytest.raises(ConfigError, match="at step 3 already, and --max-steps is 3: there is nothing to train"):
-        train(train_pairs[:100], valid_pairs[:2], out, _cfg(3, 3), resume=True, **QUIET)
+        train(train_pairs[:100], valid_pairs[:2], out, replace(_cfg(3, 3), threads=0), resume=True, **QUIET)
 
 
 def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, monkeypatch):
@@ -429,3 +462,23 @@ def test_train_cli_prints_only_its_summary_on_stdout(tmp_path, small_corpus):
     summary = json.loads(r.stdout)
     assert summary["step"] == 2 and summary["parameters"] > 0
     assert "model: 1+1 layers" in r.stderr and "step 1: train loss" in r.stderr
+
+
+def test_held_out_pairs_that_are_also_training_pairs_are_reported(tmp_path, monkeypatch):
+    """A corpus with repeated lines (the held-out split is its last lines) or a --valid file cut from the training
+    data: the validation metrics would over-state the model, so the overlap is counted in a warning."""
+    import warnings
+
+    from transduce.models import train as train_module
+
+    seen = {}
+    monkeypatch.setattr(train_module, "train", lambda pairs, valid_pairs, *a, **k: seen.update(pairs=pairs, valid=valid_pairs))
+    lines = [f"s{i}\tt{i}" for i in range(20)] + ["s3\tt3", "s5 \tt5", "s5\tother", "new\tpair"]
+    (tmp_path / "data.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"2 of the 4 held-out pairs are also training pairs"):
+        train_module.train_from_files(str(tmp_path / "out"), _cfg(1, 1), data=str(tmp_path / "data.tsv"), valid_size=4)
+    assert len(seen["pairs"]) == 20 and len(seen["valid"]) == 4  # reported, not removed
+    (tmp_path / "clean.tsv").write_text("\n".join(lines[:20] + ["new\tpair"] * 4) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train_module.train_from_files(str(tmp_path / "out"), _cfg(1, 1), data=str(tmp_path / "clean.tsv"), valid_size=4)

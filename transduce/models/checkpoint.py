@@ -41,7 +41,7 @@ STATE_FILE = "state.json"
 # its fields that leave every weight's shape alone (n_heads, norm_first, layer_norm_eps, ...) change what
 # the weights compute
 WEIGHTS_CONFIG_KEY = "model_config"
-# model config fields that do not change what the weights compute (a run resumed with another dropout is fine)
+# model config fields that do not change what the weights compute (they only change training)
 TRAINING_ONLY_FIELDS = ("dropout",)
 
 

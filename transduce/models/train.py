@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -226,6 +227,13 @@ def pairs_sha256(pairs: list[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
+def held_out_overlap(pairs: list[tuple[str, str]], valid_pairs: list[tuple[str, str]]) -> int:
+    """How many held-out pairs are also training pairs (a corpus with repeated lines, a --valid file cut from
+    the training data), compared as training sees them (stripped)."""
+    seen = {(s.strip(), t.strip()) for s, t in pairs}
+    return sum((s.strip(), t.strip()) in seen for s, t in valid_pairs)
+
+
 def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: str, out_dir: str) -> None:
     """Refuse to resume with options or data other than the checkpoint's (beyond RESUMABLE_CHANGES)."""
     saved = state.get("train_config", {})
@@ -240,6 +248,12 @@ def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: 
                           hint="pass the saved values (they are in training/state.json), or train a new model "
                                f"into another --out; --resume may change only "
                                f"{', '.join(flag(n) for n in TrainConfig.RESUMABLE_CHANGES)}")
+    moved = [f"{flag(name)} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
+             if name in ("device", "threads") and name in saved and saved[name] != value]
+    if moved:
+        warnings.warn(f"--resume on other hardware settings ({'; '.join(moved)}): training goes on from the saved "
+                      "state, but not bit for bit as the uninterrupted run would (sums in another order, and no "
+                      "saved random state for a GPU the run did not use)", stacklevel=2)
     if state.get("data_sha256") not in (None, data_sha256):
         raise ConfigError(f"--resume: the training data differ from those {out_dir!r} was trained on "
                           "(another file, other lines, or a different --valid-size split)",
@@ -471,4 +485,9 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
         pairs, valid_pairs = demo_corpus()
         if valid:
             valid_pairs = read_parallel(valid)
+    overlap = held_out_overlap(pairs, valid_pairs)
+    if overlap:
+        warnings.warn(f"{overlap} of the {len(valid_pairs)} held-out pairs are also training pairs (the same source "
+                      "and target): the validation BLEU and exact match over-state how the model does on unseen text; "
+                      "remove them from the training data, or hold out others", stacklevel=2)
     return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress, force=force, log=log)
