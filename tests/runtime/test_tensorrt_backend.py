@@ -460,3 +460,50 @@ def test_gpu_engine_refused_on_other_runtime(gpu):
 
     with pytest.raises(ArtifactError, match="rebuild the engines with: transduce build"):
         TensorRTBackend(gpu["engines"]["fp32"], _runtime=eng.RuntimeInfo("0.0.0", "NVIDIA Nothing", "1.0"))
+
+
+def test_capture_keeps_the_allocator_cache_and_ends_a_failed_capture():
+    """_capture (CPU-checkable part): the step is captured on the backend's stream in thread_local mode,
+    without torch.cuda.graph's device-wide synchronize and empty_cache, and the capture is ended even when
+    the enqueue raises (a capture left open would poison the stream)."""
+    import contextlib
+    import types
+
+    from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
+
+    calls = []
+    stream = types.SimpleNamespace(synchronize=lambda: calls.append("stream.synchronize"))
+
+    def on_stream(s):
+        assert s is stream
+        return contextlib.nullcontext()
+
+    cuda = types.SimpleNamespace(stream=on_stream, empty_cache=lambda: calls.append("empty_cache"),
+                                 synchronize=lambda: calls.append("device synchronize"))
+    backend = TensorRTBackend.__new__(TensorRTBackend)
+    backend.torch, backend.stream, backend.stream_handle = types.SimpleNamespace(cuda=cuda), stream, 7
+
+    class Graph:
+        def capture_begin(self, capture_error_mode):
+            calls.append(f"begin {capture_error_mode}")
+
+        def capture_end(self):
+            calls.append("end")
+
+    class Context:
+        def __init__(self, result):
+            self.result = result
+
+        def execute_async_v3(self, handle):
+            calls.append(f"enqueue {handle}")
+            if isinstance(self.result, Exception):
+                raise self.result
+            return self.result
+
+    assert backend._capture(Graph(), Context(True)) is True
+    assert calls == ["stream.synchronize", "begin thread_local", "enqueue 7", "end"]
+    calls.clear()
+    assert backend._capture(Graph(), Context(False)) is False
+    with pytest.raises(RuntimeError, match="boom"):
+        backend._capture(Graph(), Context(RuntimeError("boom")))
+    assert calls[-2:] == ["enqueue 7", "end"] and "empty_cache" not in calls

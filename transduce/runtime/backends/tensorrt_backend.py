@@ -34,7 +34,7 @@ longer than the engines were built for is an EngineError naming the `transduce b
 
 CUDA graphs (cuda_graph=True): with the cache preallocated, the step graph's input shapes are fixed
 for a given (rows, capacity, src_len), and its addresses for a given set of buffers. The step's
-`execute_async_v3` is captured (torch.cuda.graph on the backend's stream) per (profile, shapes,
+`execute_async_v3` is captured (CUDAGraph.capture_begin on the backend's stream, see _capture) per (profile, shapes,
 addresses) and replayed. A capture is made only right after a normal run of the same context with
 the same shapes (TensorRT's own rule: enqueue once before capturing so shape-dependent setup is
 not captured), and a captured graph is replayed only while the context's last run had its shapes.
@@ -467,8 +467,7 @@ class TensorRTBackend:
             runner.set_io(c, shapes, addresses, out_shapes)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, stream=self.stream):
-                    ok = c.ctx.execute_async_v3(self.stream_handle)
+                ok = self._capture(graph, c.ctx)
                 if not ok:
                     raise EngineError(f"execute_async_v3 failed under capture: {self._logger.recent()}")
             except Exception as e:  # noqa: BLE001 - any capture failure means: run without graphs
@@ -486,6 +485,23 @@ class TensorRTBackend:
             self.graph_replays += 1
             return
         runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
+
+    def _capture(self, graph, ctx) -> bool:
+        """Capture one execute_async_v3 of `ctx` into `graph` on the backend's stream; -> its status.
+
+        Not `with torch.cuda.graph(...)`: its entry synchronizes the device and empties torch's caching
+        allocator (torch.cuda.empty_cache) on every capture, and a decode captures again whenever its rows or
+        buffers change (a sentence ends, a beam regathers), so every later allocation would go back to
+        cudaMalloc. "thread_local": CUDA calls of other threads (another backend, a data loader) during the
+        capture neither fail it nor are captured."""
+        self.stream.synchronize()  # the graph starts from finished work, as the context's warm run left it
+        with self.torch.cuda.stream(self.stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                ok = ctx.execute_async_v3(self.stream_handle)
+            finally:
+                graph.capture_end()
+        return bool(ok)
 
     def _run(self, state: _State, tokens: np.ndarray) -> None:
         p = state.position
