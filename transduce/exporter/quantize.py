@@ -38,6 +38,8 @@ OP_TYPES = ("MatMul", "Gemm")
 # what quantize_dynamic makes of them (one of these is in every graph it quantized)
 QUANTIZED_OP_TYPES = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QGemm")
 UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR OUT_DIR"
+# torch.onnx (ONNXProgram.save) keeps a graph's weights in <name>.data above this many bytes
+TORCH_EXTERNAL_DATA_BYTES = 1536 * 2**20
 
 
 def unsupported_reason(method: str, config: dict[str, Any], precision: str) -> str | None:
@@ -55,10 +57,6 @@ def unsupported_reason(method: str, config: dict[str, Any], precision: str) -> s
                 f"{TORCH_EXTERNAL_DATA_BYTES / 2**30:.1f} GiB above which torch.onnx writes them to an external data "
                 f"file, and --quantize {method} handles graphs with inline weights only")
     return None
-
-
-# torch.onnx (ONNXProgram.save) keeps a graph's weights in <name>.data above this many bytes
-TORCH_EXTERNAL_DATA_BYTES = 1536 * 2**20
 
 
 def encoder_weight_bytes(config: dict[str, Any]) -> int:

@@ -240,16 +240,16 @@ def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: 
     def flag(name: str) -> str:  # the option of a field, as `transduce train` spells it
         return {"model_overrides": "--set", "preset": "--preset"}.get(name, "--" + name.replace("_", "-"))
 
-    changed = [f"{flag(name)} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
-               if name in saved and name not in TrainConfig.RESUMABLE_CHANGES and saved[name] != value]
+    diffs = {name: f"{flag(name)} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
+             if name in saved and saved[name] != value}
+    changed = [d for name, d in diffs.items() if name not in TrainConfig.RESUMABLE_CHANGES]
     if changed:
         raise ConfigError(f"--resume: this run's options differ from those {out_dir!r} was trained with: "
                           + "; ".join(changed),
                           hint="pass the saved values (they are in training/state.json), or train a new model "
                                f"into another --out; --resume may change only "
                                f"{', '.join(flag(n) for n in TrainConfig.RESUMABLE_CHANGES)}")
-    moved = [f"{flag(name)} {saved[name]!r} -> {value!r}" for name, value in asdict(train_cfg).items()
-             if name in ("device", "threads") and name in saved and saved[name] != value]
+    moved = [d for name, d in diffs.items() if name in ("device", "threads")]
     if moved:
         warnings.warn(f"--resume on other hardware settings ({'; '.join(moved)}): training goes on from the saved "
                       "state, but not bit for bit as the uninterrupted run would (sums in another order, and no "

@@ -12,7 +12,8 @@ Where sequences diverge, the report gives the first divergent step and the refer
 between its own output and the candidate's: for greedy search, its log-prob of its own token minus that
 of the candidate's at that step; for beam search, whose choice is made by whole-sequence scores, its
 score (length-penalised log-prob sum, as the search scores) of its own hypothesis minus that of the
-candidate's. A margin <= tie_margin is a near-tie that explains a divergence; a larger one is a bug. A
+candidate's, or its log-prob margin at the step where the two part when that is a near-tie (a pruning
+decision there can flip, after which the searches may end far apart). A margin <= tie_margin is a near-tie that explains a divergence; a larger one is a bug. A
 NaN anywhere fails. The report is JSON-serialisable (non-finite numbers as the strings "inf", "-inf",
 "nan") and prints as a table.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -380,8 +382,6 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
 def _check_quantized_graphs(art_dir: str, method: str) -> None:
     """The looser policy of a quantized artifact only for graphs that are quantized: the manifest is the one
     file no hash covers, and a hand-edited claim would hold fp32 graphs to int8's tolerances."""
-    import os
-
     import onnx
 
     from transduce.exporter.quantize import QUANTIZED_FILES, QUANTIZED_OP_TYPES
@@ -410,8 +410,6 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
                         reference_device: str = "cpu") -> ParityReport:
     """`transduce parity`: load both backends and the sample, run `run_parity`. The reference is the eager
     model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record)."""
-    import os
-
     from transduce._devices import torch_device
     from transduce.runtime import contract
     from transduce.runtime.api import make_backend, source_model_dir
@@ -460,7 +458,7 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     if precision not in POLICIES:
         raise ArtifactError(f"{art_dir}: its manifest says {'quantization' if quantized else 'precision'} "
                             f"{precision!r}, which parity has no tolerances for (it knows {', '.join(POLICIES)})",
-                            hint=f"export it again with this transduce: {contract.rebuild_hint(art_dir, manifest)}")
+                            hint=contract.rebuild_hint(art_dir, manifest))
     if quantized:
         _check_quantized_graphs(art_dir, quantized)
     if backend == "tensorrt":
