@@ -77,9 +77,9 @@ def export_both(name: str, workdir: str) -> tuple[str, str, dict]:
 
     from transduce.exporter import graphs
     from transduce.exporter.onnx_export import DEFAULT_OPSET, export_graph
+    from transduce.formats import contract
     from transduce.models.config import ModelConfig
     from transduce.models.transformer import Transformer
-    from transduce.runtime import contract
 
     cfg = ModelConfig(**MODELS[name])
     ours, concat = os.path.join(workdir, f"{name}_ours.onnx"), os.path.join(workdir, f"{name}_concat.onnx")

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     lens = np.full(args.batch, args.src_len, np.int64)
     opts = DecodingOptions.forced(args.steps, beam_size=args.beam)
 
-    from transduce._devices import parse_device
+    from transduce.runtime.devices import parse_device
 
     sync = None
     kind, index = parse_device(args.device)

@@ -15,7 +15,7 @@ def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:
     import onnx
     from onnx import numpy_helper
 
-    from transduce.runtime.contract import file_entry
+    from transduce.formats.files import file_entry
 
     shutil.copytree(artifact_dir, out_dir)
     art = str(out_dir)

@@ -30,6 +30,9 @@ import os
 
 import numpy as np
 
+from transduce.formats.files import sha256_file
+from transduce.formats.kinds import ARTIFACT_KIND, MANIFEST_FILE
+
 __version__ = "10.99.0"
 
 # every call made through the double, for assertions: (what, details)
@@ -165,7 +168,7 @@ class OnnxParser:
         self._errors: list[_ParserError] = []
 
     def parse_from_file(self, model):
-        from transduce.runtime import contract
+        from transduce.formats import contract
 
         with open(model, "rb") as f:
             content = f.read()
@@ -174,7 +177,7 @@ class OnnxParser:
                             _ParserError(9, "/decoder/Mod", "Mod", "fmod=0 on float inputs is not supported")]
             return False
         directory = os.path.dirname(os.path.abspath(model))
-        with open(os.path.join(directory, contract.MANIFEST_FILE), encoding="utf-8") as f:
+        with open(os.path.join(directory, MANIFEST_FILE), encoding="utf-8") as f:
             manifest = json.load(f)
         cfg, precision = manifest["model"], manifest["precision"]
         graph = "encoder" if os.path.basename(model) == contract.ENCODER_FILE else "decoder_step"
@@ -503,11 +506,11 @@ class IExecutionContext:
 def make_artifact(path: str, model_dir: str, precision: str = "fp32", encoder_bytes: bytes = b"fake encoder graph",
                   step_bytes: bytes = b"fake decoder_step graph") -> str:
     """A hand-made artifact directory for `model_dir` (a saved model): real manifest, config and tokenizer,
-    placeholder ONNX files (this double never reads them as ONNX). Passes contract.read_manifest."""
+    placeholder ONNX files (this double never reads them as ONNX). Passes read_manifest."""
     import shutil
 
-    from transduce.models.checkpoint import read_config
-    from transduce.runtime import contract
+    from transduce.formats import contract
+    from transduce.formats.model_dir import read_config
 
     os.makedirs(path)
     for name in ("config.json", "tokenizer.json"):
@@ -515,23 +518,23 @@ def make_artifact(path: str, model_dir: str, precision: str = "fp32", encoder_by
     for name, data in ((contract.ENCODER_FILE, encoder_bytes), (contract.STEP_FILE, step_bytes)):
         with open(os.path.join(path, name), "wb") as f:
             f.write(data)
-    files = {n: {"sha256": contract.sha256_file(os.path.join(path, n)), "bytes": os.path.getsize(os.path.join(path, n))}
+    files = {n: {"sha256": sha256_file(os.path.join(path, n)), "bytes": os.path.getsize(os.path.join(path, n))}
              for n in sorted(os.listdir(path))}
     cfg = read_config(model_dir)
     manifest = {
-        "kind": contract.ARTIFACT_KIND, "contract_version": contract.CONTRACT_VERSION, "precision": precision,
+        "kind": ARTIFACT_KIND, "contract_version": contract.CONTRACT_VERSION, "precision": precision,
         "opset": 18, "model": cfg["model"], "tokenizer": "tokenizer.json",
         "source_model": {"path": os.path.abspath(model_dir), "weights_sha256": cfg["files"]["model.safetensors"]["sha256"]},
         "files": files,
     }
-    with open(os.path.join(path, contract.MANIFEST_FILE), "w", encoding="utf-8") as f:
+    with open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
     return path
 
 
 def runtime_info():
     """The RuntimeInfo matching engines built with this double and FAKE_GPU."""
-    from transduce.exporter.engine import RuntimeInfo
+    from transduce.formats.engine import RuntimeInfo
 
     return RuntimeInfo(__version__, FAKE_GPU["name"], FAKE_GPU["compute_capability"])
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from transduce import demo
 from transduce.cli import main
+from transduce.demo import pipeline as demo
 from transduce.errors import InputError
+from transduce.formats.artifact import read_manifest
 
 
 @pytest.mark.parametrize("setup, args, says", [
@@ -58,7 +59,7 @@ def test_a_damaged_demo_model_is_trained_again(tmp_path, monkeypatch, tiny_model
     logged = []
     model_dir = demo.ensure_demo_model(str(tmp_path), steps=1, log=logged.append)
     assert "training again" in logged[0] and (tmp_path / "model" / "model.safetensors").is_file()
-    from transduce.models.checkpoint import verify_model_dir
+    from transduce.formats.model_dir import verify_model_dir
 
     verify_model_dir(model_dir)
 
@@ -68,7 +69,7 @@ def test_steps_for_a_demo_model_that_is_there_asks_for_retrain(tmp_path, tiny_mo
     import json
     import shutil
 
-    from transduce.models.checkpoint import read_config
+    from transduce.formats.model_dir import read_config
 
     shutil.copytree(tiny_model_dir, tmp_path / "model")
     trained = (read_config(str(tmp_path / "model")).get("training") or {}).get("step")
@@ -95,7 +96,8 @@ def test_the_demo_model_trains_on_the_gpu(tmp_path, monkeypatch):
     logged = []
     model_dir = demo.ensure_demo_model(str(tmp_path), steps=2, log=logged.append, device="cuda")
     assert any("on cuda" in line for line in logged), logged
-    from transduce.models.checkpoint import load_model_dir, verify_model_dir
+    from transduce.formats.model_dir import verify_model_dir
+    from transduce.models.checkpoint import load_model_dir
 
     verify_model_dir(model_dir)
     model = load_model_dir(model_dir)[0]  # saved as CPU tensors
@@ -109,7 +111,7 @@ def test_an_artifact_with_an_older_ort_step_graph_is_exported_again(tmp_path, ti
     import shutil
 
     from transduce.exporter import ort_step
-    from transduce.runtime import contract
+    from transduce.formats import contract
 
     shutil.copytree(tiny_artifact_dir, tmp_path / "artifact")
     logged = []
@@ -121,4 +123,4 @@ def test_an_artifact_with_an_older_ort_step_graph_is_exported_again(tmp_path, ti
     path.write_text(json.dumps(m))
     demo.ensure_demo_artifact(str(tmp_path), tiny_model_dir, log=logged.append)
     assert "older than this exporter's" in logged[1] and "exporting again" in logged[1]
-    assert contract.read_manifest(tmp_path / "artifact")["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION
+    assert read_manifest(tmp_path / "artifact")["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION

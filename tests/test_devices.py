@@ -1,10 +1,10 @@
-"""transduce._devices: one --device check for training, parity and every backend."""
+"""transduce.runtime.devices: one --device check for training, parity and every backend."""
 
 import pytest
 import torch
 
-from transduce._devices import parse_device, torch_device
 from transduce.errors import BackendUnavailable, ConfigError, InputError
+from transduce.runtime.devices import parse_device, torch_device
 
 
 def test_device_names_are_parsed_without_a_framework():

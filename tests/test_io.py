@@ -1,4 +1,4 @@
-"""transduce._io: atomic single-file writes (decode --output, parity --json, engine plans, the timing cache)."""
+"""transduce.formats.atomic (and paths, reaping, text): atomic single-file writes (decode --output, parity --json, engine plans, the timing cache)."""
 
 import os
 import shutil
@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
-from transduce._io import _tmp_prefix, atomic_file, iter_lines, write_bytes_atomic, write_text_atomic
-from transduce.runtime.contract import is_artifact_dir as _is_artifact
+from transduce.formats.atomic import atomic_file, write_bytes_atomic, write_text_atomic
+from transduce.formats.kinds import is_artifact_dir as _is_artifact
+from transduce.formats.reaping import tmp_prefix as _tmp_prefix
+from transduce.formats.text import iter_lines
 
 
 def _dead_pid() -> int:
@@ -18,7 +20,7 @@ def _dead_pid() -> int:
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
-    import transduce._io as io
+    import transduce.formats.atomic as io
 
     path = tmp_path / "out.txt"
     path.write_text("old")
@@ -66,7 +68,7 @@ class _Mine(Exception):
 def test_atomic_file_maps_only_its_own_errors(tmp_path, monkeypatch):
     """error=: what atomic_file's own OSErrors become (creating, closing, renaming); an exception of the
     block, an OSError included, passes through unchanged, and no temporary stays either way."""
-    import transduce._io as io
+    import transduce.formats.atomic as io
 
     path = tmp_path / "out.txt"
     path.write_text("old")
@@ -120,7 +122,7 @@ def test_written_in_place_when_not_a_regular_file(tmp_path):
 
 def test_long_names_get_short_temporaries(tmp_path):
     """A legal 240-character name: its temporary copies' names stay under 255 bytes."""
-    from transduce._io import atomic_directory
+    from transduce.formats.atomic import atomic_directory
 
     name = "x" * 240
     write_text_atomic(tmp_path / f"{name}.txt", "ok")
@@ -135,7 +137,7 @@ def test_long_names_get_short_temporaries(tmp_path):
 
 
 def test_a_symlinked_directory_is_replaced_where_it_points(tmp_path):
-    from transduce._io import atomic_directory
+    from transduce.formats.atomic import atomic_directory
 
     real = tmp_path / "real"
     real.mkdir()
@@ -149,8 +151,8 @@ def test_a_symlinked_directory_is_replaced_where_it_points(tmp_path):
 
 
 def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
-    from transduce._io import check_replaceable
     from transduce.errors import TransduceError
+    from transduce.formats.paths import check_replaceable
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
@@ -161,8 +163,9 @@ def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
 
 def test_an_empty_directory_is_written_without_force(tmp_path):
     """mkdir -p before a command: nothing to lose, so no --force; a directory with a file still needs it."""
-    from transduce._io import atomic_directory, check_replaceable
     from transduce.errors import TransduceError
+    from transduce.formats.atomic import atomic_directory
+    from transduce.formats.paths import check_replaceable
 
     out = tmp_path / "out"
     out.mkdir()
@@ -181,8 +184,8 @@ def test_an_empty_directory_is_written_without_force(tmp_path):
 
 def test_an_empty_directory_written_to_meanwhile_is_left_alone(tmp_path):
     """Accepted because it was empty; at the end it is replaced only if it still is (one rename)."""
-    from transduce._io import atomic_directory
     from transduce.errors import TransduceError
+    from transduce.formats.atomic import atomic_directory
 
     for made_before in (True, False):
         out = tmp_path / f"out-{made_before}"
@@ -202,8 +205,8 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
     """EBUSY and the like on the last rename: the previous directory is put back, the new one removed."""
     import errno
 
-    from transduce import _io
     from transduce.errors import TransduceError
+    from transduce.formats import atomic as _io
 
     out = tmp_path / "out"
     out.mkdir()
@@ -245,16 +248,17 @@ def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, m
     are the same."""
     import time
 
-    from transduce import _io
+    from transduce.formats import atomic as _io
+    from transduce.formats import reaping
 
     long_a, long_b = "a" * 120 + "x", "a" * 120 + "y"
-    assert _io._short(long_a) != _io._short(long_b) and len(_io._short(long_a)) == _io.TMP_NAME_CHARS
+    assert reaping._short(long_a) != reaping._short(long_b) and len(reaping._short(long_a)) == reaping.TMP_NAME_CHARS
     out = tmp_path / long_a
     dead = _dead_pid()
     prefix = _tmp_prefix(long_a, "old")
     abandoned = tmp_path / f"{prefix}{dead}-abc"
     running = tmp_path / f"{prefix}{os.getppid()}-def"
-    other_host = tmp_path / f".{_io._short(long_a)}.old-otherhost-{dead}-ghi"
+    other_host = tmp_path / f".{reaping._short(long_a)}.old-otherhost-{dead}-ghi"
     other_name = tmp_path / f"{_tmp_prefix(long_b, 'old')}{dead}-jkl"
     huge_pid = tmp_path / f"{prefix}99999999999999999999-mno"  # not a PID this pattern takes
     kept = [running.name, other_host.name, other_name.name, huge_pid.name]
@@ -279,14 +283,14 @@ def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, m
 def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
     """atomic_directory replaces a link's target: the previous copy is moved aside beside the target, and
     the hint for the missing output names it there."""
-    from transduce import _io
+    from transduce.formats import reaping
 
     (tmp_path / "real").mkdir()
     link = tmp_path / "out"
     os.symlink(tmp_path / "real", link)
     old = tmp_path / f"{_tmp_prefix('real', 'old')}{_dead_pid()}-abc"
     os.rename(tmp_path / "real", old)  # as a writer killed between its renames leaves it
-    assert _io.interrupted_replace_hint(link) == (f"a replacement of it was interrupted; the previous copy is "
+    assert reaping.interrupted_replace_hint(link) == (f"a replacement of it was interrupted; the previous copy is "
                                                   f"{str(old)!r}: restore it with: mv {old} {tmp_path / 'real'}")
 
 
@@ -294,7 +298,7 @@ def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
 def test_what_is_published_is_on_disk_first(tmp_path, monkeypatch):
     """A replacement syncs every file of the new copy before the rename that publishes it, and the
     directory after it, before the previous copy goes (a power loss leaves one complete copy)."""
-    from transduce import _io
+    from transduce.formats import atomic as _io
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -320,7 +324,7 @@ def test_what_is_published_is_on_disk_first(tmp_path, monkeypatch):
 def test_a_file_system_that_cannot_sync_is_no_error_but_an_io_error_is(tmp_path, monkeypatch):
     import errno
 
-    from transduce import _io
+    from transduce.formats import atomic as _io
 
     def fsync_fails(code):
         def fsync(fd):
@@ -340,8 +344,8 @@ def test_a_file_system_that_cannot_sync_is_no_error_but_an_io_error_is(tmp_path,
 
 
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):
-    from transduce import _io
     from transduce.errors import TransduceError
+    from transduce.formats import paths as _io
 
     out = tmp_path / "out"
     out.mkdir()
@@ -363,8 +367,8 @@ def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch
 def test_force_replaces_what_transduce_wrote_even_damaged(tmp_path):
     """A marker file that says so, or one that is not JSON beside a file only such a directory has;
     never someone else's JSON file of the same name, nor an export or engine directory as a model."""
-    from transduce.exporter.engine import is_engine_dir
-    from transduce.models.train import is_our_model_dir
+    from transduce.formats.kinds import is_engine_dir
+    from transduce.formats.kinds import is_model_dir as is_our_model_dir
 
     def make(name, files):
         d = tmp_path / name

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 
 import click
 
 from transduce.cli_errors import cli_errors, cli_messages
-from transduce.errors import TransduceError
 
 __all__ = ["main", "cli_errors"]
 
@@ -118,83 +115,13 @@ def main() -> None:
     """transduce: train -> export -> build -> decode -> parity -> bench for encoder-decoder Transformers."""
 
 
-def _parse_overrides(items: tuple[str, ...]) -> dict:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise TransduceError(f"--set expects FIELD=VALUE, got {item!r}", hint="for example --set d_model=256")
-        k, v = item.split("=", 1)
-        if v.strip().lower() in ("true", "false"):  # Python's spelling too: --set norm_first=True
-            v = v.strip().lower()
-        try:
-            out[k.strip()] = json.loads(v)
-        except ValueError:
-            out[k.strip()] = v
-    return out
-
-
-@main.command()
-@click.option("--data", type=click.Path(), help="Training corpus: TSV (source<TAB>target). Default: the embedded demo corpus.")
-@click.option("--source", "src_file", type=click.Path(), help="Training sources (with --target, two aligned files).")
-@click.option("--target", "tgt_file", type=click.Path(), help="Training targets, aligned with --source.")
-@click.option("--valid", type=click.Path(), help="Held-out TSV. Default: the last --valid-size pairs of --data or --source/--target (the embedded corpus has its own 400).")
-@click.option("--valid-size", default=300, show_default=True, help="Held-out pairs taken from --data or --source/--target if --valid is absent (not for the embedded corpus).")
-@click.option("--out", "out_dir", required=True, type=click.Path(), help="Model directory to write (and to resume from).")
-@click.option("--preset", default="tiny", show_default=True, type=click.Choice(["tiny", "base", "big"]))
-@click.option("--set", "overrides", multiple=True, help="Override a model config field, e.g. --set d_model=256 (repeatable).")
-@click.option("--vocab-size", default=8000, show_default=True, help="BPE vocabulary to learn.")
-@click.option("--max-steps", default=2000, show_default=True)
-@click.option("--warmup", default=4000, show_default=True, help="Warmup steps of the learning-rate schedule.")
-@click.option("--lr-scale", default=1.0, show_default=True, help="Constant factor of the learning-rate schedule.")
-@click.option("--max-tokens", default=4096, show_default=True, help="Padded tokens per side per batch.")
-@click.option("--label-smoothing", default=0.1, show_default=True)
-@click.option("--clip-norm", default=0.0, show_default=True, help="Clip gradients to this global norm (0: off).")
-@click.option("--eval-every", default=500, show_default=True)
-@click.option("--save-every", default=1000, show_default=True)
-@click.option("--eval-sentences", default=200, show_default=True, help="Held-out sentences decoded for BLEU and exact match.")
-@click.option("--seed", default=1, show_default=True)
-@click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
-@click.option("--device", default="cpu", show_default=True, help="Train on cpu, cuda or cuda:N.")
-@click.option("--resume", is_flag=True, help="Continue the run saved in --out (model, optimizer, schedule, RNG).")
-@click.option("--force", is_flag=True, help="Replace the model directory at --out (never a directory of other files).")
-@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
-def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
-          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads, device,
-          resume, force, no_progress):
-    """Train the reference Transformer on parallel text and write a model directory."""
-    from transduce.models.train import TrainConfig, train_from_files
-
-    cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
-                      max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,
-                      label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
-                      save_every=save_every, eval_sentences=eval_sentences, seed=seed, threads=threads, device=device)
-    summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
-                               valid_size=valid_size, resume=resume, progress=not no_progress, force=force,
-                               log=lambda m: click.echo(m, err=True))  # stdout: the JSON summary alone
-    click.echo(json.dumps(summary, indent=2))
-
-
-@main.command()
-@click.option("--workdir", default="runs/demo", show_default=True, type=click.Path(), help="Where data, model and artifacts go.")
-@click.option("--retrain", is_flag=True, help="Train again even if a demo model exists.")
-@click.option("--steps", default=None, type=int, help="Training steps (default: the demo's).")
-@click.option("--show", default=12, show_default=True, help="Held-out examples to print.")
-@click.option("--device", default="cpu", show_default=True,
-              help="Train on cpu, cuda or cuda:N (decoding and parity run on the CPU).")
-def demo(workdir, retrain, steps, show, device):
-    """The whole pipeline on the embedded corpus (English -> French number words)."""
-    from transduce.demo import run_demo
-
-    results = run_demo(workdir, retrain=retrain, steps=steps, show=show, device=device)
-    sys.exit(0 if results.get("parity", True) else 1)
-
-
 def _register() -> None:
     """Each component defines its subcommands in its own `commands` module (click only, no heavy imports)."""
     import importlib
 
-    for module in ("transduce.exporter.commands", "transduce.exporter.build_commands", "transduce.runtime.commands",
-                   "transduce.inspect.commands", "transduce.bench.commands"):
+    for module in ("transduce.training.commands", "transduce.exporter.commands", "transduce.build.commands",
+                   "transduce.runtime.commands", "transduce.verify.commands", "transduce.inspect.commands",
+                   "transduce.bench.commands", "transduce.demo.commands"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

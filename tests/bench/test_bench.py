@@ -14,6 +14,7 @@ import pytest
 from transduce.bench import ceilings
 from transduce.bench.harness import BenchConfig, beam_of, cell_stats, summary, throughput_ratios
 from transduce.errors import TransduceError
+from transduce.formats.artifact import read_manifest
 
 
 def _ct2():
@@ -1066,7 +1067,7 @@ def test_a_cached_artifact_with_an_older_ort_step_graph_is_exported_again(tmp_pa
     decoder_step.ort.onnx is of an older revision is exported again, with the reason logged."""
     from transduce.bench.models import ensure_artifact
     from transduce.exporter import ort_step
-    from transduce.runtime import contract
+    from transduce.formats import contract
 
     old = edited_copy(tiny_artifact_dir, "old", "manifest.json",
                       lambda m: m["graphs"][contract.ORT_STEP_FILE].pop("revision"))
@@ -1074,7 +1075,7 @@ def test_a_cached_artifact_with_an_older_ort_step_graph_is_exported_again(tmp_pa
     fresh = str(tmp_path / "fresh")
     assert ensure_artifact(tiny_model_dir, [str(old), fresh], log=logged.append) == fresh
     assert any("not timing" in m and "revision 1" in m for m in logged), logged
-    assert contract.read_manifest(fresh)["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION
+    assert read_manifest(fresh)["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION
     assert ensure_artifact(tiny_model_dir, [tiny_artifact_dir, fresh], log=logged.append) == tiny_artifact_dir
 
 

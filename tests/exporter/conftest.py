@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from transduce.formats.artifact import read_manifest
+
 
 @dataclass(frozen=True)
 class Exported:
@@ -24,9 +26,8 @@ class Exported:
 @pytest.fixture(scope="session")
 def artifact_fp32(tiny_artifact_dir) -> Exported:
     """tests/conftest.py's export of tiny_model_dir (shared with the engine and runtime tests)."""
-    from transduce.runtime import contract
 
-    return Exported(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir))
+    return Exported(tiny_artifact_dir, read_manifest(tiny_artifact_dir))
 
 
 @pytest.fixture

@@ -17,10 +17,40 @@ import pytest
 import tensorrt_fake as fake
 from click.testing import CliRunner
 
+from transduce.build import builder
+from transduce.build.builder import build_engines, parser_errors
+from transduce.build.commands import build as build_cmd
+from transduce.build.progress import make_progress_monitor
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
-from transduce.exporter import engine as eng
-from transduce.exporter.build_commands import build as build_cmd
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import read_manifest
+from transduce.formats.engine import (
+    ENGINE_FORMAT_VERSION,
+    ENGINE_MANIFEST,
+    STEP_PLAN,
+    RuntimeInfo,
+    compatibility_problems,
+    read_engine_manifest,
+)
+from transduce.formats.files import file_entries
+from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND
+from transduce.formats.profiles import (
+    SPLIT_MIN_BATCH,
+    AxisRange,
+    EnginePlan,
+    choose_chunks,
+    derive_profiles,
+    ort_tensorrt_profile_options,
+    plan_from_meta,
+    profile_shapes,
+)
+from transduce.runtime.backends.tensorrt_support import (
+    check_engine,
+    device_index,
+    gpu_info,
+    import_tensorrt,
+    make_logger,
+)
 
 CFG = {"max_positions": 256, "decoder_layers": 2, "n_heads": 4, "d_model": 32, "vocab_size": 100}
 
@@ -29,7 +59,7 @@ CFG = {"max_positions": 256, "decoder_layers": 2, "n_heads": 4, "d_model": 32, "
 
 
 def test_default_profiles_respect_limits_and_multiply_beams():
-    plan = eng.derive_profiles(CFG)  # max_batch 16, beam 4: two profiles
+    plan = derive_profiles(CFG)  # max_batch 16, beam 4: two profiles
     assert plan.limits["max_src_len"] == 128 and plan.limits["max_tgt_len"] == 178
     assert [p.name for p in plan.encoder] == ["latency", "throughput"]
     assert (plan.encoder[0].batch.min, plan.encoder[-1].batch.max) == (1, 16)
@@ -45,17 +75,17 @@ def test_default_profiles_respect_limits_and_multiply_beams():
 @pytest.mark.parametrize("max_batch", range(1, 21))
 @pytest.mark.parametrize("beam", [1, 2, 4, 5])
 def test_profiles_cover_every_batch_once(max_batch, beam):
-    plan = eng.derive_profiles(CFG, max_batch=max_batch, beam=beam)
+    plan = derive_profiles(CFG, max_batch=max_batch, beam=beam)
     for profiles, top in ((plan.encoder, max_batch), (plan.decoder_step, max_batch * beam)):
         covered = [n for p in profiles for n in range(p.batch.min, p.batch.max + 1)]
         assert sorted(covered) == list(range(1, top + 1))  # contiguous, no overlap
-    assert len(plan.encoder) == (2 if max_batch >= eng.SPLIT_MIN_BATCH else 1)
+    assert len(plan.encoder) == (2 if max_batch >= SPLIT_MIN_BATCH else 1)
 
 
 def test_small_model_limits_default_to_max_positions():
-    plan = eng.derive_profiles({**CFG, "max_positions": 64}, max_batch=2, beam=1)
+    plan = derive_profiles({**CFG, "max_positions": 64}, max_batch=2, beam=1)
     assert plan.limits["max_src_len"] == 64 and plan.limits["max_tgt_len"] == 64
-    assert plan.decoder_step[0].cache_len == eng.AxisRange(1, 32, 64)
+    assert plan.decoder_step[0].cache_len == AxisRange(1, 32, 64)
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -71,48 +101,48 @@ def test_small_model_limits_default_to_max_positions():
 ])
 def test_impossible_limits_are_clear_errors(kwargs, needle):
     with pytest.raises(EngineError) as e:
-        eng.derive_profiles(CFG, **kwargs)
+        derive_profiles(CFG, **kwargs)
     assert needle in str(e.value)
 
 
 def test_forced_modes_and_opt_placement():
-    single = eng.derive_profiles(CFG, max_batch=32, profiles="single", opt_batch=4)
-    assert len(single.decoder_step) == 1 and single.decoder_step[0].batch == eng.AxisRange(1, 16, 128)
-    split = eng.derive_profiles(CFG, max_batch=4, beam=2, profiles="split", opt_batch=4)
+    single = derive_profiles(CFG, max_batch=32, profiles="single", opt_batch=4)
+    assert len(single.decoder_step) == 1 and single.decoder_step[0].batch == AxisRange(1, 16, 128)
+    split = derive_profiles(CFG, max_batch=4, beam=2, profiles="split", opt_batch=4)
     assert [p.batch.as_list() for p in split.decoder_step] == [[1, 2, 4], [5, 8, 8]]
-    assert eng.EnginePlan.from_dict(json.loads(json.dumps(split.to_dict()))) == split
+    assert EnginePlan.from_dict(json.loads(json.dumps(split.to_dict()))) == split
 
 
 def test_profile_shapes_follow_the_contract():
-    plan = eng.derive_profiles(CFG, max_batch=4, beam=2, max_src_len=10, max_tgt_len=12)
-    enc = eng.profile_shapes(plan.encoder[0], "encoder", CFG)
+    plan = derive_profiles(CFG, max_batch=4, beam=2, max_src_len=10, max_tgt_len=12)
+    enc = profile_shapes(plan.encoder[0], "encoder", CFG)
     assert enc == {"src_ids": ((1, 1), (2, 5), (4, 10)), "src_lengths": ((1,), (2,), (4,))}
-    step = eng.profile_shapes(plan.decoder_step[0], "decoder_step", CFG)
+    step = profile_shapes(plan.decoder_step[0], "decoder_step", CFG)
     assert set(step) == {s.name for s in contract.step_inputs(2)}
     assert step["past_key_1"] == ((1, 4, 1, 8), (4, 4, 6, 8), (8, 4, 12, 8))
     assert step["cross_value_0"] == ((1, 4, 1, 8), (4, 4, 5, 8), (8, 4, 10, 8))
     assert step["tokens"] == ((1,), (4,), (8,))
-    opts = eng.ort_tensorrt_profile_options(plan.encoder[0], "encoder", CFG)
+    opts = ort_tensorrt_profile_options(plan.encoder[0], "encoder", CFG)
     assert opts == {"trt_profile_min_shapes": "src_ids:1x1,src_lengths:1",
                     "trt_profile_opt_shapes": "src_ids:2x5,src_lengths:2",
                     "trt_profile_max_shapes": "src_ids:4x10,src_lengths:4"}
 
 
 def test_chunks_pick_profiles_and_split_wide_batches():
-    plan = eng.derive_profiles(CFG, max_batch=8, beam=2, max_src_len=20, max_tgt_len=30)  # rows 1-4 | 5-16
+    plan = derive_profiles(CFG, max_batch=8, beam=2, max_src_len=20, max_tgt_len=30)  # rows 1-4 | 5-16
     step = plan.decoder_step
-    assert eng.choose_chunks(3, step, 10, 30) == [(0, 3, 0)]
-    assert eng.choose_chunks(12, step, 10, 30) == [(0, 12, 1)]
-    assert eng.choose_chunks(37, step, 20, 1) == [(0, 16, 1), (16, 32, 1), (32, 37, 1)]
-    assert eng.choose_chunks(18, step, 20, 1) == [(0, 16, 1), (16, 18, 0)]
+    assert choose_chunks(3, step, 10, 30) == [(0, 3, 0)]
+    assert choose_chunks(12, step, 10, 30) == [(0, 12, 1)]
+    assert choose_chunks(37, step, 20, 1) == [(0, 16, 1), (16, 32, 1), (32, 37, 1)]
+    assert choose_chunks(18, step, 20, 1) == [(0, 16, 1), (16, 18, 0)]
     with pytest.raises(EngineError, match="--max-src-len 21"):
-        eng.choose_chunks(1, step, 21, 5)
+        choose_chunks(1, step, 21, 5)
     with pytest.raises(EngineError, match="--max-tgt-len 31"):
-        eng.choose_chunks(1, step, 5, 31)
-    assert eng.choose_chunks(9, plan.encoder, 20) == [(0, 8, 1), (8, 9, 0)]
+        choose_chunks(1, step, 5, 31)
+    assert choose_chunks(9, plan.encoder, 20) == [(0, 8, 1), (8, 9, 0)]
     for profiles, cache in ((plan.encoder, None), (step, 5)):  # below every profile: no rebuild flag to name
         with pytest.raises(EngineError, match="a source of 0 tokens is shorter than every profile takes"):
-            eng.choose_chunks(1, profiles, 0, cache)
+            choose_chunks(1, profiles, 0, cache)
 
 
 # -- engine.json and refusals -------------------------------------------------------------------
@@ -127,25 +157,25 @@ def _hand_made_engine_dir(path, artifact_dir, runtime=None):
     """An engine directory written by hand: dummy plan bytes, a correct engine.json."""
     runtime = runtime or fake.runtime_info()
     shutil.copytree(artifact_dir, path)
-    for name in (eng.ENCODER_PLAN, eng.STEP_PLAN):
+    for name in (ENCODER_PLAN, STEP_PLAN):
         with open(os.path.join(path, name), "wb") as f:
             f.write(b"dummy plan bytes for " + name.encode())
-    files = eng._file_entries(path, sorted(os.listdir(path)))
-    manifest = contract.read_manifest(artifact_dir)
-    meta = {"kind": eng.ENGINE_KIND, "engine_format_version": eng.ENGINE_FORMAT_VERSION,
+    files = file_entries(path, sorted(os.listdir(path)))
+    manifest = read_manifest(artifact_dir)
+    meta = {"kind": ENGINE_KIND, "engine_format_version": ENGINE_FORMAT_VERSION,
             "contract_version": contract.CONTRACT_VERSION, "precision": "fp32",
             "tensorrt": {"version": runtime.tensorrt_version},
             "gpu": {"name": runtime.gpu_name, "compute_capability": runtime.compute_capability, "index": 0},
-            "profiles": eng.derive_profiles(manifest["model"], max_batch=2).to_dict(),
+            "profiles": derive_profiles(manifest["model"], max_batch=2).to_dict(),
             "artifact": {"path": artifact_dir}, "sources": {n: files[n] for n in (contract.ENCODER_FILE, contract.STEP_FILE)},
             "files": files}
-    with open(os.path.join(path, eng.ENGINE_MANIFEST), "w") as f:
+    with open(os.path.join(path, ENGINE_MANIFEST), "w") as f:
         json.dump(meta, f)
     return str(path)
 
 
 def _edit_meta(engine_dir, **changes):
-    p = os.path.join(engine_dir, eng.ENGINE_MANIFEST)
+    p = os.path.join(engine_dir, ENGINE_MANIFEST)
     with open(p) as f:
         meta = json.load(f)
     meta.update(changes)
@@ -155,55 +185,55 @@ def _edit_meta(engine_dir, **changes):
 
 def test_engine_manifest_accepted_on_matching_runtime(tmp_path, artifact):
     d = _hand_made_engine_dir(tmp_path / "e", artifact)
-    meta = eng.read_engine_manifest(d, runtime=fake.runtime_info())
+    meta = read_engine_manifest(d, runtime=fake.runtime_info())
     assert meta["precision"] == "fp32"
-    assert eng.read_engine_manifest(d, check_runtime=False)["kind"] == eng.ENGINE_KIND
+    assert read_engine_manifest(d)["kind"] == ENGINE_KIND
 
 
 def test_compatibility_problems_is_pure():
     meta = {"tensorrt": {"version": "10.13.3.9"}, "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}
-    same = eng.RuntimeInfo("10.13.3.9", "NVIDIA H100 80GB HBM3", "9.0")
-    assert eng.compatibility_problems(meta, same) == []
-    (p,) = eng.compatibility_problems(meta, eng.RuntimeInfo("11.1.0.2", "NVIDIA H100 80GB HBM3", "9.0"))
+    same = RuntimeInfo("10.13.3.9", "NVIDIA H100 80GB HBM3", "9.0")
+    assert compatibility_problems(meta, same) == []
+    (p,) = compatibility_problems(meta, RuntimeInfo("11.1.0.2", "NVIDIA H100 80GB HBM3", "9.0"))
     assert "TensorRT 10.13.3.9" in p and "TensorRT 11.1.0.2" in p
-    (p,) = eng.compatibility_problems(meta, eng.RuntimeInfo("10.13.3.9", "NVIDIA A100-SXM4-80GB", "8.0"))
+    (p,) = compatibility_problems(meta, RuntimeInfo("10.13.3.9", "NVIDIA A100-SXM4-80GB", "8.0"))
     assert "compute capability 9.0" in p and "8.0" in p
-    (p,) = eng.compatibility_problems(meta, eng.RuntimeInfo("10.13.3.9", "NVIDIA H200", "9.0"))
+    (p,) = compatibility_problems(meta, RuntimeInfo("10.13.3.9", "NVIDIA H200", "9.0"))
     assert "NVIDIA H200" in p
-    assert len(eng.compatibility_problems(meta, eng.RuntimeInfo("11.0", "NVIDIA L4", "8.9"))) == 2
+    assert len(compatibility_problems(meta, RuntimeInfo("11.0", "NVIDIA L4", "8.9"))) == 2
 
 
 def _refusal(engine_dir, runtime=None, **kw):
     with pytest.raises(ArtifactError) as e:
-        eng.read_engine_manifest(engine_dir, runtime=runtime or fake.runtime_info(), **kw)
+        read_engine_manifest(engine_dir, runtime=runtime or fake.runtime_info(), **kw)
     msg = str(e.value)
     assert "transduce build" in msg and "--force" in msg and f"--out {engine_dir}" in msg
     return msg
 
 
 def test_refuses_other_tensorrt_version(tmp_path, artifact):
-    d = _hand_made_engine_dir(tmp_path / "e", artifact, eng.RuntimeInfo("10.0.1.6", "NVIDIA Fake H100", "9.0"))
+    d = _hand_made_engine_dir(tmp_path / "e", artifact, RuntimeInfo("10.0.1.6", "NVIDIA Fake H100", "9.0"))
     msg = _refusal(d)
     assert "TensorRT 10.0.1.6" in msg and f"transduce build {artifact} --out" in msg
 
 
 def test_refuses_other_gpu(tmp_path, artifact):
-    d = _hand_made_engine_dir(tmp_path / "e", artifact, eng.RuntimeInfo(fake.__version__, "NVIDIA A10", "8.6"))
+    d = _hand_made_engine_dir(tmp_path / "e", artifact, RuntimeInfo(fake.__version__, "NVIDIA A10", "8.6"))
     assert "compute capability 8.6" in _refusal(d)
 
 
 def test_refuses_tampered_plan(tmp_path, artifact):
     d = _hand_made_engine_dir(tmp_path / "e", artifact)
-    with open(os.path.join(d, eng.STEP_PLAN), "r+b") as f:
+    with open(os.path.join(d, STEP_PLAN), "r+b") as f:
         f.write(b"X")  # same size, other bytes
     assert "decoder_step.plan does not match its sha256" in _refusal(d)
-    eng.read_engine_manifest(d, runtime=fake.runtime_info(), verify_hashes=False)  # sizes only: accepted
+    read_engine_manifest(d, runtime=fake.runtime_info(), verify_hashes=False)  # sizes only: accepted
 
 
 def test_refuses_hand_edited_entries(tmp_path, artifact):
     """engine.json edited by hand: each a refusal naming it, never an AttributeError or a file outside."""
     for i, (edit, says) in enumerate([
-        (lambda m: m["files"].__setitem__(eng.ENCODER_PLAN, 5), "does not give encoder.plan as"),
+        (lambda m: m["files"].__setitem__(ENCODER_PLAN, 5), "does not give encoder.plan as"),
         (lambda m: m.__setitem__("sources", ["x"]), "does not record the graphs"),
         (lambda m: m["files"].__setitem__("/etc/hostname", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
         (lambda m: m["files"].__setitem__("../e0/engine.json", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
@@ -217,7 +247,7 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
         (lambda m: m["profiles"].__setitem__("decoder_step", []), "records no encoder or no decoder step profiles"),
     ]):
         d = _hand_made_engine_dir(tmp_path / f"e{i}", artifact)
-        path = os.path.join(d, eng.ENGINE_MANIFEST)
+        path = os.path.join(d, ENGINE_MANIFEST)
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
         edit(meta)
@@ -229,15 +259,15 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
 def test_a_model_dir_or_a_file_given_as_an_engine_dir_says_so(tmp_path, tiny_model_dir):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ArtifactError, match="is a file, not a TensorRT engine directory"):
-        eng.read_engine_manifest(str(tmp_path / "afile"), runtime=fake.runtime_info())
+        read_engine_manifest(str(tmp_path / "afile"), runtime=fake.runtime_info())
     with pytest.raises(ArtifactError, match="is a model directory, not a TensorRT engine directory") as e:
-        eng.read_engine_manifest(tiny_model_dir, runtime=fake.runtime_info())
+        read_engine_manifest(tiny_model_dir, runtime=fake.runtime_info())
     assert f"transduce export {os.path.abspath(tiny_model_dir)} ARTIFACT_DIR" in str(e.value)
 
 
 def test_refuses_missing_file(tmp_path, artifact):
     d = _hand_made_engine_dir(tmp_path / "e", artifact)
-    os.remove(os.path.join(d, eng.ENCODER_PLAN))
+    os.remove(os.path.join(d, ENCODER_PLAN))
     assert "encoder.plan is missing" in _refusal(d)
 
 
@@ -257,10 +287,10 @@ def test_refuses_copied_artifact_from_another_export(tmp_path, artifact):
 
 def test_an_artifact_is_not_an_engine_dir(tmp_path, artifact):
     with pytest.raises(ArtifactError, match="is an exported artifact, not a TensorRT engine directory") as e:
-        eng.read_engine_manifest(artifact, runtime=fake.runtime_info())
+        read_engine_manifest(artifact, runtime=fake.runtime_info())
     assert f"transduce build {artifact}" in str(e.value)
     with pytest.raises(ArtifactError, match="does not exist"):
-        eng.read_engine_manifest(tmp_path / "nowhere")
+        read_engine_manifest(tmp_path / "nowhere")
 
 
 def test_rebuild_hint_falls_back_to_the_engine_dir(tmp_path, artifact):
@@ -275,7 +305,7 @@ def test_rebuild_hint_falls_back_to_the_engine_dir(tmp_path, artifact):
 
 def _build(artifact, out, **kw):
     lines = []
-    meta = eng.build_engines(artifact, out, _trt=fake, _gpu=dict(fake.FAKE_GPU), log=lines.append, **kw)
+    meta = build_engines(artifact, out, _trt=fake, _gpu=dict(fake.FAKE_GPU), log=lines.append, **kw)
     return meta, lines
 
 
@@ -284,14 +314,14 @@ def test_build_writes_a_self_contained_engine_dir(tmp_path, artifact):
     cache = tmp_path / "caches" / "timing.cache"
     out = str(tmp_path / "engines")
     meta, lines = _build(artifact, out, max_batch=8, beam=2, timing_cache=str(cache), workspace_gb=0.5)
-    assert sorted(os.listdir(out)) == sorted([eng.ENCODER_PLAN, eng.STEP_PLAN, eng.ENGINE_MANIFEST] + os.listdir(artifact))
-    assert eng.read_engine_manifest(out, runtime=fake.runtime_info()) == meta
-    assert contract.read_manifest(out)["precision"] == "fp32"  # also a valid artifact
+    assert sorted(os.listdir(out)) == sorted([ENCODER_PLAN, STEP_PLAN, ENGINE_MANIFEST] + os.listdir(artifact))
+    assert read_engine_manifest(out, runtime=fake.runtime_info()) == meta
+    assert read_manifest(out)["precision"] == "fp32"  # also a valid artifact
     assert os.stat(os.path.join(out, "tokenizer.json")).st_ino == os.stat(os.path.join(artifact, "tokenizer.json")).st_ino
     assert meta["artifact"]["path"] == artifact and meta["artifact"]["copied_as"] == "hard links"
     assert meta["gpu"]["compute_capability"] == "9.0" and meta["tensorrt"]["version"] == fake.__version__
     assert [p["name"] for p in meta["profiles"]["decoder_step"]] == ["latency", "throughput"]
-    assert meta["sources"][contract.STEP_FILE]["sha256"] == contract.read_manifest(artifact)["files"][contract.STEP_FILE]["sha256"]
+    assert meta["sources"][contract.STEP_FILE]["sha256"] == read_manifest(artifact)["files"][contract.STEP_FILE]["sha256"]
     builds = [c[1] for c in fake.CALLS if c[0] == "build"]
     assert [b["graph"] for b in builds] == ["encoder", "decoder_step"]
     assert all("TF32" not in b["flags"] and b["workspace"] == 1 << 29 and b["profiles"] == 2 for b in builds)
@@ -307,17 +337,17 @@ def test_an_engine_whose_output_shapes_are_not_the_contracts_is_refused(tmp_path
     """The runtime sizes output buffers by the contract: an engine computing another fixed size (a
     vocabulary, d_model) is refused when it loads, before it could write past a buffer."""
     meta, _ = _build(artifact, str(tmp_path / "e"), max_batch=2)
-    with open(tmp_path / "e" / eng.ENCODER_PLAN, "rb") as f:
+    with open(tmp_path / "e" / ENCODER_PLAN, "rb") as f:
         plan = json.loads(f.read())
-    config = contract.read_manifest(artifact)["model"]
-    profiles = eng.plan_from_meta(meta).encoder
-    assert eng.check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles) == []
+    config = read_manifest(artifact)["model"]
+    profiles = plan_from_meta(meta).encoder
+    assert check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles) == []
     for out in plan["outputs"]:
         if out[0] == "memory":
             out[2] = out[2][:-1] + [out[2][-1] * 2]
-    problems = eng.check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles)
-    assert problems == [f"encoder engine output memory has shape (-1, -1, {2 * config['d_model']}), the contract says "
-                        f"('batch', 'src_len', {config['d_model']})"]
+    problems = check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles)
+    assert problems == [f"encoder engine output memory has dims [-1, -1, {2 * config['d_model']}], the contract says "
+                        f"['batch', 'src_len', {config['d_model']}]"]
 
 
 def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
@@ -347,7 +377,7 @@ def test_one_tensorrt_logger_per_process(monkeypatch):
     import gc
 
     first, second = [], []
-    a, b = eng.make_logger(fake, first.append), eng.make_logger(fake, second.append)
+    a, b = make_logger(fake, first.append), make_logger(fake, second.append)
     assert a.ilogger is b.ilogger
     a.ilogger.log(fake.ILogger.Severity.ERROR, "out of memory")
     a.ilogger.log(fake.ILogger.Severity.INFO, "chatter")
@@ -360,7 +390,7 @@ def test_one_tensorrt_logger_per_process(monkeypatch):
     def broken(msg):  # a sink that fails (a closed pipe) keeps the message from no one else
         raise BrokenPipeError
 
-    c = eng.make_logger(fake, broken)
+    c = make_logger(fake, broken)
     a.ilogger.log(fake.ILogger.Severity.ERROR, "build failed")
     assert first[-1] == "[tensorrt] error: build failed" and c.recent() == "build failed"
 
@@ -379,7 +409,7 @@ def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkey
         _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(tmp_path / "e" / "trt.cache"), force=True)
     shutil.rmtree(tmp_path / "e")
 
-    write = eng.write_bytes_atomic
+    write = builder.write_bytes_atomic
     cache = str(tmp_path / "t.cache")
 
     def full_disk(path, data):  # for the cache only, which is saved after the builds
@@ -387,10 +417,10 @@ def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkey
             raise OSError(28, "No space left on device")
         write(path, data)
 
-    monkeypatch.setattr(eng, "write_bytes_atomic", full_disk)
+    monkeypatch.setattr(builder, "write_bytes_atomic", full_disk)
     meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=cache)
     assert any("could not save the timing cache" in line for line in lines)
-    assert os.path.isfile(tmp_path / "e" / eng.ENCODER_PLAN)
+    assert os.path.isfile(tmp_path / "e" / ENCODER_PLAN)
 
 
 def test_a_gpu_index_past_the_last_gpu_is_a_clear_error(monkeypatch):
@@ -399,9 +429,9 @@ def test_a_gpu_index_past_the_last_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(BackendUnavailable, match="there is no CUDA device 1: PyTorch sees 1"):
-        eng.gpu_info("cuda:1")
+        gpu_info("cuda:1")
     with pytest.raises(BackendUnavailable, match="CUDA device -1 does not exist"):
-        eng.device_index(-1)
+        device_index(-1)
 
 
 def test_parser_errors_name_file_and_nodes(tmp_path, tiny_model_dir):
@@ -434,7 +464,7 @@ def test_build_destination_rules(tmp_path, artifact):
         _build(artifact, str(other), force=True)
     meta, _ = _build(out, out, max_batch=2, force=True)  # rebuild in place from the engine dir's own artifact copy
     assert meta["artifact"]["path"] == out
-    eng.read_engine_manifest(out, runtime=fake.runtime_info())
+    read_engine_manifest(out, runtime=fake.runtime_info())
     with pytest.raises(EngineError, match="inside the artifact"):  # export --force of it would delete them
         _build(artifact, os.path.join(artifact, "engines"), max_batch=2)
     (tmp_path / "afile").write_text("x")
@@ -451,9 +481,9 @@ def test_arguments_are_checked_before_tensorrt_is_looked_for(tmp_path, artifact,
                      (dict(timing_cache=str(tmp_path)), "--timing-cache"),
                      (dict(device="cpu"), "CUDA devices only")):
         with pytest.raises((EngineError, BackendUnavailable), match=says):
-            eng.build_engines(artifact, out, max_batch=2, **kw)
+            build_engines(artifact, out, max_batch=2, **kw)
     with pytest.raises(ArtifactError, match="is a model directory, not an exported artifact") as e:
-        eng.build_engines(tiny_model_dir, out)
+        build_engines(tiny_model_dir, out)
     assert f"transduce export {tiny_model_dir} ARTIFACT_DIR" in str(e.value)
     assert not os.path.exists(out)
 
@@ -464,7 +494,7 @@ def test_progress_monitor_draws_bars_on_a_terminal():
             return True
 
     out = Tty()
-    mon = eng.make_progress_monitor(fake, "encoder", enabled=True, stream=out)
+    mon = make_progress_monitor(fake, "encoder", enabled=True, stream=out)
     mon.phase_start("Building engine", None, 2)
     mon.phase_start("Tactic timing", "Building engine", 5)
     assert all(mon.step_complete("Tactic timing", s) is True for s in range(5))
@@ -479,7 +509,7 @@ def test_progress_monitor_draws_bars_on_a_terminal():
 def test_missing_tensorrt_is_backend_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     with pytest.raises(BackendUnavailable) as e:
-        eng.import_tensorrt()
+        import_tensorrt()
     assert "TensorRT is not installed" in str(e.value) and "pip install 'transduce[gpu]'" in str(e.value)
 
 
@@ -488,7 +518,7 @@ def test_old_tensorrt_is_refused(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="8.6.1"))
     with pytest.raises(BackendUnavailable, match="TensorRT 8.6.1 is too old"):
-        eng.import_tensorrt()
+        import_tensorrt()
 
 
 # -- the build command -------------------------------------------------------------------------
@@ -527,13 +557,13 @@ def test_build_command_without_tensorrt(tmp_path, artifact, monkeypatch):
 
 
 def test_build_command_builds(tmp_path, artifact, monkeypatch):
-    monkeypatch.setattr(eng, "import_tensorrt", lambda: fake)
-    monkeypatch.setattr(eng, "select_gpu", lambda device=0: dict(fake.FAKE_GPU))
+    monkeypatch.setattr(builder, "import_tensorrt", lambda: fake)
+    monkeypatch.setattr(builder, "select_gpu", lambda device=0: dict(fake.FAKE_GPU))
     out = tmp_path / "e"
     res = CliRunner().invoke(build_cmd, [artifact, "--out", str(out), "--max-batch", "2", "--beam", "2", "--quiet"])
     assert res.exit_code == 0, res.output
     assert "encoder.plan" in res.output and "profile all" in res.output
-    assert (out / eng.ENGINE_MANIFEST).is_file()
+    assert (out / ENGINE_MANIFEST).is_file()
 
 
 def test_parser_errors_of_the_whole_graph_name_no_node():
@@ -556,4 +586,4 @@ def test_parser_errors_of_the_whole_graph_name_no_node():
         def get_error(self, i):
             return Err([-1, 3][i])
 
-    assert eng.parser_errors(Parser()) == ["the graph [INVALID_NODE]: bad", "node 3 [INVALID_NODE]: bad"]
+    assert parser_errors(Parser()) == ["the graph [INVALID_NODE]: bad", "node 3 [INVALID_NODE]: bad"]

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from transduce.errors import ArtifactError
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import read_manifest
+from transduce.formats.files import sha256_file
+from transduce.formats.kinds import ARTIFACT_KIND
 
 
 def test_export_copies_the_config_and_tokenizer_it_loaded(tiny_model_dir, tmp_path):
@@ -55,7 +58,7 @@ def test_cli_export(artifact_fp32, tiny_model_dir, tmp_path, copied_graphs):
     assert "log_probs" in result.output and "exported in" in result.output
     columns = {line.index(" max abs ") for line in result.output.splitlines() if " max abs " in line}
     assert len(columns) == 1, result.output  # one column, whatever the longest output group's name
-    assert contract.read_manifest(out)["graphs"] == artifact_fp32.manifest["graphs"]
+    assert read_manifest(out)["graphs"] == artifact_fp32.manifest["graphs"]
 
 
 def test_manifest_describes_the_export(artifact_fp32, tiny_model_dir):
@@ -63,17 +66,17 @@ def test_manifest_describes_the_export(artifact_fp32, tiny_model_dir):
     import onnxruntime
     import torch
 
-    from transduce.models.checkpoint import read_config
+    from transduce.formats.model_dir import read_config
 
     m = artifact_fp32.manifest
     cfg = read_config(tiny_model_dir)
-    assert m["kind"] == contract.ARTIFACT_KIND and m["contract_version"] == contract.CONTRACT_VERSION
+    assert m["kind"] == ARTIFACT_KIND and m["contract_version"] == contract.CONTRACT_VERSION
     assert m["precision"] == "fp32" and m["opset"] == 18
     assert m["tools"]["torch"] == torch.__version__ and m["tools"]["onnx"] == onnx.__version__
     assert m["tools"]["onnxruntime"] == onnxruntime.__version__ and m["tools"]["transduce"]
     assert m["model"] == cfg["model"]
     assert m["source_model"]["path"] == os.path.abspath(tiny_model_dir)
-    assert m["source_model"]["weights_sha256"] == contract.sha256_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert m["source_model"]["weights_sha256"] == sha256_file(os.path.join(tiny_model_dir, "model.safetensors"))
     p = cfg["model"]["max_positions"]
     assert m["dynamic_axes"] == {"batch": [1, None], "src_len": [1, p], "cache_len": [1, p]}
     assert m["export_seconds"]["total"] > 0
@@ -95,19 +98,19 @@ def test_manifest_hashes_every_file(artifact_fp32, tmp_path):
     assert sorted(m["files"]) == on_disk
     for name, meta in m["files"].items():
         path = os.path.join(artifact_fp32.path, name)
-        assert meta == {"sha256": contract.sha256_file(path), "bytes": os.path.getsize(path)}
-    contract.read_manifest(artifact_fp32.path)  # verifies every hash
+        assert meta == {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
+    read_manifest(artifact_fp32.path)  # verifies every hash
     bad = tmp_path / "tampered"
     shutil.copytree(artifact_fp32.path, bad)
     data = bytearray((bad / "encoder.onnx").read_bytes())
     data[-10] ^= 0xFF
     (bad / "encoder.onnx").write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="sha256"):
-        contract.read_manifest(bad)
+        read_manifest(bad)
 
 
 def test_validation_is_recorded(artifact_fp32):
-    from transduce.exporter.validate import TOLERANCES
+    from transduce.verify.tolerances import POLICIES
 
     val = artifact_fp32.manifest["validation"]
     assert val["engine"].startswith("onnxruntime")
@@ -118,7 +121,7 @@ def test_validation_is_recorded(artifact_fp32):
     assert set(rows) == expected | {"topk_values", "topk_ids"} | {s.name for s in contract.ort_step_outputs(n)}
     for r in rows.values():
         assert r["passed"] and 0 <= r["max_abs"] <= r["atol"]
-    assert rows["log_probs"]["atol"] == TOLERANCES["fp32"]["log_probs"][0] == 1e-4
+    assert rows["log_probs"]["atol"] == POLICIES["fp32"].outputs["log_probs"][0] == 1e-4
     cases = {c["name"]: c for c in val["cases"]}
     assert cases["batch1"]["past_lengths"] == [0, 1, 2, 5, 11] and cases["batch1"]["cache_len_1"]
     assert cases["padded"]["batch"] > 1 and min(cases["padded"]["src_lengths"]) == 1
@@ -129,7 +132,7 @@ def test_validation_is_recorded(artifact_fp32):
 def test_graphs_follow_the_contract(artifact_fp32):
     import onnx
 
-    from transduce.exporter.validate import contract_problems
+    from transduce.verify.validate import contract_problems
 
     cfg = artifact_fp32.manifest["model"]
     n = cfg["decoder_layers"]
@@ -160,7 +163,7 @@ def test_dynamic_axes_are_dynamic(artifact_fp32, tiny_model, batch, src_len, cac
     """ONNX Runtime runs both graphs at sizes other than the traced ones (2, 7, 6), ends of the ranges included."""
     import torch
 
-    from transduce.exporter.validate import ArtifactRunner
+    from transduce.verify.validate import ArtifactRunner
 
     runner = ArtifactRunner(artifact_fp32.path)
     rng = np.random.default_rng(batch * 100 + src_len)
@@ -203,14 +206,14 @@ def test_export_replaces_an_artifact_only_with_force(artifact_fp32, tmp_path, co
     assert os.listdir(theirs) == ["manifest.json"]
     out = tmp_path / "art"
     out.mkdir()
-    old = {"kind": contract.ARTIFACT_KIND, "note": "old"}
+    old = {"kind": ARTIFACT_KIND, "note": "old"}
     (out / "manifest.json").write_text(json.dumps(old))
     result = CliRunner().invoke(main, ["export", model_dir, str(out), "--quiet"])
     assert result.exit_code == 2 and "already exists" in result.output and "--force" in result.output
     assert json.loads((out / "manifest.json").read_text()) == old
     result = CliRunner().invoke(main, ["export", model_dir, str(out), "--force", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert contract.read_manifest(out)["kind"] == contract.ARTIFACT_KIND
+    assert read_manifest(out)["kind"] == ARTIFACT_KIND
 
 
 def test_external_data_is_checked_validated_and_hashed(artifact_fp32, tiny_model_dir, tmp_path, monkeypatch):
@@ -238,16 +241,16 @@ def test_external_data_is_checked_validated_and_hashed(artifact_fp32, tiny_model
     assert manifest["files"]["encoder.onnx"]["bytes"] + manifest["files"]["encoder.onnx.data"]["bytes"] > whole
     assert manifest["files"]["encoder.onnx.data"]["bytes"] > whole // 3
     assert all(r["passed"] for r in manifest["validation"]["errors"])
-    contract.read_manifest(out)
+    read_manifest(out)
     data = out / "encoder.onnx.data"  # the weights: a changed byte or a lost file is refused, as a graph's is
     blob = bytearray(data.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     data.write_bytes(bytes(blob))
     with pytest.raises(ArtifactError, match="encoder.onnx.data"):
-        contract.read_manifest(out)
+        read_manifest(out)
     data.unlink()
     with pytest.raises(ArtifactError, match="encoder.onnx.data"):
-        contract.read_manifest(out)
+        read_manifest(out)
 
 
 def test_reuse_refusal_says_why_an_export_cannot_be_reused(tmp_path, tiny_model_dir, tiny_artifact_dir, edited_copy):
@@ -255,7 +258,7 @@ def test_reuse_refusal_says_why_an_export_cannot_be_reused(tmp_path, tiny_model_
     of the same weights; otherwise the reason is given (and they export again)."""
     from transduce.exporter import ort_step
     from transduce.exporter.onnx_export import reuse_refusal
-    from transduce.runtime import contract
+    from transduce.formats import contract
 
     assert reuse_refusal(tiny_artifact_dir, tiny_model_dir) is None
     assert "quantization is none, not int8" in reuse_refusal(tiny_artifact_dir, tiny_model_dir, quantize="int8")

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from transduce.errors import ExportError
-from transduce.exporter import opcheck
+from transduce.verify import opcheck
 
 
 def _graph(nodes, inputs, outputs, initializers=(), opset=18):
@@ -77,7 +77,7 @@ def test_non_constant_axes_are_rejected():
 
 def test_export_checks_fail_on_an_unsupported_op(artifact_fp32, monkeypatch):
     """check_graph (run on every export) raises when an exported op is missing from the list."""
-    from transduce.exporter import validate
+    from transduce.verify import validate
 
     ops = opcheck.supported_ops() - {"LogSoftmax"}
     monkeypatch.setattr(opcheck, "supported_ops", lambda path=opcheck.OPS_FILE: ops)
@@ -89,7 +89,7 @@ def test_export_checks_fail_on_an_unsupported_op(artifact_fp32, monkeypatch):
 
 def test_checker_failure_is_an_export_error(artifact_fp32, tmp_path):
     """A graph the ONNX checker rejects (here: a truncated file) is an ExportError, not a traceback."""
-    from transduce.exporter import validate
+    from transduce.verify import validate
 
     src = os.path.join(artifact_fp32.path, "encoder.onnx")
     bad = tmp_path / "encoder.onnx"

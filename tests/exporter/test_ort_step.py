@@ -10,7 +10,8 @@ import pytest
 
 from transduce.errors import ExportError
 from transduce.exporter import ort_step
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import read_manifest, rebuild_hint
 
 
 def test_fp32_artifact_has_a_validated_ort_step_graph(artifact_fp32):
@@ -42,7 +43,7 @@ def test_the_validation_runs_the_ort_step_in_place_and_checks_the_whole_cache(ar
     """ArtifactRunner runs decoder_step.ort.onnx with present_* bound onto the past_* buffers, like the
     runtime: the caller's arrays are left alone, the returned cache has slot positions[b] written and
     every other slot as it was; a graph that also wrote another slot fails the export's validation."""
-    from transduce.exporter.validate import ArtifactRunner, _eager_step
+    from transduce.verify.validate import ArtifactRunner, _eager_step
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(7)
@@ -71,7 +72,7 @@ def test_the_validation_runs_the_ort_step_in_place_and_checks_the_whole_cache(ar
 def test_a_step_that_changes_another_cache_slot_fails_the_validation(artifact_fp32, tiny_model, monkeypatch):
     """The export's validation compares the whole cache the ONNX Runtime graph leaves behind: a step
     that also changed a slot other than positions[b] (here: the next one, by 0.01) is refused."""
-    from transduce.exporter import validate
+    from transduce.verify import validate
 
     step = validate.ArtifactRunner.step
 
@@ -144,12 +145,12 @@ def test_no_ort_step_leaves_the_graph_out(artifact_fp32, tiny_model_dir, tmp_pat
     out = tmp_path / "slim"
     result = CliRunner().invoke(main, ["export", tiny_model_dir, str(out), "--no-ort-step"])
     assert result.exit_code == 0, result.output
-    manifest = contract.read_manifest(out)
+    manifest = read_manifest(out)
     assert contract.ORT_STEP_FILE not in os.listdir(out)
     assert contract.ORT_STEP_FILE not in manifest["files"] and contract.ORT_STEP_FILE not in manifest["graphs"]
     assert not any(row["graph"] == "decoder_step.ort" for row in manifest["validation"]["errors"])
     assert manifest["ort_step_graph"] is False and artifact_fp32.manifest["ort_step_graph"] is True
-    assert contract.rebuild_hint(str(out), manifest).endswith("--force --no-ort-step")  # a rebuild keeps it out
+    assert rebuild_hint(str(out), manifest).endswith("--force --no-ort-step")  # a rebuild keeps it out
     slim, full = make_backend(out, "onnxruntime"), make_backend(artifact_fp32.path, "onnxruntime")
     assert not slim.fused and slim.step_graphs() == [contract.STEP_FILE]
     src = np.array([[5, 6, 7, slim.config["eos_id"]]], np.int64)

@@ -29,7 +29,7 @@ def _eager_step(model, tokens, positions, lengths, past, cross):
 @pytest.mark.parametrize("lengths", [[9], [1, 64, 30]], ids=["batch1", "padded"])
 def test_step_parity_at_every_past_length(artifact_fp32, tiny_model, lengths):
     """ONNX step == eager step at past lengths 0..12 given the same cache; slots >= position hold garbage."""
-    from transduce.exporter.validate import ArtifactRunner
+    from transduce.verify.validate import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(len(lengths))
@@ -54,7 +54,7 @@ def test_step_parity_at_every_past_length(artifact_fp32, tiny_model, lengths):
 
 def test_garbage_beyond_position_is_ignored(artifact_fp32, tiny_model):
     """Two caches that differ only in slots >= positions[b] give identical outputs."""
-    from transduce.exporter.validate import ArtifactRunner
+    from transduce.verify.validate import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(3)
@@ -77,7 +77,7 @@ def test_garbage_beyond_position_is_ignored(artifact_fp32, tiny_model):
 def test_stepping_reproduces_teacher_forcing(artifact_fp32, tiny_model):
     """Step the ONNX decoder over whole target sequences, writing new K/V into a preallocated numpy
     buffer as the contract says; each step's log_probs equal log_softmax of Transformer.forward."""
-    from transduce.exporter.validate import ArtifactRunner
+    from transduce.verify.validate import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(11)
@@ -102,7 +102,7 @@ def test_stepping_reproduces_teacher_forcing(artifact_fp32, tiny_model):
 
 def test_reference_evaluator_agrees_with_onnxruntime(artifact_fp32, tiny_model):
     """A third implementation: onnx.reference runs the same graphs and agrees with ONNX Runtime."""
-    from transduce.exporter.validate import ArtifactRunner
+    from transduce.verify.validate import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(5)

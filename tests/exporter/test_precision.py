@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.dtypes import PRECISION_DTYPES
 
 ISLANDS = ("LayerNormalization", "Softmax", "LogSoftmax")
 ELEM = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -46,7 +47,7 @@ def test_contract_dtypes(reduced):
             else:
                 assert elem == ELEM[precision], v.name
     spec = {s["name"]: s["dtype"] for s in art.manifest["graphs"][contract.STEP_FILE]["outputs"]}
-    assert spec["log_probs"] == "float32" and spec["new_key_0"] == contract.FLOAT_DTYPE[precision]
+    assert spec["log_probs"] == "float32" and spec["new_key_0"] == PRECISION_DTYPES[precision]
 
 
 def test_fp32_islands_are_kept(reduced):
@@ -75,7 +76,7 @@ def test_broken_island_is_detected():
     import onnx
     from onnx import helper, numpy_helper
 
-    from transduce.exporter.validate import precision_problems
+    from transduce.verify.validate import precision_problems
 
     w = numpy_helper.from_array(np.ones(4, np.float16), "w")
     g = helper.make_graph([helper.make_node("LayerNormalization", ["x", "w"], ["y"], axis=-1, name="ln")], "g",
@@ -90,7 +91,8 @@ def test_broken_island_is_detected():
 def test_fp16_runs_on_onnxruntime_cpu(artifact_fp16, one_layer_model):
     import torch
 
-    from transduce.exporter.validate import TOLERANCES, ArtifactRunner
+    from transduce.verify.tolerances import POLICIES
+    from transduce.verify.validate import ArtifactRunner
 
     runner = ArtifactRunner(artifact_fp16.path)
     assert runner.engine == "onnxruntime" and artifact_fp16.manifest["validation"]["engine"].startswith("onnxruntime")
@@ -102,7 +104,7 @@ def test_fp16_runs_on_onnxruntime_cpu(artifact_fp16, one_layer_model):
     assert enc["memory"].dtype == np.float16
     with torch.inference_mode():
         memory, ck, cv = model.encode(torch.from_numpy(src), torch.from_numpy(lengths))
-    atol, rtol = TOLERANCES["fp16"]["memory"]
+    atol, rtol = POLICIES["fp16"].outputs["memory"]
     np.testing.assert_allclose(enc["memory"].astype(np.float32), memory.numpy(), atol=atol, rtol=rtol)
     cross = [t.numpy() for kv in zip(ck, cv) for t in kv]
     past = [np.zeros((2, cfg.n_heads, 4, cfg.head_dim), np.float32) for _ in cross]
@@ -112,14 +114,14 @@ def test_fp16_runs_on_onnxruntime_cpu(artifact_fp16, one_layer_model):
         lp, _, _ = model.decode_step(torch.tensor([cfg.bos_id] * 2), torch.zeros(2, dtype=torch.long),
                                           torch.from_numpy(lengths), [torch.from_numpy(a) for a in past[0::2]],
                                           [torch.from_numpy(a) for a in past[1::2]], ck, cv)
-    atol, rtol = TOLERANCES["fp16"]["log_probs"]
+    atol, rtol = POLICIES["fp16"].outputs["log_probs"]
     np.testing.assert_allclose(out["log_probs"], lp.numpy(), atol=atol, rtol=rtol)
 
 
 def test_bf16_engine_is_recorded(artifact_bf16):
     """ONNX Runtime's CPU provider has no bf16 arithmetic kernels: validation ran on onnx's
     ReferenceEvaluator, and the manifest says why. (If a later ONNX Runtime runs bf16, it is used.)"""
-    from transduce.exporter.validate import ort_unavailable_reason
+    from transduce.verify.validate import ort_unavailable_reason
 
     val = artifact_bf16.manifest["validation"]
     reason = ort_unavailable_reason(os.path.join(artifact_bf16.path, contract.ENCODER_FILE))
@@ -132,15 +134,15 @@ def test_bf16_engine_is_recorded(artifact_bf16):
 
 def test_reduced_precision_errors_are_recorded(reduced):
     """Errors are recorded per output, within the precision's tolerances and above fp32 noise."""
-    from transduce.exporter.validate import TOLERANCES, output_kind
+    from transduce.verify.tolerances import POLICIES, output_kind
 
     precision, art = reduced
     rows = {r["output"]: r for r in art.manifest["validation"]["errors"]}
     n = art.manifest["model"]["decoder_layers"]
     assert set(rows) == {s.name for s in contract.encoder_outputs(n) + contract.step_outputs(n)}
     for name, r in rows.items():
-        atol, rtol = TOLERANCES[precision][output_kind(name)]
+        atol, rtol = POLICIES[precision].outputs[output_kind(name)]
         assert r["passed"] and (r["atol"], r["rtol"]) == (atol, rtol)
         assert r["max_abs"] > 1e-5, name  # the rounding shows: the graph really computes in low precision
-    assert art.manifest["validation"]["tolerances"]["log_probs"] == {"atol": TOLERANCES[precision]["log_probs"][0],
-                                                                      "rtol": TOLERANCES[precision]["log_probs"][1]}
+    assert art.manifest["validation"]["tolerances"]["log_probs"] == {"atol": POLICIES[precision].outputs["log_probs"][0],
+                                                                      "rtol": POLICIES[precision].outputs["log_probs"][1]}

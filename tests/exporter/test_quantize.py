@@ -3,16 +3,21 @@ Runtime step graph, its per-tensor validation, and the places that must refuse a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from transduce.build.builder import build_engines
 from transduce.errors import BackendUnavailable, EngineError, ExportError
-from transduce.exporter import quantize, validate
+from transduce.exporter import quantize
 from transduce.exporter.onnx_export import export_artifact
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import quantization
+from transduce.verify import validate
+from transduce.verify.tolerances import POLICIES
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +30,7 @@ def artifact_int8(tmp_path_factory, tiny_model_dir):
 def test_int8_export_quantizes_the_onnx_runtime_graphs_only(artifact_int8, artifact_fp32):
     path, m = artifact_int8
     q = m["quantization"]
-    assert contract.quantization(m) == "int8" and contract.quantization(artifact_fp32.manifest) is None
+    assert quantization(m) == "int8" and quantization(artifact_fp32.manifest) is None
     assert q["graphs"] == [contract.ENCODER_FILE, contract.ORT_STEP_FILE] and q["unquantized"] == [contract.STEP_FILE]
     import onnx
 
@@ -68,7 +73,7 @@ def test_int8_artifact_steps_close_to_eager(artifact_int8, tiny_model):
     got = teacher_forced_log_probs(be, src, lens, prefix)
     want = teacher_forced_log_probs(TorchBackend(tiny_model), src, lens, prefix)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    assert 1e-5 < rel < validate.RELATIVE_RMS["int8"]["log_probs"]
+    assert 1e-5 < rel < POLICIES["int8"].relative_rms["log_probs"]
     opts = DecodingOptions(beam_size=2, min_length=3, max_len_b=8)
     assert all(len(r.best.tokens) >= 2 for r in decode(be, src, lens, opts))
 
@@ -109,7 +114,8 @@ def test_quantize_refuses_an_encoder_torch_onnx_writes_external_data_for(artifac
 
 
 def test_int8_validation_fails_a_wrong_tensor_and_leaves_nothing(tiny_model_dir, tmp_path, copied_graphs, monkeypatch):
-    monkeypatch.setitem(validate.RELATIVE_RMS, "int8", {k: 1e-6 for k in validate.RELATIVE_RMS["int8"]})
+    monkeypatch.setitem(POLICIES, "int8", dataclasses.replace(
+        POLICIES["int8"], relative_rms={k: 1e-6 for k in POLICIES["int8"].relative_rms}))
     with pytest.raises(ExportError, match="relative RMS error"):
         export_artifact(tiny_model_dir, tmp_path / "bad", quantize="int8")
     assert not os.path.exists(tmp_path / "bad")
@@ -123,7 +129,7 @@ def test_relative_rms_criterion_separates_noise_from_a_wrong_tensor():
     assert not table.failures()
     table.add("encoder", "wrong", {"memory": rng.permutation(ref.ravel()).reshape(ref.shape)}, {"memory": ref})
     (row,) = table.failures()
-    assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == validate.RELATIVE_RMS["int8"]["memory"]
+    assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == POLICIES["int8"].relative_rms["memory"]
     assert row["worst_case"] == "wrong" and "atol" not in row
 
 
@@ -145,13 +151,12 @@ def test_log_probs_are_judged_without_their_offset():
     assert not table.failures()
     table.add("decoder_step.ort", "unrelated", {"log_probs": other}, {"log_probs": ref})
     (row,) = table.failures()
-    assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == validate.RELATIVE_RMS["int8"]["log_probs"]
+    assert row["rel_rms"] > 1.0 and row["rel_rms_limit"] == POLICIES["int8"].relative_rms["log_probs"]
 
 
 def test_gpu_paths_refuse_an_int8_artifact(artifact_int8, tmp_path, monkeypatch):
     import onnxruntime
 
-    from transduce.exporter import engine as eng
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 
     monkeypatch.setattr(onnxruntime, "get_available_providers",
@@ -160,12 +165,12 @@ def test_gpu_paths_refuse_an_int8_artifact(artifact_int8, tmp_path, monkeypatch)
         OnnxRuntimeBackend(artifact_int8[0], provider="cuda")
     assert "without --quantize" in e.value.hint
     with pytest.raises(EngineError, match="unquantized export"):
-        eng.build_engines(artifact_int8[0], tmp_path / "engine")
+        build_engines(artifact_int8[0], tmp_path / "engine")
     assert not (tmp_path / "engine").exists()
 
 
 def test_parity_holds_an_int8_artifact_to_the_int8_policy(artifact_int8):
-    from transduce.runtime.parity import parity_for_artifact
+    from transduce.verify.parity import parity_for_artifact
 
     report = parity_for_artifact(artifact_int8[0], sentences=12, beam=2)
     assert report.precision == "int8" and "(int8)" in report.candidate
@@ -176,7 +181,7 @@ def test_parity_holds_an_int8_artifact_to_the_int8_policy(artifact_int8):
 
 
 def test_an_int8_export_of_a_trained_model_passes_the_int8_policy(demo_model_dir, tmp_path):
-    from transduce.runtime.parity import parity_for_artifact
+    from transduce.verify.parity import parity_for_artifact
 
     export_artifact(demo_model_dir, tmp_path / "int8", quantize="int8")
     report = parity_for_artifact(str(tmp_path / "int8"), sentences=24, beam=4)

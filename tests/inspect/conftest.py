@@ -1,7 +1,7 @@
 """Fixtures for `transduce inspect`: an artifact directory and an engine directory made by hand.
 
 The artifact is two small ONNX graphs built with onnx.helper plus a manifest in the exporter's format
-(transduce/runtime/contract.py), so these tests do not depend on the exporter (one test also inspects a
+(transduce/formats/contract.py), so these tests do not depend on the exporter (one test also inspects a
 real export: tests/conftest.py's tiny_artifact_dir). The engine directory is a copy of that artifact with
 two dummy plans and an engine.json in the TensorRT builder's format, so no TensorRT is needed.
 """
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from transduce.runtime import contract
+from transduce.formats import contract
 
 VOCAB, D_MODEL = 50, 8
 # A name that says nothing, consumed by a node whose name holds the module path (as torch.onnx writes them).
@@ -21,7 +21,7 @@ OPAQUE_WEIGHT = "onnx::MatMul_7"
 
 
 def _file_entries(directory: str, names: list[str]) -> dict:
-    from transduce.runtime.contract import sha256_file
+    from transduce.formats.files import sha256_file
 
     return {n: {"sha256": sha256_file(os.path.join(directory, n)), "bytes": os.path.getsize(os.path.join(directory, n))}
             for n in names}
@@ -86,8 +86,9 @@ def artifact_dir(tmp_path):
     """An artifact directory: encoder.onnx, decoder_step.onnx and a manifest the runtime accepts."""
     import onnx
 
+    from transduce.formats.contract import CONTRACT_VERSION
+    from transduce.formats.kinds import ARTIFACT_KIND
     from transduce.models.config import ModelConfig
-    from transduce.runtime.contract import ARTIFACT_KIND, CONTRACT_VERSION
 
     path = tmp_path / "artifact"
     path.mkdir()
@@ -115,7 +116,7 @@ def artifact_dir(tmp_path):
 
 @pytest.fixture
 def engine_dir(artifact_dir, tmp_path):
-    """An engine directory as `transduce build` writes one (transduce/exporter/engine.py), by hand: a copy of
+    """An engine directory as `transduce build` writes one (transduce/build/builder.py), by hand: a copy of
     the artifact, two dummy plans, and an engine.json with the builder's fields (TensorRT is not needed)."""
     import shutil
 

@@ -353,7 +353,7 @@ def test_classify_parameter(name, expected):
 @pytest.mark.slow
 def test_artifact_from_the_exporter(tiny_artifact_dir, tiny_model):
     """On a real export: the contract's IO with symbolic dims, op histograms, parameters found by scope."""
-    from transduce.runtime import contract
+    from transduce.formats import contract
 
     cfg = tiny_model.cfg
     report = inspect_path(tiny_artifact_dir, verify=True)

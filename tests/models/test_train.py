@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from transduce.errors import DataError
-from transduce.models.data import Example, make_batches, read_parallel
-from transduce.models.train import TrainConfig, label_smoothed_loss, learning_rate, train
+from transduce.formats.parallel import read_parallel
+from transduce.training.data import Example, make_batches
+from transduce.training.train import TrainConfig, label_smoothed_loss, learning_rate, train
 
 
 def test_learning_rate_schedule():
@@ -207,7 +208,7 @@ def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, 
     """A resume into a directory whose parent cannot be written stops before training (its checkpoints go
     beside it: a link's target); held-out pairs that all exceed max_positions are an error, not a
     validation loss of 0; a loss or gradients that turn NaN stop the run and keep the last checkpoint."""
-    import transduce._io as io
+    import transduce.formats.paths as io
     from transduce.errors import TrainingDiverged
 
     train_pairs, valid_pairs = small_corpus
@@ -245,7 +246,7 @@ def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, 
             calls.append(1)
             return (broken(loss), nll) if len(calls) == 3 else (loss, nll)
 
-        monkeypatch.setattr("transduce.models.train.label_smoothed_loss", diverging)
+        monkeypatch.setattr("transduce.training.train.label_smoothed_loss", diverging)
         with pytest.raises(TrainingDiverged, match=f"{says}: training diverged; the checkpoint of step {5 + 2 * n} .* is kept"):
             train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(9, 1), resume=True, **QUIET)
         state = json.loads((out / "training" / "state.json").read_text())
@@ -271,10 +272,10 @@ def test_training_options_are_checked():
 
 
 def test_model_overrides_are_typed(small_corpus):
-    from transduce.cli import _parse_overrides
     from transduce.errors import ConfigError
     from transduce.models.config import preset
-    from transduce.models.train import prepare
+    from transduce.training.commands import _parse_overrides
+    from transduce.training.train import prepare
 
     assert _parse_overrides(("norm_first=False", "d_model=64", "dropout=0.2")) == {
         "norm_first": False, "d_model": 64, "dropout": 0.2}
@@ -366,7 +367,7 @@ def test_ctrl_c_saves_the_last_whole_step(tmp_path, small_corpus):
 
 def test_training_device_is_checked():
     from transduce.errors import ConfigError
-    from transduce.models.train import training_device
+    from transduce.training.train import training_device
 
     assert training_device("cpu") == torch.device("cpu")
     for bad, match in (("bogus", "--device 'bogus': training runs on cpu or cuda"), ("meta", "runs on cpu or cuda")):
@@ -469,7 +470,7 @@ def test_held_out_pairs_that_are_also_training_pairs_are_reported(tmp_path, monk
     data: the validation metrics would over-state the model, so the overlap is counted in a warning."""
     import warnings
 
-    from transduce.models import train as train_module
+    from transduce.training import train as train_module
 
     seen = {}
     monkeypatch.setattr(train_module, "train", lambda pairs, valid_pairs, *a, **k: seen.update(pairs=pairs, valid=valid_pairs))

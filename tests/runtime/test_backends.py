@@ -13,6 +13,9 @@ import torch
 from artifact_edits import perturb_one_weight
 
 from transduce.errors import ArtifactError
+from transduce.formats.artifact import read_manifest
+from transduce.formats.files import file_entry, listed_file_problem
+from transduce.formats.kinds import ENGINE_MANIFEST_FILE
 from transduce.runtime.api import load, make_backend
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
@@ -151,8 +154,8 @@ def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_p
 
 def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_model_dir, tmp_path):
     from transduce.models.corpus import demo_corpus
-    from transduce.runtime.parity import run_parity
     from transduce.tokenizer import Tokenizer
+    from transduce.verify.parity import run_parity
 
     _, valid = demo_corpus(n_train=0, n_valid=24, seed=3)
     sources, targets = [s for s, _ in valid], [t for _, t in valid]
@@ -173,7 +176,7 @@ def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_mo
 
 
 def test_parity_says_when_it_cuts_long_sources(tiny_artifact_dir, tiny_model_dir, tiny_tokenizer):
-    from transduce.runtime.parity import run_parity
+    from transduce.verify.parity import run_parity
 
     ref = TorchBackend.from_model_dir(tiny_model_dir)
     long = " ".join(["nine hundred and ninety"] * 40)  # past the tiny model's 63 source tokens
@@ -186,7 +189,8 @@ def test_parity_says_when_it_cuts_long_sources(tiny_artifact_dir, tiny_model_dir
 def test_a_nan_score_fails_the_sequence_check():
     """Identical tokens with a NaN score (a broken candidate) must not pass as a score difference of 0."""
     from transduce.runtime.decoding import DecodeResult, Hypothesis
-    from transduce.runtime.parity import POLICIES, _compare_sequences
+    from transduce.verify.parity import _compare_sequences
+    from transduce.verify.tolerances import POLICIES
 
     def result(score):
         return DecodeResult((Hypothesis((5, 6), score, score, (score / 2, score / 2), True),))
@@ -200,8 +204,8 @@ def test_a_nan_score_fails_the_sequence_check():
 def test_eager_parity_is_held_to_fp32_whatever_the_artifact(tiny_artifact_dir, tiny_model_dir, tmp_path, monkeypatch):
     """--backend torch checks the fp32 source model (on another device): an fp16 artifact's looser
     tolerances must not apply to it."""
-    import transduce._devices as devices
-    import transduce.runtime.parity as parity
+    import transduce.runtime.devices as devices
+    import transduce.verify.parity as parity
 
     art = tmp_path / "art"
     shutil.copytree(tiny_artifact_dir, art)
@@ -239,7 +243,8 @@ def test_a_graph_with_a_fixed_size_where_the_contract_has_an_axis_is_refused(tin
     ONNX Runtime: refused on load instead, naming the input."""
     import onnx
 
-    from transduce.runtime.contract import ENCODER_FILE, file_entry
+    from transduce.formats.contract import ENCODER_FILE
+    from transduce.formats.files import file_entry
 
     art = _copy(tiny_artifact_dir, tmp_path / "fixed")
     path = os.path.join(art, ENCODER_FILE)
@@ -256,11 +261,11 @@ def test_a_graph_with_a_fixed_size_where_the_contract_has_an_axis_is_refused(tin
 
 
 def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkeypatch):
-    from transduce.runtime import contract
+    from transduce.formats import files
 
     (tmp_path / "a.bin").write_bytes(b"abc")
-    good = contract.file_entry(tmp_path / "a.bin")
-    problem = contract.listed_file_problem
+    good = file_entry(tmp_path / "a.bin")
+    problem = listed_file_problem
     assert problem(str(tmp_path), "a.bin", good) is None
     for name in ("/etc/hostname", "../a.bin", "x/../../a.bin", "", 5):
         assert "not a file name inside" in problem(str(tmp_path), name, good)
@@ -270,7 +275,7 @@ def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkey
     def denied(path, chunk=0):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(contract, "sha256_file", denied)
+    monkeypatch.setattr(files, "sha256_file", denied)
     assert "a.bin cannot be read (Permission denied)" in problem(str(tmp_path), "a.bin", good)
     assert problem(str(tmp_path), "a.bin", good, verify_hash=False) is None
 
@@ -278,7 +283,6 @@ def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkey
 def test_a_hand_edited_model_config_or_version_is_refused(tiny_artifact_dir, edited_copy):
     """The manifest's model config is checked whole when it is read: n_heads 0, a missing eos_id or one
     past the vocabulary failed later as a ZeroDivisionError, KeyError or IndexError."""
-    from transduce.runtime import contract
 
     for n, (edit, says) in enumerate(((lambda m: m["model"].update(n_heads=0), "n_heads must be >= 1"),
                                       (lambda m: m["model"].pop("eos_id"), "its model config lacks eos_id"),
@@ -286,13 +290,13 @@ def test_a_hand_edited_model_config_or_version_is_refused(tiny_artifact_dir, edi
                                       (lambda m: m.update(contract_version=2.0), "contract version 2.0"))):
         art = edited_copy(tiny_artifact_dir, f"a{n}", "manifest.json", edit)
         with pytest.raises(ArtifactError, match=says):
-            contract.read_manifest(art, verify_hashes=False)
+            read_manifest(art, verify_hashes=False)
 
 
 def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_model_dir, edited_copy):
     """The hint of a refused artifact is the export that makes it again as it was made (its model, precision,
     quantization, no fused step graph); an engine directory, which export refuses, gets the export and the build."""
-    from transduce.runtime import contract
+    from transduce.formats import contract
 
     def old(**changes):
         return lambda m: m.update(contract_version=1, **changes)
@@ -305,7 +309,7 @@ def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_mo
     for n, (edit, options) in enumerate(cases):
         art = edited_copy(tiny_artifact_dir, f"v{n}", "manifest.json", edit)
         with pytest.raises(ArtifactError, match="contract version 1") as e:
-            contract.read_manifest(art, verify_hashes=False)
+            read_manifest(art, verify_hashes=False)
         assert e.value.hint == f"rebuild the artifact with: transduce export {tiny_model_dir} {art} --force{options}"
 
     def no_ort_step(m):  # as `--no-ort-step` records it; a manifest without the record gets no option (above)
@@ -314,11 +318,11 @@ def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_mo
 
     art = edited_copy(tiny_artifact_dir, "noort", "manifest.json", no_ort_step)
     with pytest.raises(ArtifactError) as e:
-        contract.read_manifest(art, verify_hashes=False)
+        read_manifest(art, verify_hashes=False)
     assert e.value.hint == f"rebuild the artifact with: transduce export MODEL_DIR {art} --force --no-ort-step"
-    (art / contract.ENGINE_MANIFEST_FILE).write_text("{}")  # an engine directory holds its artifact's manifest
+    (art / ENGINE_MANIFEST_FILE).write_text("{}")  # an engine directory holds its artifact's manifest
     with pytest.raises(ArtifactError) as e:
-        contract.read_manifest(art, verify_hashes=False)
+        read_manifest(art, verify_hashes=False)
     assert e.value.hint == (f"{art} is an engine directory: export the model again, then build its engines again: "
                             f"transduce export MODEL_DIR ARTIFACT_DIR --force --no-ort-step && "
                             f"transduce build ARTIFACT_DIR --out {art} --force")
@@ -326,8 +330,7 @@ def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_mo
 
 def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):
     """decode reads tokenizer.json: an unlisted one would be used unchecked (another model's, say)."""
-    from transduce.runtime import contract
 
     art = edited_copy(tiny_artifact_dir, "a", "manifest.json", lambda m: m["files"].pop("tokenizer.json"))
     with pytest.raises(ArtifactError, match="does not list encoder.onnx, decoder_step.onnx and tokenizer.json"):
-        contract.read_manifest(art)
+        read_manifest(art)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from transduce.cli import main
 from transduce.errors import CheckpointError
+from transduce.formats.artifact import read_manifest
 
 
 def test_decode_stdin_to_stdout(tiny_artifact_dir):
@@ -50,7 +51,7 @@ def test_decode_errors_are_one_line(tiny_artifact_dir, tmp_path):
 
 
 def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, small_corpus, tmp_path):
-    from transduce.models.data import write_tsv
+    from transduce.formats.parallel import write_tsv
 
     _, valid = small_corpus
     data = tmp_path / "valid.tsv"
@@ -75,7 +76,7 @@ def test_parity_of_eager_pytorch_on_the_gpu_against_the_cpu(tiny_artifact_dir, t
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU available to PyTorch")
-    from transduce.models.data import write_tsv
+    from transduce.formats.parallel import write_tsv
 
     _, valid = small_corpus
     data = tmp_path / "valid.tsv"
@@ -225,14 +226,13 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
     cfg["model"]["n_heads"] *= 2
     del cfg["model"]["layer_norm_eps"], cfg["model"]["share_embeddings"]
     (model / "config.json").write_text(json.dumps(cfg))
-    from transduce.runtime import contract
     from transduce.runtime.api import source_model_dir
 
-    assert source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model)) == str(model)
+    assert source_model_dir(tiny_artifact_dir, read_manifest(tiny_artifact_dir), str(model)) == str(model)
     del cfg["files"]["model.safetensors"]  # the same weights, unrecorded: said so, not "other weights"
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="does not record model.safetensors"):
-        source_model_dir(tiny_artifact_dir, contract.read_manifest(tiny_artifact_dir), str(model))
+        source_model_dir(tiny_artifact_dir, read_manifest(tiny_artifact_dir), str(model))
 
 
 def test_decode_checks_its_options_before_reading_input_or_loading(tmp_path):

@@ -19,7 +19,7 @@ from transduce.runtime.decoding import DecodingOptions, decode
 
 def test_runtime_import_loads_no_framework():
     code = (
-        "import sys, transduce.runtime, transduce.runtime.contract, transduce.runtime.decoding;"
+        "import sys, transduce.runtime, transduce.formats.contract, transduce.runtime.decoding;"
         "bad=[m for m in ('torch','onnxruntime','tensorrt','onnx') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

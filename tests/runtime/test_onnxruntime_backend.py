@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import read_manifest
+from transduce.formats.kinds import MANIFEST_FILE
 from transduce.runtime.api import make_backend
 from transduce.runtime.backends import onnxruntime_backend as orb
 from transduce.runtime.backends.base import banned_ids, numpy_topk
@@ -265,7 +267,7 @@ def test_fused_graph_at_every_model_size_and_none_for_old_artifacts(tiny_artifac
     import os
     import shutil
 
-    from transduce.runtime import contract
+    from transduce.formats import contract
 
     monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if the tiny model were large
     big = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
@@ -274,9 +276,9 @@ def test_fused_graph_at_every_model_size_and_none_for_old_artifacts(tiny_artifac
     old = tmp_path / "old"
     shutil.copytree(tiny_artifact_dir, old)
     os.remove(old / contract.ORT_STEP_FILE)
-    manifest = json.loads((old / contract.MANIFEST_FILE).read_text())
+    manifest = json.loads((old / MANIFEST_FILE).read_text())
     del manifest["files"][contract.ORT_STEP_FILE]
-    (old / contract.MANIFEST_FILE).write_text(json.dumps(manifest))
+    (old / MANIFEST_FILE).write_text(json.dumps(manifest))
     be = make_backend(str(old), "onnxruntime")
     assert not be.fused
     src, lens = _src(be.config, 2, seed=1)
@@ -579,7 +581,7 @@ def test_gpu_provider_options_name_the_backends_gpu_and_stream(tiny_artifact_dir
     import types
 
     be = object.__new__(orb.OnnxRuntimeBackend)
-    be.manifest = contract.read_manifest(tiny_artifact_dir)
+    be.manifest = read_manifest(tiny_artifact_dir)
     be.config, be.precision, be.device_index = be.manifest["model"], "fp32", 1
     be._mem = types.SimpleNamespace(stream=types.SimpleNamespace(cuda_stream=1234))
     assert be._provider_options("cpu", {"x": 1}) == ({"x": 1}, {"x": 1})

@@ -16,16 +16,15 @@ from transduce.cli import main
 from transduce.errors import ArtifactError, InputError
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodeResult, DecodingOptions, Hypothesis, decode
-from transduce.runtime.parity import (
-    POLICIES,
+from transduce.verify.parity import (
     ParityReport,
-    Tolerance,
     _compare_sequences,
     _margin,
     error_stats,
     parity_for_artifact,
     run_parity,
 )
+from transduce.verify.tolerances import POLICIES, Tolerance
 
 TOL = Tolerance(1e-4, 0.0)
 

@@ -25,8 +25,11 @@ import numpy as np
 import pytest
 import tensorrt_fake as fake
 
+from transduce.build.builder import build_engines
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
-from transduce.exporter import engine as eng
+from transduce.formats.engine import RuntimeInfo
+from transduce.formats.kinds import ENCODER_PLAN
+from transduce.runtime.backends.tensorrt_support import import_tensorrt
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode
 
@@ -34,8 +37,8 @@ from transduce.runtime.decoding import DecodingOptions, decode
 def test_backend_module_imports_no_framework():
     import subprocess
 
-    code = ("import sys, transduce.runtime.backends.tensorrt_backend, transduce.exporter.engine, "
-            "transduce.exporter.build_commands;"
+    code = ("import sys, transduce.runtime.backends.tensorrt_backend, transduce.build.builder, "
+            "transduce.build.commands;"
             "bad=[m for m in ('torch','onnxruntime','tensorrt','onnx') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -63,7 +66,7 @@ def artifact(tmp_path_factory, tiny_model_dir):
 
 def _engines(tmp_path_factory, artifact, **limits):
     out = str(tmp_path_factory.mktemp("engines") / "e")
-    eng.build_engines(artifact, out, _trt=fake, _gpu=dict(fake.FAKE_GPU), **limits)
+    build_engines(artifact, out, _trt=fake, _gpu=dict(fake.FAKE_GPU), **limits)
     return out
 
 
@@ -337,8 +340,8 @@ def test_engine_refusals_reach_the_backend(tmp_path_factory, artifact):
     from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
     with pytest.raises(ArtifactError, match="TensorRT 10.0.0"):
-        TensorRTBackend(d, device="cpu", _trt=fake, _runtime=eng.RuntimeInfo("10.0.0", "NVIDIA Fake H100", "9.0"))
-    with open(os.path.join(d, eng.ENCODER_PLAN), "ab") as f:
+        TensorRTBackend(d, device="cpu", _trt=fake, _runtime=RuntimeInfo("10.0.0", "NVIDIA Fake H100", "9.0"))
+    with open(os.path.join(d, ENCODER_PLAN), "ab") as f:
         f.write(b" ")
     with pytest.raises(ArtifactError, match="encoder.plan has .* bytes"):
         _backend(d)
@@ -391,7 +394,7 @@ def _gpu_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA GPU available to PyTorch"
     try:
-        eng.import_tensorrt()
+        import_tensorrt()
     except BackendUnavailable as e:
         return str(e).splitlines()[0]
     return None
@@ -414,7 +417,7 @@ def gpu(tmp_path_factory, request):
         art = str(root / f"artifact-{precision}")
         export_artifact(demo_model_dir, art, precision=precision)
         engines[precision] = str(root / f"engines-{precision}")
-        eng.build_engines(art, engines[precision], max_batch=16, beam=4, timing_cache=str(root / "timing.cache"),
+        build_engines(art, engines[precision], max_batch=16, beam=4, timing_cache=str(root / "timing.cache"),
                           progress=False)
     model, tokenizer, _ = load_model_dir(demo_model_dir)
     _, valid = demo_corpus(n_train=0, n_valid=48)
@@ -445,7 +448,7 @@ def test_gpu_fp32_greedy_and_beam_equal_torch(gpu, cuda_graph):
 @pytest.mark.gpu
 def test_gpu_fp16_matches_torch_within_the_parity_policy(gpu):
     from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
-    from transduce.runtime.parity import run_parity
+    from transduce.verify.parity import run_parity
 
     report = run_parity(TorchBackend(gpu["model"], device="cuda"), TensorRTBackend(gpu["engines"]["fp16"]),
                         gpu["tokenizer"], gpu["sources"], precision="fp16", beam_size=4)
@@ -459,7 +462,7 @@ def test_gpu_engine_refused_on_other_runtime(gpu):
     from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
     with pytest.raises(ArtifactError, match="rebuild the engines with: transduce build"):
-        TensorRTBackend(gpu["engines"]["fp32"], _runtime=eng.RuntimeInfo("0.0.0", "NVIDIA Nothing", "1.0"))
+        TensorRTBackend(gpu["engines"]["fp32"], _runtime=RuntimeInfo("0.0.0", "NVIDIA Nothing", "1.0"))
 
 
 def test_capture_keeps_the_allocator_cache_and_ends_a_failed_capture():

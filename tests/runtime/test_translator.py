@@ -7,6 +7,7 @@ import warnings
 import pytest
 
 from transduce.errors import InputError, TruncatedInput
+from transduce.formats.files import file_entry
 from transduce.runtime.translator import Translator
 
 
@@ -122,14 +123,13 @@ def test_another_models_tokenizer_is_refused(tmp_path, tiny_artifact_dir):
 
     from transduce.bench.models import synthetic_tokenizer
     from transduce.errors import ArtifactError
-    from transduce.runtime import contract
     from transduce.runtime.api import load
 
     art = tmp_path / "a"
     shutil.copytree(tiny_artifact_dir, art)
     synthetic_tokenizer(300).save(art / "tokenizer.json")
     manifest = json.loads((art / "manifest.json").read_text())
-    manifest["files"]["tokenizer.json"] = contract.file_entry(art / "tokenizer.json")
+    manifest["files"]["tokenizer.json"] = file_entry(art / "tokenizer.json")
     (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="has 300 tokens, the model .*: it is not the tokenizer"):
         load(art)

@@ -92,7 +92,10 @@ def build_spec(model_dir: str):
     from ctranslate2.specs import common_spec, transformer_spec
     from safetensors.numpy import load_file
 
-    from transduce.models.checkpoint import WEIGHTS_FILE, _verify, load_tokenizer, read_config
+    from transduce.formats.kinds import WEIGHTS_FILE
+    from transduce.formats.model_dir import read_config
+    from transduce.formats.model_dir import verified_file as _verify
+    from transduce.models.checkpoint import load_tokenizer
     from transduce.models.config import ModelConfig
 
     cfg_json = read_config(model_dir)
@@ -188,7 +191,7 @@ def _converter_class():
 
 def _converted_files(ct2_dir: str) -> dict[str, dict[str, Any]]:
     """Size and sha256 of every file CTranslate2 wrote (model.bin, the vocabulary, config.json)."""
-    from transduce.runtime.contract import file_entry
+    from transduce.formats.files import file_entry
 
     return {name: file_entry(os.path.join(ct2_dir, name)) for name in sorted(os.listdir(ct2_dir))
             if name != SOURCE_FILE and os.path.isfile(os.path.join(ct2_dir, name))}
@@ -201,7 +204,7 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
     made CTranslate2 fail at load on every later run)."""
     import ctranslate2 as ct2
 
-    from transduce.models.checkpoint import weights_sha256
+    from transduce.formats.model_dir import weights_sha256
 
     path = os.path.join(ct2_dir, SOURCE_FILE)
     if not os.path.isfile(path) or not os.path.isfile(os.path.join(ct2_dir, "model.bin")):
@@ -218,8 +221,8 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
 
 def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
     """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically. Reused if current."""
-    from transduce._io import atomic_directory
-    from transduce.models.checkpoint import weights_sha256
+    from transduce.formats.atomic import atomic_directory
+    from transduce.formats.model_dir import weights_sha256
 
     model_dir, out_dir = os.fspath(model_dir), os.fspath(out_dir)
     if not force and is_current(out_dir, model_dir):

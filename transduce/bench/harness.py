@@ -550,7 +550,7 @@ def held_out_pairs(prepared, n: int) -> list[tuple[str, str]]:
     """The demo task's first n held-out (source, reference) sentence pairs."""
     valid_tsv = os.path.join(os.path.dirname(prepared.model_dir), "data", "valid.tsv")
     if os.path.isfile(valid_tsv):
-        from transduce.models.data import read_parallel
+        from transduce.formats.parallel import read_parallel
 
         return read_parallel(valid_tsv)[:n]
     from transduce.models.corpus import demo_corpus
@@ -717,8 +717,8 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
 def check_paths_and_lengths(cfg: BenchConfig) -> str:
     """Before any work: the output and cache directories can be written and do not overlap wrongly, a
     given --model-dir is a model, and --src-len and --steps fit every size's model. -> the cache dir."""
-    from transduce._io import make_writable_dir
     from transduce.bench import models
+    from transduce.formats.paths import make_writable_dir
 
     cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
     real_out, real_cache = os.path.realpath(cfg.out_dir), os.path.realpath(cache)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transduce.errors import TransduceError
+from transduce.formats.artifact import quantization, read_manifest
 
 DEMO_MODEL_DIR = os.path.join("runs", "demo", "model")
 BASE_VOCAB = 8000
@@ -73,7 +74,7 @@ def _random_model_dir(path: str, preset: str, tokenizer, seed: int = 0, **overri
 def _unusable(model_dir: str) -> str | None:
     """Why model_dir is not a complete model directory (None: it is): config, weights and tokenizer
     with their recorded sizes and hashes."""
-    from transduce.models.checkpoint import verify_model_dir
+    from transduce.formats.model_dir import verify_model_dir
 
     try:
         verify_model_dir(model_dir)
@@ -84,7 +85,7 @@ def _unusable(model_dir: str) -> str | None:
 
 def check_model_dir(model_dir: str) -> dict[str, Any]:
     """A --model-dir given to the bench: a complete model directory (not an export of one) -> its config."""
-    from transduce.models.checkpoint import verify_model_dir
+    from transduce.formats.model_dir import verify_model_dir
 
     try:
         return verify_model_dir(model_dir)
@@ -157,7 +158,7 @@ def demo_model_dir(model_dir: str | None) -> str | None:
 
 def max_positions(size: str, model_dir: str | None = None) -> int:
     """The longest source or target the size's model takes, known before anything is prepared."""
-    from transduce.models.checkpoint import model_config
+    from transduce.formats.model_dir import model_config
     from transduce.models.config import preset
 
     if size == "demo":
@@ -169,20 +170,19 @@ def max_positions(size: str, model_dir: str | None = None) -> int:
 
 def check_artifact(artifact_dir: str, model_dir: str) -> None:
     """An --artifact-dir given to the bench: an fp32, unquantized ONNX export of model_dir's weights."""
-    from transduce.models.checkpoint import weights_sha256
-    from transduce.runtime import contract
+    from transduce.formats.model_dir import weights_sha256
 
     hint = "give the export of --model-dir (transduce export), or leave --artifact-dir out to export into the cache"
     try:
-        manifest = contract.read_manifest(artifact_dir)
+        manifest = read_manifest(artifact_dir)
     except TransduceError as e:
         raise TransduceError(f"--artifact-dir {artifact_dir}: {e.args[0]}", hint=hint) from None
     weights = weights_sha256(model_dir)
     if manifest.get("source_model", {}).get("weights_sha256") != weights:
         raise TransduceError(f"--artifact-dir {artifact_dir} is an export of other weights than {model_dir}'s", hint=hint)
-    if manifest.get("precision") != "fp32" or contract.quantization(manifest):
+    if manifest.get("precision") != "fp32" or quantization(manifest):
         raise TransduceError(f"--artifact-dir {artifact_dir} is a {manifest.get('precision')}"
-                             f"{' ' + contract.quantization(manifest) if contract.quantization(manifest) else ''} "
+                             f"{' ' + quantization(manifest) if quantization(manifest) else ''} "
                              "export; the bench times fp32 (--quantize adds quantized rows)", hint=hint)
 
 
@@ -207,7 +207,7 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: 
 def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: bool = True,
             artifact_dir: str | None = None, log=print, quantize: list[str] | tuple[str, ...] = ()) -> PreparedModel:
     """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size."""
-    from transduce.models.checkpoint import model_config
+    from transduce.formats.model_dir import model_config
 
     root = os.path.join(cache_dir, size)
     notes: list[str] = []

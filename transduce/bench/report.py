@@ -6,9 +6,9 @@ import json
 import os
 from typing import Any
 
-from transduce._io import write_json_atomic, write_png_atomic, write_text_atomic
 from transduce.bench.harness import GPU_SYSTEMS, ct2_setting, is_ct2, quantized_system
 from transduce.errors import TransduceError
+from transduce.formats.atomic import write_json_atomic, write_png_atomic, write_text_atomic
 
 
 def _ms(s: dict[str, float] | None, digits: int = 1) -> str:

@@ -7,7 +7,7 @@ import click
 from transduce.cli_errors import cli_errors
 from transduce.exporter.onnx_export import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET  # no framework imported
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
-from transduce.runtime.contract import PRECISIONS
+from transduce.formats.artifact import PRECISIONS
 
 
 @click.command("export")

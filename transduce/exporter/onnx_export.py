@@ -1,7 +1,7 @@
 """`transduce export`: a model directory -> a self-describing artifact directory.
 
   OUT_DIR/
-    encoder.onnx        Transformer.encode, exactly per transduce/runtime/contract.py
+    encoder.onnx        Transformer.encode, exactly per transduce/formats/contract.py
     decoder_step.onnx   Transformer.decode_step: one graph for every step, past length 0 included
     decoder_step.ort.onnx  fp32 post-norm models: the same step with ONNX Runtime's fused contrib ops,
                         built from the weights (transduce/exporter/ort_step.py), validated like the others;
@@ -14,11 +14,11 @@
     manifest.json       kind, contract_version, precision, opset, tool versions, the model config, the
                         source model and its weights' sha256, the dynamic axes and their ranges, per
                         graph its IO and op histogram, the validation errors, export time, and
-                        files = {name: {sha256, bytes}} for every other file (contract.read_manifest
+                        files = {name: {sha256, bytes}} for every other file (read_manifest
                         checks them)
 
 `export_artifact` loads the model strictly (checkpoint.load_model_dir), traces both graphs, checks
-them (transduce/exporter/validate.py: ONNX checker, shape inference, the IO contract, TensorRT's
+them (transduce/verify/validate.py: ONNX checker, shape inference, the IO contract, TensorRT's
 operator list, the fp32 islands of fp16/bf16 graphs), validates them numerically against the eager
 fp32 model, and only then renames the finished directory into place (`atomic_directory`): a failure
 at any point leaves no artifact, and an existing OUT_DIR is replaced only with force=True.
@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime as _dt
 import hashlib
 import io
 import logging
@@ -77,9 +76,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from transduce._io import atomic_output, check_replaceable, write_json
 from transduce.errors import CheckpointError, ExportError, TransduceError
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import PRECISIONS, artifact_manifest, quantization, read_manifest, write_manifest
+from transduce.formats.atomic import atomic_output
+from transduce.formats.files import file_entries
+from transduce.formats.kinds import MANIFEST_FILE, is_artifact_dir
+from transduce.formats.paths import check_replaceable
 
 DEFAULT_OPSET = 18
 MIN_OPSET, MAX_OPSET = 17, 23
@@ -98,8 +101,8 @@ def _quiet(_: str) -> None:
 
 
 def check_options(precision: str, opset: int) -> None:
-    if precision not in contract.PRECISIONS:
-        raise ExportError(f"unknown precision {precision!r}", hint=f"choose one of {', '.join(contract.PRECISIONS)}")
+    if precision not in PRECISIONS:
+        raise ExportError(f"unknown precision {precision!r}", hint=f"choose one of {', '.join(PRECISIONS)}")
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise ExportError(
             f"opset {opset} is not supported: LayerNormalization needs >= {MIN_OPSET}, and ONNX Runtime 1.31 "
@@ -126,12 +129,12 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
     if real_out.startswith(real_model + os.sep):  # the next checkpoint of that model would delete it
         raise ExportError(f"the output directory {out_dir!r} is inside the model directory {model_dir!r}",
                           hint="choose an output directory outside it")
-    from transduce.exporter.engine import ENGINE_MANIFEST
+    from transduce.formats.engine import ENGINE_MANIFEST
 
     if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST)):  # an engine directory holds a manifest.json copy too
         raise ExportError(f"{out_dir!r} is an engine directory (transduce build); --force replaces only artifacts",
                           hint="choose another output directory")
-    return check_replaceable(out_dir, force, contract.is_artifact_dir, "an artifact directory", "artifacts", ExportError)
+    return check_replaceable(out_dir, force, is_artifact_dir, "an artifact directory", "artifacts", ExportError)
 
 
 def load_model(model_dir: str):
@@ -150,7 +153,7 @@ def read_copied_files(model_dir: str, cfg: dict[str, Any]) -> dict[str, bytes]:
     into the directory meanwhile would pair the old weights' graphs with a new config and tokenizer)."""
     import json
 
-    from transduce.models.checkpoint import CONFIG_FILE, TOKENIZER_FILE
+    from transduce.formats.model_dir import CONFIG_FILE, TOKENIZER_FILE
 
     out = {}
     try:
@@ -268,14 +271,10 @@ def tool_versions() -> dict[str, str]:
             "numpy": numpy.__version__, "python": platform.python_version()}
 
 
-def file_entries(directory: str) -> dict[str, dict[str, Any]]:
+def _listed_files(directory: str) -> dict[str, dict[str, Any]]:
     """{name: {sha256, bytes}} of every file in the directory but the manifest."""
-    entries = {}
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        if name != contract.MANIFEST_FILE and os.path.isfile(path):
-            entries[name] = contract.file_entry(path)
-    return entries
+    return file_entries(directory, [n for n in os.listdir(directory)
+                                    if n != MANIFEST_FILE and os.path.isfile(os.path.join(directory, n))])
 
 
 def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False,
@@ -291,8 +290,9 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     exists, unwritable, tracing failed, a check or the numeric validation failed); nothing is left
     at OUT_DIR then (an existing artifact is kept unless the new one is complete).
     """
-    from transduce.exporter import validate
-    from transduce.models.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+    from transduce.formats.kinds import WEIGHTS_FILE
+    from transduce.formats.model_dir import CONFIG_FILE
+    from transduce.verify import validate
 
     log = log or _quiet
     t_start = time.perf_counter()
@@ -322,8 +322,10 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
                                                      config, precision, opset),
         }
         if os.path.exists(os.path.join(tmp, contract.ORT_STEP_FILE)):
-            graph_info[contract.ORT_STEP_FILE] = validate.check_ort_step_graph(
-                os.path.join(tmp, contract.ORT_STEP_FILE), config)
+            from transduce.exporter.ort_step import REVISION
+
+            graph_info[contract.ORT_STEP_FILE] = {**validate.check_ort_step_graph(
+                os.path.join(tmp, contract.ORT_STEP_FILE), config), "revision": REVISION}
         check_s = time.perf_counter() - t0
         log("validating against eager PyTorch")
         t0 = time.perf_counter()
@@ -344,38 +346,20 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
         for name, data in copied.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
-        files = file_entries(tmp)
+        files = _listed_files(tmp)
         for name, info in graph_info.items():
             info["bytes"] = graph_bytes[name]  # `graphs` describes the graphs as exported, before any quantization
             info["external_data"] = sorted(f for f in files if f.startswith(name + ".") and f != name)
-        manifest = {
-            "kind": contract.ARTIFACT_KIND,
-            "contract_version": contract.CONTRACT_VERSION,
-            "precision": precision,
-            "opset": opset,
-            "ort_step_graph": bool(ort_step_graph),  # False: --no-ort-step, which a rebuild hint repeats
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "export_seconds": {"total": round(time.perf_counter() - t_start, 2), "trace": trace_s,
-                               "check": round(check_s, 2), "validate": validation["seconds"]},
-            "exporter": EXPORTER,
-            "tools": tool_versions(),
-            "model": config,
-            "model_config_file": CONFIG_FILE,
-            "tokenizer": TOKENIZER_FILE,
-            "source_model": {
-                "path": model_dir,
-                "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
-                "config_sha256": hashlib.sha256(copied[CONFIG_FILE]).hexdigest(),
-            },
-            "dynamic_axes": {k: list(v) for k, v in contract.dynamic_axis_ranges(config).items()},
-            "static_axes": contract.static_axis_sizes(config),
-            "graphs": graph_info,
-            "tensorrt_ops": {"source": _ops_source(), "unsupported": []},
-            "validation": validation,
-            **({"quantization": quantization} if quantization else {}),
-            "files": files,
-        }
-        write_json(os.path.join(tmp, contract.MANIFEST_FILE), manifest)
+        manifest = artifact_manifest(
+            precision=precision, opset=opset, ort_step_graph=ort_step_graph,
+            export_seconds={"total": round(time.perf_counter() - t_start, 2), "trace": trace_s,
+                            "check": round(check_s, 2), "validate": validation["seconds"]},
+            exporter=EXPORTER, tools=tool_versions(), model=config,
+            source_model={"path": model_dir, "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
+                          "config_sha256": hashlib.sha256(copied[CONFIG_FILE]).hexdigest()},
+            graphs=graph_info, tensorrt_ops={"source": _ops_source(), "unsupported": []}, validation=validation,
+            quantization=quantization, files=files)
+        write_manifest(tmp, manifest)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return manifest
 
@@ -386,24 +370,24 @@ def reuse_refusal(artifact_dir: str | os.PathLike, model_dir: str | os.PathLike,
     at all) by this exporter; None when it can be reused as it is. The demo and the bench export once and
     reuse the export while this holds."""
     from transduce.exporter import ort_step
-    from transduce.models.checkpoint import weights_sha256
+    from transduce.formats.model_dir import weights_sha256
 
     try:
-        manifest = contract.read_manifest(artifact_dir)
+        manifest = read_manifest(artifact_dir)
     except TransduceError as e:
         return f"it is not a valid artifact ({e.args[0]})"
     if manifest.get("source_model", {}).get("weights_sha256") != weights_sha256(model_dir):
         return f"it was exported from other weights than {os.fspath(model_dir)}'s"
     if manifest.get("precision") != "fp32":
         return f"it is {manifest.get('precision')}, not fp32"
-    if contract.quantization(manifest) != quantize:
-        return f"its quantization is {contract.quantization(manifest) or 'none'}, not {quantize or 'none'}"
+    if quantization(manifest) != quantize:
+        return f"its quantization is {quantization(manifest) or 'none'}, not {quantize or 'none'}"
     # without decoder_step.ort.onnx (--no-ort-step) though the model can have it, or with an older one than
     # this exporter builds (ONNX Runtime would decode with another step graph than today's)
     return ort_step.stale_reason(manifest)
 
 
 def _ops_source() -> str:
-    from transduce.exporter import opcheck
+    from transduce.verify import opcheck
 
     return opcheck.ops_source()

@@ -44,7 +44,7 @@ bound onto the past_* input buffers, as the runtime and the validator bind them;
 up to each row's position are filled and the rest is undefined), and
 topk_values/topk_ids. Contrib ops run on ONNX Runtime only (not TensorRT), so the standard graph
 stays the artifact's portable step graph; export validates this one against eager PyTorch like the
-others (transduce/exporter/validate.py), the grouped cross-attention, the top-k and the in-place
+others (transduce/verify/validate.py), the grouped cross-attention, the top-k and the in-place
 cache write (run with present bound onto past, as the runtime runs it) included.
 """
 
@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from transduce.runtime import contract
+from transduce.formats import contract
 
 CONTRIB = "com.microsoft"
 # Residual + norm: Add + LayerNormalization, not com.microsoft.SkipLayerNormalization (which artifacts

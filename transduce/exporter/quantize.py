@@ -30,9 +30,10 @@ from collections import Counter
 from typing import Any
 
 from transduce.errors import ExportError
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import QUANTIZATION_METHODS
 
-METHODS = contract.QUANTIZATION_METHODS
+METHODS = QUANTIZATION_METHODS
 QUANTIZED_FILES = (contract.ENCODER_FILE, contract.ORT_STEP_FILE)
 OP_TYPES = ("MatMul", "Gemm")
 # what quantize_dynamic makes of them (one of these is in every graph it quantized)

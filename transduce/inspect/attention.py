@@ -361,7 +361,7 @@ def plot_token_lines(weights: np.ndarray, query_labels: Sequence[str], key_label
 
 def _save(fig, path: str, dpi: int) -> str:
     """The figure as a PNG at `path`, whole or not at all."""
-    from transduce._io import write_png_atomic
+    from transduce.formats.atomic import write_png_atomic
 
     try:
         write_png_atomic(fig, path, dpi, facecolor="white")

@@ -1,10 +1,10 @@
 """`transduce inspect`: what a model, artifact or engine directory holds, as a report dict.
 
 The kind of directory is recognised by its description file:
-  engine.json     an engine directory (transduce/exporter/engine.py): engine.json shown generically, the
+  engine.json     an engine directory (transduce/build/builder.py): engine.json shown generically, the
                   TensorRT version, GPU and compute capability it was built for picked out, and the copy
                   of the artifact it holds shown as for an artifact
-  manifest.json   an exported artifact (kind "transduce-artifact", see transduce/runtime/contract.py):
+  manifest.json   an exported artifact (kind "transduce-artifact", see transduce/formats/contract.py):
                   manifest figures, and for each ONNX graph its inputs and outputs (symbolic dims by name),
                   opsets, op histogram and parameter count from the initializers
   config.json     a model directory (transduce/models/checkpoint.py): config, parameter count from the
@@ -33,8 +33,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
-from transduce.exporter.engine import ENGINE_MANIFEST as ENGINE_FILE
-from transduce.runtime.contract import MANIFEST_FILE, MODEL_CONFIG_FILE, TOKENIZER_FILE
+from transduce.formats.engine import ENGINE_MANIFEST as ENGINE_FILE
+from transduce.formats.kinds import MANIFEST_FILE, MODEL_CONFIG_FILE
+from transduce.formats.model_dir import TOKENIZER_FILE
 
 KINDS = {ENGINE_FILE: "engine", MANIFEST_FILE: "artifact", MODEL_CONFIG_FILE: "model"}
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -56,7 +57,7 @@ BUILT_FOR_KEYS = {
 def _export_without_manifest(path: str) -> bool:
     """An export's graphs beside a config.json, with no weights of a model directory: an artifact that lost
     its manifest (export writes the manifest into its temporary directory before the rename)."""
-    from transduce.runtime.contract import ENCODER_FILE, STEP_FILE
+    from transduce.formats.contract import ENCODER_FILE, STEP_FILE
 
     return (not os.path.exists(os.path.join(path, "model.safetensors"))
             and any(os.path.isfile(os.path.join(path, f)) for f in (ENCODER_FILE, STEP_FILE)))
@@ -162,7 +163,7 @@ def recorded_files(files: Any) -> dict[str, dict[str, Any]]:
 def files_report(directory: str, recorded: dict[str, dict[str, Any]], verify: bool,
                  problems: list[str]) -> list[dict[str, Any]]:
     """Every file in the directory and every recorded one: actual and recorded size, sha256 check if verify."""
-    from transduce.runtime.contract import inside_name, sha256_file
+    from transduce.formats.files import inside_name, sha256_file
 
     present = set()
     for root, dirs, names in os.walk(directory):
@@ -261,7 +262,8 @@ def count_parameters(tensors: Iterable[tuple[str, list[int], str]]) -> dict[str,
 
 def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     """Report of a model directory; the weights are counted from the safetensors header only."""
-    from transduce.models.checkpoint import TOKENIZER_FILE, WEIGHTS_CONFIG_KEY, WEIGHTS_FILE, read_config
+    from transduce.formats.kinds import WEIGHTS_FILE
+    from transduce.formats.model_dir import TOKENIZER_FILE, WEIGHTS_CONFIG_KEY, read_config
 
     cfg = read_config(directory)  # CheckpointError on a corrupt or foreign config.json
     problems: list[str] = []
@@ -306,7 +308,7 @@ def weights_against_config(config: dict[str, Any], header: dict[str, tuple[str, 
     shapes are not the ones that config's model has. The model is built on torch's meta device: no memory,
     no weights read."""
     from transduce.errors import ConfigError
-    from transduce.models.checkpoint import saved_config_mismatch
+    from transduce.formats.model_dir import saved_config_mismatch
     from transduce.models.config import ModelConfig
 
     try:
@@ -358,7 +360,7 @@ def _value_info(value) -> dict[str, Any]:
 
 def _nodes(graph) -> Iterable:
     """Every node of a graph and of its subgraphs (If/Loop/Scan bodies)."""
-    from transduce.exporter.opcheck import iter_nodes
+    from transduce.verify.opcheck import iter_nodes
 
     return iter_nodes(graph)
 
@@ -408,7 +410,7 @@ def onnx_report(path: str) -> dict[str, Any]:
 
     model = onnx.load(path, load_external_data=False)
     graph = model.graph
-    from transduce.exporter.opcheck import op_name
+    from transduce.verify.opcheck import op_name
 
     ops = Counter(op_name(n) for n in _nodes(graph))
     return {
@@ -437,7 +439,8 @@ def _model_config_in(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 def inspect_artifact_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     """Report of an exported artifact: manifest figures, each ONNX graph, the runtime's verdict on it."""
-    from transduce.runtime.contract import ARTIFACT_KIND, read_manifest
+    from transduce.formats.artifact import read_manifest
+    from transduce.formats.kinds import ARTIFACT_KIND
 
     path = os.path.join(directory, MANIFEST_FILE)
     manifest = read_json_file(path, ArtifactError)
@@ -466,7 +469,8 @@ def inspect_artifact_dir(directory: str, verify: bool = False) -> dict[str, Any]
 
 def graphs_report(directory: str, recorded: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """onnx_report of every .onnx file in the directory or listed in the manifest (unreadable ones noted)."""
-    from transduce.runtime.contract import ENCODER_FILE, STEP_FILE, inside_name
+    from transduce.formats.contract import ENCODER_FILE, STEP_FILE
+    from transduce.formats.files import inside_name
 
     found = {n for n in os.listdir(directory) if n.endswith(".onnx")}
     found |= {n for n in recorded if inside_name(n) and n.endswith(".onnx")}  # files_report names the others
@@ -544,11 +548,11 @@ def engine_runtime_check(directory: str, verify: bool) -> str:
     """The TensorRT backend's own reader on the directory, without comparing the TensorRT version and GPU it
     was built for with this machine's: "ok", or why the runtime would refuse it."""
     try:
-        from transduce.exporter.engine import read_engine_manifest
+        from transduce.formats.engine import read_engine_manifest
     except ImportError as e:
         return f"not checked ({e})"
     try:
-        read_engine_manifest(directory, check_runtime=False, verify_hashes=verify)
+        read_engine_manifest(directory, verify_hashes=verify)
     except TransduceError as e:
         return str(e).split("\n")[0]
     return "ok"

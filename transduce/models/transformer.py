@@ -12,7 +12,7 @@ is plain tensors (the exporter traces exactly these two functions):
       -> fp32 log-probs for the next token and this step's self-attention K/V (one position).
 The self-attention cache is a buffer of capacity C >= 1 owned by the caller; slots at or beyond a
 row's position are ignored by a mask, so the caller preallocates it and writes each step's K/V
-into slot `position` in place (see transduce/runtime/contract.py).
+into slot `position` in place (see transduce/formats/contract.py).
 
 Deviations from the paper, all of them here:
 - `max_positions` caps the sinusoidal table (the paper's encoding is defined for any position).

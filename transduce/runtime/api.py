@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 
 from transduce.errors import ArtifactError, BackendUnavailable, InputError
-from transduce.runtime import contract
+from transduce.formats.artifact import read_manifest, rebuild_hint
+from transduce.formats.model_dir import TOKENIZER_FILE
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
 
 def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = None) -> str:
     """The model directory an artifact was exported from (for the torch backend and parity), checked by hash."""
-    from transduce.models.checkpoint import read_config, weights_sha256
+    from transduce.formats.model_dir import read_config, weights_sha256
 
     src = manifest.get("source_model", {})
     path = model_dir or src.get("path")
@@ -57,7 +58,7 @@ def _full_config(model: object) -> dict | None:
 def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
                  model_dir: str | None = None, **options):
     """Build one backend over an artifact. torch uses the source model the manifest names (or model_dir)."""
-    from transduce._devices import parse_device
+    from transduce.runtime.devices import parse_device
 
     if backend not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
@@ -70,7 +71,7 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
         from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend(artifact_dir, device="cuda" if index is None else f"cuda:{index}", **options)
-    manifest = contract.read_manifest(artifact_dir)
+    manifest = read_manifest(artifact_dir)
     if backend == "torch":
         from transduce.runtime.backends.torch_backend import TorchBackend
 
@@ -99,9 +100,9 @@ def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: 
     artifact_dir = os.fspath(artifact_dir)
     be = make_backend(artifact_dir, backend, device, threads, model_dir, **options)
     tok_dir = getattr(be, "artifact_dir", artifact_dir)
-    tok_path = os.path.join(tok_dir, contract.TOKENIZER_FILE)
+    tok_path = os.path.join(tok_dir, TOKENIZER_FILE)
     tokenizer = Tokenizer.from_file(tok_path)
     if tokenizer.vocab_size != be.config["vocab_size"]:  # another model's tokenizer.json put in its place
         raise ArtifactError(f"{tok_path} has {tokenizer.vocab_size} tokens, the model {be.config['vocab_size']}: it is "
-                            "not the tokenizer this model was trained with", hint=contract.rebuild_hint(tok_dir, getattr(be, "manifest", None)))
+                            "not the tokenizer this model was trained with", hint=rebuild_hint(tok_dir, getattr(be, "manifest", None)))
     return Translator(be, tokenizer, max_batch_tokens=max_batch_tokens)

@@ -1,4 +1,4 @@
-"""CLI: `transduce decode` and `transduce parity` (thin wrappers over the runtime library)."""
+"""`transduce decode` (a thin wrapper over the runtime library)."""
 
 from __future__ import annotations
 
@@ -8,45 +8,10 @@ import click
 
 from transduce.cli_errors import cli_errors
 from transduce.errors import InputError, TruncatedInput
+from transduce.formats.paths import check_output_file
+from transduce.runtime.api import BACKENDS
 
-BACKEND_CHOICE = click.Choice(["onnxruntime", "torch", "tensorrt"])
-
-
-def _check_output(path: str, option: str = "--output", stdout: bool = True) -> None:
-    """Before any work: the output file can be created (a long job is not lost at the end). stdout:
-    whether '-' means standard output."""
-    import os
-
-    from transduce._io import check_creatable, written_in_place
-
-    if path == "-" and stdout:
-        if sys.stdout is None:
-            raise InputError("standard output is closed", hint=f"give {option} FILE")
-        return
-    if path == "-":
-        raise InputError(f"{option} -: the report goes to standard output already", hint=f"give {option} a file path")
-    if not path:
-        raise InputError(f"{option} is empty", hint="give a file path")
-    if os.path.isdir(path):
-        raise InputError(f"{option} {path!r} is a directory", hint="give a file path")
-    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
-        raise InputError(f"{option} {path!r} names a directory (it ends in {path[-1]!r})", hint="give a file path")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise InputError(f"{option} {path!r} is not writable", hint=f"choose another {option}")
-    if os.path.islink(path) and not os.path.exists(path):  # a dangling link: its target is written, in place
-        check_creatable(os.path.realpath(path), InputError, f"{option} {path!r} (a link to {os.path.realpath(path)!r})")
-    elif not written_in_place(path):  # written beside it and renamed (/dev/null, a FIFO: in place)
-        parent = check_creatable(path, InputError, f"{option} {path!r}")
-        try:
-            name_max = os.pathconf(parent, "PC_NAME_MAX")
-        except (OSError, ValueError):
-            name_max = 255
-        # every name still to be created: the missing directories' and the file's
-        missing = os.path.relpath(os.path.abspath(path), parent).split(os.sep)
-        too_long = [name for name in missing if len(os.fsencode(name)) > name_max]
-        if too_long:
-            raise InputError(f"{option} {path!r}: the name {too_long[0][:40]!r}... is longer than this file system "
-                             f"allows ({name_max} bytes)", hint=f"choose a shorter {option}")
+BACKEND_CHOICE = click.Choice(BACKENDS)
 
 
 def _written_over(input_path: str, output_path: str) -> bool:
@@ -54,7 +19,7 @@ def _written_over(input_path: str, output_path: str) -> bool:
     --output is written beside and renamed, so the input being read stays whole)."""
     import os
 
-    from transduce._io import written_in_place
+    from transduce.formats.paths import written_in_place
 
     if output_path == "-" or not written_in_place(output_path):
         return False
@@ -97,7 +62,7 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
     import itertools
     import warnings
 
-    from transduce._io import iter_lines
+    from transduce.formats.text import iter_lines
     from transduce.runtime.api import load
     from transduce.runtime.decoding import DecodingOptions
 
@@ -111,7 +76,7 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
     # the decoding options' errors before any input is read (a pipe may be slow to end) or the model loads
     DecodingOptions(beam_size=beam, nbest=nbest, length_penalty=length_penalty, length_penalty_form=length_penalty_form,
                     max_len_b=max_len_b, min_length=min_length)
-    _check_output(output_path)
+    check_output_file(output_path)
     if chunk_lines and _written_over(input_path, output_path):
         raise InputError(f"--output {output_path!r} leads to the file the input is read from: with --chunk-lines it would be "
                          "overwritten while its later lines are still to be read",
@@ -145,7 +110,7 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
 
             _write_translations(results, caught, nbest, scores, part, write)
         else:  # whole or not at all: a temporary file beside it, renamed into place
-            from transduce._io import atomic_file
+            from transduce.formats.atomic import atomic_file
 
             def cannot_write(e: OSError) -> InputError:  # an OSError from decoding is not one of these
                 return InputError(f"cannot write --output {output_path!r}: {e}",
@@ -196,41 +161,4 @@ def _write_translations(results, caught: list, nbest: int, scores: bool, part: i
     write("")
 
 
-@click.command()
-@click.argument("artifact_dir", type=click.Path())
-@click.option("--model", "model_dir", type=click.Path(), help="The eager reference model (default: the one the artifact names).")
-@click.option("--data", type=click.Path(), help="TSV of source<TAB>reference (default: the embedded demo's held-out set).")
-@click.option("--input", "input_path", type=click.Path(), help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
-@click.option("-n", "--sentences", default=200, show_default=True, help="Sentences to check.")
-@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
-@click.option("--device", default="cpu", show_default=True, help="Where the checked backend runs (tensorrt: always a GPU).")
-@click.option("--reference-device", default="cpu", show_default=True, help="Where the eager reference model runs.")
-@click.option("--beam", default=4, show_default=True)
-@click.option("--nbest", default=1, show_default=True)
-@click.option("--json", "json_path", type=click.Path(), help="Write the JSON report here.")
-@cli_errors
-def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, reference_device, beam, nbest,
-           json_path):
-    """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
-
-    Exits 1 when parity fails, so it can gate CI.
-    """
-    from transduce.runtime.parity import parity_for_artifact
-
-    if json_path is not None:
-        _check_output(json_path, "--json", stdout=False)  # before the run, not after it
-    report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
-                                 sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest,
-                                 reference_device=reference_device)
-    report.print()
-    if json_path is not None:
-        from transduce._io import write_json_atomic
-
-        try:
-            write_json_atomic(json_path, report.to_dict())
-        except OSError as e:
-            raise InputError(f"cannot write --json {json_path!r}: {e}", hint="choose another path") from None
-    sys.exit(0 if report.passed else 1)
-
-
-COMMANDS = [decode, parity]
+COMMANDS = [decode]

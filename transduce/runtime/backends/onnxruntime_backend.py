@@ -40,10 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from transduce._devices import torch_device
-from transduce.errors import BackendUnavailable, InputError
-from transduce.runtime import contract
+from transduce.errors import ArtifactError, BackendUnavailable, InputError
+from transduce.formats import contract
+from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
+from transduce.formats.dtypes import PRECISION_DTYPES, ort_type
 from transduce.runtime.backends.base import ban_bias, banned_ids, move_rows_torch, numpy_topk, usable_cpus
+from transduce.runtime.devices import torch_device
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -220,7 +222,7 @@ class OnnxRuntimeBackend:
             raise BackendUnavailable(f"unknown wide_steps {wide_steps!r}", hint=f"choose one of {', '.join(WIDE_STEPS)}")
         self.ort = ort
         self.artifact_dir = os.fspath(artifact_dir)
-        self.manifest = contract.read_manifest(self.artifact_dir, verify_hashes=verify)
+        self.manifest = read_manifest(self.artifact_dir, verify_hashes=verify)
         self.config = self.manifest["model"]
         self.precision = self.manifest["precision"]
         if provider not in PROVIDERS:
@@ -231,9 +233,9 @@ class OnnxRuntimeBackend:
                 f"{wanted[0]} is not available in this onnxruntime ({ort.get_available_providers()})",
                 hint="install onnxruntime-gpu for CUDA/TensorRT providers, or use --device cpu",
             )
-        if provider != "cpu" and contract.quantization(self.manifest):
+        if provider != "cpu" and quantization(self.manifest):
             raise BackendUnavailable(
-                f"{self.artifact_dir} has {contract.quantization(self.manifest)} graphs (transduce export --quantize), "
+                f"{self.artifact_dir} has {quantization(self.manifest)} graphs (transduce export --quantize), "
                 f"which run on ONNX Runtime's CPU provider only, not {provider}",
                 hint="decode it with --device cpu, or export again without --quantize for the GPU")
         self.provider = provider
@@ -299,13 +301,13 @@ class OnnxRuntimeBackend:
             self._standard = None if self.fused else self.decoder  # decoder_step.onnx, when pinned to it
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
             raise BackendUnavailable(f"onnxruntime could not load {self.artifact_dir}: {e}",
-                                     hint=contract.rebuild_hint(self.artifact_dir, self.manifest)) from None
+                                     hint=rebuild_hint(self.artifact_dir, self.manifest)) from None
         self.n_layers = self.config["decoder_layers"]
         self._check_io(self.encoder, contract.ENCODER_FILE)
         self._check_io(self.decoder, contract.ORT_STEP_FILE if self.fused else contract.STEP_FILE)
         self.heads = self.config["n_heads"]
         self.head_dim = self.config["d_model"] // self.heads
-        self.float_dtype = np.dtype(contract.FLOAT_DTYPE[self.precision]) if self.precision != "bf16" else None
+        self.float_dtype = np.dtype(PRECISION_DTYPES[self.precision]) if self.precision != "bf16" else None
         self.cache_names = [f"past_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.new_names = [f"new_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.present_names = [f"present_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
@@ -333,19 +335,25 @@ class OnnxRuntimeBackend:
         # not for quantized graphs: dynamic quantization scales a run's activations by the whole run's range, so a
         # row's results depend on the rows beside it
         self.shard_count = ((threads or usable_cpus()) if shards and self.fused and self.decoder_wide is not self.decoder
-                            and not contract.quantization(self.manifest) else 1)
+                            and not quantization(self.manifest) else 1)
         self._shard_views: list[OnnxRuntimeBackend] | None = None
         self._shard_lock = threading.Lock()
 
     def _check_io(self, session, graph_file: str) -> None:
-        """Refuse a session whose graph's IO is not the contract's for this manifest (contract.check_session_io)."""
-        n = self.n_layers
-        inputs, outputs = {
-            contract.ENCODER_FILE: (contract.encoder_inputs(), contract.encoder_outputs(n)),
-            contract.STEP_FILE: (contract.step_inputs(n), contract.step_outputs(n)),
-            contract.ORT_STEP_FILE: (contract.ort_step_inputs(n), contract.ort_step_outputs(n)),
-        }[graph_file]
-        contract.check_session_io(session, inputs, outputs, self.precision, self.manifest, graph_file, self.artifact_dir)
+        """Refuse a session whose graph's IO is not the contract's for this manifest's precision and model (a
+        graph swapped in from another export, a hand-edited manifest)."""
+        inputs, outputs = contract.graph_io(graph_file, self.n_layers)
+        config = self.manifest["model"]
+
+        def triples(args):
+            return [(a.name, ort_type(a.type), tuple(a.shape)) for a in args]
+
+        problems = contract.io_mismatches("input", triples(session.get_inputs()), inputs, self.precision, config)
+        problems += contract.io_mismatches("output", triples(session.get_outputs()), outputs, self.precision, config)
+        if problems:
+            raise ArtifactError(f"{os.path.join(self.artifact_dir, graph_file)} does not match its manifest "
+                                f"({self.precision}, {config.get('decoder_layers')} decoder layers): "
+                                + "; ".join(problems[:4]), hint=rebuild_hint(self.artifact_dir, self.manifest))
 
     def _fused_graph_usable(self) -> bool:
         """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
@@ -413,7 +421,7 @@ class OnnxRuntimeBackend:
                                                                providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
                 except Exception as e:  # onnxruntime's own exception classes
                     raise BackendUnavailable(f"onnxruntime could not load {self._step_path}: {e}",
-                                             hint=contract.rebuild_hint(self.artifact_dir, self.manifest)) from None
+                                             hint=rebuild_hint(self.artifact_dir, self.manifest)) from None
                 self._check_io(self._standard, contract.STEP_FILE)
             return self._standard
         return self.decoder_wide if rows >= self._wide_from else self.decoder
@@ -440,7 +448,7 @@ class OnnxRuntimeBackend:
         enc = {"CUDAExecutionProvider": dict(cuda)}
         dec = {"CUDAExecutionProvider": dict(cuda)}
         if provider == "tensorrt":
-            from transduce.exporter.engine import derive_profiles, ort_tensorrt_profile_options
+            from transduce.formats.profiles import derive_profiles, ort_tensorrt_profile_options
 
             plan = derive_profiles(self.config, profiles="single")
             cache = os.path.join(os.path.expanduser("~"), ".cache", "transduce", "ort-trt",
@@ -471,7 +479,7 @@ class OnnxRuntimeBackend:
                     providers=["CPUExecutionProvider"], disabled_optimizers=UNFUSED)
             except Exception as e:  # onnxruntime's own exception classes
                 raise BackendUnavailable(f"onnxruntime could not load {contract.ENCODER_FILE}: {e}",
-                                         hint=contract.rebuild_hint(self.artifact_dir, self.manifest)) from None
+                                         hint=rebuild_hint(self.artifact_dir, self.manifest)) from None
         return self.encoder_narrow
 
     # -- a batch in parts (SHARD_MIN_ROWS) ----------------------------------------------------------
@@ -718,7 +726,7 @@ class _NumpyMemory:
         if precision == "bf16":
             raise BackendUnavailable("bf16 artifacts cannot be decoded on the CPU onnxruntime backend (numpy has no bfloat16)",
                                      hint="export with --precision fp32 or fp16 for CPU decoding")
-        self.dtype = np.dtype(contract.FLOAT_DTYPE[precision])
+        self.dtype = np.dtype(PRECISION_DTYPES[precision])
         self._free: list[np.ndarray] = []  # flat byte buffers of finished runs, largest first
         self._lock = threading.Lock()  # the pool is shared by the parts of a batch decoded at once (shards)
         # Binding goes straight to the IOBinding's native methods with one host OrtDevice made here:

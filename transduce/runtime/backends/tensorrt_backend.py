@@ -64,8 +64,10 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import BackendUnavailable, EngineError
-from transduce.exporter import engine as eng
-from transduce.runtime import contract
+from transduce.formats import engine as engine_format
+from transduce.formats.artifact import read_manifest
+from transduce.formats.profiles import choose_chunks, plan_from_meta
+from transduce.runtime.backends import tensorrt_support as trt_support
 from transduce.runtime.backends.base import banned_ids, move_rows_torch
 
 MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
@@ -77,7 +79,7 @@ def _torch():
         import torch
     except ImportError:
         raise BackendUnavailable("the tensorrt backend needs PyTorch (for CUDA device memory and streams)",
-                                 hint=eng.GPU_HINT) from None
+                                 hint=trt_support.GPU_HINT) from None
     return torch
 
 
@@ -106,11 +108,11 @@ class _EngineRunner:
         if self.engine is None:
             raise EngineError(f"TensorRT could not deserialize {path}: {logger.recent() or 'no error reported'}",
                               hint=f"rebuild the engines with: {rebuild}")
-        problems = eng.check_engine(trt, self.engine, graph, config, precision, self.profiles)
+        problems = trt_support.check_engine(trt, self.engine, graph, config, precision, self.profiles)
         if problems:
             raise EngineError(f"{path} does not match the contract or engine.json: " + "; ".join(problems),
                               hint=f"rebuild the engines with: {rebuild}")
-        ins, outs = eng.engine_io(trt, self.engine)
+        ins, outs = trt_support.engine_io(trt, self.engine)
         self.dtypes = {name: getattr(torch, dt) for name, dt in {**ins, **outs}.items()}
         self.inputs, self.outputs = list(ins), list(outs)
         self._contexts: list[_Context | None] = [None] * len(self.profiles)
@@ -203,7 +205,7 @@ class TensorRTBackend:
     name = "tensorrt"
 
     def __init__(self, engine_dir: str | os.PathLike, device: str = "cuda", cuda_graph: bool = False,
-                 verify: bool = True, log=None, *, _trt=None, _runtime: eng.RuntimeInfo | None = None):
+                 verify: bool = True, log=None, *, _trt=None, _runtime: engine_format.RuntimeInfo | None = None):
         """Load ENGINE_DIR (written by `transduce build`). device: "cuda" or "cuda:N".
 
         verify: check every file's sha256 against engine.json (a tampered plan is refused).
@@ -213,30 +215,30 @@ class TensorRTBackend:
         self.engine_dir = os.path.abspath(os.fspath(engine_dir))
         # the directory's mistakes first (no such directory, an artifact or model given instead): they are
         # what to fix before TensorRT, CUDA or PyTorch being missing here matters
-        eng.read_engine_manifest(self.engine_dir, check_runtime=False, verify_hashes=False)
+        engine_format.read_engine_manifest(self.engine_dir, verify_hashes=False)
         torch = _torch()
         self.torch = torch
         self._log = log or (lambda msg: None)
-        trt = _trt or eng.import_tensorrt()
+        trt = _trt or trt_support.import_tensorrt()
         self.trt = trt
         if str(device) == "cpu" and _trt is not None:
             self.device = torch.device("cpu")
         else:
-            idx = eng.device_index(device)
+            idx = trt_support.device_index(device)
             if not torch.cuda.is_available():
                 raise BackendUnavailable("the tensorrt backend needs a CUDA GPU and PyTorch sees none here",
-                                         hint=eng.GPU_HINT + " (or decode with --backend onnxruntime on CPU)")
+                                         hint=trt_support.GPU_HINT + " (or decode with --backend onnxruntime on CPU)")
             self.device = torch.device("cuda", idx)
         self.on_cuda = self.device.type == "cuda"
         if _runtime is None:
-            _runtime = eng.current_runtime(self.device.index or 0, trt)
-        self.meta = eng.read_engine_manifest(self.engine_dir, check_runtime=True, verify_hashes=verify, runtime=_runtime)
+            _runtime = trt_support.current_runtime(self.device.index or 0, trt)
+        self.meta = engine_format.read_engine_manifest(self.engine_dir, verify_hashes=verify, runtime=_runtime)
         # the engine directory holds the artifact: tokenizer, manifest (parity and `load` read it)
         self.artifact_dir = self.engine_dir
-        self.manifest = contract.read_manifest(self.engine_dir, verify_hashes=False)
+        self.manifest = read_manifest(self.engine_dir, verify_hashes=False)
         self.config = self.manifest["model"]
         self.precision = self.manifest["precision"]
-        self.plan = eng.plan_from_meta(self.meta)
+        self.plan = plan_from_meta(self.meta)
         cfg = self.config
         self.n_layers = cfg["decoder_layers"]
         self.heads = cfg["n_heads"]
@@ -255,14 +257,14 @@ class TensorRTBackend:
             self.stream_handle = int(self.stream.cuda_stream)
         else:
             self.stream, self.stream_handle = None, 0
-        rebuild = eng.rebuild_command(self.engine_dir, self.meta)
-        self._logger = eng.make_logger(trt, self._log)
+        rebuild = engine_format.rebuild_command(self.engine_dir, self.meta)
+        self._logger = trt_support.make_logger(trt, self._log)
         self._runtime = trt.Runtime(self._logger.ilogger)
         self._enc = _EngineRunner(trt, torch, self._runtime, self._logger,
-                                  os.path.join(self.engine_dir, eng.ENCODER_PLAN), "encoder", self.plan.encoder,
+                                  os.path.join(self.engine_dir, engine_format.ENCODER_PLAN), "encoder", self.plan.encoder,
                                   cfg, self.precision, rebuild)
         self._step = _EngineRunner(trt, torch, self._runtime, self._logger,
-                                   os.path.join(self.engine_dir, eng.STEP_PLAN), "decoder_step",
+                                   os.path.join(self.engine_dir, engine_format.STEP_PLAN), "decoder_step",
                                    self.plan.decoder_step, cfg, self.precision, rebuild)
         for name in self.cross_names:  # the encoder's outputs are the step's inputs, bound as they are
             if self._enc.dtypes[name] != self._step.dtypes[name]:
@@ -338,7 +340,7 @@ class TensorRTBackend:
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> _Encoded:
         src_ids = np.ascontiguousarray(src_ids, np.int64)
         batch, src_len = src_ids.shape
-        chunks = eng.choose_chunks(batch, self.plan.encoder, src_len)
+        chunks = choose_chunks(batch, self.plan.encoder, src_len)
         d, h, dh = self.config["d_model"], self.heads, self.head_dim
         dt = self._enc.dtypes
         with self._on_stream():
@@ -371,7 +373,7 @@ class TensorRTBackend:
     # -- decoding run -----------------------------------------------------------------------------
     def begin(self, enc: _Encoded, row_src: np.ndarray, capacity: int) -> _State:
         cap = max(int(capacity), 1)
-        eng.choose_chunks(1, self.plan.decoder_step, enc.src_len, cap)  # refuse a cache the engines cannot take
+        choose_chunks(1, self.plan.decoder_step, enc.src_len, cap)  # refuse a cache the engines cannot take
         rows = len(row_src)
         state = _State(enc=enc, rows=rows, row_cap=0, capacity=cap, row_src=np.array([-1]))
         with self._on_stream():
@@ -511,7 +513,7 @@ class TensorRTBackend:
         tokens = np.asarray(tokens)
         if tokens.shape != (r,):
             raise ValueError(f"expected {r} tokens, got shape {tokens.shape}")
-        chunks = eng.choose_chunks(r, self.plan.decoder_step, state.enc.src_len, state.capacity)
+        chunks = choose_chunks(r, self.plan.decoder_step, state.enc.src_len, state.capacity)
         with self._on_stream():
             state.tokens_host[:r].numpy()[:] = tokens
             state.tokens[:r].copy_(state.tokens_host[:r], non_blocking=self.on_cuda)

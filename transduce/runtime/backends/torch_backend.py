@@ -37,7 +37,7 @@ class TorchBackend:
     def __init__(self, model, device: str = "cpu"):
         import torch
 
-        from transduce._devices import torch_device
+        from transduce.runtime.devices import torch_device
 
         self.torch = torch
         self.device = torch.device(torch_device(device, unavailable=BackendUnavailable))

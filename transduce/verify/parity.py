@@ -3,7 +3,7 @@
 Three checks on a sample of real inputs, each against a reference backend (eager PyTorch):
 1. teacher-forced, step by step: the encoder's outputs and every step's log-probs on the same target
    prefixes, with max / mean / p99 absolute and relative errors per output, and a tolerance per output
-   and per precision (Polygraphy's rule: an element fails where |d| > atol AND |d| / |ref| > rtol);
+   and per precision (transduce.verify.tolerances: an element fails where |d| > atol + rtol * |ref|);
 2. greedy decoding: token-identical sequences;
 3. beam search: identical n-best lists, scores within tolerance.
 Scores of identical sequences are compared per token: |difference of their log-prob sums| / length <=
@@ -30,40 +30,10 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import ArtifactError, InputError
+from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
+from transduce.formats.model_dir import TOKENIZER_FILE
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
-
-@dataclass(frozen=True)
-class PrecisionPolicy:
-    outputs: dict[str, Tolerance]  # "memory", "cross_kv", "log_probs"
-    score_atol: float  # identical sequences' scores, per token: |log-prob sum difference| / length
-    tie_margin: float  # a divergence with a smaller reference margin is a near-tie
-    min_agreement: float  # fraction of sentences that must be identical
-
-
-# Tolerances per precision. fp32: errors measured on the demo model are ~1e-5 on log-probs, so an
-# absolute 1e-4 (no relative slack: a large |log-prob| must not hide an error) leaves an order of margin
-# while catching a real bug (one FFN weight of the demo model moved by 0.5 gives 2e-3). fp16 has a 2^-11 relative step: log-probs of magnitude ~10 move by ~1e-2 after a few layers.
-# bf16 has 2^-8: ten times more.
-POLICIES: dict[str, PrecisionPolicy] = {
-    "fp32": PrecisionPolicy({"memory": Tolerance(1e-4, 1e-4), "cross_kv": Tolerance(1e-4, 1e-4),
-                             "log_probs": Tolerance(1e-4, 0.0)}, score_atol=1e-4, tie_margin=1e-3, min_agreement=1.0),
-    "fp16": PrecisionPolicy({"memory": Tolerance(2e-2, 2e-2), "cross_kv": Tolerance(2e-2, 2e-2),
-                             "log_probs": Tolerance(5e-2, 5e-2)}, score_atol=2e-2, tie_margin=5e-2, min_agreement=0.99),
-    "bf16": PrecisionPolicy({"memory": Tolerance(2e-1, 1e-1), "cross_kv": Tolerance(2e-1, 1e-1),
-                             "log_probs": Tolerance(3e-1, 1e-1)}, score_atol=1e-1, tie_margin=3e-1, min_agreement=0.95),
-    # int8 weights (transduce export --quantize int8), measured on the demo model's 200 held-out
-    # sentences: memory max 0.17 (p99 0.03), cross K/V max 1.3 (p99 0.05), log-probs max 0.38 (p99 0.07),
-    # greedy and beam 4 200/200 identical, scores within 0.1. Its quality gate is BLEU (transduce bench).
-    "int8": PrecisionPolicy({"memory": Tolerance(5e-1, 2.5e-1), "cross_kv": Tolerance(2.0, 2.5e-1),
-                             "log_probs": Tolerance(1.0, 2.5e-1)}, score_atol=2.5e-1, tie_margin=5e-1, min_agreement=0.95),
-}
+from transduce.verify.tolerances import POLICIES, Tolerance, within
 
 
 @dataclass(frozen=True)
@@ -99,7 +69,7 @@ def error_stats(name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> 
         return ErrorStats(name, 0, worst, worst, worst, worst, worst, worst, bad_nonfinite, tol.atol, tol.rtol)
     d = np.abs(ref - got)
     rel = d / np.maximum(np.abs(ref), 1e-12)
-    failing = int(((d > tol.atol) & (rel > tol.rtol)).sum()) + bad_nonfinite
+    failing = int((~within(d, ref, tol)).sum()) + bad_nonfinite
     max_abs, max_rel = (math.inf, math.inf) if bad_nonfinite else (float(d.max()), float(rel.max()))
     return ErrorStats(name, int(ref.size), max_abs, float(d.mean()), float(np.percentile(d, 99)),
                       max_rel, float(rel.mean()), float(np.percentile(rel, 99)), failing, tol.atol, tol.rtol)
@@ -384,7 +354,7 @@ def _check_quantized_graphs(art_dir: str, method: str) -> None:
     file no hash covers, and a hand-edited claim would hold fp32 graphs to int8's tolerances."""
     import onnx
 
-    from transduce.exporter.quantize import QUANTIZED_FILES, QUANTIZED_OP_TYPES
+    from transduce.formats.artifact import QUANTIZED_FILES, QUANTIZED_OP_TYPES
 
     for name in QUANTIZED_FILES:
         ops = {n.op_type for n in onnx.load(os.path.join(art_dir, name), load_external_data=False).graph.node}
@@ -410,10 +380,9 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
                         reference_device: str = "cpu") -> ParityReport:
     """`transduce parity`: load both backends and the sample, run `run_parity`. The reference is the eager
     model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record)."""
-    from transduce._devices import torch_device
-    from transduce.runtime import contract
     from transduce.runtime.api import make_backend, source_model_dir
     from transduce.runtime.backends.torch_backend import TorchBackend
+    from transduce.runtime.devices import torch_device
     from transduce.tokenizer import Tokenizer
 
     if sentences < 1:
@@ -430,12 +399,12 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
                               "another device: --device cuda --reference-device cpu")
     targets = None
     if data:
-        from transduce.models.data import read_parallel
+        from transduce.formats.parallel import read_parallel
 
         pairs = read_parallel(data)[:sentences]
         sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
     elif input_path:
-        from transduce._io import read_lines
+        from transduce.formats.text import read_lines
 
         sources = [line.strip() for line in read_lines(input_path, InputError) if line.strip()][:sentences]
         if not sources:
@@ -447,18 +416,18 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
         sources, targets = [s for s, _ in valid], [t for _, t in valid]
     candidate = make_backend(artifact_dir, backend, device, model_dir=model_dir)
     art_dir = getattr(candidate, "artifact_dir", artifact_dir)
-    manifest = contract.read_manifest(art_dir, verify_hashes=False)
+    manifest = read_manifest(art_dir, verify_hashes=False)
     reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
-    tokenizer = Tokenizer.from_file(os.path.join(art_dir, contract.TOKENIZER_FILE))
+    tokenizer = Tokenizer.from_file(os.path.join(art_dir, TOKENIZER_FILE))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime, TensorRT
     # engines (built from unquantized exports only) to their precision's, and eager PyTorch, which runs
     # the fp32 source model whatever the artifact's precision, to fp32's
-    quantized = contract.quantization(manifest) if backend == "onnxruntime" else None
+    quantized = quantization(manifest) if backend == "onnxruntime" else None
     precision = "fp32" if backend == "torch" else quantized or manifest["precision"]
     if precision not in POLICIES:
         raise ArtifactError(f"{art_dir}: its manifest says {'quantization' if quantized else 'precision'} "
                             f"{precision!r}, which parity has no tolerances for (it knows {', '.join(POLICIES)})",
-                            hint=contract.rebuild_hint(art_dir, manifest))
+                            hint=rebuild_hint(art_dir, manifest))
     if quantized:
         _check_quantized_graphs(art_dir, quantized)
     if backend == "tensorrt":

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from transduce.errors import CheckpointError, InputError, TransduceError
-from transduce.models.train import TrainConfig
+from transduce.training.train import TrainConfig
 
 # Tuned so the tiny model learns the task on 2 CPU cores in about three minutes. Half the schedule's
 # learning rate: at the full rate, runs that differ only in seed, thread count, CPU or GPU ended at exact
@@ -29,8 +29,8 @@ DEMO_VALID_PAIRS = 300
 
 def demo_data(workdir: str, log=print) -> tuple[list, list]:
     """The demo's corpus in workdir/data, generated there unless it is already (and readably) there."""
+    from transduce.formats.parallel import read_parallel, write_tsv
     from transduce.models.corpus import demo_corpus
-    from transduce.models.data import read_parallel, write_tsv
 
     data_dir = os.path.join(workdir, "data")
     train_tsv, valid_tsv = os.path.join(data_dir, "train.tsv"), os.path.join(data_dir, "valid.tsv")
@@ -50,8 +50,8 @@ def demo_data(workdir: str, log=print) -> tuple[list, list]:
 
 def check_demo_options(workdir: str, steps: int | None, show: int, device: str = "cpu") -> None:
     """Before any work: the options make sense and the workdir can hold the data, model and artifact."""
-    from transduce._io import make_writable_dir
-    from transduce.models.train import training_device
+    from transduce.formats.paths import make_writable_dir
+    from transduce.training.train import training_device
 
     if steps is not None and steps < 1:
         raise InputError(f"--steps must be >= 1, got {steps}")
@@ -69,8 +69,9 @@ def check_demo_options(workdir: str, steps: int | None, show: int, device: str =
 def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = None, log=print,
                       device: str = "cpu") -> str:
     """Train the demo model into workdir/model (on `device`) unless a loadable one is there. Returns its path."""
-    from transduce.models.checkpoint import load_model_dir, read_config
-    from transduce.models.train import train
+    from transduce.formats.model_dir import read_config
+    from transduce.models.checkpoint import load_model_dir
+    from transduce.training.train import train
 
     model_dir = os.path.join(workdir, "model")
     if not retrain and os.path.isdir(model_dir):
@@ -145,7 +146,7 @@ def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | Non
     """Train (on `device`) unless a demo model is there, export, decode the held-out set with ONNX Runtime on
     the CPU, and check parity; -> {"greedy": metrics, "beam 4": metrics, "parity": passed}."""
     from transduce.runtime.api import load
-    from transduce.runtime.parity import parity_for_artifact
+    from transduce.verify.parity import parity_for_artifact
 
     check_demo_options(workdir, steps, show, device)
     model_dir = ensure_demo_model(workdir, retrain=retrain, steps=steps, device=device)

@@ -1,9 +1,9 @@
 """Checks of exported graphs, run on every export before anything is written in place.
 
 Structure (`check_graph`): onnx.checker with full_check, strict shape inference, the IO contract
-(names, order, dtypes, axis names and sizes; transduce/runtime/contract.py), the opset, no control
+(names, order, dtypes, axis names and sizes; transduce/formats/contract.py), the opset, no control
 flow and no training or random ops, the reduced-precision islands, and TensorRT's operator list
-(transduce/exporter/opcheck.py).
+(transduce/verify/opcheck.py).
 
 Numbers (`validate_graphs`): the graphs against the eager fp32 PyTorch model on the same inputs.
 Each case encodes a batch of sources, then steps the decoder from past length 0, writing the eager
@@ -20,7 +20,7 @@ positions[b] against the eager K/V, every other slot unchanged). The cases:
             the cross K/V's scale instead of max_positions eager steps
 Float inputs are rounded to the graph's precision; the reference always runs in fp32 on the
 unrounded ones, so reduced-precision errors include that rounding. An element fails when
-|graph - eager| > atol + rtol * |eager| (TOLERANCES); a non-finite output fails. Per output the
+|graph - eager| > atol + rtol * |eager| (transduce.verify.tolerances); a non-finite output fails. Per output the
 manifest records max_abs = max |graph - eager| and max_rel = max |graph - eager| / |eager| over the
 elements with |eager| >= atol.
 
@@ -41,53 +41,12 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import ExportError
-from transduce.exporter import opcheck, ort_step
-from transduce.runtime import contract
+from transduce.formats import contract
+from transduce.formats.artifact import read_manifest
+from transduce.formats.dtypes import PRECISION_DTYPES, onnx_type
 from transduce.runtime.backends.base import ban_bias
-
-# (atol, rtol) per precision and output kind, against eager fp32 PyTorch. An element fails when
-# |graph - eager| > atol + rtol * |eager|.
-#   fp32: the issue's 1e-4 absolute on log_probs; the rest 1e-4 + 1e-4 relative. Measured max abs
-#         errors are 1e-6..3e-5 (float reassociation in ONNX Runtime's kernels).
-#   fp16: unit roundoff u = 2^-11 = 4.9e-4; rtol 1e-2 (~20 u) bounds large values, atol the error
-#         that small values inherit from the layers below. Worst measured max abs (tiny random /
-#         trained demo model, 2+2 layers d=128 / base random, 6+6 layers d=512): memory 2.4e-3 /
-#         5.0e-3 / 4.7e-3, cross K/V 2.6e-3 / 1.4e-2 / 5.3e-3, log_probs 3.5e-3 / 5.9e-3 / 2.8e-3,
-#         new K/V 1.9e-3 / 7.2e-3 / 2.8e-3: the atol below is 3-5x the worst.
-#   bf16: u = 2^-8 = 3.9e-3 (8x fp16's); rtol 5e-2 (~13 u). Measured: memory 2.3e-2 / 9.4e-2 /
-#         5.6e-2, cross K/V 3.3e-2 / 0.19 / 4.5e-2, log_probs 2.6e-2 / 0.11 / 3.0e-2, new K/V
-#         1.9e-2 / 0.22 / 2.5e-2 (the trained model's K/V reach |17|, where one bf16 ulp is 0.125):
-#         atol 2.3-3x the worst, and more with the rtol term on the large values.
-# A wiring or masking bug moves outputs by O(1); in fp32 even weights scaled by 1.001 fail (tested).
-TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
-    "fp32": {"memory": (1e-4, 1e-4), "cross_kv": (1e-4, 1e-4), "log_probs": (1e-4, 0.0), "new_kv": (1e-4, 1e-4)},
-    "fp16": {"memory": (2e-2, 1e-2), "cross_kv": (4e-2, 1e-2), "log_probs": (2.5e-2, 1e-2), "new_kv": (4e-2, 1e-2)},
-    "bf16": {"memory": (0.25, 5e-2), "cross_kv": (0.5, 5e-2), "log_probs": (0.3, 5e-2), "new_kv": (0.5, 5e-2)},
-}
-# Quantized graphs (transduce export --quantize int8) are judged per tensor, not per element: int8
-# weights move single elements as far as a wiring bug would (demo model: cross K up to 1.3, log-probs
-# 0.4), but not a whole tensor. An output fails where ||graph - eager|| / ||eager|| > RELATIVE_RMS[kind]
-# (relative_rms); log-probs are compared with each row's mean over the vocabulary taken out (they sit
-# near -log V, an offset that would hide a wrong distribution), the top-k's outputs ("topk": values,
-# and the eager log-probs the ids point at) as they are. Measured, worst over the validation cases:
-# the trained demo model memory/cross K/V 0.024-0.026, new K/V 0.046-0.053, log-probs 0.034, top-k
-# 0.046; the untrained base shape (random weights, 6+6 layers, where the dynamic activation
-# quantization errors compound) 0.35-0.39, 0.29-0.31, 0.24 and 0.037; the tests' tiny random model's
-# top-k 0.14 (near-flat distributions swap near-ties). Another tensor of the same kind (wrong weights,
-# positions or rows) is off by ~1.4; one wrong head of eight by ~0.5. Quality is gated by BLEU
-# (transduce bench --quantize int8).
-RELATIVE_RMS: dict[str, dict[str, float]] = {
-    "int8": {"memory": 0.6, "cross_kv": 0.6, "new_kv": 0.6, "log_probs": 0.4, "topk": 0.3},
-}
-
-
-def relative_rms(name: str, got: np.ndarray, ref: np.ndarray) -> float:
-    """||got - ref|| / ||ref||, for log_probs with each row's mean over the last axis taken out first."""
-    if name == "log_probs":
-        got = got - got.mean(axis=-1, keepdims=True)
-        ref = ref - ref.mean(axis=-1, keepdims=True)
-    return float(np.linalg.norm(got - ref) / max(float(np.linalg.norm(ref)), 1e-30))
-
+from transduce.verify import opcheck
+from transduce.verify.tolerances import POLICIES, output_kind, relative_rms, within
 
 PAST_LENGTHS = (0, 1, 2, 5, 11)
 PADDED_SRC_LEN = 40
@@ -105,36 +64,16 @@ def _quiet(_: str) -> None:
     pass
 
 
-def output_kind(name: str) -> str:
-    """Tolerance row of an output name."""
-    if name == "memory" or name == "log_probs":
-        return name
-    if name.startswith("cross_"):
-        return "cross_kv"
-    if name.startswith("new_") or name.startswith("present_"):  # present_: the whole cache after a step's write
-        return "new_kv"
-    if name in ("topk_values", "topk_ids"):  # the ONNX Runtime step's top-k: log-probs (of the ids)
-        return "log_probs"
-    raise ValueError(f"not a contract output: {name}")
-
-
 def numpy_float_dtype(precision: str) -> np.dtype:
     """numpy dtype of the graph's float tensors (bfloat16 from ml_dtypes, which onnx depends on)."""
     if precision == "bf16":
         import ml_dtypes
 
         return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(contract.FLOAT_DTYPE[precision])
+    return np.dtype(PRECISION_DTYPES[precision])
 
 
 # -- structure -----------------------------------------------------------------------------------
-
-
-def _elem_type_name(elem_type: int) -> str:
-    """ONNX elem type -> numpy dtype name ('float32', 'float16', 'bfloat16', 'int64', ...)."""
-    from onnx import helper
-
-    return helper.tensor_dtype_to_np_dtype(elem_type).name
 
 
 def _value_specs(values) -> list[tuple[str, str, tuple]]:
@@ -144,15 +83,16 @@ def _value_specs(values) -> list[tuple[str, str, tuple]]:
         tt = v.type.tensor_type
         dims = tuple(d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else "?")
                      for d in tt.shape.dim)
-        out.append((v.name, _elem_type_name(tt.elem_type), dims))
+        out.append((v.name, onnx_type(tt.elem_type), dims))
     return out
 
 
 def contract_problems(model, inputs: list[contract.TensorSpec], outputs: list[contract.TensorSpec],
                       config: dict[str, Any], precision: str) -> list[str]:
     """Differences between a graph's inputs/outputs and the contract's (empty when it conforms)."""
-    return contract.io_mismatches(_value_specs(model.graph.input), _value_specs(model.graph.output), inputs, outputs,
-                                  precision, config, exact=True)
+    return (contract.io_mismatches("input", _value_specs(model.graph.input), inputs, precision, config, exact=True)
+            + contract.io_mismatches("output", _value_specs(model.graph.output), outputs, precision, config,
+                                     exact=True))
 
 
 def _value_types(model) -> dict[str, int]:
@@ -195,9 +135,8 @@ def check_graph(path: str, graph: str, config: dict[str, Any], precision: str, o
     """
     import onnx
 
-    n = config["decoder_layers"]
-    inputs, outputs = ((contract.encoder_inputs(), contract.encoder_outputs(n)) if graph == "encoder"
-                       else (contract.step_inputs(n), contract.step_outputs(n)))
+    inputs, outputs = contract.graph_io(contract.ENCODER_FILE if graph == "encoder" else contract.STEP_FILE,
+                                        config["decoder_layers"])
     name = os.path.basename(path)
     try:
         onnx.checker.check_model(path, full_check=True)
@@ -238,22 +177,20 @@ def check_ort_step_graph(path: str, config: dict[str, Any]) -> dict[str, Any]:
 
     name = os.path.basename(path)
     proto = onnx.load(path)
-    n = config["decoder_layers"]
-    inputs, outputs = contract.ort_step_inputs(n), contract.ort_step_outputs(n)
+    inputs, outputs = contract.graph_io(contract.ORT_STEP_FILE, config["decoder_layers"])
     problems = contract_problems(proto, inputs, outputs, config, "fp32")
     reason = ort_unavailable_reason(path)
     if reason:
         problems.append(reason)
     if problems:
         raise ExportError(f"{name} does not conform:\n  " + "\n  ".join(problems),
-                          hint="this is a bug in the exporter (ort_step.py); nothing was written")
+                          hint="this is a bug in the exporter (transduce/exporter/ort_step.py); nothing was written")
     hist = opcheck.op_histogram(proto)
     return {
         "inputs": [{"name": s.name, "axes": list(s.axes), "dtype": contract.resolve_dtype(s, "fp32")} for s in inputs],
         "outputs": [{"name": s.name, "axes": list(s.axes), "dtype": contract.resolve_dtype(s, "fp32")} for s in outputs],
         "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "runtime": "onnxruntime only (com.microsoft contrib ops)",
-        "revision": ort_step.REVISION,
         "nodes": sum(hist.values()),
         "op_histogram": hist,
         "initializers": len(proto.graph.initializer),
@@ -323,7 +260,7 @@ class ArtifactRunner:
                  threads: int = 1):
         self.directory = os.fspath(directory)
         if precision is None:
-            precision = contract.read_manifest(self.directory)["precision"]
+            precision = read_manifest(self.directory)["precision"]
         self.precision = precision
         self.float_dtype = numpy_float_dtype(precision)
         enc_path = os.path.join(self.directory, contract.ENCODER_FILE)
@@ -423,14 +360,14 @@ def validation_cases(config: dict[str, Any]) -> list[Case]:
 
 @dataclass
 class ErrorTable:
-    """Running max errors per output: elementwise against TOLERANCES[precision], or per tensor against
-    RELATIVE_RMS[precision] (quantized graphs)."""
+    """Running max errors per output: elementwise against POLICIES[precision].outputs, or per tensor against
+    POLICIES[precision].relative_rms (quantized graphs)."""
 
     precision: str
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, graph: str, case: str, got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> None:
-        per_tensor = RELATIVE_RMS.get(self.precision)
+        per_tensor = POLICIES[self.precision].relative_rms
         for name, r in ref.items():
             kind = output_kind(name)
             g = np.asarray(got[name]).astype(np.float64)
@@ -451,10 +388,11 @@ class ErrorTable:
                 row["max_abs"] = max(row["max_abs"], max_abs)
                 row["passed"] = row["passed"] and finite and rel <= limit
                 continue
-            atol, rtol = TOLERANCES[self.precision][kind]
+            tol = POLICIES[self.precision].outputs[kind]
+            atol, rtol = tol
             big = np.abs(r) >= atol
             max_rel = float((diff[big] / np.abs(r[big])).max()) if finite and big.any() else (0.0 if finite else float("inf"))
-            passed = finite and bool((diff <= atol + rtol * np.abs(r)).all())
+            passed = finite and bool(within(diff, r, tol).all())
             row = self.rows.setdefault(f"{graph}/{name}", {"graph": graph, "output": name, "max_abs": 0.0, "max_rel": 0.0,
                                                            "atol": atol, "rtol": rtol, "passed": True, "worst_case": case})
             if max_abs > row["max_abs"]:
@@ -598,13 +536,13 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
 def validate_graphs(directory: str, model, precision: str, engine: str | None = None, seed: int = 0,
                     log: Log = _quiet, tolerances: str | None = None) -> dict[str, Any]:
     """Numeric validation of the graphs in `directory` against the eager fp32 `model`: elementwise
-    with TOLERANCES[tolerances] (default: the precision's), or per tensor with RELATIVE_RMS[tolerances]
+    with POLICIES[tolerances].outputs (default: the precision's), or per tensor with its relative_rms
     ("int8": quantized graphs).
 
     Returns the manifest's "validation" record; raises ExportError if an output is out of tolerance.
     """
     tolerances = tolerances or precision
-    per_tensor = tolerances in RELATIVE_RMS
+    per_tensor = POLICIES[tolerances].relative_rms is not None
     if engine is None and precision != "bf16":
         engine = "onnxruntime"  # what the runtime will use: it must load the graphs
     try:
@@ -630,10 +568,10 @@ def validate_graphs(directory: str, model, precision: str, engine: str | None = 
         "engine_reason": runner.engine_reason,
         "reference": "eager PyTorch, fp32 weights",
         **({"criterion": "||graph - eager|| / ||eager|| <= relative_rms per output tensor, outputs finite",
-            "tolerances": {k: {"relative_rms": v} for k, v in RELATIVE_RMS[tolerances].items()}}
+            "tolerances": {k: {"relative_rms": v} for k, v in POLICIES[tolerances].relative_rms.items()}}
            if per_tensor else
            {"criterion": "|graph - eager| <= atol + rtol * |eager| elementwise, outputs finite",
-            "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in TOLERANCES[tolerances].items()}}),
+            "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in POLICIES[tolerances].outputs.items()}}),
         "cases": cases,
         "errors": table.records(),
     }

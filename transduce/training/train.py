@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from transduce._io import check_replaceable, marked_as
 from transduce.errors import ConfigError, DataError, TrainingDiverged
-from transduce.models.data import Example
+from transduce.formats.kinds import is_model_dir
+from transduce.formats.paths import check_replaceable
+from transduce.training.data import Example
 
 MIN_VOCAB = 8  # the 4 specials and a few symbols; the BPE vocabulary never ends smaller than the alphabet
 
@@ -100,9 +101,9 @@ def evaluate(model, tokenizer, examples: list[Example], pairs: list[tuple[str, s
     import sacrebleu
     import torch
 
-    from transduce.models.data import collate, make_batches
     from transduce.runtime.backends.torch_backend import TorchBackend
     from transduce.runtime.decoding import DecodingOptions, decode
+    from transduce.training.data import collate, make_batches
 
     cfg = model.cfg
     device = next(model.parameters()).device
@@ -141,8 +142,8 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     """Train (or reuse) the tokenizer, build the model config, and encode both corpora."""
     from transduce.models.checkpoint import special_id_mismatches
     from transduce.models.config import preset
-    from transduce.models.data import encode_pairs
     from transduce.tokenizer import Tokenizer
+    from transduce.training.data import encode_pairs
 
     if tokenizer is None:
         tokenizer = Tokenizer.train((s for p in train_pairs for s in p), train_cfg.vocab_size)
@@ -168,29 +169,17 @@ def training_device(name: str):
     """The torch device to train on, or a ConfigError saying why it cannot be used."""
     import torch
 
-    from transduce._devices import torch_device
+    from transduce.runtime.devices import torch_device
 
     return torch.device(torch_device(name, "--device", ConfigError, runs="training runs",
                                      cpu_hint="train with --device cpu, or install a CUDA build of torch on a GPU machine"))
-
-
-def is_our_model_dir(directory: str) -> bool:
-    """Whether transduce train wrote directory, complete or damaged (its config.json is a model's, or is
-    damaged beside model.safetensors), and it is not an export or engine directory (both hold a copy of
-    their model's config.json)."""
-    from transduce.exporter.engine import ENGINE_MANIFEST
-    from transduce.runtime.contract import MANIFEST_FILE, MODEL_CONFIG_FILE, MODEL_FORMAT, WEIGHTS_FILE
-
-    if any(os.path.lexists(os.path.join(directory, name)) for name in (MANIFEST_FILE, ENGINE_MANIFEST)):
-        return False
-    return marked_as(directory, MODEL_CONFIG_FILE, "format", MODEL_FORMAT, WEIGHTS_FILE)
 
 
 def check_train_output(out_dir: str, force: bool) -> bool:
     """A new run may write `out_dir` if nothing is there, an empty directory, or (with force) a model
     directory; never over other files (replacing a model directory deletes what was in it). -> whether
     it replaces an existing model directory."""
-    return check_replaceable(out_dir, force, is_our_model_dir, "a model directory", "model directories",
+    return check_replaceable(out_dir, force, is_model_dir, "a model directory", "model directories",
                              ConfigError, "--out", force_hint="pass --resume to continue its run, --force to replace it, or choose another --out")
 
 
@@ -294,10 +283,10 @@ def train(
     """
     import torch
 
-    from transduce._io import check_parent_writable
+    from transduce.formats.paths import check_parent_writable
     from transduce.models.checkpoint import load_model_dir, load_training_state, save_model_dir
-    from transduce.models.data import collate, epoch_order, make_batches
     from transduce.models.transformer import Transformer
+    from transduce.training.data import collate, epoch_order, make_batches
 
     replaces = resume or check_train_output(out_dir, force)  # an existing model directory (not an empty one)
     check_parent_writable(out_dir)  # every checkpoint is written beside it and renamed: before any training
@@ -463,8 +452,8 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
                      resume: bool = False, progress: bool = True, force: bool = False,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """`transduce train`: read the corpus (or make the embedded one), hold out a validation set, train."""
+    from transduce.formats.parallel import read_parallel
     from transduce.models.corpus import demo_corpus
-    from transduce.models.data import read_parallel
 
     if data and (source or target):
         raise ConfigError("give either --data (TSV) or --source/--target (aligned files), not both")

@@ -1,12 +1,11 @@
-"""`transduce build` (click only; the work is done by transduce.exporter.engine.build_engines)."""
+"""`transduce build` (click only; the work is done by transduce.build.builder.build_engines)."""
 
 from __future__ import annotations
 
 import click
 
 from transduce.cli_errors import cli_errors
-
-PROFILE_MODES = ("auto", "single", "split")  # transduce.exporter.engine.PROFILE_MODES (not imported: keep this light)
+from transduce.formats.profiles import PROFILE_MODES
 
 
 @click.command("build")
@@ -40,7 +39,7 @@ def build(artifact_dir, out_dir, max_batch, beam, max_src_len, max_tgt_len, opt_
     --backend tensorrt`. Engines are specific to this GPU and TensorRT version: elsewhere they are
     refused with the command that rebuilds them.
     """
-    from transduce.exporter.engine import build_engines, summary
+    from transduce.build.builder import build_engines, summary
 
     log = None if quiet else (lambda msg: click.echo(f"[build] {msg}", err=True))
     meta = build_engines(artifact_dir, out_dir, max_batch=max_batch, beam=beam, max_src_len=max_src_len,

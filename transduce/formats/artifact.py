@@ -1,0 +1,158 @@
+"""An exported artifact's manifest.json: read and checked here (transduce.exporter.onnx_export writes it).
+
+The manifest records `kind` ("transduce-artifact"), `contract_version` (the runtime refuses another
+version, naming the command that rebuilds the artifact), `precision`, `opset`, `ort_step_graph` (false:
+exported with --no-ort-step; absent in older manifests), `model` (the ModelConfig dict), `source_model`
+{path, weights_sha256, config_sha256}, `dynamic_axes` {axis: [min, max or null]} (see
+contract.dynamic_axis_ranges), `static_axes`, `graphs` {file: inputs, outputs, op_histogram, ...},
+`validation` {engine, tolerances, cases, errors: [{graph, output, max_abs, max_rel, atol, rtol, passed}]},
+`tools`, `export_seconds`, and `files` {name: {sha256, bytes}} for every other file of the directory (the
+graphs, any external-data file, and config.json and tokenizer.json copied from the model directory). An
+artifact exported with --quantize int8 also has `quantization` {method, graphs, ops, bytes (the quantized
+graphs' sizes), validation (rows {graph, output, max_abs, rel_rms, rel_rms_limit, passed, worst_case}), ...}:
+its encoder.onnx and decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider
+only; `graphs` describes them before quantization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+from typing import Any
+
+from transduce.errors import ArtifactError, ConfigError
+from transduce.formats.atomic import write_json
+from transduce.formats.contract import (
+    CONTRACT_VERSION,
+    ENCODER_FILE,
+    ORT_STEP_FILE,
+    STEP_FILE,
+    dynamic_axis_ranges,
+    static_axis_sizes,
+)
+from transduce.formats.files import listed_file_problem, read_json
+from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, is_model_dir
+from transduce.formats.model_config import ModelConfig
+from transduce.formats.model_dir import CONFIG_FILE, TOKENIZER_FILE
+from transduce.formats.paths import require_directory
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+QUANTIZATION_METHODS = ("int8",)  # export --quantize (transduce/exporter/quantize.py)
+QUANTIZED_FILES = (ENCODER_FILE, ORT_STEP_FILE)  # the graphs a quantized artifact has quantized
+# what ONNX Runtime's quantize_dynamic makes of MatMul and Gemm: one of these is in every graph it quantized
+QUANTIZED_OP_TYPES = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QGemm")
+
+def rebuild_hint(artifact_dir: str, manifest: Any = None) -> str:
+    """The hint of a refused artifact: the export command that makes it again with the options it was made
+    with (its model, precision, quantization, no fused step graph), as far as a parsed `manifest` tells;
+    for an engine directory, which export refuses to replace, the export and then the build."""
+    m = manifest if isinstance(manifest, dict) else {}
+    source = m.get("source_model")
+    model = source.get("path") if isinstance(source, dict) else None
+    model = model if isinstance(model, str) and os.path.isdir(model) else "MODEL_DIR"
+    options = []
+    precision = m.get("precision")
+    if precision in PRECISIONS and precision != "fp32":
+        options.append(f"--precision {precision}")
+    quantized = quantization(m)
+    if quantized in QUANTIZATION_METHODS and precision == "fp32":  # another is a hand edit: no option repeats it
+        options.append(f"--quantize {quantized}")
+    if m.get("ort_step_graph") is False:  # older manifests do not record it: they cannot tell
+        options.append("--no-ort-step")
+    extra = "".join(f" {o}" for o in options)
+    if os.path.isfile(os.path.join(artifact_dir, ENGINE_MANIFEST_FILE)):
+        return (f"{artifact_dir} is an engine directory: export the model again, then build its engines again: "
+                f"transduce export {model} ARTIFACT_DIR --force{extra} && "
+                f"transduce build ARTIFACT_DIR --out {artifact_dir} --force")
+    return f"rebuild the artifact with: transduce export {model} {artifact_dir} --force{extra}"
+
+
+def quantization(manifest: dict[str, Any]) -> str | None:
+    """The artifact's quantization ("int8": `transduce export --quantize int8`), None if it has none."""
+    q = manifest.get("quantization")
+    return q.get("method") if isinstance(q, dict) else None
+
+
+def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
+    """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
+    artifact_dir = os.fspath(artifact_dir)
+    hint = rebuild_hint(artifact_dir)
+    path = os.path.join(artifact_dir, MANIFEST_FILE)
+    require_directory(artifact_dir, ArtifactError, "an artifact directory", "artifact directory",
+                      "give the directory transduce export wrote", f"export one with: transduce export MODEL_DIR {artifact_dir}")
+    if not os.path.isfile(path):
+        if is_model_dir(artifact_dir):
+            raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
+                                hint=f"export it first: transduce export {artifact_dir} ARTIFACT_DIR, then use ARTIFACT_DIR")
+        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact",
+                            hint="export into a new directory: transduce export MODEL_DIR NEW_DIR (--force replaces "
+                                 f"only artifacts, and {artifact_dir} has lost its manifest: remove it to reuse its name)"
+                            if os.listdir(artifact_dir) else hint)
+    try:
+        manifest = read_json(path)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{path} is unreadable or not JSON ({e})", hint=hint) from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != ARTIFACT_KIND:
+        raise ArtifactError(f"{path} is not a transduce artifact manifest", hint=hint)
+    hint = rebuild_hint(artifact_dir, manifest)
+    version = manifest.get("contract_version")
+    if type(version) is not int or version != CONTRACT_VERSION:  # a string "2" or 2.0 too: its repr says why
+        raise ArtifactError(
+            f"{artifact_dir!r} was exported for IO contract version {version!r}; "
+            f"this transduce reads version {CONTRACT_VERSION}",
+            hint=hint,
+        )
+    if manifest.get("precision") not in PRECISIONS:
+        raise ArtifactError(f"{path}: unknown precision {manifest.get('precision')!r}", hint=hint)
+    model = manifest.get("model")
+    if not isinstance(model, dict):
+        raise ArtifactError(f"{path}: no model config", hint=hint)
+    missing = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in model]
+    if missing:  # the exporter writes every field; a default would guess (an eos_id, say)
+        raise ArtifactError(f"{path}: its model config lacks {', '.join(missing)}", hint=hint)
+    try:  # and valid: n_heads 0 or an eos_id past the vocabulary would fail later, unnamed
+        ModelConfig.from_dict(model)
+    except ConfigError as e:
+        raise ArtifactError(f"{path}: its model config is not valid: {e}", hint=hint) from None
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE, TOKENIZER_FILE} <= set(files):
+        raise ArtifactError(f"{path} does not list {ENCODER_FILE}, {STEP_FILE} and {TOKENIZER_FILE}", hint=hint)
+    for name, meta in files.items():
+        problem = listed_file_problem(artifact_dir, name, meta, verify_hashes, listed_in=path, changed="after export")
+        if problem:
+            raise ArtifactError(problem, hint=hint)
+    return manifest
+
+
+def artifact_manifest(precision: str, opset: int, ort_step_graph: bool, export_seconds: dict[str, float],
+                      exporter: str, tools: dict[str, str], model: dict[str, Any], source_model: dict[str, Any],
+                      graphs: dict[str, Any], tensorrt_ops: dict[str, Any], validation: dict[str, Any],
+                      quantization: dict[str, Any] | None, files: dict[str, Any]) -> dict[str, Any]:
+    """manifest.json's content for an export (the fields: this module's docstring)."""
+    return {
+        "kind": ARTIFACT_KIND,
+        "contract_version": CONTRACT_VERSION,
+        "precision": precision,
+        "opset": opset,
+        "ort_step_graph": bool(ort_step_graph),  # False: --no-ort-step, which a rebuild hint repeats
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "export_seconds": export_seconds,
+        "exporter": exporter,
+        "tools": tools,
+        "model": model,
+        "model_config_file": CONFIG_FILE,
+        "tokenizer": TOKENIZER_FILE,
+        "source_model": source_model,
+        "dynamic_axes": {k: list(v) for k, v in dynamic_axis_ranges(model).items()},
+        "static_axes": static_axis_sizes(model),
+        "graphs": graphs,
+        "tensorrt_ops": tensorrt_ops,
+        "validation": validation,
+        **({"quantization": quantization} if quantization else {}),
+        "files": files,
+    }
+
+
+def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
+    write_json(os.path.join(directory, MANIFEST_FILE), manifest)
