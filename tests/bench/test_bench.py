@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from transduce.bench import ceilings
-from transduce.bench.harness import BenchConfig, beam_of, cell_stats, summary, throughput_ratios
+from transduce.bench.config import BenchConfig, beam_of
+from transduce.bench.stats import cell_stats, summary, throughput_ratios
 from transduce.errors import TransduceError
 from transduce.formats.artifact import read_manifest
 
@@ -31,7 +32,7 @@ def tiny_ct2_dir(tmp_path_factory, tiny_model_dir):
 
 # -- the CTranslate2 conversion --------------------------------------------------------------------
 def test_ct2_greedy_equals_ours_token_for_token(tiny_model_dir, tiny_ct2_dir, tiny_tokenizer, small_corpus):
-    from transduce.bench.ctranslate2_export import check_greedy_equality
+    from transduce.bench.ct2_check import check_greedy_equality
 
     _, valid = small_corpus
     sources = [tiny_tokenizer.encode(s) for s, _ in valid[:12]]
@@ -53,7 +54,8 @@ def test_ct2_check_at_the_edges(tiny_model_dir, tiny_ct2_dir, tmp_path):
     and a model whose greedy output is empty (CTranslate2 must be allowed to end at once, as ours is)."""
     import torch
 
-    from transduce.bench.ctranslate2_export import check_greedy_equality, convert_to_ctranslate2
+    from transduce.bench.ct2_check import check_greedy_equality
+    from transduce.bench.ctranslate2_export import convert_to_ctranslate2
     from transduce.models.checkpoint import load_model_dir, save_model_dir
 
     model, tok, cfg = load_model_dir(tiny_model_dir)
@@ -93,7 +95,8 @@ def test_check_reports_where_other_weights_diverge(tmp_path, tiny_model, tiny_to
     _ct2()
     import torch
 
-    from transduce.bench.ctranslate2_export import check_greedy_equality, convert_to_ctranslate2
+    from transduce.bench.ct2_check import check_greedy_equality
+    from transduce.bench.ctranslate2_export import convert_to_ctranslate2
     from transduce.models.checkpoint import save_model_dir
 
     other = copy.deepcopy(tiny_model)
@@ -115,13 +118,14 @@ def test_check_catches_a_shifted_position_table(tmp_path, tiny_model_dir, tiny_t
     """Fairseq's sinusoidal table starts at offset padding_idx + 1; given that table, the check must fail."""
     _ct2()
     from transduce.bench import ctranslate2_export as ce
+    from transduce.bench.ct2_check import check_greedy_equality
 
     ours = ce.sinusoidal_table_np
     monkeypatch.setattr(ce, "sinusoidal_table_np", lambda n, d: ours(n + 2, d)[2:])
     wrong = ce.convert_to_ctranslate2(tiny_model_dir, tmp_path / "shifted", force=True)
     _, valid = small_corpus
     sources = [tiny_tokenizer.encode(s) for s, _ in valid[:4]]
-    report = ce.check_greedy_equality(tiny_model_dir, wrong, sources, "shifted", forced_steps=6)
+    report = check_greedy_equality(tiny_model_dir, wrong, sources, "shifted", forced_steps=6)
     assert not report.passed
     assert report.logprob_tolerance_exceeded > 0 and report.max_abs_logprob_diff_random > 1e-3
 
@@ -153,7 +157,8 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     assert result["ceilings"]["bandwidth_gbs"] > 0 and result["ceilings"]["matmul_gflops"] > 0
     (size,) = result["sizes"]
     assert size["size"] == "demo" and size["model"]["artifact_dir"] == os.path.abspath(tiny_artifact_dir)
-    assert [(c["mode"], c["batch"]) for c in size["cells"]] == [("greedy", 1), ("greedy", 2), ("beam2", 1), ("beam2", 2)]
+    assert [(c["mode"], c["batch"]) for c in size["cells"]] == [("greedy", 1), ("greedy", 2), ("beam2", 1),
+                                                                ("beam2", 2)]
     timed = [n for n, s in size["systems"].items() if s["status"] == "ok"]
     assert {"torch", "onnxruntime"} <= set(timed)
     if cuda:  # on the GPU: timed, with its device named, and given no ratio to CTranslate2 on the CPU
@@ -163,7 +168,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
         assert "sees no usable CUDA GPU" in size["systems"]["torch-cuda"]["reason"]
     if "ctranslate2" in backends:
         assert size["checks"] and all(c["passed"] for c in size["checks"])
-        from transduce.bench.harness import cpu_above_avx2
+        from transduce.bench.cpu import cpu_above_avx2
 
         assert "ctranslate2" in timed
         # avx2 caps oneDNN below what the CPU has, or repeats the default setting (and is not timed)
@@ -172,7 +177,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
             assert size["systems"]["ctranslate2-avx2"]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
         assert "ctranslate2-1thread" not in size["systems"]  # at --threads 1 it is the default setting
         assert "ctranslate2-nomkl-1thread" not in size["systems"]  # ... and this one nomkl
-        from transduce.bench.harness import cpu_is_intel
+        from transduce.bench.cpu import cpu_is_intel
 
         # nomkl is the default setting on a CPU that is not Intel's (CTranslate2 uses MKL on Intel's only)
         assert ("ctranslate2-nomkl" in timed) == cpu_is_intel()
@@ -206,18 +211,20 @@ def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny
     from transduce.bench import harness, models
     from transduce.cli import main
 
-    checks, prepare = harness._checks, models.prepare
+    checks, prepare = harness.equality_checks, models.prepare
 
     def failed_checks(*args):
         return [{**c, "passed": False} for c in checks(*args)]
 
-    monkeypatch.setattr(harness, "_checks", failed_checks)
-    monkeypatch.setattr(harness, "quality_gate", lambda prepared, q, cfg, log: {"passed": False, "reason": "the int8 gate"})
+    monkeypatch.setattr(harness, "equality_checks", failed_checks)
+    monkeypatch.setattr(harness, "quality_gate",
+                        lambda prepared, q, cfg, log: {"passed": False, "reason": "the int8 gate"})
     monkeypatch.setattr(models, "prepare", lambda *a, **k: prepare(*a, **{**k, "quantize": []}))  # no int8 export
     out = tmp_path / "bench"
-    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir", tiny_artifact_dir,
-                                    "--out", str(out), "--threads", "1", "--batches", "1", "--modes", "greedy",
-                                    "--repeats", "1", "--steps", "2", "--src-len", "4", "--no-ceilings",
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir",
+                                    tiny_artifact_dir, "--out", str(out), "--threads", "1", "--batches", "1",
+                                    "--modes", "greedy", "--repeats", "1", "--steps", "2", "--src-len", "4",
+                                    "--no-ceilings",
                                     "--backends", "onnxruntime,ctranslate2", "--quantize", "int8"])
     assert res.exit_code == 0, res.output
     (size,) = json.loads((out / "bench.json").read_text())["sizes"]
@@ -242,9 +249,10 @@ def test_a_conversion_ctranslate2_cannot_load_skips_it_and_times_the_rest(tmp_pa
 
     monkeypatch.setattr(ctranslate2, "Translator", refused)  # in this process only: the check's load
     out = tmp_path / "bench"
-    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir", tiny_artifact_dir,
-                                    "--out", str(out), "--threads", "1", "--batches", "1", "--modes", "greedy",
-                                    "--repeats", "1", "--steps", "2", "--src-len", "4", "--no-ceilings",
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir",
+                                    tiny_artifact_dir, "--out", str(out), "--threads", "1", "--batches", "1",
+                                    "--modes", "greedy", "--repeats", "1", "--steps", "2", "--src-len", "4",
+                                    "--no-ceilings",
                                     "--backends", "onnxruntime,ctranslate2"])
     assert res.exit_code == 0, res.output
     (size,) = json.loads((out / "bench.json").read_text())["sizes"]
@@ -267,9 +275,10 @@ def test_a_failed_report_write_prints_the_measurements(tmp_path, tiny_model_dir,
 
     monkeypatch.setattr(report, "write_json_atomic", full)
     out = tmp_path / "bench"
-    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir", tiny_artifact_dir,
-                                    "--out", str(out), "--threads", "1", "--batches", "1", "--modes", "greedy",
-                                    "--repeats", "1", "--steps", "2", "--src-len", "4", "--no-ceilings",
+    res = CliRunner().invoke(main, ["bench", "--quick", "--model-dir", tiny_model_dir, "--artifact-dir",
+                                    tiny_artifact_dir, "--out", str(out), "--threads", "1", "--batches", "1",
+                                    "--modes", "greedy", "--repeats", "1", "--steps", "2", "--src-len", "4",
+                                    "--no-ceilings",
                                     "--backends", "onnxruntime"])
     assert res.exit_code == 2
     assert "cannot write the bench report" in res.stderr and "none of the report files was written" in res.stderr
@@ -280,21 +289,22 @@ def test_a_failed_report_write_prints_the_measurements(tmp_path, tiny_model_dir,
 
 
 # -- arithmetic ------------------------------------------------------------------------------------
-DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
-                                                "d_ff": 512, "vocab_size": 372}, "description": "x"}}
+DEMO_SIZE = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
+                                                "n_heads": 4, "d_ff": 512, "vocab_size": 372}, "description": "x"}}
 
 
 def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
     """Per round, against the fastest CTranslate2 setting in the cell; the GPU systems (CTranslate2 runs on the
     CPU here) get none, and the settings are compared with each other."""
-    from transduce.bench.harness import ct2_ratios
+    from transduce.bench.stats import ct2_ratios
 
     raw = {"torch": {"decode": [0.4, 0.5]}, "onnxruntime": {"decode": [0.1, 0.2]}, "tensorrt": {"decode": [0.01, 0.01]},
            "torch-cuda": {"decode": [0.05, 0.05]}, "ctranslate2": {"decode": [0.3, 0.3]},
            "ctranslate2-avx2": {"decode": [0.2, 0.2]}}
     out = ct2_ratios(raw, list(raw))
     assert out["ct2_best"] == "ctranslate2-avx2" and set(out["ratios"]) == {"torch", "onnxruntime"}
-    assert out["ratios"]["onnxruntime"]["per_round"] == pytest.approx([2.0, 1.0]) and out["ratios"]["onnxruntime"]["vs"] == "ctranslate2-avx2"
+    assert (out["ratios"]["onnxruntime"]["per_round"] == pytest.approx([2.0, 1.0])
+            and out["ratios"]["onnxruntime"]["vs"] == "ctranslate2-avx2")
     assert out["ct2_settings_ratio"]["ctranslate2"]["per_round"] == pytest.approx([1.5, 1.5])
     assert ct2_ratios({"torch": {"decode": [0.4]}}, ["torch"]) == {"ratios": {}}
 
@@ -302,7 +312,7 @@ def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
 def test_ctranslate2_settings_within_the_thread_budget():
     """1thread runs CTranslate2 on one of the budget's threads; a setting that would repeat another's
     configuration (1thread at --threads 1 is the default) is not timed twice."""
-    from transduce.bench.harness import ct2_setting, ct2_settings_run, ct2_threads
+    from transduce.bench.ct2_settings import ct2_setting, ct2_settings_run, ct2_threads
 
     assert ct2_setting("ctranslate2") == "default" and ct2_setting("ctranslate2-1thread") == "1thread"
     assert [ct2_threads(s, 2) for s in ("default", "avx2", "1thread")] == [2, 2, 1]
@@ -311,14 +321,15 @@ def test_ctranslate2_settings_within_the_thread_budget():
     assert ct2_settings_run(["default", "avx2", "1thread"], 1, above_avx2=True) == ["default", "avx2"]
     assert ct2_settings_run(["1thread", "default"], 1, above_avx2=True) == ["1thread"]
     assert ct2_settings_run(["avx2", "1thread"], 1, above_avx2=True) == ["avx2", "1thread"]  # another environment: kept
-    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread", "nomkl", "nomkl-1thread", "inter", "nomkl-inter"]
+    assert BenchConfig().ct2_settings == ["default", "avx2", "1thread", "nomkl", "nomkl-1thread", "inter",
+                                          "nomkl-inter"]
 
 
 def test_ctranslate2_inter_settings_decode_a_batch_in_parts():
     """inter: CTranslate2 decodes a batch as --threads sub-batches at once, one thread each (our ONNX Runtime
     backend decodes a small model's batch in parts too); the worker asks for that many sub-batches, and the
     output is CTranslate2's forced decode all the same."""
-    from transduce.bench.harness import ct2_inter_threads, ct2_threads
+    from transduce.bench.ct2_settings import ct2_inter_threads, ct2_threads
 
     assert [ct2_inter_threads(s, 2) for s in ("default", "1thread", "inter", "nomkl-inter")] == [1, 1, 2, 2]
     assert ct2_threads("inter", 2) == ct2_threads("nomkl-inter", 4) == 1
@@ -327,7 +338,7 @@ def test_ctranslate2_inter_settings_decode_a_batch_in_parts():
 def test_an_inter_setting_at_batch_1_repeats_its_one_thread_setting():
     """One sentence is one sub-batch on one thread: in a batch-1 cell inter is 1thread (and nomkl-inter
     nomkl-1thread), so only the first of each is timed there; from batch 2 on they differ."""
-    from transduce.bench.harness import ct2_cell_repeats, ct2_sub_batches
+    from transduce.bench.ct2_settings import ct2_cell_repeats, ct2_sub_batches
 
     assert [ct2_sub_batches("inter", 2, b) for b in (1, 2, 3, 16)] == [1, 2, 2, 2]
     assert ct2_sub_batches("inter", 4, 5) == 3 and ct2_sub_batches("default", 2, 16) == 1  # parts of 2: 2, 2, 1
@@ -341,7 +352,8 @@ def test_an_inter_setting_at_batch_1_repeats_its_one_thread_setting():
         "ctranslate2-1thread": "ctranslate2-inter"}  # the first one named is timed
     # as the settings amount to on the CPU: off Intel's CPUs an unset CT2_USE_MKL is 0 (nomkl-1thread = 1thread)
     amd = ["ctranslate2-nomkl-1thread", "ctranslate2-inter"]
-    assert ct2_cell_repeats(amd, 2, 1, intel=False, above_avx2=True) == {"ctranslate2-inter": "ctranslate2-nomkl-1thread"}
+    assert ct2_cell_repeats(amd, 2, 1, intel=False, above_avx2=True) == {
+        "ctranslate2-inter": "ctranslate2-nomkl-1thread"}
     assert ct2_cell_repeats(amd, 2, 1, intel=True, above_avx2=True) == {}  # MKL against oneDNN on Intel's
 
 
@@ -382,13 +394,14 @@ def test_ctranslate2_worker_with_inter_threads_splits_the_batch(tiny_ct2_dir, mo
 def test_ctranslate2_settings_resolve_mkl_as_ctranslate2_does():
     """Without CT2_USE_MKL CTranslate2 uses MKL on Intel CPUs only: there nomkl is a setting of its own
     (MKL on two threads was 4-10x slower than oneDNN on an Intel Xeon), elsewhere it repeats the default."""
-    from transduce.bench.harness import DEFAULT_CT2_SETTINGS, ct2_effective_env, ct2_setting, ct2_settings_run
+    from transduce.bench.ct2_settings import DEFAULT_CT2_SETTINGS, ct2_effective_env, ct2_setting, ct2_settings_run
 
     assert ct2_setting("ctranslate2-nomkl-1thread") == "nomkl-1thread"
     assert ct2_effective_env("default", intel=True)["CT2_USE_MKL"] == "1"
     assert ct2_effective_env("default", intel=False)["CT2_USE_MKL"] == "0"
     assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=True, above_avx2=True) == DEFAULT_CT2_SETTINGS
-    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=False, above_avx2=True) == ["default", "avx2", "1thread", "inter"]
+    assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 2, intel=False, above_avx2=True) == ["default", "avx2", "1thread",
+                                                                                      "inter"]
     assert ct2_settings_run(DEFAULT_CT2_SETTINGS, 1, intel=True, above_avx2=True) == ["default", "avx2", "nomkl"]
     assert ct2_settings_run(["mkl", "default"], 2, intel=True) == ["mkl"]
     assert ct2_settings_run(["mkl", "default"], 2, intel=False) == ["mkl", "default"]
@@ -403,7 +416,7 @@ def test_cpu_facts_from_proc_cpuinfo(monkeypatch, tmp_path):
     are timed) possibly above AVX2."""
     import builtins
 
-    from transduce.bench import harness
+    from transduce.bench import cpu, ct2_settings
 
     text = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R)\nflags\t\t: fpu avx avx2 fma "
             "avx512f avx512bw\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: fpu\n")
@@ -414,18 +427,18 @@ def test_cpu_facts_from_proc_cpuinfo(monkeypatch, tmp_path):
         return real_open(tmp_path / "cpuinfo" if path == "/proc/cpuinfo" else path, *a, **k)
 
     monkeypatch.setattr(builtins, "open", fake_open)
-    assert harness.cpuinfo() == {"vendor": "GenuineIntel", "model": "Intel(R) Xeon(R)",
-                                 "flags": {"fpu", "avx", "avx2", "fma", "avx512f", "avx512bw"}}
-    assert harness.cpu_is_intel() and harness.cpu_above_avx2()
+    assert cpu.cpuinfo() == {"vendor": "GenuineIntel", "model": "Intel(R) Xeon(R)",
+                             "flags": {"fpu", "avx", "avx2", "fma", "avx512f", "avx512bw"}}
+    assert cpu.cpu_is_intel() and cpu.cpu_above_avx2()
     (tmp_path / "cpuinfo").write_text(text.replace("GenuineIntel", "AuthenticAMD").replace(" avx512f avx512bw", ""))
-    assert not harness.cpu_is_intel() and not harness.cpu_above_avx2()
+    assert not cpu.cpu_is_intel() and not cpu.cpu_above_avx2()
     (tmp_path / "cpuinfo").unlink()
-    assert harness.cpuinfo() is None and not harness.cpu_is_intel() and harness.cpu_above_avx2()
+    assert cpu.cpuinfo() is None and not cpu.cpu_is_intel() and cpu.cpu_above_avx2()
     # ct2_settings_run reads /proc/cpuinfo once for both questions
     (tmp_path / "cpuinfo").write_text(text)
     opened = []
     monkeypatch.setattr(builtins, "open", lambda path, *a, **k: opened.append(path) or fake_open(path, *a, **k))
-    assert harness.ct2_settings_run(["default", "avx2", "nomkl"], 2) == ["default", "avx2", "nomkl"]
+    assert ct2_settings.ct2_settings_run(["default", "avx2", "nomkl"], 2) == ["default", "avx2", "nomkl"]
     assert opened.count("/proc/cpuinfo") == 1
 
 
@@ -433,7 +446,7 @@ def test_bench_help_names_every_ctranslate2_setting_and_the_default():
     """--ct2-settings' help lists every setting the harness knows, and the default it really uses."""
     from click.testing import CliRunner
 
-    from transduce.bench.harness import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
+    from transduce.bench.ct2_settings import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
     from transduce.cli import main
 
     res = CliRunner().invoke(main, ["bench", "--help"], terminal_width=10_000)
@@ -468,25 +481,25 @@ class _FakeClock:
 def test_settle_waits_until_the_worker_stops_using_cpu(monkeypatch, busy_until, expected):
     """A worker whose pool still spins (its CPU ticks advance) is waited for until its ticks stand
     still for SETTLE_QUIET_SECONDS, never past SETTLE_MAX_SECONDS."""
-    from transduce.bench import harness
+    from transduce.bench import cpu
 
     clock = _FakeClock()
-    monkeypatch.setattr(harness, "process_ticks", lambda pid: round(min(clock.t, busy_until) * 100))
-    waited = harness.settle(123, clock=clock, sleep=clock.sleep)
+    monkeypatch.setattr(cpu, "process_ticks", lambda pid: round(min(clock.t, busy_until) * 100))
+    waited = cpu.settle(123, clock=clock, sleep=clock.sleep)
     assert expected[0] <= waited <= expected[1]
 
 
 def test_settle_without_proc_waits_a_fixed_time(monkeypatch):
-    from transduce.bench import harness
+    from transduce.bench import cpu
 
     clock = _FakeClock()
-    monkeypatch.setattr(harness, "process_ticks", lambda pid: None)
-    assert harness.settle(123, clock=clock, sleep=clock.sleep) == pytest.approx(harness.SETTLE_BLIND_SECONDS)
-    assert harness.process_ticks(os.getpid()) is None or harness.process_ticks(os.getpid()) >= 0
+    monkeypatch.setattr(cpu, "process_ticks", lambda pid: None)
+    assert cpu.settle(123, clock=clock, sleep=clock.sleep) == pytest.approx(cpu.SETTLE_BLIND_SECONDS)
+    assert cpu.process_ticks(os.getpid()) is None or cpu.process_ticks(os.getpid()) >= 0
 
 
 def test_quantized_rows_config_and_names():
-    from transduce.bench.harness import quantized_system
+    from transduce.bench.config import quantized_system
 
     assert BenchConfig(quantize=["int8"]).quantize == ["int8"]
     with pytest.raises(TransduceError, match="unknown quantization"):
@@ -509,14 +522,14 @@ def test_quality_gate_compares_bleu_with_fp32(monkeypatch, tmp_path, quantized_t
 def test_quality_gate_threshold_is_half_a_bleu_point(monkeypatch, tmp_path):
     """99 identical sentences and one that differs: BLEU drops by less than 0.5 for a one-word change in
     a long corpus and by more for a wholly different sentence (threshold, not just 'equal or not')."""
-    from transduce.bench import harness
+    from transduce.bench import gates
 
     long = " ".join(f"w{i}" for i in range(12))
     refs = [long] * 100
     gate = _run_gate(monkeypatch, tmp_path, {"int8": [long] * 99 + [long.replace("w5", "x")]}, True, refs)
-    assert 0 < gate["bleu_fp32"] - gate["bleu_int8"] <= harness.QUALITY_GATE_BLEU
+    assert 0 < gate["bleu_fp32"] - gate["bleu_int8"] <= gates.QUALITY_GATE_BLEU
     gate = _run_gate(monkeypatch, tmp_path, {"int8": [long] * 97 + ["zz yy"] * 3}, False, refs)
-    assert gate["bleu_fp32"] - gate["bleu_int8"] > harness.QUALITY_GATE_BLEU and "below fp32" in gate["reason"]
+    assert gate["bleu_fp32"] - gate["bleu_int8"] > gates.QUALITY_GATE_BLEU and "below fp32" in gate["reason"]
 
 
 def test_quality_gate_refuses_an_untrained_demo_model(monkeypatch, tmp_path):
@@ -528,12 +541,12 @@ def _run_gate(monkeypatch, tmp_path, texts, passed, refs=None, trained=True):
     """The int8 rows are timed only if BLEU on the demo data is at most 0.5 below fp32's."""
     from types import SimpleNamespace
 
-    from transduce.bench import harness
+    from transduce.bench import gates
     from transduce.runtime import api
 
     refs = refs or ["a b c d e f", "a b c d e f"]
     pairs = [(f"s{i}", r) for i, r in enumerate(refs)]
-    monkeypatch.setattr(harness, "held_out_pairs", lambda prepared, n: pairs[:n])
+    monkeypatch.setattr(gates, "held_out_pairs", lambda prepared, n: pairs[:n])
 
     class FakeTranslator:
         def __init__(self, out):
@@ -548,7 +561,7 @@ def _run_gate(monkeypatch, tmp_path, texts, passed, refs=None, trained=True):
     monkeypatch.setattr(api, "load", lambda path, threads: FakeTranslator(texts[os.path.basename(path)]))
     prepared = SimpleNamespace(artifact_dir=str(tmp_path / "fp32"), quantized_dirs={"int8": str(tmp_path / "int8")},
                                size="demo", trained=trained, quantize_errors={})
-    gate = harness.quality_gate(prepared, "int8", BenchConfig(check_sentences=len(refs)), log=lambda m: None)
+    gate = gates.quality_gate(prepared, "int8", BenchConfig(check_sentences=len(refs)), log=lambda m: None)
     assert gate["passed"] is passed and gate["sentences"] == len(refs)
     if trained:
         assert gate["bleu_fp32"] == 100.0
@@ -565,7 +578,7 @@ class FakeWorker:
         self.proc = types.SimpleNamespace(pid=os.getpid())
 
     def call(self, req):
-        from transduce.bench.harness import WorkerError
+        from transduce.bench.workers import WorkerError
 
         self.calls += 1
         if self.die_at is not None and self.calls >= self.die_at:
@@ -577,11 +590,12 @@ class FakeWorker:
 
 def test_a_system_failing_after_some_rounds_is_marked(monkeypatch):
     """Its rounds so far are kept; bench.md marks its row and says over how many rounds it is."""
-    from transduce.bench import harness
-    from transduce.bench.harness import _time_cell, ct2_ratios
+    from transduce.bench import cells
+    from transduce.bench.cells import _time_cell
     from transduce.bench.report import _size_section
+    from transduce.bench.stats import ct2_ratios
 
-    monkeypatch.setattr(harness, "settle", lambda pid, **k: 0.0)
+    monkeypatch.setattr(cells, "settle", lambda pid, **k: 0.0)
 
     cfg = BenchConfig(sizes=["demo"], backends=["onnxruntime", "ctranslate2"], batches=[1], modes=["greedy"],
                       repeats=5, warmup=1, steps=8, src_len=8, ceilings=False)
@@ -612,10 +626,10 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     """At --threads 2 and batch 1, inter is 1thread: it is not timed beside it, and the report and the plot
     say so; if 1thread fails in that cell, the cell is timed again with inter in its place, so that our
     ratio is to rounds paired with ours. From batch 2 on both are timed."""
-    from transduce.bench import harness
+    from transduce.bench import cells
     from transduce.bench.report import _size_section, plot
 
-    monkeypatch.setattr(harness, "settle", lambda pid, **k: 0.0)
+    monkeypatch.setattr(cells, "settle", lambda pid, **k: 0.0)
     cfg = BenchConfig(sizes=["demo"], backends=["onnxruntime", "ctranslate2"], batches=[1], modes=["greedy"],
                       repeats=3, warmup=1, steps=8, src_len=8, ceilings=False, threads=2,
                       ct2_settings=["1thread", "inter"])
@@ -624,7 +638,7 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     logged = []
 
     def cell_of(workers, src):
-        c = harness._timed_cell(workers, names, src, 1, cfg, amd, logged.append)
+        c = cells.timed_cell(workers, names, src, 1, cfg, amd, logged.append)
         return {"mode": "greedy", "beam": 1, **c}
 
     workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2-1thread": FakeWorker(0.012),
@@ -656,7 +670,7 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
     # ... and so is any other setting that failed in the first timing (here the default, the fastest)
     workers = {"onnxruntime": FakeWorker(0.010), "ctranslate2": FakeWorker(0.004, die_at=5),
                "ctranslate2-1thread": FakeWorker(0.012, die_at=3), "ctranslate2-inter": FakeWorker(0.011)}
-    c = harness._timed_cell(workers, ["onnxruntime", "ctranslate2"] + names[1:], [[5, 6, 7]], 1, cfg, amd, logged.append)
+    c = cells.timed_cell(workers, ["onnxruntime", "ctranslate2"] + names[1:], [[5, 6, 7]], 1, cfg, amd, logged.append)
     assert c["stand_ins"] == {"ctranslate2-inter": "ctranslate2-1thread"} and workers["ctranslate2"].calls == 5
     assert c["ct2_best"] == "ctranslate2-inter" and c["ratios"]["onnxruntime"]["median"] == pytest.approx(1.1)
     # with nothing of ours left to pair with, it is not timed at all
@@ -684,7 +698,8 @@ def test_a_repeated_setting_is_timed_only_in_place_of_a_failed_one(monkeypatch, 
 
     notes = []
     annotate = matplotlib.axes.Axes.annotate
-    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, *a, **k: notes.append(text) or annotate(ax, text, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda ax, text, *a, **k: notes.append(text) or annotate(ax, text, *a, **k))
     unpaired = {**unpaired, "mode": "beam2"}  # a panel of its own, where 1thread has no round at all
     plot({"config": {"threads": 2, "steps": 8}, "sizes": [{**size, "cells": [cell, wide, failed, unpaired]}]},
          str(tmp_path / "bench.png"))
@@ -704,7 +719,7 @@ def test_the_encoder_thread_rule_reads_plainly():
 def test_a_hung_worker_is_stopped(tmp_path):
     import signal
 
-    from transduce.bench.harness import Worker, WorkerError
+    from transduce.bench.workers import Worker, WorkerError
 
     w = Worker("onnxruntime", {}, str(tmp_path / "worker.log"))
     try:
@@ -735,7 +750,8 @@ def test_config_validation_and_modes():
         beam_of("beam")
     for bad, says in ((dict(steps=1), "--steps"), (dict(modes=["sampling"]), "unknown mode"),
                       (dict(backends=["tf"]), "unknown backend"), (dict(batches=[0]), "batch sizes"),
-                      (dict(batches=[10**12]), "between 1 and 4096"), (dict(ct2_settings=["fast"]), "CTranslate2 setting"),
+                      (dict(batches=[10**12]), "between 1 and 4096"),
+                      (dict(ct2_settings=["fast"]), "CTranslate2 setting"),
                       (dict(sizes=["huge"]), "unknown model size"), (dict(sizes=[]), "--sizes names nothing"),
                       (dict(modes=[]), "--modes names nothing"), (dict(backends=[]), "--backends names nothing"),
                       (dict(backends=["tensorrt"]), "give --engine"), (dict(seed=-1), "--seed"),
@@ -765,7 +781,8 @@ def test_paths_lengths_and_inputs_are_checked_before_any_work(tmp_path, tiny_mod
         (dict(out_dir=str(cache / "demo")), "inside --cache-dir"),
         (dict(src_len=300), "--src-len 300 exceeds the demo model's max_positions"),
         (dict(steps=257), "--steps 257 exceeds"),
-        (dict(model_dir=tiny_artifact_dir), "--model-dir [^:]*: '[^']*' is an ONNX export .transduce export., not a model directory"),
+        (dict(model_dir=tiny_artifact_dir),
+         "--model-dir [^:]*: '[^']*' is an ONNX export .transduce export., not a model directory"),
         (dict(model_dir=str(tmp_path)), "config.json is missing"),
         (dict(sizes=["base", "demo"], artifact_dir=str(tmp_path / "missing")), "--artifact-dir .* does not exist"),
     ]
@@ -873,7 +890,8 @@ def test_the_bench_never_replaces_a_model_it_did_not_make(tmp_path, tiny_model_d
 
 def test_a_cache_dir_holding_the_users_models_is_refused(tmp_path, tiny_model_dir, monkeypatch):
     """--cache-dir runs would make CACHE/demo the demo's own run directory: refused before any work."""
-    from transduce.bench.harness import BenchConfig, run_bench
+    from transduce.bench.config import BenchConfig
+    from transduce.bench.harness import run_bench
     from transduce.errors import TransduceError
 
     monkeypatch.chdir(tmp_path)  # runs/demo/model is relative to the working directory
@@ -888,14 +906,16 @@ def test_a_cache_dir_holding_the_users_models_is_refused(tmp_path, tiny_model_di
 
 
 def test_a_logs_entry_that_is_a_file_is_a_clear_error(tmp_path, tiny_model_dir):
-    from transduce.bench.harness import BenchConfig, run_bench
+    from transduce.bench.config import BenchConfig
+    from transduce.bench.harness import run_bench
     from transduce.errors import TransduceError
 
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "logs").write_text("x")
     with pytest.raises(TransduceError, match="logs directory"):
         run_bench(BenchConfig(sizes=["demo"], backends=["torch"], cache_dir=str(tmp_path / "c"),
-                              out_dir=str(tmp_path / "out"), model_dir=tiny_model_dir, ceilings=False), log=lambda m: None)
+                              out_dir=str(tmp_path / "out"), model_dir=tiny_model_dir, ceilings=False),
+                  log=lambda m: None)
 
 
 def test_a_conversion_by_another_ctranslate2_is_not_current(tmp_path, tiny_model_dir, tiny_ct2_dir):
@@ -1049,14 +1069,15 @@ def test_the_report_says_how_onnxruntime_steps_use_the_threads():
     size = {"size": "demo", "model": {"config": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128, "n_heads": 4,
                                                  "d_ff": 512, "vocab_size": 372}, "description": "trained"},
             "systems": {"onnxruntime": {"status": "ok", "info": {
-                "step_threads_rule": "2 always", "encoder_threads_rule": "1 below 66 source tokens per run, 2 from there",
+                "step_threads_rule": "2 always",
+                "encoder_threads_rule": "1 below 66 source tokens per run, 2 from there",
                 "wide_steps": {"option": "auto", "rule": "always", "one_row_us": {"narrow": 97.3, "wide": 83.9}},
                 "parts_rule": "a batch of 2 sentences or more and 8 rows or more in 2 parts at the same time"}}},
             "cells": []}
     text = "\n".join(_size_section(size, {"steps": 32}))
     assert ("ONNX Runtime's threads: steps 2 always (chosen when the backend loaded: a one-row step took 97.3 us on "
-            "one thread, 83.9 us on the budget's); encoder 1 below 66 source tokens per run, 2 from there; a batch of 2 "
-            "sentences or more and 8 rows or more in 2 parts at the same time.") in text
+            "one thread, 83.9 us on the budget's); encoder 1 below 66 source tokens per run, 2 from there; a batch of "
+            "2 sentences or more and 8 rows or more in 2 parts at the same time.") in text
     size["systems"]["onnxruntime"]["info"]["wide_steps"] = {"option": "rows", "rule": "rows"}
     assert "ONNX Runtime's threads: steps 2 always; encoder" in "\n".join(_size_section(size, {"steps": 32}))
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from transduce.bench.harness import DEFAULT_CT2_SETTINGS
+from transduce.bench.ct2_settings import DEFAULT_CT2_SETTINGS
 from transduce.cli_errors import cli_errors
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
@@ -32,7 +32,8 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise TransduceError(f"--engine expects SIZE=DIR, got {item!r}", hint="for example --engine demo=runs/demo/engine")
+            raise TransduceError(f"--engine expects SIZE=DIR, got {item!r}",
+                                 hint="for example --engine demo=runs/demo/engine")
         size, path = item.split("=", 1)
         out[size.strip()] = path.strip()
     return out
@@ -41,10 +42,11 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.command("bench")
 @click.option("--model-dir", type=click.Path(), help="The demo-size model (default runs/demo/model; if absent, a "
               "random model of the demo's shape).")
-@click.option("--artifact-dir", type=click.Path(), help="An existing ONNX export of --model-dir (else exported once into the cache).")
+@click.option("--artifact-dir", type=click.Path(),
+              help="An existing ONNX export of --model-dir (else exported once into the cache).")
 @click.option("--sizes", help="Model sizes: demo, base.  [default: demo,base; --quick: demo]")
-@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2; on a GPU torch-cuda (tensorrt with --engine).  "
-              "[default: torch,onnxruntime,ctranslate2]")
+@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2; on a GPU torch-cuda (tensorrt with "
+              "--engine).  [default: torch,onnxruntime,ctranslate2]")
 @click.option("--batches", help="Batch sizes.  [default: 1,16; --quick: 1,4]")
 @click.option("--modes", help="greedy and/or beamN.  [default: greedy,beam4; --quick: greedy,beam2]")
 @click.option("--repeats", type=int, help="Timed rounds per cell after the warm-up.  [default: 5; --quick: 2]")
@@ -57,8 +59,8 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--ct2-settings", help="CTranslate2 environments to time, each in its own process: default, avx2 "
               "(ONEDNN_MAX_CPU_ISA=AVX2), mkl (CT2_USE_MKL=1), nomkl (CT2_USE_MKL=0), 1thread (intra_threads 1), "
               "nomkl-1thread, inter (a batch in --threads sub-batches at once, one thread each), nomkl-inter; one that "
-              "amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on Intel CPUs only; avx2 caps "
-              "nothing on a CPU without AVX-512, AVX-VNNI or AMX).  "
+              "amounts to another on this CPU is timed once (CTranslate2 uses MKL by default on Intel CPUs only; avx2 "
+              "caps nothing on a CPU without AVX-512, AVX-VNNI or AMX).  "
               f"[default: {','.join(DEFAULT_CT2_SETTINGS)}]")
 @click.option("--engine", "engines", multiple=True, help="SIZE=DIR: a TensorRT engine directory of that size's model "
               "(timed when CUDA is available). Repeatable.")
@@ -68,27 +70,30 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check and "
               "the --quantize BLEU gate.  [default: 100]")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate (no floors).")
-@click.option("--cache-dir", type=click.Path(), help="Where prepared models, exports and conversions go.  [default: OUT/models]")
+@click.option("--cache-dir", type=click.Path(),
+              help="Where prepared models, exports and conversions go.  [default: OUT/models]")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(),
               help="Writes bench.json, bench.md and bench.png here.")
 @click.option("--quick", is_flag=True, help="A fast smoke run (demo size, 6 steps, 2 rounds): checks the "
               "instrument, not a measurement.")
 @click.option("--seed", default=0, show_default=True)
 @cli_errors
-def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, min_seconds, steps, src_len, threads,
-          ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
+def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, min_seconds, steps, src_len,
+          threads, ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
     """Benchmark our backends against CTranslate2 on identical weights: encoder and per-step latency,
     tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings.
 
     CTranslate2 is timed only after its greedy output matched ours token for token.
     """
-    from transduce.bench.harness import BenchConfig, run_bench
+    from transduce.bench.config import BenchConfig
+    from transduce.bench.harness import run_bench
     from transduce.bench.report import markdown, write_reports
 
     options = dict(sizes=_csv(sizes), backends=_csv(backends), batches=_ints(batches), modes=_csv(modes),
-                   repeats=repeats, warmup=warmup, min_seconds=min_seconds, steps=steps, src_len=src_len, threads=threads,
-                   ct2_settings=_csv(ct2_settings), check_sentences=check_sentences, model_dir=model_dir,
-                   artifact_dir=artifact_dir, cache_dir=cache_dir, out_dir=out_dir, engines=_engines(engines),
+                   repeats=repeats, warmup=warmup, min_seconds=min_seconds, steps=steps, src_len=src_len,
+                   threads=threads, ct2_settings=_csv(ct2_settings), check_sentences=check_sentences,
+                   model_dir=model_dir, artifact_dir=artifact_dir, cache_dir=cache_dir, out_dir=out_dir,
+                   engines=_engines(engines),
                    ceilings=not no_ceilings, seed=seed, quantize=list(quantize) or None)
     given = {k: v for k, v in options.items() if v is not None}
     cfg = BenchConfig.quick_preset(**given) if quick else BenchConfig(**given)

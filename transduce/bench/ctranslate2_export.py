@@ -1,5 +1,5 @@
-"""A transduce model directory -> a CTranslate2 model directory with the same weights, and the check
-that CTranslate2 then decodes exactly like we do.
+"""A transduce model directory -> a CTranslate2 model directory with the same weights, and decoding our ids
+with it (the check that it decodes exactly like we do is ct2_check.py).
 
 The mapping (checked against CTranslate2 4.x's own OpenNMT-py and Fairseq converters,
 ctranslate2/converters/{opennmt_py,fairseq}.py, and ctranslate2/specs/transformer_spec.py):
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,12 +46,6 @@ from transduce.errors import BackendUnavailable, CheckpointError, TransduceError
 SOURCE_FILE = "transduce_source.json"  # written beside CTranslate2's files: which weights, which converter
 CONVERTER_VERSION = 1
 SUPPRESS = [["<pad>"], ["<s>"]]
-# Log-prob agreement demanded besides token equality. fp32 reorderings give ~2e-6 on these models; a
-# structural mistake (position table, embedding scale, layer order) gives O(1). A wrong LayerNorm epsilon
-# (1e-6 for our 1e-5) gives only ~1.5e-5: the summary's max |diff| shows that level, the gate does not.
-LOGPROB_ATOL = 1e-4
-LOGPROB_RTOL = 1e-4
-RANDOM_TARGET_LEN = 16
 
 
 def import_ctranslate2():
@@ -212,8 +205,8 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
     try:
         with open(path, encoding="utf-8") as f:
             src = json.load(f)
-        return (src.get("weights_sha256") == weights_sha256(model_dir) and src.get("converter_version") == CONVERTER_VERSION
-                and src.get("ctranslate2") == ct2.__version__
+        return (src.get("weights_sha256") == weights_sha256(model_dir)
+                and src.get("converter_version") == CONVERTER_VERSION and src.get("ctranslate2") == ct2.__version__
                 and isinstance(src.get("files"), dict) and src["files"] == _converted_files(ct2_dir))
     except (OSError, ValueError, TransduceError):
         return False
@@ -268,190 +261,3 @@ def ct2_translate_ids(translator, vocab: list[str], sources: list[list[int]], be
         max_batch_size=0, **options,
     )
     return [[index[t] for t in r.hypotheses[0]] for r in results]
-
-
-# -- the token-equality check -----------------------------------------------------------------------
-@dataclass
-class Divergence:
-    sentence: int  # index in the checked set
-    position: int  # first generated position that differs
-    ours: int | None  # our token there (None: we had ended)
-    theirs: int | None
-    ours_tokens: list[int]
-    theirs_tokens: list[int]
-    margin: float | None = None  # our log-prob gap between the two tokens at that step (a near-tie if tiny)
-
-
-@dataclass
-class EqualityReport:
-    label: str
-    sentences: int
-    equal: int
-    mode: str  # "natural" (EOS ends) or "forced-N" (N steps, EOS banned)
-    max_abs_logprob_diff: float | None = None  # CTranslate2 score_batch vs our teacher-forced log-probs, greedy paths
-    max_abs_logprob_diff_random: float | None = None  # the same on random target sequences (any context)
-    logprob_tolerance_exceeded: int = 0  # tokens where |diff| > LOGPROB_ATOL + LOGPROB_RTOL * |ours|
-    divergences: list[Divergence] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.equal == self.sentences and self.logprob_tolerance_exceeded == 0
-
-    def summary(self) -> str:
-        s = f"{self.label}: {self.equal}/{self.sentences} greedy outputs token-identical ({self.mode})"
-        if self.max_abs_logprob_diff is not None:
-            s += f", max |log-prob diff| on our greedy path {self.max_abs_logprob_diff:.2e}"
-        if self.max_abs_logprob_diff_random is not None:
-            s += f", on random targets {self.max_abs_logprob_diff_random:.2e}"
-        if self.logprob_tolerance_exceeded:
-            s += f"; {self.logprob_tolerance_exceeded} log-probs differ by more than {LOGPROB_ATOL:g} + {LOGPROB_RTOL:g}|lp|"
-        if self.divergences:
-            d = self.divergences[0]
-            s += (f"; first divergence: sentence {d.sentence}, position {d.position}: ours {d.ours}, "
-                  f"CTranslate2 {d.theirs}")
-            if d.margin is not None:
-                s += f" (our log-prob margin between them {d.margin:.2e})"
-        return s
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["passed"] = self.passed
-        for dv in d["divergences"]:
-            dv["ours_tokens"] = dv["ours_tokens"][:64]
-            dv["theirs_tokens"] = dv["theirs_tokens"][:64]
-        return d
-
-
-def check_greedy_equality(model_dir: str, ct2_dir: str, sources: list[list[int]], label: str,
-                          forced_steps: int | None = None, threads: int = 1, batch_size: int = 16,
-                          translator=None, backend=None) -> EqualityReport:
-    """Greedy-decode `sources` (our ids, without EOS) with our torch backend and with CTranslate2.
-
-    forced_steps=None: natural decoding (EOS ends; our maximum length src_len + 50 per sentence,
-    CTranslate2's max_decoding_length set to the same per batch of equal caps). forced_steps=N: both
-    produce exactly N tokens (our min_length N+1 bans EOS throughout, CTranslate2's min = max = N).
-    Also scores our greedy outputs with CTranslate2 (score_batch) against our teacher-forced log-probs.
-    """
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)  # a correctness check: few threads avoid OpenMP stalls on a shared machine
-    try:
-        return _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator, backend)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator, backend) -> EqualityReport:
-    from transduce.runtime.decoding import DecodingOptions, decode, max_lengths, teacher_forced_log_probs
-
-    if backend is None:
-        from transduce.runtime.backends.torch_backend import TorchBackend
-
-        backend = TorchBackend.from_model_dir(model_dir)
-    cfg = backend.config
-    translator = translator or load_translator(ct2_dir, threads)
-    vocab = ct2_vocab(ct2_dir)
-    if forced_steps is not None:
-        opts = DecodingOptions.forced(forced_steps, length_penalty=0.0)
-        mode = f"forced-{forced_steps}"
-    else:
-        opts = DecodingOptions(beam_size=1, length_penalty=0.0)
-        mode = "natural"
-
-    def padded(batch):
-        s = max(len(x) for x in batch) + 1
-        src = np.full((len(batch), s), cfg["pad_id"], dtype=np.int64)
-        for r, x in enumerate(batch):
-            src[r, : len(x)] = x
-            src[r, len(x)] = cfg["eos_id"]
-        return src, np.array([len(x) + 1 for x in batch], dtype=np.int64)
-
-    # group by our maximum length so CTranslate2 gets the same cap (it takes one per batch)
-    caps = [forced_steps if forced_steps is not None else
-            int(max_lengths(np.array([len(x) + 1]), opts, cfg["max_positions"])[0]) for x in sources]
-    ours: list[list[int]] = [[] for _ in sources]
-    theirs: list[list[int]] = [[] for _ in sources]
-    for cap in sorted(set(caps)):
-        idx = [i for i, c in enumerate(caps) if c == cap]
-        for j in range(0, len(idx), batch_size):
-            chunk = idx[j: j + batch_size]
-            src, lens = padded([sources[i] for i in chunk])
-            for i, res in zip(chunk, decode(backend, src, lens, opts)):
-                ours[i] = list(res.best.tokens)
-            # CTranslate2's min_decoding_length counts tokens before EOS, ours EOS included: natural decoding
-            # allows an empty output in both (0), forced decoding bans EOS for `forced_steps` tokens
-            got = ct2_translate_ids(translator, vocab, [sources[i] for i in chunk], beam_size=1, max_length=cap,
-                                    min_length=forced_steps if forced_steps is not None else 0)
-            for i, g in zip(chunk, got):
-                theirs[i] = g
-
-    report = EqualityReport(label, len(sources), 0, mode)
-    max_diff = 0.0
-    exceeded = 0
-
-    def compare(ours_lp: np.ndarray, their_lp: np.ndarray) -> float:
-        nonlocal exceeded
-        k = min(len(ours_lp), len(their_lp))
-        if not k:
-            return 0.0
-        d = np.abs(their_lp[:k] - ours_lp[:k])
-        exceeded += int((d > LOGPROB_ATOL + LOGPROB_RTOL * np.abs(ours_lp[:k])).sum())
-        return float(d.max())
-
-    tf_rows: dict[int, np.ndarray] = {}
-    for j in range(0, len(sources), batch_size):
-        # CTranslate2's log-probs of our greedy paths vs ours (teacher-forced), EOS included where we ended on it
-        chunk = list(range(j, min(j + batch_size, len(sources))))
-        tgts = [ours[i] + ([cfg["eos_id"]] if forced_steps is None and len(ours[i]) < caps[i] else []) for i in chunk]
-        t = max(max(len(x) for x in tgts), 1)
-        tgt_in = np.full((len(chunk), t), cfg["pad_id"], dtype=np.int64)
-        tgt_in[:, 0] = cfg["bos_id"]
-        for r, x in enumerate(tgts):
-            tgt_in[r, 1: len(x)] = x[:-1]
-        s_ids, s_lens = padded([sources[i] for i in chunk])
-        tf = teacher_forced_log_probs(backend, s_ids, s_lens, tgt_in)  # (B, T, V)
-        # score_batch appends </s>: a target of max_positions tokens would need one position more than
-        # the model has, so it scores at most max_positions - 1 (compare() takes the common prefix)
-        scored = translator.score_batch([[vocab[x] for x in sources[i]] for i in chunk],
-                                        [[vocab[x] for x in ours[i][: cfg["max_positions"] - 1]] for i in chunk])
-        for r, (i, x, sc) in enumerate(zip(chunk, tgts, scored)):
-            tf_rows[i] = tf[r]
-            if not x:
-                continue
-            ours_lp = tf[r, np.arange(len(x)), x]
-            their_lp = np.array(sc.log_probs, dtype=np.float64)  # one per target token, plus </s>
-            if len(ours[i]) > cfg["max_positions"] - 1:  # scored cut short: its last one is </s>'s, not ours
-                their_lp = their_lp[: cfg["max_positions"] - 1]
-            max_diff = max(max_diff, compare(ours_lp, their_lp))
-    # random targets: every position sees a context greedy search would not produce
-    rng = np.random.default_rng(0)
-    max_random = 0.0
-    length = max(1, min(RANDOM_TARGET_LEN, cfg["max_positions"] - 1))
-    for j in range(0, len(sources), batch_size):
-        chunk = list(range(j, min(j + batch_size, len(sources))))
-        tgt = rng.integers(4, cfg["vocab_size"], size=(len(chunk), length))
-        tgt_in = np.concatenate([np.full((len(chunk), 1), cfg["bos_id"]), tgt], axis=1)
-        s_ids, s_lens = padded([sources[i] for i in chunk])
-        tf = teacher_forced_log_probs(backend, s_ids, s_lens, tgt_in)  # (B, L+1, V)
-        ours_lp = np.concatenate([np.take_along_axis(tf[:, :length], tgt[:, :, None], axis=2)[..., 0],
-                                  tf[:, length, cfg["eos_id"]][:, None]], axis=1)
-        scored = translator.score_batch([[vocab[x] for x in sources[i]] for i in chunk],
-                                        [[vocab[x] for x in row] for row in tgt.tolist()])
-        for r, sc in enumerate(scored):
-            max_random = max(max_random, compare(ours_lp[r], np.array(sc.log_probs, dtype=np.float64)))
-    for n, (a, b) in enumerate(zip(ours, theirs)):
-        if a == b:
-            report.equal += 1
-            continue
-        pos = next(t for t in range(max(len(a), len(b))) if t >= len(a) or t >= len(b) or a[t] != b[t])
-        ta = a[pos] if pos < len(a) else None
-        tb = b[pos] if pos < len(b) else None
-        margin = None
-        if ta is not None and tb is not None and pos < len(tf_rows[n]):
-            margin = float(tf_rows[n][pos, ta] - tf_rows[n][pos, tb])
-        report.divergences.append(Divergence(n, pos, ta, tb, a, b, margin))
-    report.max_abs_logprob_diff = max_diff
-    report.max_abs_logprob_diff_random = max_random
-    report.logprob_tolerance_exceeded = exceeded
-    return report

@@ -165,7 +165,9 @@ def max_positions(size: str, model_dir: str | None = None) -> int:
         model_dir = demo_model_dir(model_dir)
     if model_dir is not None:
         return model_config(model_dir).max_positions  # defaults filled in (a minimal config.json is valid)
-    return preset("base" if size == "base" else "tiny", BASE_VOCAB if size == "base" else RANDOM_DEMO_VOCAB).max_positions
+    if size == "base":
+        return preset("base", BASE_VOCAB).max_positions
+    return preset("tiny", RANDOM_DEMO_VOCAB).max_positions
 
 
 def check_artifact(artifact_dir: str, model_dir: str) -> None:
@@ -179,7 +181,8 @@ def check_artifact(artifact_dir: str, model_dir: str) -> None:
         raise TransduceError(f"--artifact-dir {artifact_dir}: {e.args[0]}", hint=hint) from None
     weights = weights_sha256(model_dir)
     if manifest.get("source_model", {}).get("weights_sha256") != weights:
-        raise TransduceError(f"--artifact-dir {artifact_dir} is an export of other weights than {model_dir}'s", hint=hint)
+        raise TransduceError(f"--artifact-dir {artifact_dir} is an export of other weights than {model_dir}'s",
+                             hint=hint)
     if manifest.get("precision") != "fp32" or quantization(manifest):
         raise TransduceError(f"--artifact-dir {artifact_dir} is a {manifest.get('precision')}"
                              f"{' ' + quantization(manifest) if quantization(manifest) else ''} "
@@ -199,7 +202,8 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: 
                 return cand
             log(f"not timing {cand}: {why}")
     out = candidates[-1]
-    log(f"exporting {model_dir} to ONNX{' (' + quantize + ')' if quantize else ''} in {out} (once; reused while the weights match)")
+    log(f"exporting {model_dir} to ONNX{' (' + quantize + ')' if quantize else ''} in {out} (once; reused while the "
+        "weights match)")
     export_artifact(model_dir, out, force=True, log=log, quantize=quantize)
     return out
 
@@ -228,7 +232,8 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
         model_dir = ensure_base_model(os.path.join(root, "model"), log=log)
         trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"
     else:
-        raise TransduceError(f"unknown model size {size!r}", hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
+        raise TransduceError(f"unknown model size {size!r}",
+                             hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
     cfg = model_config(model_dir).to_dict()  # every field, defaults filled in
     candidates = ([artifact_dir] if artifact_dir else []) + [
         os.path.join(os.path.dirname(os.path.abspath(model_dir)), "artifact"), os.path.join(root, "artifact")]
@@ -245,10 +250,11 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     quantized, errors = {}, {}
     for q in quantize:
         try:
-            quantized[q] = os.path.abspath(ensure_artifact(model_dir, [os.path.join(root, f"artifact-{q}")], log=log, quantize=q))
+            quantized[q] = os.path.abspath(ensure_artifact(model_dir, [os.path.join(root, f"artifact-{q}")], log=log,
+                                                           quantize=q))
         except TransduceError as e:  # e.g. the model loses too much to int8: that row is not timed
             errors[q] = str(e)  # its hint included
             log(f"the {q} export failed: {errors[q]}")
     return PreparedModel(size, os.path.abspath(model_dir), os.path.abspath(artifact),
-                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized, errors,
-                         ct2_error)
+                         os.path.abspath(ct2_dir) if ct2_dir else None, cfg, description, trained, notes, quantized,
+                         errors, ct2_error)
