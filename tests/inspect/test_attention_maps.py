@@ -28,7 +28,7 @@ def padded_batch(tiny_model, tiny_tokenizer):
     tgt = [[cfg.bos_id] + tiny_tokenizer.encode(t) for t in TARGETS]
     src_ids = np.full((3, max(map(len, src))), cfg.pad_id, dtype=np.int64)
     tgt_in = np.full((3, max(map(len, tgt))), cfg.pad_id, dtype=np.int64)
-    for i, (s, t) in enumerate(zip(src, tgt)):
+    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
         src_ids[i, : len(s)] = s
         tgt_in[i, : len(t)] = t
     lengths = np.array([len(s) for s in src], dtype=np.int64)
@@ -75,17 +75,17 @@ def test_dropout_is_off_and_mode_restored(tiny_model, tiny_tokenizer, padded_bat
     finally:
         tiny_model.eval()
     for kind in ATTENTION_KINDS:
-        for wa, wb in zip(a[kind], b[kind]):
+        for wa, wb in zip(a[kind], b[kind], strict=True):
             np.testing.assert_array_equal(wa, wb)
 
 
 def test_batch_maps_are_trimmed_and_match_single_sentences(tiny_model, tiny_tokenizer):
     batch = sentences_attention(tiny_model, tiny_tokenizer, SOURCES, TARGETS)
-    for source, target, maps in zip(SOURCES, TARGETS, batch):
+    for source, target, maps in zip(SOURCES, TARGETS, batch, strict=True):
         alone = sentence_attention(tiny_model, tiny_tokenizer, source, target)
         s, t = len(maps.source_ids), len(maps.predicted_ids)
         for kind, shape in (("encoder", (s, s)), ("decoder_self", (t, t)), ("cross", (t, s))):
-            for w_batch, w_alone in zip(maps.layers(kind), alone.layers(kind)):
+            for w_batch, w_alone in zip(maps.layers(kind), alone.layers(kind), strict=True):
                 assert w_batch.shape == (tiny_model.cfg.n_heads, *shape)
                 np.testing.assert_allclose(w_batch, w_alone, atol=1e-5)
 

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from transduce.cli import main
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
-from transduce.inspect.inspect import classify_parameter, inspect_path, render_report
+from transduce.inspect import inspect_path, render_report
+from transduce.inspect.parameters import classify_parameter
 
 
 def _rendered(report) -> str:
@@ -84,7 +85,8 @@ def test_model_dir_that_loading_would_refuse_is_reported(tiny_model_dir, tmp_pat
     (path / "config.json").write_text(json.dumps(cfg))
     problems = inspect_path(path)["problems"]
     assert any(p.startswith("weights missing for this config: decoder_layers.2.") for p in problems), problems
-    assert any(p.startswith("weights of other shapes than the config's: encoder_layers.0.ffn.w1.weight") for p in problems)
+    assert any(p.startswith("weights of other shapes than the config's: encoder_layers.0.ffn.w1.weight")
+               for p in problems)
     assert any("does not record tokenizer.json" in p for p in problems)
     assert any(p.startswith("config.json's model config is not the one the weights were saved with: decoder_layers 3 "
                             "(saved with the weights: 2)") for p in problems), problems
@@ -175,8 +177,10 @@ def test_artifact_listing_files_outside_itself(artifact_dir):
         json.dump(manifest, f)
     report = inspect_path(artifact_dir)
     outside = [p for p in report["problems"] if "not a file name inside" in p]
-    assert "../elsewhere.onnx" not in report["graphs"] and not any("elsewhere.onnx cannot be read" in p for p in report["problems"])
-    assert len(outside) == 3 and not any("/etc/hostname has" in p or "listed but missing" in p for p in report["problems"])
+    assert ("../elsewhere.onnx" not in report["graphs"]
+            and not any("elsewhere.onnx cannot be read" in p for p in report["problems"]))
+    assert len(outside) == 3 and not any("/etc/hostname has" in p or "listed but missing" in p
+                                         for p in report["problems"])
     assert "not a file name inside" in report["runtime_check"]
 
 

@@ -206,7 +206,7 @@ def sentences_attention(model, tokenizer, sources: Sequence[str],
     tgt_in, _ = _pad(tgt_rows, config["pad_id"])
     weights = attention_weights(model, src, src_lengths, tgt_in)
     out = []
-    for b, (s_ids, t_in, pred) in enumerate(zip(src_rows, tgt_rows, predicted)):
+    for b, (s_ids, t_in, pred) in enumerate(zip(src_rows, tgt_rows, predicted, strict=True)):
         s, t = len(s_ids), len(t_in)
         out.append(AttentionMaps(
             source_ids=tuple(s_ids), source_labels=token_labels(tokenizer, config, s_ids),
@@ -366,7 +366,8 @@ def _save(fig, path: str, dpi: int) -> str:
     try:
         write_png_atomic(fig, path, dpi, facecolor="white")
     except OSError as e:
-        raise TransduceError(f"cannot write {path}: {e.strerror or e}", hint="choose an --out directory you can write to") from None
+        raise TransduceError(f"cannot write {path}: {e.strerror or e}",
+                             hint="choose an --out directory you can write to") from None
     return path
 
 
@@ -420,7 +421,8 @@ def write_attention_figures(maps: AttentionMaps, out_dir: str | os.PathLike, tok
         raise TransduceError(f"cannot create the output directory {out_dir!r}: {e.strerror}",
                              hint="choose a directory you can write to") from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise TransduceError(f"the output directory {out_dir!r} is not writable", hint="choose a directory you can write to")
+        raise TransduceError(f"the output directory {out_dir!r} is not writable",
+                             hint="choose a directory you can write to")
     paths = write_heatmaps(maps, out_dir, dpi)
     paths.append(write_token_figure(maps, out_dir, token, token_kind, token_layer, dpi))
     _remove_stale_heatmaps(maps, out_dir)

@@ -61,7 +61,8 @@ def attention(model_dir, source, target, out_dir, token, token_attention, layer,
 @click.command("inspect")
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
-@click.option("--verify", is_flag=True, help="Also compare each file's sha256 with the recorded one (reads every byte).")
+@click.option("--verify", is_flag=True,
+              help="Also compare each file's sha256 with the recorded one (reads every byte).")
 @cli_errors
 def inspect(path, as_json, verify):
     """Show what a model directory, an exported artifact or an engine directory holds: config, parameters
@@ -70,7 +71,7 @@ def inspect(path, as_json, verify):
     Exit status 0 for a sound directory; 1 when the report lists problems (e.g. a missing or truncated
     file, with --verify a changed one, an unreadable graph or header) or the runtime would refuse the
     directory; 2 for a path that is none of the three or whose description file cannot be read."""
-    from transduce.inspect.inspect import inspect_path, render_report
+    from transduce.inspect import inspect_path, render_report
 
     report = inspect_path(path, verify=verify)
     if as_json:
@@ -82,8 +83,8 @@ def inspect(path, as_json, verify):
 
 
 def runtime_accepts(report: dict) -> bool:
-    """False when the report's runtime check says the runtime would refuse the directory (not when it
-    could not be checked, e.g. without TensorRT's Python package)."""
+    """False when the report's runtime check says the runtime would refuse the directory (not when it says
+    the directory could not be checked: "not checked (why)")."""
     check = report.get("runtime_check", "ok")
     return check == "ok" or check.startswith("not checked")
 
