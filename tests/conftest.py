@@ -69,7 +69,8 @@ def demo_model_dir(tmp_path_factory):
     if existing:
         return existing
     from transduce.models.corpus import demo_corpus
-    from transduce.training.train import TrainConfig, train
+    from transduce.training.config import TrainConfig
+    from transduce.training.train import train
 
     train_pairs, valid_pairs = demo_corpus(n_train=6000, n_valid=100, seed=3)
     path = str(tmp_path_factory.mktemp("demo") / "model")

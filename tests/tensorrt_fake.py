@@ -524,7 +524,8 @@ def make_artifact(path: str, model_dir: str, precision: str = "fp32", encoder_by
     manifest = {
         "kind": ARTIFACT_KIND, "contract_version": contract.CONTRACT_VERSION, "precision": precision,
         "opset": 18, "model": cfg["model"], "tokenizer": "tokenizer.json",
-        "source_model": {"path": os.path.abspath(model_dir), "weights_sha256": cfg["files"]["model.safetensors"]["sha256"]},
+        "source_model": {"path": os.path.abspath(model_dir),
+                         "weights_sha256": cfg["files"]["model.safetensors"]["sha256"]},
         "files": files,
     }
     with open(os.path.join(path, MANIFEST_FILE), "w", encoding="utf-8") as f:

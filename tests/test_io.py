@@ -1,4 +1,5 @@
-"""transduce.formats.atomic (and paths, reaping, text): atomic single-file writes (decode --output, parity --json, engine plans, the timing cache)."""
+"""transduce.formats.atomic (and paths, reaping, text): atomic single-file writes (decode --output,
+parity --json, engine plans, the timing cache)."""
 
 import os
 import shutil
@@ -58,7 +59,8 @@ def test_temporary_files_of_killed_writers_are_removed(tmp_path):
             os.utime(p, (hours_ago, hours_ago))
     write_bytes_atomic(tmp_path / "t.cache", b"cache")
     assert (tmp_path / "t.cache").read_bytes() == b"cache"
-    assert sorted(os.listdir(tmp_path)) == sorted(["t.cache", running.name, other_host.name, recent.name, other_name.name])
+    assert sorted(os.listdir(tmp_path)) == sorted(["t.cache", running.name, other_host.name, recent.name,
+                                                   other_name.name])
 
 
 class _Mine(Exception):

@@ -55,7 +55,8 @@ def _imports(path: str, module: str):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             for a in node.names:  # `from transduce.formats import contract` imports transduce.formats.contract
                 yield (f"{base}.{a.name}" if base.startswith("transduce") else base), node.lineno
 
@@ -97,7 +98,8 @@ def test_the_formats_layer_imports_no_framework():
         if _layer(module)[0] != 0:
             continue
         for target, line in _imports(path, module):
-            if target.split(".")[0] in FRAMEWORKS and not module.startswith(("transduce.cli_errors", "transduce._console")):
+            if (target.split(".")[0] in FRAMEWORKS
+                    and not module.startswith(("transduce.cli_errors", "transduce._console"))):
                 found.append(f"{os.path.relpath(path, PACKAGE)}:{line}: {target}")
     assert not found, found
 

@@ -1,7 +1,14 @@
 """transduce: export-and-deploy toolchain for encoder-decoder Transformers.
 
-Components: transduce.models (the reference model, training, checkpoints), transduce.exporter (ONNX
-export, TensorRT engine building), transduce.runtime (backends, decoding, parity).
+Packages, lowest layer first (imports point down only; tests/test_layers.py checks it):
+  transduce.formats    the on-disk formats: IO contract, manifests, model config and weight layout, engine
+                       profiles, atomic writes (no ML framework)
+  transduce.models     the reference Transformer, checkpoints, the demo corpus (and transduce.tokenizer)
+  transduce.runtime    backends (PyTorch, ONNX Runtime, TensorRT), decoding, the Translator
+  transduce.verify     tolerances, export validation, parity against eager PyTorch
+  transduce.training / transduce.exporter / transduce.build   train, export ONNX, build TensorRT engines
+  transduce.inspect / transduce.bench / transduce.demo        look inside, benchmark, the whole pipeline
+  transduce.cli        the `transduce` command
 """
 
 __version__ = "0.1.0"

@@ -78,9 +78,9 @@ class Tokenizer:
         return [_text_ids(e.ids) for e in self._tok.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
 
     def normalize(self, text: str) -> str:
-        """`text` as this tokenizer's normalizer (NFKC, whitespace runs as one space) makes it: the closest a decode can come to it, so
-        the form to compare decoded text with (a no-break space or a ligature in a reference otherwise
-        counts against a perfect model)."""
+        """`text` as this tokenizer's normalizer (NFKC, whitespace runs as one space) makes it: the closest
+        a decode can come to it, so the form to compare decoded text with (a no-break space or a ligature
+        in a reference otherwise counts against a perfect model)."""
         normalizer = self._tok.normalizer
         return normalizer.normalize_str(text) if normalizer is not None else text
 

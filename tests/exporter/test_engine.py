@@ -26,7 +26,7 @@ from transduce.formats import contract
 from transduce.formats.artifact import read_manifest
 from transduce.formats.engine import (
     ENGINE_FORMAT_VERSION,
-    ENGINE_MANIFEST,
+    ENGINE_MANIFEST_FILE,
     STEP_PLAN,
     RuntimeInfo,
     compatibility_problems,
@@ -167,15 +167,16 @@ def _hand_made_engine_dir(path, artifact_dir, runtime=None):
             "tensorrt": {"version": runtime.tensorrt_version},
             "gpu": {"name": runtime.gpu_name, "compute_capability": runtime.compute_capability, "index": 0},
             "profiles": derive_profiles(manifest["model"], max_batch=2).to_dict(),
-            "artifact": {"path": artifact_dir}, "sources": {n: files[n] for n in (contract.ENCODER_FILE, contract.STEP_FILE)},
+            "artifact": {"path": artifact_dir},
+            "sources": {n: files[n] for n in (contract.ENCODER_FILE, contract.STEP_FILE)},
             "files": files}
-    with open(os.path.join(path, ENGINE_MANIFEST), "w") as f:
+    with open(os.path.join(path, ENGINE_MANIFEST_FILE), "w") as f:
         json.dump(meta, f)
     return str(path)
 
 
 def _edit_meta(engine_dir, **changes):
-    p = os.path.join(engine_dir, ENGINE_MANIFEST)
+    p = os.path.join(engine_dir, ENGINE_MANIFEST_FILE)
     with open(p) as f:
         meta = json.load(f)
     meta.update(changes)
@@ -236,18 +237,20 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
         (lambda m: m["files"].__setitem__(ENCODER_PLAN, 5), "does not give encoder.plan as"),
         (lambda m: m.__setitem__("sources", ["x"]), "does not record the graphs"),
         (lambda m: m["files"].__setitem__("/etc/hostname", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
-        (lambda m: m["files"].__setitem__("../e0/engine.json", {"sha256": "0" * 64, "bytes": 1}), "not a file name inside"),
+        (lambda m: m["files"].__setitem__("../e0/engine.json", {"sha256": "0" * 64, "bytes": 1}),
+         "not a file name inside"),
         (lambda m: m.__setitem__("artifact", None), "no 'artifact' record"),
         (lambda m: m.__setitem__("profiles", None), "no 'profiles' record"),
         (lambda m: m.__setitem__("gpu", "H100"), "no 'gpu' record"),
         (lambda m: m.__setitem__("tensorrt", "10"), "no 'tensorrt' record"),
         (lambda m: m.__setitem__("profiles", {}), "unreadable profiles record (KeyError"),
         (lambda m: m.__setitem__("profiles", {"encoder": "x", "decoder_step": "y"}), "unreadable profiles record"),
-        (lambda m: m.__setitem__("profiles", {"encoder": [{"name": "all"}], "decoder_step": []}), "unreadable profiles"),
+        (lambda m: m.__setitem__("profiles", {"encoder": [{"name": "all"}], "decoder_step": []}),
+         "unreadable profiles"),
         (lambda m: m["profiles"].__setitem__("decoder_step", []), "records no encoder or no decoder step profiles"),
     ]):
         d = _hand_made_engine_dir(tmp_path / f"e{i}", artifact)
-        path = os.path.join(d, ENGINE_MANIFEST)
+        path = os.path.join(d, ENGINE_MANIFEST_FILE)
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
         edit(meta)
@@ -314,14 +317,16 @@ def test_build_writes_a_self_contained_engine_dir(tmp_path, artifact):
     cache = tmp_path / "caches" / "timing.cache"
     out = str(tmp_path / "engines")
     meta, lines = _build(artifact, out, max_batch=8, beam=2, timing_cache=str(cache), workspace_gb=0.5)
-    assert sorted(os.listdir(out)) == sorted([ENCODER_PLAN, STEP_PLAN, ENGINE_MANIFEST] + os.listdir(artifact))
+    assert sorted(os.listdir(out)) == sorted([ENCODER_PLAN, STEP_PLAN, ENGINE_MANIFEST_FILE] + os.listdir(artifact))
     assert read_engine_manifest(out, runtime=fake.runtime_info()) == meta
     assert read_manifest(out)["precision"] == "fp32"  # also a valid artifact
-    assert os.stat(os.path.join(out, "tokenizer.json")).st_ino == os.stat(os.path.join(artifact, "tokenizer.json")).st_ino
+    assert os.stat(os.path.join(out, "tokenizer.json")).st_ino == os.stat(
+        os.path.join(artifact, "tokenizer.json")).st_ino
     assert meta["artifact"]["path"] == artifact and meta["artifact"]["copied_as"] == "hard links"
     assert meta["gpu"]["compute_capability"] == "9.0" and meta["tensorrt"]["version"] == fake.__version__
     assert [p["name"] for p in meta["profiles"]["decoder_step"]] == ["latency", "throughput"]
-    assert meta["sources"][contract.STEP_FILE]["sha256"] == read_manifest(artifact)["files"][contract.STEP_FILE]["sha256"]
+    assert meta["sources"][contract.STEP_FILE]["sha256"] == (
+        read_manifest(artifact)["files"][contract.STEP_FILE]["sha256"])
     builds = [c[1] for c in fake.CALLS if c[0] == "build"]
     assert [b["graph"] for b in builds] == ["encoder", "decoder_step"]
     assert all("TF32" not in b["flags"] and b["workspace"] == 1 << 29 and b["profiles"] == 2 for b in builds)
@@ -563,7 +568,7 @@ def test_build_command_builds(tmp_path, artifact, monkeypatch):
     res = CliRunner().invoke(build_cmd, [artifact, "--out", str(out), "--max-batch", "2", "--beam", "2", "--quiet"])
     assert res.exit_code == 0, res.output
     assert "encoder.plan" in res.output and "profile all" in res.output
-    assert (out / ENGINE_MANIFEST).is_file()
+    assert (out / ENGINE_MANIFEST_FILE).is_file()
 
 
 def test_parser_errors_of_the_whole_graph_name_no_node():

@@ -88,7 +88,8 @@ def test_manifest_describes_the_export(artifact_fp32, tiny_model_dir):
         assert g["op_histogram"] == dict(Counter(n.op_type for n in model.graph.node))
     # the copies make the artifact self-contained
     for name in ("config.json", "tokenizer.json"):
-        with open(os.path.join(tiny_model_dir, name), "rb") as a, open(os.path.join(artifact_fp32.path, name), "rb") as b:
+        with (open(os.path.join(tiny_model_dir, name), "rb") as a,
+              open(os.path.join(artifact_fp32.path, name), "rb") as b):
             assert a.read() == b.read()
 
 
@@ -132,7 +133,7 @@ def test_validation_is_recorded(artifact_fp32):
 def test_graphs_follow_the_contract(artifact_fp32):
     import onnx
 
-    from transduce.verify.validate import contract_problems
+    from transduce.verify.graph_checks import contract_problems
 
     cfg = artifact_fp32.manifest["model"]
     n = cfg["decoder_layers"]
@@ -163,7 +164,7 @@ def test_dynamic_axes_are_dynamic(artifact_fp32, tiny_model, batch, src_len, cac
     """ONNX Runtime runs both graphs at sizes other than the traced ones (2, 7, 6), ends of the ranges included."""
     import torch
 
-    from transduce.verify.validate import ArtifactRunner
+    from transduce.verify.graph_runners import ArtifactRunner
 
     runner = ArtifactRunner(artifact_fp32.path)
     rng = np.random.default_rng(batch * 100 + src_len)
@@ -186,7 +187,8 @@ def test_dynamic_axes_are_dynamic(artifact_fp32, tiny_model, batch, src_len, cac
     with torch.inference_mode():
         lp, nk, _ = tiny_model.decode_step(t(tokens), t(positions), t(lengths), [t(a) for a in past[0::2]],
                                            [t(a) for a in past[1::2]], ck, cv)
-    assert out["log_probs"].shape == (batch, cfg.vocab_size) and out["new_key_0"].shape == (batch, cfg.n_heads, 1, cfg.head_dim)
+    assert (out["log_probs"].shape == (batch, cfg.vocab_size)
+            and out["new_key_0"].shape == (batch, cfg.n_heads, 1, cfg.head_dim))
     np.testing.assert_allclose(out["log_probs"], lp.numpy(), atol=1e-4, rtol=0)
     np.testing.assert_allclose(out["new_key_1"], nk[1].numpy(), atol=1e-4)
 

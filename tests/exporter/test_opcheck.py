@@ -56,7 +56,8 @@ def test_contrib_domain_op_is_rejected():
 
 
 def test_ops_inside_subgraphs_are_checked():
-    body = helper.make_graph([helper.make_node("Unique", ["x"], ["u"], name="inner")], "then", [], [_vi("u", shape=(None,))])
+    body = helper.make_graph([helper.make_node("Unique", ["x"], ["u"], name="inner")], "then", [],
+                             [_vi("u", shape=(None,))])
     other = helper.make_graph([helper.make_node("Identity", ["x"], ["u2"])], "else", [], [_vi("u2", shape=(None,))])
     model = _graph([helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=other, name="if")],
                    [_vi("c", TensorProto.BOOL, ()), _vi("x")], [_vi("y", shape=(None,))])
@@ -77,22 +78,23 @@ def test_non_constant_axes_are_rejected():
 
 def test_export_checks_fail_on_an_unsupported_op(artifact_fp32, monkeypatch):
     """check_graph (run on every export) raises when an exported op is missing from the list."""
-    from transduce.verify import validate
+    from transduce.verify import graph_checks
 
     ops = opcheck.supported_ops() - {"LogSoftmax"}
     monkeypatch.setattr(opcheck, "supported_ops", lambda path=opcheck.OPS_FILE: ops)
     m = artifact_fp32.manifest
-    validate.check_graph(os.path.join(artifact_fp32.path, "encoder.onnx"), "encoder", m["model"], "fp32", 18)
+    graph_checks.check_graph(os.path.join(artifact_fp32.path, "encoder.onnx"), "encoder", m["model"], "fp32", 18)
     with pytest.raises(ExportError, match="LogSoftmax"):
-        validate.check_graph(os.path.join(artifact_fp32.path, "decoder_step.onnx"), "decoder_step", m["model"], "fp32", 18)
+        graph_checks.check_graph(os.path.join(artifact_fp32.path, "decoder_step.onnx"), "decoder_step", m["model"],
+                                 "fp32", 18)
 
 
 def test_checker_failure_is_an_export_error(artifact_fp32, tmp_path):
     """A graph the ONNX checker rejects (here: a truncated file) is an ExportError, not a traceback."""
-    from transduce.verify import validate
+    from transduce.verify import graph_checks
 
     src = os.path.join(artifact_fp32.path, "encoder.onnx")
     bad = tmp_path / "encoder.onnx"
     bad.write_bytes(open(src, "rb").read()[:5000])
     with pytest.raises(ExportError, match="fails the ONNX checker"):
-        validate.check_graph(str(bad), "encoder", artifact_fp32.manifest["model"], "fp32", 18)
+        graph_checks.check_graph(str(bad), "encoder", artifact_fp32.manifest["model"], "fp32", 18)

@@ -20,7 +20,8 @@ def test_fp32_artifact_has_a_validated_ort_step_graph(artifact_fp32):
     assert contract.ORT_STEP_FILE in m["files"]
     assert {f"com.microsoft::{op}" for op in ("GroupQueryAttention", "MultiHeadAttention")} <= set(g["op_histogram"])
     # residual + norm as Add + LayerNormalization (ONNX Runtime's CPU SkipLayerNormalization is slower)
-    assert "LayerNormalization" in g["op_histogram"] and "com.microsoft::SkipLayerNormalization" not in g["op_histogram"]
+    assert ("LayerNormalization" in g["op_histogram"]
+            and "com.microsoft::SkipLayerNormalization" not in g["op_histogram"])
     assert g["opsets"]["com.microsoft"] == 1 and g["runtime"].startswith("onnxruntime only")
     outputs = [o["name"] for o in g["outputs"]]
     assert outputs[:2] == ["log_probs", "present_key_0"] and outputs[-2:] == ["topk_values", "topk_ids"]
@@ -43,7 +44,8 @@ def test_the_validation_runs_the_ort_step_in_place_and_checks_the_whole_cache(ar
     """ArtifactRunner runs decoder_step.ort.onnx with present_* bound onto the past_* buffers, like the
     runtime: the caller's arrays are left alone, the returned cache has slot positions[b] written and
     every other slot as it was; a graph that also wrote another slot fails the export's validation."""
-    from transduce.verify.validate import ArtifactRunner, _eager_step
+    from transduce.verify.graph_runners import ArtifactRunner
+    from transduce.verify.validate import _eager_step
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(7)
@@ -72,9 +74,9 @@ def test_the_validation_runs_the_ort_step_in_place_and_checks_the_whole_cache(ar
 def test_a_step_that_changes_another_cache_slot_fails_the_validation(artifact_fp32, tiny_model, monkeypatch):
     """The export's validation compares the whole cache the ONNX Runtime graph leaves behind: a step
     that also changed a slot other than positions[b] (here: the next one, by 0.01) is refused."""
-    from transduce.verify import validate
+    from transduce.verify import graph_runners, validate
 
-    step = validate.ArtifactRunner.step
+    step = graph_runners.ArtifactRunner.step
 
     def clobbering_step(self, tokens, positions, *args, graph="decoder_step", **kwargs):
         out = step(self, tokens, positions, *args, graph=graph, **kwargs)
@@ -85,7 +87,7 @@ def test_a_step_that_changes_another_cache_slot_fails_the_validation(artifact_fp
                 cache[row, :, positions[row] + 1] += 0.01
         return out
 
-    monkeypatch.setattr(validate.ArtifactRunner, "step", clobbering_step)
+    monkeypatch.setattr(graph_runners.ArtifactRunner, "step", clobbering_step)
     with pytest.raises(ExportError, match=r"decoder_step\.ort present_value_1") as e:
         validate.validate_graphs(artifact_fp32.path, tiny_model, "fp32")
     assert "new_value_1" not in str(e.value) and "log_probs" not in str(e.value)
@@ -193,7 +195,8 @@ def test_stale_reason_names_an_older_or_missing_ort_step_graph(artifact_fp32):
     assert m["graphs"][contract.ORT_STEP_FILE]["revision"] == ort_step.REVISION and ort_step.stale_reason(m) is None
     old = copy.deepcopy(m)
     del old["graphs"][contract.ORT_STEP_FILE]["revision"]  # written before revisions were recorded: 1
-    assert ort_step.stale_reason(old) == f"its decoder_step.ort.onnx is revision 1, older than this exporter's {ort_step.REVISION}"
+    assert ort_step.stale_reason(old) == (
+        f"its decoder_step.ort.onnx is revision 1, older than this exporter's {ort_step.REVISION}")
     slim = copy.deepcopy(m)
     del slim["files"][contract.ORT_STEP_FILE]
     assert "exported with --no-ort-step" in ort_step.stale_reason(slim)

@@ -22,14 +22,15 @@ def _eager_step(model, tokens, positions, lengths, past, cross):
     t = torch.from_numpy
     with torch.inference_mode():
         lp, nk, nv = model.decode_step(t(tokens), t(positions), t(lengths), [t(a) for a in past[0::2]],
-                                       [t(a) for a in past[1::2]], [t(a) for a in cross[0::2]], [t(a) for a in cross[1::2]])
+                                       [t(a) for a in past[1::2]], [t(a) for a in cross[0::2]],
+                                       [t(a) for a in cross[1::2]])
     return lp.numpy(), [a.numpy() for kv in zip(nk, nv) for a in kv]
 
 
 @pytest.mark.parametrize("lengths", [[9], [1, 64, 30]], ids=["batch1", "padded"])
 def test_step_parity_at_every_past_length(artifact_fp32, tiny_model, lengths):
     """ONNX step == eager step at past lengths 0..12 given the same cache; slots >= position hold garbage."""
-    from transduce.verify.validate import ArtifactRunner
+    from transduce.verify.graph_runners import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(len(lengths))
@@ -54,7 +55,7 @@ def test_step_parity_at_every_past_length(artifact_fp32, tiny_model, lengths):
 
 def test_garbage_beyond_position_is_ignored(artifact_fp32, tiny_model):
     """Two caches that differ only in slots >= positions[b] give identical outputs."""
-    from transduce.verify.validate import ArtifactRunner
+    from transduce.verify.graph_runners import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(3)
@@ -77,7 +78,7 @@ def test_garbage_beyond_position_is_ignored(artifact_fp32, tiny_model):
 def test_stepping_reproduces_teacher_forcing(artifact_fp32, tiny_model):
     """Step the ONNX decoder over whole target sequences, writing new K/V into a preallocated numpy
     buffer as the contract says; each step's log_probs equal log_softmax of Transformer.forward."""
-    from transduce.verify.validate import ArtifactRunner
+    from transduce.verify.graph_runners import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(11)
@@ -102,7 +103,7 @@ def test_stepping_reproduces_teacher_forcing(artifact_fp32, tiny_model):
 
 def test_reference_evaluator_agrees_with_onnxruntime(artifact_fp32, tiny_model):
     """A third implementation: onnx.reference runs the same graphs and agrees with ONNX Runtime."""
-    from transduce.verify.validate import ArtifactRunner
+    from transduce.verify.graph_runners import ArtifactRunner
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(5)
@@ -116,6 +117,7 @@ def test_reference_evaluator_agrees_with_onnxruntime(artifact_fp32, tiny_model):
     past = [rng.standard_normal((3, cfg.n_heads, 6, cfg.head_dim)).astype(np.float32) for _ in cross]
     for positions in (np.array([0, 0, 0]), np.array([5, 2, 1])):
         tokens = rng.integers(4, cfg.vocab_size, 3)
-        a, r = ort_runner.step(tokens, positions, lengths, past, cross), ref_runner.step(tokens, positions, lengths, past, cross)
+        a, r = (ort_runner.step(tokens, positions, lengths, past, cross),
+                ref_runner.step(tokens, positions, lengths, past, cross))
         for name in a:
             np.testing.assert_allclose(a[name], r[name], atol=1e-5, rtol=1e-4, err_msg=name)

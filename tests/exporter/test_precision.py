@@ -76,7 +76,7 @@ def test_broken_island_is_detected():
     import onnx
     from onnx import helper, numpy_helper
 
-    from transduce.verify.validate import precision_problems
+    from transduce.verify.graph_checks import precision_problems
 
     w = numpy_helper.from_array(np.ones(4, np.float16), "w")
     g = helper.make_graph([helper.make_node("LayerNormalization", ["x", "w"], ["y"], axis=-1, name="ln")], "g",
@@ -91,8 +91,8 @@ def test_broken_island_is_detected():
 def test_fp16_runs_on_onnxruntime_cpu(artifact_fp16, one_layer_model):
     import torch
 
+    from transduce.verify.graph_runners import ArtifactRunner
     from transduce.verify.tolerances import POLICIES
-    from transduce.verify.validate import ArtifactRunner
 
     runner = ArtifactRunner(artifact_fp16.path)
     assert runner.engine == "onnxruntime" and artifact_fp16.manifest["validation"]["engine"].startswith("onnxruntime")
@@ -121,7 +121,7 @@ def test_fp16_runs_on_onnxruntime_cpu(artifact_fp16, one_layer_model):
 def test_bf16_engine_is_recorded(artifact_bf16):
     """ONNX Runtime's CPU provider has no bf16 arithmetic kernels: validation ran on onnx's
     ReferenceEvaluator, and the manifest says why. (If a later ONNX Runtime runs bf16, it is used.)"""
-    from transduce.verify.validate import ort_unavailable_reason
+    from transduce.verify.graph_runners import ort_unavailable_reason
 
     val = artifact_bf16.manifest["validation"]
     reason = ort_unavailable_reason(os.path.join(artifact_bf16.path, contract.ENCODER_FILE))
@@ -144,5 +144,5 @@ def test_reduced_precision_errors_are_recorded(reduced):
         atol, rtol = POLICIES[precision].outputs[output_kind(name)]
         assert r["passed"] and (r["atol"], r["rtol"]) == (atol, rtol)
         assert r["max_abs"] > 1e-5, name  # the rounding shows: the graph really computes in low precision
-    assert art.manifest["validation"]["tolerances"]["log_probs"] == {"atol": POLICIES[precision].outputs["log_probs"][0],
-                                                                      "rtol": POLICIES[precision].outputs["log_probs"][1]}
+    assert art.manifest["validation"]["tolerances"]["log_probs"] == {
+        "atol": POLICIES[precision].outputs["log_probs"][0], "rtol": POLICIES[precision].outputs["log_probs"][1]}

@@ -15,7 +15,7 @@ from transduce.errors import BackendUnavailable, EngineError, ExportError
 from transduce.exporter import quantize
 from transduce.exporter.onnx_export import export_artifact
 from transduce.formats import contract
-from transduce.formats.artifact import quantization
+from transduce.formats.artifact import QUANTIZED_OP_TYPES, quantization
 from transduce.verify import validate
 from transduce.verify.tolerances import POLICIES
 
@@ -44,7 +44,7 @@ def test_int8_export_quantizes_the_onnx_runtime_graphs_only(artifact_int8, artif
         # `graphs` describes the graphs as exported (fp32), `quantization` the int8 ones
         assert m["graphs"][name]["bytes"] == artifact_fp32.manifest["graphs"][name]["bytes"]
         assert q["bytes"][name] == m["files"][name]["bytes"]
-        assert set(ops) & set(quantize.QUANTIZED_OP_TYPES)  # what parity checks a quantization claim by
+        assert set(ops) & set(QUANTIZED_OP_TYPES)  # what parity checks a quantization claim by
     assert m["files"][contract.STEP_FILE]["sha256"] == artifact_fp32.manifest["files"][contract.STEP_FILE]["sha256"]
     # the fp32 graphs were validated as usual, the int8 ones per tensor, and both passed
     assert all(r["passed"] for r in m["validation"]["errors"])
@@ -106,7 +106,8 @@ def test_quantize_refuses_an_encoder_torch_onnx_writes_external_data_for(artifac
 
     big = {**artifact_fp32.manifest["model"], "vocab_size": 8000, "d_model": 1024, "n_heads": 16, "d_ff": 4096,
            "encoder_layers": 40, "decoder_layers": 1}
-    assert "encoder.onnx's weights (at least 1.9 GiB) pass the 1.5 GiB" in quantize.unsupported_reason("int8", big, "fp32")
+    assert "encoder.onnx's weights (at least 1.9 GiB) pass the 1.5 GiB" in quantize.unsupported_reason(
+        "int8", big, "fp32")
     assert quantize.unsupported_reason("int8", {**big, "encoder_layers": 24}, "fp32") is None
     graph = onnx.load(os.path.join(artifact_fp32.path, "encoder.onnx")).graph
     stored = sum(numpy_helper.to_array(t).nbytes for t in graph.initializer)
@@ -146,7 +147,8 @@ def test_log_probs_are_judged_without_their_offset():
     other = log_softmax(rng.normal(size=(6, 8000)))
     assert np.linalg.norm(other - ref) / np.linalg.norm(ref) < 0.25  # what a plain relative RMS would see
     table = validate.ErrorTable("int8")
-    table.add("decoder_step.ort", "noise", {"log_probs": log_softmax(np.log(np.exp(ref)) + 0.03 * rng.normal(size=ref.shape))},
+    table.add("decoder_step.ort", "noise",
+              {"log_probs": log_softmax(np.log(np.exp(ref)) + 0.03 * rng.normal(size=ref.shape))},
               {"log_probs": ref})
     assert not table.failures()
     table.add("decoder_step.ort", "unrelated", {"log_probs": other}, {"log_probs": ref})

@@ -64,7 +64,8 @@ def test_config_whose_model_is_not_an_object(damaged):
     cfg = json.loads((damaged / "config.json").read_text())
     cfg["model"] = None
     (damaged / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(TransduceError, match="config.json: the model config must be a JSON object of fields, got NoneType"):
+    with pytest.raises(TransduceError,
+                       match="config.json: the model config must be a JSON object of fields, got NoneType"):
         load_model_dir(damaged)
 
 
@@ -124,7 +125,8 @@ def test_special_ids_must_be_the_tokenizers(tmp_path, tiny_model, tiny_tokenizer
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     cfg["model"].update(bos_id=5, eos_id=6)
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"special ids are not its tokenizer's: bos_id 5 \(the tokenizer's is 1\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"special ids are not its tokenizer's: bos_id 5 \(the tokenizer's is 1\)"):
         load_model_dir(tmp_path / "m")
     with pytest.raises(ConfigError, match="the tokenizer is a tokenizers.Tokenizer, not transduce's"):
         save_model_dir(tmp_path / "raw", tiny_model, tiny_tokenizer._tok)  # the Hugging Face object itself
@@ -199,7 +201,8 @@ def test_modes_of_hard_linked_files_are_left_alone(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "engine" / "engine.plan").st_mode) == 0o666 & ~mask
 
 
-def test_a_replacement_killed_between_its_renames_says_how_to_restore(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
+def test_a_replacement_killed_between_its_renames_says_how_to_restore(tmp_path, tiny_model, tiny_tokenizer,
+                                                                      monkeypatch):
     """atomic_directory moves the old copy aside, then the new one into place: a kill in between leaves
     neither at the path; the error names the complete old copy and the command that restores it."""
     import transduce.formats.atomic as io

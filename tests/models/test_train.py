@@ -10,8 +10,9 @@ import torch
 
 from transduce.errors import DataError
 from transduce.formats.parallel import read_parallel
+from transduce.training.config import TrainConfig
 from transduce.training.data import Example, make_batches
-from transduce.training.train import TrainConfig, label_smoothed_loss, learning_rate, train
+from transduce.training.train import label_smoothed_loss, learning_rate, train
 
 
 def test_learning_rate_schedule():
@@ -196,7 +197,8 @@ def test_resume_refuses_other_options_or_data(tmp_path, small_corpus):
     with pytest.raises(ConfigError, match="training data differ"):
         train(train_pairs[1:101], valid_pairs[:2], out, _cfg(3, 3), resume=True, **QUIET)
     # what may change: when to stop, evaluate and save; and the validation set
-    with pytest.warns(UserWarning, match=r"--resume on other hardware settings \(--threads 1 -> 0\): .* not bit for bit"):
+    with pytest.warns(UserWarning,
+                      match=r"--resume on other hardware settings \(--threads 1 -> 0\): .* not bit for bit"):
         train(train_pairs[:100], valid_pairs[2:4], out, replace(_cfg(3, 3), eval_every=7, threads=0), resume=True,
               **QUIET)
     assert json.loads((tmp_path / "m" / "training" / "state.json").read_text())["step"] == 3
@@ -247,7 +249,8 @@ def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, 
             return (broken(loss), nll) if len(calls) == 3 else (loss, nll)
 
         monkeypatch.setattr("transduce.training.train.label_smoothed_loss", diverging)
-        with pytest.raises(TrainingDiverged, match=f"{says}: training diverged; the checkpoint of step {5 + 2 * n} .* is kept"):
+        with pytest.raises(TrainingDiverged,
+                           match=f"{says}: training diverged; the checkpoint of step {5 + 2 * n} .* is kept"):
             train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(9, 1), resume=True, **QUIET)
         state = json.loads((out / "training" / "state.json").read_text())
         assert state["step"] == 5 + 2 * n and all(torch.isfinite(t).all() for t in _weights(out).values())
@@ -265,8 +268,8 @@ def test_training_options_are_checked():
     from transduce.errors import ConfigError
 
     for bad in (dict(eval_every=0), dict(save_every=0), dict(threads=-1), dict(vocab_size=3), dict(lr_scale=-1.0),
-                dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")), dict(label_smoothing=1.0),
-                dict(seed=2**64), dict(seed=-(2**63) - 1), dict(vocab_size=2**64)):
+                dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")),
+                dict(label_smoothing=1.0), dict(seed=2**64), dict(seed=-(2**63) - 1), dict(vocab_size=2**64)):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             TrainConfig(**bad)
 
@@ -279,9 +282,11 @@ def test_model_overrides_are_typed(small_corpus):
 
     assert _parse_overrides(("norm_first=False", "d_model=64", "dropout=0.2")) == {
         "norm_first": False, "d_model": 64, "dropout": 0.2}
-    for bad, match in (({"norm_first": "no"}, "norm_first must be true or false"), ({"d_model": 64.0}, "d_model must be an integer"),
+    for bad, match in (({"norm_first": "no"}, "norm_first must be true or false"),
+                       ({"d_model": 64.0}, "d_model must be an integer"),
                        ({"dropout": None}, "dropout must be a number"), ({"foo": 1}, "unknown model config field"),
-                       ({"vocab_size": 9}, "--vocab-size"), ({"layer_norm_eps": -1.0}, r"layer_norm_eps must be in \(0, 1\)"),
+                       ({"vocab_size": 9}, "--vocab-size"),
+                       ({"layer_norm_eps": -1.0}, r"layer_norm_eps must be in \(0, 1\)"),
                        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be")):
         with pytest.raises(ConfigError, match=match):
             preset("tiny", 100, bad)
@@ -367,7 +372,7 @@ def test_ctrl_c_saves_the_last_whole_step(tmp_path, small_corpus):
 
 def test_training_device_is_checked():
     from transduce.errors import ConfigError
-    from transduce.training.train import training_device
+    from transduce.training.checks import training_device
 
     assert training_device("cpu") == torch.device("cpu")
     for bad, match in (("bogus", "--device 'bogus': training runs on cpu or cuda"), ("meta", "runs on cpu or cuda")):
@@ -390,7 +395,8 @@ def test_training_on_cuda_resumes_as_if_uninterrupted(tmp_path, small_corpus):
     train_pairs, valid_pairs = small_corpus
 
     def cfg(steps):
-        return replace(_cfg(steps, steps), device="cuda", model_overrides={**_cfg(1, 1).model_overrides, "dropout": 0.3})
+        return replace(_cfg(steps, steps), device="cuda",
+                       model_overrides={**_cfg(1, 1).model_overrides, "dropout": 0.3})
 
     train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "straight"), cfg(6), **QUIET)
     train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "resumed"), cfg(3), **QUIET)
@@ -398,7 +404,8 @@ def test_training_on_cuda_resumes_as_if_uninterrupted(tmp_path, small_corpus):
     train(train_pairs[:300], valid_pairs[:5], str(tmp_path / "resumed"), cfg(6), resume=True, **QUIET)
     from safetensors.torch import load_file
 
-    wa, wb = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    wa, wb = (load_file(tmp_path / "straight" / "model.safetensors"),
+              load_file(tmp_path / "resumed" / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0, msg=k)
 
@@ -455,8 +462,8 @@ def test_train_cli_prints_only_its_summary_on_stdout(tmp_path, small_corpus):
     data = tmp_path / "c.tsv"
     data.write_text("".join(f"{s}\t{t}\n" for s, t in train_pairs[:200] + valid_pairs[:10]))
     r = CliRunner().invoke(main, ["train", "--data", str(data), "--out", str(tmp_path / "m"), "--valid-size", "10",
-                                  "--vocab-size", "120", "--max-steps", "2", "--eval-every", "1", "--eval-sentences", "2",
-                                  "--max-tokens", "256", "--no-progress", "--threads", "1",
+                                  "--vocab-size", "120", "--max-steps", "2", "--eval-every", "1",
+                                  "--eval-sentences", "2", "--max-tokens", "256", "--no-progress", "--threads", "1",
                                   "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
                                   "--set", "encoder_layers=1", "--set", "decoder_layers=1"])
     assert r.exit_code == 0, r.output
@@ -473,7 +480,8 @@ def test_held_out_pairs_that_are_also_training_pairs_are_reported(tmp_path, monk
     from transduce.training import train as train_module
 
     seen = {}
-    monkeypatch.setattr(train_module, "train", lambda pairs, valid_pairs, *a, **k: seen.update(pairs=pairs, valid=valid_pairs))
+    monkeypatch.setattr(train_module, "train",
+                        lambda pairs, valid_pairs, *a, **k: seen.update(pairs=pairs, valid=valid_pairs))
     lines = [f"s{i}\tt{i}" for i in range(20)] + ["s3\tt3", "s5 \tt5", "s5\tother", "new\tpair"]
     (tmp_path / "data.tsv").write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match=r"2 of the 4 held-out pairs are also training pairs"):

@@ -137,7 +137,8 @@ def _paper_forward(model: Transformer, src: torch.Tensor, src_len: int, tgt_in: 
         heads = []
         for j in range(h):
             cols = slice(j * dk, (j + 1) * dk)
-            q, k, v = linear(att.q_proj, xq)[:, cols], linear(att.k_proj, xkv)[:, cols], linear(att.v_proj, xkv)[:, cols]
+            q, k, v = (linear(att.q_proj, xq)[:, cols], linear(att.k_proj, xkv)[:, cols],
+                       linear(att.v_proj, xkv)[:, cols])
             scores = (q @ k.T / math.sqrt(dk)).masked_fill(~allowed, float("-inf"))
             heads.append(torch.softmax(scores, -1) @ v)
         return linear(att.out_proj, torch.cat(heads, -1))

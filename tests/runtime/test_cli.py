@@ -131,7 +131,8 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
 
     monkeypatch.setattr(api, "load", must_not_load)
     for args, stdin, message in (
-        (["--output", str(tmp_path / "missing" / "x" / "out.txt"), "--input", str(tmp_path / "nope.txt")], None, "does not exist"),
+        (["--output", str(tmp_path / "missing" / "x" / "out.txt"), "--input", str(tmp_path / "nope.txt")], None,
+         "does not exist"),
         (["--output", str(tmp_path)], "one\n", "is a directory"),
         (["--input", str(tmp_path)], None, "is a directory"),
         ([], b"f\xffive\n", "standard input is not UTF-8 text: line 1"),
@@ -145,7 +146,8 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
         assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)
         assert isinstance(r.exception, SystemExit)  # handled, not raised
     (tmp_path / "file").write_text("x")
-    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--output", str(tmp_path / "file" / "out.txt")], input="one\n")
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--output", str(tmp_path / "file" / "out.txt")],
+                           input="one\n")
     assert r.exit_code == 2 and "cannot be created: " in r.stderr and "is not a directory" in r.stderr
     assert not (tmp_path / "missing").exists()  # the checks create nothing
     os.symlink(tmp_path / "file" / "target.txt", tmp_path / "dangling")  # written in place: its target's place
@@ -188,7 +190,8 @@ def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_d
                            "give either --data"),
                           (["--backend", "torch"], "eager PyTorch with itself"),
                           (["--backend", "torch", "--device", "cpu:0"], "eager PyTorch with itself"),
-                          (["--reference-device", "gpu"], "--reference-device 'gpu': eager PyTorch runs on cpu or cuda"),
+                          (["--reference-device", "gpu"],
+                           "--reference-device 'gpu': eager PyTorch runs on cpu or cuda"),
                           (["--reference-device", "cuda:7"], "--reference-device cuda:7: "),  # no such GPU here
                           (["--input", str(tmp_path / "nope.txt")], "does not exist")):
         r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, *args])
@@ -292,7 +295,8 @@ def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
     # target when that part fails, and an empty input still has its options checked
     (tmp_path / "target.txt").write_text("precious\n")
     os.symlink(tmp_path / "target.txt", tmp_path / "link.txt")
-    for extra, stdin in ((["--chunk-lines", "0"], bad), (["--chunk-lines", "3"], "one\n" + bad[len(text):] + text), (["--beam", "0"], "one\n")):
+    for extra, stdin in ((["--chunk-lines", "0"], bad), (["--chunk-lines", "3"], "one\n" + bad[len(text):] + text),
+                         (["--beam", "0"], "one\n")):
         r = CliRunner().invoke(main, [*args, "--output", str(tmp_path / "link.txt"), *extra], input=stdin)
         assert r.exit_code == 2 and (tmp_path / "target.txt").read_text() == "precious\n", (extra, r.output)
     r = CliRunner().invoke(main, [*args, "--nbest", "5"], input="")

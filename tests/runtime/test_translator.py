@@ -176,7 +176,8 @@ def test_stream_errors_name_the_line_in_the_whole_input(translator):
 def test_text_that_is_not_unicode_is_a_clear_error(translator):
     """A lone surrogate (bytes decoded with 'surrogateescape') is an InputError naming the sentence, not
     the tokenizer's TypeError."""
-    with pytest.raises(InputError, match=r"sentence 2 is not valid Unicode text: surrogates not allowed at character 3"):
+    with pytest.raises(InputError,
+                       match=r"sentence 2 is not valid Unicode text: surrogates not allowed at character 3"):
         translator.translate(["one", "two\udcff"])
 
 

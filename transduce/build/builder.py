@@ -49,7 +49,7 @@ from transduce.formats.contract import io_mismatches
 from transduce.formats.dtypes import tensorrt_type
 from transduce.formats.engine import (
     ENCODER_PLAN,
-    ENGINE_MANIFEST,
+    ENGINE_MANIFEST_FILE,
     GRAPHS,
     STEP_PLAN,
     engine_manifest,
@@ -89,7 +89,7 @@ def _quiet(_: str) -> None:
 def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> bool:
     """Refuse an --out that cannot take the engines; -> whether it replaces an existing engine directory."""
     real_out, real_art = os.path.realpath(out_dir), os.path.realpath(artifact_dir)
-    out_is_engine = os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST))
+    out_is_engine = os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST_FILE))
     if real_out == real_art and not out_is_engine:
         raise EngineError(f"the output directory {out_dir!r} is the artifact directory",
                           hint="choose another --out directory for the engines")
@@ -98,7 +98,8 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> bool:
                           hint="choose another --out directory for the engines")
     if real_out.startswith(real_art + os.sep):
         raise EngineError(f"the output directory {out_dir!r} is inside the artifact {artifact_dir!r} (exporting the "
-                          "artifact again would delete the engines)", hint="choose an --out directory beside the artifact")
+                          "artifact again would delete the engines)",
+                          hint="choose an --out directory beside the artifact")
     check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
     return check_replaceable(out_dir, force, is_engine_dir, "an engine directory", "engine directories", EngineError,
                              "--out directory")
@@ -139,7 +140,8 @@ def parser_errors(parser) -> list[str]:
 
 def _network_io(network) -> tuple[list[tuple[str, str, None]], list[tuple[str, str, None]]]:
     """A parsed network's inputs and outputs as (name, dtype, dims) triples (dims not compared: None)."""
-    ins = [(network.get_input(i).name, tensorrt_type(network.get_input(i).dtype), None) for i in range(network.num_inputs)]
+    ins = [(network.get_input(i).name, tensorrt_type(network.get_input(i).dtype), None)
+           for i in range(network.num_inputs)]
     outs = [(network.get_output(i).name, tensorrt_type(network.get_output(i).dtype), None)
             for i in range(network.num_outputs)]
     return ins, outs
@@ -172,7 +174,8 @@ def _tool_versions(trt) -> dict[str, str]:
 
     import transduce
 
-    versions = {"transduce": transduce.__version__, "tensorrt": str(trt.__version__), "python": platform.python_version()}
+    versions = {"transduce": transduce.__version__, "tensorrt": str(trt.__version__),
+                "python": platform.python_version()}
     with contextlib.suppress(Exception):
         import torch
 
@@ -223,7 +226,8 @@ class _TimingCache:
 def _check_build_options(workspace_gb: float, timing_cache: str | os.PathLike | None, out_dir: str) -> str | None:
     """The workspace and the timing cache path, checked before any build; -> the cache's absolute path."""
     if not (isinstance(workspace_gb, (int, float)) and math.isfinite(workspace_gb) and workspace_gb > 0):
-        raise EngineError(f"--workspace-gb must be a number > 0, got {workspace_gb}", hint="for example --workspace-gb 4")
+        raise EngineError(f"--workspace-gb must be a number > 0, got {workspace_gb}",
+                          hint="for example --workspace-gb 4")
     if not timing_cache:
         return None
     timing_cache = os.path.abspath(os.fspath(timing_cache))
@@ -345,7 +349,8 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     if quantization(manifest):
         raise EngineError(f"{artifact_dir} has {quantization(manifest)} graphs for ONNX Runtime's CPU provider "
                           "(transduce export --quantize); TensorRT engines are built from an unquantized export",
-                          hint=f"transduce export MODEL_DIR OUT_DIR --precision {precision} (without --quantize), then build from it")
+                          hint=f"transduce export MODEL_DIR OUT_DIR --precision {precision} (without --quantize), "
+                               "then build from it")
     replaces = _check_destination(artifact_dir, out_dir, force)  # an existing engine directory (not an empty one)
     plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
                            opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)
@@ -380,7 +385,8 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
             artifact={"path": artifact_dir, "contract_version": manifest["contract_version"],
                       "precision": precision, "opset": manifest.get("opset"),
                       "manifest_sha256": files[MANIFEST_FILE]["sha256"],
-                      "copied_as": "hard links" if how == {"link"} else "copies" if how == {"copy"} else "links and copies"},
+                      "copied_as": ("hard links" if how == {"link"} else "copies" if how == {"copy"}
+                                    else "links and copies")},
             files=files, tools=_tool_versions(trt))
         write_engine_manifest(tmp, meta)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")

@@ -24,7 +24,8 @@ from transduce.formats.profiles import PROFILE_MODES
 @click.option("--profiles", default="auto", show_default=True, type=click.Choice(PROFILE_MODES),
               help="Optimization profiles: auto (two from --max-batch 8 on: latency and throughput), single, split.")
 @click.option("--workspace-gb", default=4.0, show_default=True, type=float, help="TensorRT workspace memory limit.")
-@click.option("--timing-cache", type=click.Path(), help="Timing cache file: read if present, written back after the build.")
+@click.option("--timing-cache", type=click.Path(),
+              help="Timing cache file: read if present, written back after the build.")
 @click.option("--tf32", is_flag=True, help="Allow TF32 matmuls in fp32 graphs (faster on Ampere+, breaks fp32 parity).")
 @click.option("--device", default="cuda", show_default=True, help="CUDA device to build on (cuda or cuda:N).")
 @click.option("--force", is_flag=True, help="Replace ENGINE_DIR if it is an existing engine directory.")

@@ -10,7 +10,8 @@ from transduce.cli_errors import cli_errors
 
 
 @click.command()
-@click.option("--workdir", default="runs/demo", show_default=True, type=click.Path(), help="Where data, model and artifacts go.")
+@click.option("--workdir", default="runs/demo", show_default=True, type=click.Path(),
+              help="Where data, model and artifacts go.")
 @click.option("--retrain", is_flag=True, help="Train again even if a demo model exists.")
 @click.option("--steps", default=None, type=int, help="Training steps (default: the demo's).")
 @click.option("--show", default=12, show_default=True, help="Held-out examples to print.")

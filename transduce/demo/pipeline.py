@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 
 from transduce.errors import CheckpointError, InputError, TransduceError
-from transduce.training.train import TrainConfig
+from transduce.training.config import TrainConfig
 
 # Tuned so the tiny model learns the task on 2 CPU cores in about three minutes. Half the schedule's
 # learning rate: at the full rate, runs that differ only in seed, thread count, CPU or GPU ended at exact
@@ -51,7 +51,7 @@ def demo_data(workdir: str, log=print) -> tuple[list, list]:
 def check_demo_options(workdir: str, steps: int | None, show: int, device: str = "cpu") -> None:
     """Before any work: the options make sense and the workdir can hold the data, model and artifact."""
     from transduce.formats.paths import make_writable_dir
-    from transduce.training.train import training_device
+    from transduce.training.checks import training_device
 
     if steps is not None and steps < 1:
         raise InputError(f"--steps must be >= 1, got {steps}")

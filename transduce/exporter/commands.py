@@ -6,15 +6,16 @@ import click
 
 from transduce.cli_errors import cli_errors
 from transduce.exporter.onnx_export import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET  # no framework imported
-from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 from transduce.formats.artifact import PRECISIONS
+from transduce.formats.artifact import QUANTIZATION_METHODS as QUANTIZE_METHODS
 
 
 @click.command("export")
 @click.argument("model_dir", type=click.Path())
 @click.argument("out_dir", type=click.Path())
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it is an existing artifact.")
-@click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=int, help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET}).")
+@click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=int,
+              help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET}).")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS),
               help="Float precision of the graphs (fp16/bf16 keep LayerNorm, softmax and log_probs in fp32).")
 @click.option("--quantize", type=click.Choice(QUANTIZE_METHODS), default=None,
@@ -65,7 +66,8 @@ def summary(out_dir: str, manifest: dict) -> str:
     lines.append(f"validated on {val['engine']} against {val['reference']}:")
     width = max(map(len, worst), default=0)
     for key, row in worst.items():
-        lines.append(f"  {key:<{width}} max abs {row['max_abs']:.2e}  (tolerance {row['atol']:g} + {row['rtol']:g}*|ref|)")
+        lines.append(f"  {key:<{width}} max abs {row['max_abs']:.2e}  "
+                     f"(tolerance {row['atol']:g} + {row['rtol']:g}*|ref|)")
     if quant:
         rms: dict[str, float] = {}
         for row in quant["validation"]["errors"]:

@@ -83,7 +83,8 @@ def dynamic_shapes(cfg: ModelConfig) -> tuple[dict, dict]:
     from torch.export import Dim
 
     ranges = contract.dynamic_axis_ranges(cfg.to_dict())
-    dims = {name: Dim(name, min=lo, max=hi) if hi is not None else Dim(name, min=lo) for name, (lo, hi) in ranges.items()}
+    dims = {name: Dim(name, min=lo, max=hi) if hi is not None else Dim(name, min=lo)
+            for name, (lo, hi) in ranges.items()}
 
     def spec(ts: contract.TensorSpec) -> dict[int, Dim]:
         return {i: dims[axis] for i, axis in enumerate(ts.axes) if axis in dims}

@@ -18,47 +18,15 @@
                         checks them)
 
 `export_artifact` loads the model strictly (checkpoint.load_model_dir), traces both graphs, checks
-them (transduce/verify/validate.py: ONNX checker, shape inference, the IO contract, TensorRT's
+them (transduce/verify/graph_checks.py: ONNX checker, shape inference, the IO contract, TensorRT's
 operator list, the fp32 islands of fp16/bf16 graphs), validates them numerically against the eager
 fp32 model, and only then renames the finished directory into place (`atomic_directory`): a failure
 at any point leaves no artifact, and an existing OUT_DIR is replaced only with force=True.
 
-Which exporter. torch 2.13 has two, and this module uses the torch.export-based one (`dynamo=True`,
-the default since torch 2.9) with `dynamic_shapes` built from the contract's axes. Measured on the
-2+2-layer test model (d_model 32), opset 18:
-- Graphs: dynamo gives 92 nodes (encoder) and 137 (step), with no Identity, Constant or Cast nodes
-  in fp32; each attention reshape is Reshape(x, Concat(Shape slices, constants)). The TorchScript
-  exporter (`dynamo=False`) gives 160 and 212 nodes even after onnxscript's optimizer (before it,
-  83 and 116 Constant and 21 and 25 Identity nodes), because every `view` becomes a
-  Shape -> Gather -> Unsqueeze -> Concat chain.
-- Dynamic axes: torch.export checks the declared ranges (batch >= 1, src_len and cache_len in
-  1..max_positions) while tracing and fails if the model specializes an axis; the TorchScript
-  exporter's `dynamic_axes` only renames dims, so a size baked in at trace time goes unnoticed.
-- The TorchScript exporter emits a DeprecationWarning in torch 2.13.
-- The price: tracing takes 5-15 s per graph for that model and about a minute for the 6+6-layer
-  base model's step graph on 2 busy CPU cores (mostly torch.export's decomposition pass, roughly
-  proportional to the number of layers), against about 1 s for both graphs with TorchScript.
-Both give the same numbers on ONNX Runtime (max abs difference to eager ~1e-6 at batch 1..16,
-src_len 1..64, cache_len 1..64) and neither emits If, Loop or Dropout nodes. torch.onnx's optimizer (onnxscript) folds constants (LayerNorm weights cast
-to fp32 become fp32 initializers) and deduplicates identical initializers.
-
-Opset: 18 by default, the opset torch's ONNX function library is written in (no version
-conversion), >= 17 so LayerNorm is one LayerNormalization node, loaded by ONNX Runtime 1.31 and
-parsed by every TensorRT 10 (10.0 takes opsets 9-20; the operator check's list is 10.15's, which takes
-9-24). 17..23 may be asked for (torch.onnx converts; the result is checked like any other: 17, 20 and
-23 pass every check and the validation), but an artifact meant for TensorRT releases before 10.15 should
-keep an opset <= 20, which nothing here can check without TensorRT. Not 24: ONNX Runtime 1.31 does not
-load opset-24 models.
-
-Precision: fp16/bf16 graphs are traced from a copy of the model cast with `.to(dtype)`. The model
-code computes LayerNorm, softmax with its masking, the post-norm residual sums and log_softmax in
-fp32 and casts back, so the traced graphs carry those fp32 islands (Cast nodes around them) for a
-strongly typed TensorRT build; check_graph verifies it on every export. The weights, the matmuls
-(attention scores included) and the graph's float inputs/outputs are fp16/bf16; log_probs is
-fp32. Validation is against the eager fp32 model, with per-precision tolerances
-(validate.TOLERANCES). ONNX Runtime's CPU provider runs fp16 graphs but has no bf16 kernels for
-Add/Mul/MatMul/Gemm/Relu, so bf16 graphs are validated with onnx's ReferenceEvaluator (recorded in
-the manifest; ~30 s for a base-size model).
+torch.onnx.export with dynamo=True (torch.export) and dynamic shapes from the contract's axes, opset 18 by
+default (17..23 allowed); fp16/bf16 graphs are traced from a cast copy of the model and keep fp32 islands
+(LayerNorm, softmax, log_softmax, the residual sums) for strongly typed TensorRT builds. Why these choices,
+with the measurements: docs/design/exporter.md.
 """
 
 from __future__ import annotations
@@ -81,7 +49,14 @@ from transduce.formats import contract
 from transduce.formats.artifact import PRECISIONS, artifact_manifest, quantization, read_manifest, write_manifest
 from transduce.formats.atomic import atomic_output
 from transduce.formats.files import file_entries
-from transduce.formats.kinds import MANIFEST_FILE, is_artifact_dir
+from transduce.formats.kinds import (
+    ENGINE_MANIFEST_FILE,
+    MANIFEST_FILE,
+    MODEL_CONFIG_FILE,
+    WEIGHTS_FILE,
+    is_artifact_dir,
+)
+from transduce.formats.model_dir import TOKENIZER_FILE, weights_sha256
 from transduce.formats.paths import check_replaceable
 
 DEFAULT_OPSET = 18
@@ -117,7 +92,8 @@ def check_quantize(quantize: str, config: dict[str, Any], precision: str) -> Non
 
     reason = q.unsupported_reason(quantize, config, precision)
     if reason:
-        raise ExportError(f"cannot quantize: {reason}", hint="--quantize int8 needs --precision fp32 and a post-norm model")
+        raise ExportError(f"cannot quantize: {reason}",
+                          hint="--quantize int8 needs --precision fp32 and a post-norm model")
 
 
 def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
@@ -129,9 +105,7 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
     if real_out.startswith(real_model + os.sep):  # the next checkpoint of that model would delete it
         raise ExportError(f"the output directory {out_dir!r} is inside the model directory {model_dir!r}",
                           hint="choose an output directory outside it")
-    from transduce.formats.engine import ENGINE_MANIFEST
-
-    if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST)):  # an engine directory holds a manifest.json copy too
+    if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST_FILE)):  # an engine directory holds a manifest copy
         raise ExportError(f"{out_dir!r} is an engine directory (transduce build); --force replaces only artifacts",
                           hint="choose another output directory")
     return check_replaceable(out_dir, force, is_artifact_dir, "an artifact directory", "artifacts", ExportError)
@@ -153,17 +127,15 @@ def read_copied_files(model_dir: str, cfg: dict[str, Any]) -> dict[str, bytes]:
     into the directory meanwhile would pair the old weights' graphs with a new config and tokenizer)."""
     import json
 
-    from transduce.formats.model_dir import CONFIG_FILE, TOKENIZER_FILE
-
     out = {}
     try:
-        for name in (CONFIG_FILE, TOKENIZER_FILE):
+        for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE):
             with open(os.path.join(model_dir, name), "rb") as f:
                 out[name] = f.read()
     except OSError as e:
         raise CheckpointError(f"cannot read the model directory {model_dir!r}: {e}") from None
     try:
-        same_config = json.loads(out[CONFIG_FILE]) == cfg
+        same_config = json.loads(out[MODEL_CONFIG_FILE]) == cfg
     except ValueError:
         same_config = False
     same_tokenizer = hashlib.sha256(out[TOKENIZER_FILE]).hexdigest() == cfg["files"][TOKENIZER_FILE]["sha256"]
@@ -290,9 +262,8 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     exists, unwritable, tracing failed, a check or the numeric validation failed); nothing is left
     at OUT_DIR then (an existing artifact is kept unless the new one is complete).
     """
-    from transduce.formats.kinds import WEIGHTS_FILE
-    from transduce.formats.model_dir import CONFIG_FILE
     from transduce.verify import validate
+    from transduce.verify.graph_checks import check_graph, check_ort_step_graph
 
     log = log or _quiet
     t_start = time.perf_counter()
@@ -316,15 +287,15 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
         log("checking graphs (ONNX checker, shape inference, IO contract, TensorRT ops)")
         t0 = time.perf_counter()
         graph_info = {
-            contract.ENCODER_FILE: validate.check_graph(os.path.join(tmp, contract.ENCODER_FILE), "encoder",
+            contract.ENCODER_FILE: check_graph(os.path.join(tmp, contract.ENCODER_FILE), "encoder",
                                                         config, precision, opset),
-            contract.STEP_FILE: validate.check_graph(os.path.join(tmp, contract.STEP_FILE), "decoder_step",
+            contract.STEP_FILE: check_graph(os.path.join(tmp, contract.STEP_FILE), "decoder_step",
                                                      config, precision, opset),
         }
         if os.path.exists(os.path.join(tmp, contract.ORT_STEP_FILE)):
             from transduce.exporter.ort_step import REVISION
 
-            graph_info[contract.ORT_STEP_FILE] = {**validate.check_ort_step_graph(
+            graph_info[contract.ORT_STEP_FILE] = {**check_ort_step_graph(
                 os.path.join(tmp, contract.ORT_STEP_FILE), config), "revision": REVISION}
         check_s = time.perf_counter() - t0
         log("validating against eager PyTorch")
@@ -356,7 +327,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
                             "check": round(check_s, 2), "validate": validation["seconds"]},
             exporter=EXPORTER, tools=tool_versions(), model=config,
             source_model={"path": model_dir, "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
-                          "config_sha256": hashlib.sha256(copied[CONFIG_FILE]).hexdigest()},
+                          "config_sha256": hashlib.sha256(copied[MODEL_CONFIG_FILE]).hexdigest()},
             graphs=graph_info, tensorrt_ops={"source": _ops_source(), "unsupported": []}, validation=validation,
             quantization=quantization, files=files)
         write_manifest(tmp, manifest)
@@ -370,7 +341,6 @@ def reuse_refusal(artifact_dir: str | os.PathLike, model_dir: str | os.PathLike,
     at all) by this exporter; None when it can be reused as it is. The demo and the bench export once and
     reuse the export while this holds."""
     from transduce.exporter import ort_step
-    from transduce.formats.model_dir import weights_sha256
 
     try:
         manifest = read_manifest(artifact_dir)

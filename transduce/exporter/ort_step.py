@@ -1,19 +1,9 @@
 """The ONNX Runtime CPU step graph (decoder_step.ort.onnx): the decoder step built from the weights
 with ONNX Runtime's fused contrib ops, for fp32 post-norm models of every size.
 
-Why a second step graph. For a small model a step is a few hundred tiny kernels' worth of work,
-and ONNX Runtime's CPU provider spends it mostly per node: the traced standard graph
-(decoder_step.onnx) has 107 nodes after ONNX Runtime's optimizer for the demo model (2+2 layers,
-d_model 128), this one 36. Measured on the 2-core CI machine (ONNX Runtime 1.31.1, demo weights, 33
-cache slots, interleaved runs, us per run, fused vs standard): 1 row 154 vs 222 (one thread), 4 rows
-159 vs 326 (one thread), 64 rows 1,386 vs 1,717 (two threads). For a large model the weights'
-memory traffic dominates a step and the node count matters little, but the top-k in the graph and
-each source's cross K/V read once for all its beams do: base shape (6+6 layers, d_model 512, vocabulary
-8,000), 32 forced tokens, ms per decode, standard vs this graph, two interleaved rounds: greedy batch 1
-169 / 188 vs 163 / 180, beam 4 batch 1 224 / 229 vs 215 / 223, greedy batch 16 623 / 545 vs 609 /
-547, beam 4 batch 16 1,488 / 1,590 vs 1,417 / 1,366. So it is built for every fp32 post-norm model
-(the artifact is about as large again: base, 105 + 122 MB) and the CPU backend runs it at every size
-and row count.
+Why a second step graph: ONNX Runtime's CPU provider spends a small model's step mostly per node, and
+this graph has a third of the standard one's nodes, picks the search's top-k itself and reads each
+source's cross K/V once for all its beams (measurements: docs/design/exporter.md).
 
 What it is. Per decoder layer (post-norm, fp32; `unsupported_reason` says why not otherwise):
   self-attention   Gemm(x, [Wq|Wk|Wv]) -> com.microsoft.GroupQueryAttention with the packed QKV,
@@ -29,8 +19,7 @@ What it is. Per decoder layer (post-norm, fp32; `unsupported_reason` says why no
                    sentence's K/V once for its k beams: k times less K/V read per step, none gathered
                    per reorder.
   residual + norm  Gemm (the sublayer's output projection, with its bias) + Add (the residual) +
-                   LayerNormalization (why not SkipLayerNormalization: the comment
-                   after the imports).
+                   LayerNormalization (not SkipLayerNormalization: docs/design/exporter.md).
   FFN              Gemm + Relu (ONNX Runtime fuses them), Gemm, Add, LayerNormalization.
 Then logits = x E^T (or the output projection) and LogSoftmax, as in the standard graph, and the
 search's candidates: TopK(log_probs + topk_bias, topk_k), so a step needs no second kernel launch
@@ -39,9 +28,10 @@ search's candidates: TopK(log_probs + topk_bias, topk_k), so a step needs no sec
 IO (contract.ort_step_inputs / ort_step_outputs): the standard step's inputs, with src_lengths and
 cross_* per source (sources = rows gives exactly the standard step), plus topk_k and topk_bias
 (required: ONNX Runtime warns at every session about inputs with default values); outputs
-log_probs, present_key_i/present_value_i instead of new_key_i/new_value_i (the cache with slot `positions[b]` written, in place: they must be
-bound onto the past_* input buffers, as the runtime and the validator bind them; unbound, only the slots
-up to each row's position are filled and the rest is undefined), and
+log_probs, present_key_i/present_value_i instead of new_key_i/new_value_i (the cache with slot
+`positions[b]` written, in place: they must be bound onto the past_* input buffers, as the runtime
+and the validator bind them; unbound, only the slots up to each row's position are filled and the
+rest is undefined), and
 topk_values/topk_ids. Contrib ops run on ONNX Runtime only (not TensorRT), so the standard graph
 stays the artifact's portable step graph; export validates this one against eager PyTorch like the
 others (transduce/verify/validate.py), the grouped cross-attention, the top-k and the in-place
@@ -57,13 +47,6 @@ import numpy as np
 from transduce.formats import contract
 
 CONTRIB = "com.microsoft"
-# Residual + norm: Add + LayerNormalization, not com.microsoft.SkipLayerNormalization (which artifacts
-# exported before 2026-11-24 have, and which still run): ONNX Runtime 1.32's CPU SkipLayerNormalization kernel
-# is slower than the two nodes it replaces once a step has a few rows. Demo fused step, us per run back to
-# back, SkipLayerNormalization vs Add + LayerNormalization (Intel Xeon, 2 cores): one thread 1 row 99 / 101,
-# 4 rows 145 / 133, 16 rows 390 / 315, 64 rows 1,219 / 940; two threads 64 rows 886 / 791. Whole decodes,
-# 10 interleaved rounds, ratio after / before: greedy batch 1 0.99, beam 4 batch 1 0.95, greedy batch 16 0.98,
-# beam 4 batch 16 0.95 (on the AMD EPYC machine the same change measured 0.94-1.01).
 MASKED = -1e9  # attention score at padded source positions (eager: float32's lowest; both give 0)
 # The graph's revision, recorded in the manifest (graphs -> decoder_step.ort.onnx -> revision; absent: 1). 2: residual
 # + norm as Add + LayerNormalization (1: SkipLayerNormalization). Older revisions still decode; the bench and the
@@ -114,111 +97,132 @@ def weight_bytes(config: dict[str, Any]) -> int:
     return 4 * (n * per_layer + 2 * config["vocab_size"] * d + config["max_positions"] * d)
 
 
+class _Graph:
+    """The nodes and initializers of the graph being built, from the model's fp32 weights (`sd`)."""
+
+    def __init__(self, sd: dict[str, np.ndarray], eps: float):
+        from onnx import helper, numpy_helper
+
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.sd, self.eps = sd, eps
+        self.inits: list = []
+        self.nodes: list = []
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
+        return name
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(self.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
+        self.nodes.append(self.helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+    def linear_t(self, prefix: str) -> np.ndarray:  # nn.Linear weight (out, in) -> (in, out)
+        return self.sd[f"{prefix}.weight"].T
+
+    def linear(self, x: str, prefix: str, output: str) -> str:  # nn.Linear on (rows, in)
+        return self.node("Gemm", [x, self.weight(f"{prefix}.weight_t", self.linear_t(prefix)),
+                                  self.weight(f"{prefix}.bias", self.sd[f"{prefix}.bias"])], output)
+
+    def project_add_norm(self, x: str, sub: str, proj: str, norm: str, output: str) -> str:
+        """LayerNorm(x + sub W + b) for the nn.Linear `proj` and the LayerNorm `norm` (post-norm): Gemm, Add and
+        LayerNormalization, not com.microsoft.SkipLayerNormalization (slower on the CPU: docs/design/exporter.md);
+        the sessions keep ONNX Runtime from fusing them back."""
+        y = self.linear(sub, proj, f"{proj}.out")
+        y = self.node("Add", [y, x], f"{proj}.residual")
+        return self.node("LayerNormalization", [y, self.weight(f"{norm}.weight", self.sd[f"{norm}.weight"]),
+                                                self.weight(f"{norm}.bias", self.sd[f"{norm}.bias"])],
+                         output, axis=-1, epsilon=self.eps)
+
+
+def _decoder_layer(g: _Graph, i: int, x: str, n_heads: int, d: int, lengths: dict[str, str]) -> str:
+    """Decoder layer i on the rows' hidden states `x`: fused self-attention writing the cache, cross-attention
+    grouped by source, FFN; -> the layer's output."""
+    from onnx import helper
+
+    p = f"decoder_layers.{i}"
+    a, c, f = f"{p}.self_attn", f"{p}.cross_attn", f"{p}.ffn"
+    sd = g.sd
+    w_qkv = np.concatenate([g.linear_t(f"{a}.q_proj"), g.linear_t(f"{a}.k_proj"), g.linear_t(f"{a}.v_proj")], axis=1)
+    b_qkv = np.concatenate([sd[f"{a}.q_proj.bias"], sd[f"{a}.k_proj.bias"], sd[f"{a}.v_proj.bias"]])
+    qkv = g.node("Gemm", [x, g.weight(f"{a}.qkv.weight", w_qkv), g.weight(f"{a}.qkv.bias", b_qkv)], f"{a}.qkv")
+    qkv = g.node("Reshape", [qkv, lengths["rows_1_3d"]], f"{a}.qkv_3d")  # (rows, 1, 3d): Q | K | V, heads-major
+    gqa_out = f"{a}.attended_3d"
+    g.nodes.append(helper.make_node(
+        "GroupQueryAttention", [qkv, "", "", f"past_key_{i}", f"past_value_{i}", lengths["seqlens"], lengths["total"]],
+        [gqa_out, f"present_key_{i}", f"present_value_{i}"], name=gqa_out, domain=CONTRIB,
+        num_heads=n_heads, kv_num_heads=n_heads))
+    att = g.node("Reshape", [gqa_out, lengths["rows_d"]], f"{a}.attended")
+    x = g.project_add_norm(x, att, f"{a}.out_proj", f"{p}.norm1", f"{p}.x1")
+
+    q = g.node("Reshape", [g.linear(x, f"{c}.q_proj", f"{c}.q"), lengths["q_shape"]],
+               f"{c}.q_3d")  # (sources, beams, d)
+    att = g.node("MultiHeadAttention", [q, f"cross_key_{i}", f"cross_value_{i}", "", lengths["src_lengths"]],
+                 f"{c}.attended_3d", domain=CONTRIB, num_heads=n_heads, mask_filter_value=MASKED)
+    att = g.node("Reshape", [att, lengths["rows_d"]], f"{c}.attended")
+    x = g.project_add_norm(x, att, f"{c}.out_proj", f"{p}.norm2", f"{p}.x2")
+
+    hid = g.node("Relu", [g.linear(x, f"{f}.w1", f"{f}.hidden_linear")], f"{f}.hidden")
+    return g.project_add_norm(x, hid, f"{f}.w2", f"{p}.norm3", f"{p}.x3")
+
+
+def _lengths(g: _Graph, d: int) -> dict[str, str]:
+    """The shapes and lengths every layer uses, made once."""
+    from onnx import TensorProto
+
+    # GroupQueryAttention's lengths: slots <= positions[b] are attended, slot positions[b] is written
+    seqlens = g.node("Cast", ["positions"], "seqlens_k", to=TensorProto.INT32)
+    total = g.node("ReduceMax", [seqlens], "max_position", keepdims=1)
+    total = g.node("Add", [total, g.const("one_i32", np.array([1], np.int32))], "total_sequence_length")
+    # cross-attention: the rows' queries grouped by source, (sources, rows / sources, d), against each
+    # source's K/V once; key_padding_mask = the source lengths (MultiHeadAttention masks keys >= it)
+    q_shape = g.node("Concat", [g.node("Shape", ["src_lengths"], "sources"),
+                                g.const("minus_one_d", np.array([-1, d], np.int64))], "shape_sources_beams_d", axis=0)
+    return {"rows_d": g.const("shape_rows_d", np.array([-1, d], np.int64)),
+            "rows_1_3d": g.const("shape_rows_1_3d", np.array([-1, 1, 3 * d], np.int64)),
+            "seqlens": seqlens, "total": total, "q_shape": q_shape,
+            "src_lengths": g.node("Cast", ["src_lengths"], "src_lengths_i32", to=TensorProto.INT32)}
+
+
 def build_ort_step(model, opset: int) -> Any:
     """The ONNX Runtime step graph (an onnx.ModelProto) of an fp32, post-norm Transformer."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     cfg = model.cfg
     reason = unsupported_reason(cfg.to_dict(), "fp32")
     assert reason is None, reason
-    d, h, n = cfg.d_model, cfg.n_heads, cfg.decoder_layers
-    sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    inits, nodes = [], []
-
-    def weight(name: str, array: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
-        return name
-
-    def const(name: str, array: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
-        return output
-
-    def linear_t(prefix: str) -> np.ndarray:  # nn.Linear weight (out, in) -> (in, out)
-        return sd[f"{prefix}.weight"].T
-
-    def linear(x: str, prefix: str, output: str) -> str:  # nn.Linear on (rows, in)
-        return node("Gemm", [x, weight(f"{prefix}.weight_t", linear_t(prefix)), weight(f"{prefix}.bias", sd[f"{prefix}.bias"])],
-                    output)
-
-    def project_add_norm(x: str, sub: str, proj: str, norm: str, output: str) -> str:
-        """LayerNorm(x + sub W + b) for the nn.Linear `proj` and the LayerNorm `norm` (post-norm): Gemm, Add and
-        LayerNormalization, not com.microsoft.SkipLayerNormalization (the comment after the imports); the sessions
-        keep ONNX Runtime from fusing them back (onnxruntime_backend.STEP_UNFUSED)."""
-        y = linear(sub, proj, f"{proj}.out")
-        y = node("Add", [y, x], f"{proj}.residual")
-        return node("LayerNormalization", [y, weight(f"{norm}.weight", sd[f"{norm}.weight"]),
-                                           weight(f"{norm}.bias", sd[f"{norm}.bias"])],
-                    output, axis=-1, epsilon=eps)
-
-    rows_d = const("shape_rows_d", np.array([-1, d], np.int64))
-    rows_1_3d = const("shape_rows_1_3d", np.array([-1, 1, 3 * d], np.int64))
+    d, n = cfg.d_model, cfg.decoder_layers
+    g = _Graph({k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}, float(cfg.layer_norm_eps))
 
     # embedding: (E * sqrt(d_model))[tokens] + PE[positions]  (rows, d); the scaled table is a second
     # initializer (E itself stays the output projection's), one Mul less per step
-    scaled = weight("embed.weight_scaled", sd["embed.weight"] * np.float32(np.sqrt(d)))
-    x = node("Gather", [scaled, "tokens"], "embedded_scaled")
-    pe = node("Gather", [weight("pe", model.pe.float().numpy()), "positions"], "positional")
-    x = node("Add", [x, pe], "x_embed")
-
-    # GroupQueryAttention's lengths: slots <= positions[b] are attended, slot positions[b] is written
-    seqlens = node("Cast", ["positions"], "seqlens_k", to=TensorProto.INT32)
-    total = node("ReduceMax", [seqlens], "max_position", keepdims=1)
-    total = node("Add", [total, const("one_i32", np.array([1], np.int32))], "total_sequence_length")
-
-    # cross-attention: the rows' queries grouped by source, (sources, rows / sources, d), against each
-    # source's K/V once; key_padding_mask = the source lengths (MultiHeadAttention masks keys >= it)
-    q_shape = node("Concat", [node("Shape", ["src_lengths"], "sources"), const("minus_one_d", np.array([-1, d], np.int64))],
-                   "shape_sources_beams_d", axis=0)
-    src_lengths = node("Cast", ["src_lengths"], "src_lengths_i32", to=TensorProto.INT32)
-
-    eps = float(cfg.layer_norm_eps)
+    scaled = g.weight("embed.weight_scaled", g.sd["embed.weight"] * np.float32(np.sqrt(d)))
+    x = g.node("Gather", [scaled, "tokens"], "embedded_scaled")
+    pe = g.node("Gather", [g.weight("pe", model.pe.float().numpy()), "positions"], "positional")
+    x = g.node("Add", [x, pe], "x_embed")
+    lengths = _lengths(g, d)
     for i in range(n):
-        p = f"decoder_layers.{i}"
-        a = f"{p}.self_attn"
-        c = f"{p}.cross_attn"
-        w_qkv = np.concatenate([linear_t(f"{a}.q_proj"), linear_t(f"{a}.k_proj"), linear_t(f"{a}.v_proj")], axis=1)
-        b_qkv = np.concatenate([sd[f"{a}.q_proj.bias"], sd[f"{a}.k_proj.bias"], sd[f"{a}.v_proj.bias"]])
-        qkv = node("Gemm", [x, weight(f"{a}.qkv.weight", w_qkv), weight(f"{a}.qkv.bias", b_qkv)], f"{a}.qkv")
-        qkv = node("Reshape", [qkv, rows_1_3d], f"{a}.qkv_3d")  # (rows, 1, 3d): Q | K | V, heads-major
-        gqa_out = f"{a}.attended_3d"
-        nodes.append(helper.make_node(
-            "GroupQueryAttention", [qkv, "", "", f"past_key_{i}", f"past_value_{i}", seqlens, total],
-            [gqa_out, f"present_key_{i}", f"present_value_{i}"], name=gqa_out, domain=CONTRIB,
-            num_heads=h, kv_num_heads=h))
-        att = node("Reshape", [gqa_out, rows_d], f"{a}.attended")
-        x = project_add_norm(x, att, f"{a}.out_proj", f"{p}.norm1", f"{p}.x1")
+        x = _decoder_layer(g, i, x, cfg.n_heads, d, lengths)
 
-        q = node("Reshape", [linear(x, f"{c}.q_proj", f"{c}.q"), q_shape], f"{c}.q_3d")  # (sources, beams, d)
-        att = node("MultiHeadAttention", [q, f"cross_key_{i}", f"cross_value_{i}", "", src_lengths],
-                   f"{c}.attended_3d", domain=CONTRIB, num_heads=h, mask_filter_value=MASKED)
-        att = node("Reshape", [att, rows_d], f"{c}.attended")
-        x = project_add_norm(x, att, f"{c}.out_proj", f"{p}.norm2", f"{p}.x2")
-
-        f = f"{p}.ffn"
-        hid = node("Relu", [linear(x, f"{f}.w1", f"{f}.hidden_linear")], f"{f}.hidden")
-        x = project_add_norm(x, hid, f"{f}.w2", f"{p}.norm3", f"{p}.x3")
-
-    out_weight = weight("embed.weight", sd["embed.weight"]) if cfg.share_embeddings else weight("out_proj.weight", sd["out_proj.weight"])
-    logits = node("Gemm", [x, out_weight], "logits", transB=1)
-    log_probs = node("LogSoftmax", [logits], "log_probs", axis=-1)
-
+    out = "embed.weight" if cfg.share_embeddings else "out_proj.weight"
+    logits = g.node("Gemm", [x, g.weight(out, g.sd[out])], "logits", transB=1)
+    log_probs = g.node("LogSoftmax", [logits], "log_probs", axis=-1)
     # the search's candidates: top-k of log_probs + topk_bias
-    biased = node("Add", [log_probs, "topk_bias"], "log_probs_biased")
-    nodes.append(helper.make_node("TopK", [biased, "topk_k"], ["topk_values", "topk_ids"], name="topk",
-                                  axis=-1, largest=1, sorted=1))
+    biased = g.node("Add", [log_probs, "topk_bias"], "log_probs_biased")
+    g.nodes.append(helper.make_node("TopK", [biased, "topk_k"], ["topk_values", "topk_ids"], name="topk",
+                                    axis=-1, largest=1, sorted=1))
 
     def value_info(spec: contract.TensorSpec):
         elem = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT, "float": TensorProto.FLOAT}[spec.dtype]
         return helper.make_tensor_value_info(spec.name, elem, list(contract.axis_dims(spec, cfg.to_dict())))
 
-    graph = helper.make_graph(nodes, "transduce_decoder_step_ort",
-                              [value_info(s) for s in contract.ort_step_inputs(n)],
-                              [value_info(s) for s in contract.ort_step_outputs(n)], inits)
+    inputs, outputs = contract.graph_io(contract.ORT_STEP_FILE, n)
+    graph = helper.make_graph(g.nodes, "transduce_decoder_step_ort", [value_info(s) for s in inputs],
+                              [value_info(s) for s in outputs], g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB, 1)],
                               producer_name="transduce")
     proto.ir_version = 8  # what every supported onnxruntime reads

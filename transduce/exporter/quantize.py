@@ -1,24 +1,17 @@
 """int8 dynamic quantization of an artifact's ONNX Runtime graphs (`transduce export --quantize int8`).
 
-What. onnxruntime.quantization.quantize_dynamic over encoder.onnx and decoder_step.ort.onnx: the
-weights of every MatMul and Gemm become int8 (one scale per tensor), their activations are quantized
-at run time (ONNX Runtime's DynamicQuantizeMatMul / MatMulInteger kernels). Attention, LayerNorm,
-softmax and the log-probs stay fp32, and so does the graphs' IO: the IO contract is unchanged.
-decoder_step.onnx stays fp32 (the portable step graph; parity can pin it).
+onnxruntime.quantization.quantize_dynamic over encoder.onnx and decoder_step.ort.onnx: the weights of every
+MatMul and Gemm become int8 (one scale per tensor), their activations are quantized at run time (ONNX
+Runtime's DynamicQuantizeMatMul / MatMulInteger kernels). Attention, LayerNorm, softmax and the log-probs
+stay fp32, and so does the graphs' IO: the IO contract is unchanged. decoder_step.onnx stays fp32 (the
+portable step graph; parity can pin it). Why, and what it gains: docs/design/exporter.md.
 
-Why. A step of a large model reads every decoder weight once; int8 weights are a quarter of the
-bytes. Measured on the 2-core CI machine, 32 forced tokens, ms per decode, fp32 -> int8: base shape
-greedy batch 1 140-164 -> 59-69, beam 4 batch 16 1,333 -> 1,031; the demo model gains nothing (its
-steps are per-node overhead). BLEU on the demo data: 99.38 both, greedy and beam 4.
-
-Checks. Export validates the quantized graphs against eager PyTorch per tensor (validate.RELATIVE_RMS:
-catches wiring errors, not quality); `transduce bench --quantize int8` times the int8 rows only if
-BLEU on the demo data is within 0.5 of fp32's.
-
-Limits. ONNX Runtime's CPU provider only: TensorRT engines and the CUDA provider need an unquantized
-export (both refuse a quantized artifact, naming the command). fp32 post-norm models only (the
-quantized step graph is decoder_step.ort.onnx), whose graphs keep their weights inline (an encoder over
-torch.onnx's 1.5 GiB is refused before the export runs).
+Export validates the quantized graphs against eager PyTorch per tensor (transduce.verify.tolerances);
+`transduce bench --quantize int8` times the int8 rows only if BLEU on the demo data is within 0.5 of fp32's.
+ONNX Runtime's CPU provider only: TensorRT engines and the CUDA provider need an unquantized export (both
+refuse a quantized artifact, naming the command). fp32 post-norm models only (the quantized step graph is
+decoder_step.ort.onnx), whose graphs keep their weights inline (an encoder over torch.onnx's 1.5 GiB is
+refused before the export runs).
 """
 
 from __future__ import annotations
@@ -31,13 +24,10 @@ from typing import Any
 
 from transduce.errors import ExportError
 from transduce.formats import contract
-from transduce.formats.artifact import QUANTIZATION_METHODS
+from transduce.formats.artifact import QUANTIZATION_METHODS as METHODS
+from transduce.formats.artifact import QUANTIZED_FILES
 
-METHODS = QUANTIZATION_METHODS
-QUANTIZED_FILES = (contract.ENCODER_FILE, contract.ORT_STEP_FILE)
 OP_TYPES = ("MatMul", "Gemm")
-# what quantize_dynamic makes of them (one of these is in every graph it quantized)
-QUANTIZED_OP_TYPES = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QGemm")
 UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR OUT_DIR"
 # torch.onnx (ONNXProgram.save) keeps a graph's weights in <name>.data above this many bytes
 TORCH_EXTERNAL_DATA_BYTES = 1536 * 2**20
@@ -107,6 +97,7 @@ def quantize_graphs(directory: str, method: str) -> dict[str, Any]:
                               hint="this is a bug in the exporter; nothing was written") from None
         os.replace(tmp, path)
         ops[name] = dict(Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node))
-    return {"method": method, "tool": "onnxruntime.quantization.quantize_dynamic", "weights": "int8, one scale per tensor",
+    return {"method": method, "tool": "onnxruntime.quantization.quantize_dynamic",
+            "weights": "int8, one scale per tensor",
             "activations": "quantized per run (dynamic)", "op_types": list(OP_TYPES), "graphs": list(QUANTIZED_FILES),
             "unquantized": [contract.STEP_FILE], "ops": ops, "runs_on": "onnxruntime CPUExecutionProvider"}

@@ -32,9 +32,9 @@ from transduce.formats.contract import (
     static_axis_sizes,
 )
 from transduce.formats.files import listed_file_problem, read_json
-from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, is_model_dir
+from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, MODEL_CONFIG_FILE, is_model_dir
 from transduce.formats.model_config import ModelConfig
-from transduce.formats.model_dir import CONFIG_FILE, TOKENIZER_FILE
+from transduce.formats.model_dir import TOKENIZER_FILE
 from transduce.formats.paths import require_directory
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -80,14 +80,17 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     hint = rebuild_hint(artifact_dir)
     path = os.path.join(artifact_dir, MANIFEST_FILE)
     require_directory(artifact_dir, ArtifactError, "an artifact directory", "artifact directory",
-                      "give the directory transduce export wrote", f"export one with: transduce export MODEL_DIR {artifact_dir}")
+                      "give the directory transduce export wrote",
+                      f"export one with: transduce export MODEL_DIR {artifact_dir}")
     if not os.path.isfile(path):
         if is_model_dir(artifact_dir):
             raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
-                                hint=f"export it first: transduce export {artifact_dir} ARTIFACT_DIR, then use ARTIFACT_DIR")
+                                hint=f"export it first: transduce export {artifact_dir} ARTIFACT_DIR, "
+                                     "then use ARTIFACT_DIR")
         raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact",
                             hint="export into a new directory: transduce export MODEL_DIR NEW_DIR (--force replaces "
-                                 f"only artifacts, and {artifact_dir} has lost its manifest: remove it to reuse its name)"
+                                 f"only artifacts, and {artifact_dir} has lost its manifest: "
+                                 "remove it to reuse its name)"
                             if os.listdir(artifact_dir) else hint)
     try:
         manifest = read_json(path)
@@ -141,7 +144,7 @@ def artifact_manifest(precision: str, opset: int, ort_step_graph: bool, export_s
         "exporter": exporter,
         "tools": tools,
         "model": model,
-        "model_config_file": CONFIG_FILE,
+        "model_config_file": MODEL_CONFIG_FILE,
         "tokenizer": TOKENIZER_FILE,
         "source_model": source_model,
         "dynamic_axes": {k: list(v) for k, v in dynamic_axis_ranges(model).items()},

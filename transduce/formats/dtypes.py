@@ -8,12 +8,12 @@ from typing import Any
 # a precision (an artifact's "precision") -> the dtype of its graphs' float tensors
 PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
-# ONNX TensorProto.DataType numbers (fixed by the ONNX standard)
+# ONNX TensorProto.DataType numbers (fixed by the ONNX standard), named as numpy / ml_dtypes name them
 ONNX_TYPES = {
     0: "undefined", 1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
     8: "string", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64",
-    15: "complex128", 16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2",
-    20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1",
+    15: "complex128", 16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+    20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
 }
 # ONNX Runtime's NodeArg.type strings
 ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",

@@ -33,8 +33,7 @@ from transduce.formats.artifact import read_manifest
 from transduce.formats.atomic import write_json
 from transduce.formats.contract import CONTRACT_VERSION, ENCODER_FILE, STEP_FILE
 from transduce.formats.files import listed_file_problem, read_json
-from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND, MANIFEST_FILE, is_model_dir
-from transduce.formats.kinds import ENGINE_MANIFEST_FILE as ENGINE_MANIFEST
+from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, is_model_dir
 from transduce.formats.paths import require_directory
 from transduce.formats.profiles import EnginePlan, plan_from_meta
 
@@ -104,7 +103,7 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
     layer reads them from tensorrt and torch.cuda: transduce.runtime.backends.tensorrt_support).
     """
     engine_dir = os.path.abspath(os.fspath(engine_dir))
-    path = os.path.join(engine_dir, ENGINE_MANIFEST)
+    path = os.path.join(engine_dir, ENGINE_MANIFEST_FILE)
     require_directory(engine_dir, ArtifactError, "a TensorRT engine directory", "engine directory",
                       "give the directory transduce build wrote (--out)",
                       f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
@@ -122,9 +121,9 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
     try:
         meta = read_json(path)
     except (OSError, ValueError) as e:
-        raise _refuse(engine_dir, None, f"{ENGINE_MANIFEST} is unreadable or not JSON ({e})") from None
+        raise _refuse(engine_dir, None, f"{ENGINE_MANIFEST_FILE} is unreadable or not JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("kind") != ENGINE_KIND:
-        raise _refuse(engine_dir, None, f"{ENGINE_MANIFEST} is not a transduce engine manifest")
+        raise _refuse(engine_dir, None, f"{ENGINE_MANIFEST_FILE} is not a transduce engine manifest")
     if meta.get("engine_format_version") != ENGINE_FORMAT_VERSION:
         raise _refuse(engine_dir, meta, f"it has engine format version {meta.get('engine_format_version')}; "
                                         f"this transduce reads version {ENGINE_FORMAT_VERSION}")
@@ -133,26 +132,28 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
                                         f"this transduce uses version {CONTRACT_VERSION}")
     for key in ("artifact", "tensorrt", "gpu", "profiles"):  # what the checks below and the backend read
         if not isinstance(meta.get(key), dict):
-            raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} has no {key!r} record (an object), or another kind of value")
+            raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} has no {key!r} record (an object), "
+                                            "or another kind of value")
     files = meta.get("files")
     required = {ENCODER_PLAN, STEP_PLAN, MANIFEST_FILE, ENCODER_FILE, STEP_FILE}
     if not isinstance(files, dict) or not required <= set(files):
-        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} does not list {sorted(required)}")
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} does not list {sorted(required)}")
     for name, info in files.items():
-        problem = listed_file_problem(engine_dir, name, info, verify_hashes, listed_in=ENGINE_MANIFEST,
+        problem = listed_file_problem(engine_dir, name, info, verify_hashes, listed_in=ENGINE_MANIFEST_FILE,
                                                changed="after the build")
         if problem:
             raise _refuse(engine_dir, meta, problem)
     try:  # the backend chooses its profiles from this record
         plan = plan_from_meta(meta)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, EngineError) as e:
-        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} has an unreadable profiles record ({type(e).__name__}: {e})") from None
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} has an unreadable profiles record "
+                                        f"({type(e).__name__}: {e})") from None
     if not (plan.encoder and plan.decoder_step) or any(p.cache_len is None for p in plan.decoder_step):
-        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} records no encoder or no decoder step profiles, or a step "
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} records no encoder or no decoder step profiles, or a step "
                                         "profile without its cache length")
     sources = meta.get("sources")
     if not isinstance(sources, dict) or not all(isinstance(v, dict) for v in sources.values()):
-        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST} does not record the graphs the plans were built from")
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} does not record the graphs the plans were built from")
     try:
         artifact = read_manifest(engine_dir, verify_hashes=False)
     except ArtifactError as e:
@@ -199,4 +200,4 @@ def engine_manifest(precision: str, build_seconds: dict[str, float], tensorrt: d
 
 
 def write_engine_manifest(directory: str, meta: dict[str, Any]) -> None:
-    write_json(os.path.join(directory, ENGINE_MANIFEST), meta)
+    write_json(os.path.join(directory, ENGINE_MANIFEST_FILE), meta)

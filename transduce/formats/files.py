@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any
 
+from transduce.errors import TransduceError
+
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
@@ -60,3 +62,16 @@ def read_json(path: str | os.PathLike) -> Any:
     description file (config.json, manifest.json, engine.json) goes through here and words its own errors."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_json_object(path: str | os.PathLike, error: type[TransduceError] = TransduceError) -> dict[str, Any]:
+    """A JSON object from a file, or `error` saying the file is unreadable, not JSON or not an object."""
+    try:
+        data = read_json(path)
+    except OSError as e:
+        raise error(f"{path} cannot be read ({e.strerror})") from None
+    except ValueError as e:
+        raise error(f"{path} is not valid JSON ({e}); the file is truncated or corrupt") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} does not hold a JSON object (found {type(data).__name__}); the file is corrupt")
+    return data

@@ -46,7 +46,8 @@ class ModelConfig:
                 what, example = ("a number" if f.type == "float" else "an integer"), f.default
             if not ok:
                 raise ConfigError(f"invalid model config: {f.name} must be {what}, got {v!r}",
-                                  hint=f"for example --set {f.name}={example}" if f.default is not dataclasses.MISSING else None)
+                                  hint=f"for example --set {f.name}={example}"
+                                  if f.default is not dataclasses.MISSING else None)
         if self.vocab_size < 4:
             problems.append(f"vocab_size must be >= 4 (the specials), got {self.vocab_size}")
         if self.n_heads >= 1 and self.d_model % self.n_heads:  # n_heads < 1 is reported below

@@ -22,9 +22,8 @@ from typing import Any
 
 from transduce.errors import CheckpointError, ConfigError
 from transduce.formats.atomic import write_json
-from transduce.formats.files import listed_file_problem, read_json
-from transduce.formats.kinds import MANIFEST_FILE, MODEL_FORMAT, WEIGHTS_FILE
-from transduce.formats.kinds import MODEL_CONFIG_FILE as CONFIG_FILE
+from transduce.formats.files import listed_file_problem, read_json_object
+from transduce.formats.kinds import MANIFEST_FILE, MODEL_CONFIG_FILE, MODEL_FORMAT, WEIGHTS_FILE
 from transduce.formats.model_config import CONFIG_FORMAT_VERSION, ModelConfig
 from transduce.formats.paths import require_directory
 from transduce.formats.weights import WEIGHTS_LAYOUT_VERSION
@@ -55,16 +54,11 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     require_directory(path, CheckpointError, "a model directory", "model directory",
                       "give the directory transduce train wrote (config.json, model.safetensors, tokenizer.json)",
                       "train one with: transduce train --out DIR (or transduce demo)")
-    cfg_path = os.path.join(path, CONFIG_FILE)
+    cfg_path = os.path.join(path, MODEL_CONFIG_FILE)
     if not os.path.isfile(cfg_path):
         raise CheckpointError(f"{cfg_path} is missing: {path!r} is not a transduce model directory")
-    try:
-        cfg = read_json(cfg_path)
-    except OSError as e:
-        raise CheckpointError(f"{cfg_path} cannot be read ({e.strerror})") from None
-    except ValueError as e:
-        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); the file is truncated or corrupt") from None
-    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
+    cfg = read_json_object(cfg_path, CheckpointError)
+    if cfg.get("format") != FORMAT:
         raise CheckpointError(f"{cfg_path} is not a transduce model config")
     if cfg.get("format_version") != CONFIG_FORMAT_VERSION:
         raise CheckpointError(
@@ -93,7 +87,7 @@ def verified_file(path: str, cfg: dict[str, Any], name: str) -> str:
         raise CheckpointError(f"{fpath} is missing")
     files = cfg.get("files")
     problem = listed_file_problem(path, name, files.get(name) if isinstance(files, dict) else None,
-                                  listed_in=os.path.join(path, CONFIG_FILE))
+                                  listed_in=os.path.join(path, MODEL_CONFIG_FILE))
     if problem:
         raise CheckpointError(problem, hint="the config was edited by hand: restore it, or save the model again"
                               if "does not give" in problem else None)
@@ -117,7 +111,7 @@ def weights_sha256(path: str | os.PathLike) -> str:
     files = read_config(path).get("files")
     entry = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
     if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
-        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size and sha256): "
+        raise CheckpointError(f"{os.path.join(path, MODEL_CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size and sha256): "
                               "the config was edited", hint="restore the model directory's config.json, or save the model again")
     return entry["sha256"]
 
@@ -147,7 +141,7 @@ def write_config(directory: str, model_cfg: ModelConfig, files: dict[str, dict[s
                  training: dict[str, Any] | None = None) -> None:
     """Write config.json into `directory` (a model directory being written): the model config, the
     {sha256, bytes} of every other file, and the training summary."""
-    write_json(os.path.join(directory, CONFIG_FILE), {
+    write_json(os.path.join(directory, MODEL_CONFIG_FILE), {
         "format": FORMAT,
         "format_version": CONFIG_FORMAT_VERSION,
         "weights_layout_version": WEIGHTS_LAYOUT_VERSION,

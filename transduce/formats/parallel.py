@@ -20,14 +20,16 @@ def read_parallel(source: str | os.PathLike, target: str | os.PathLike | None = 
                 continue
             parts = line.split("\t")
             if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
-                got = f"{len(parts)} fields" if len(parts) != 2 else f"an empty {'source' if not parts[0].strip() else 'target'}"
+                got = (f"{len(parts)} fields" if len(parts) != 2
+                       else f"an empty {'source' if not parts[0].strip() else 'target'}")
                 raise DataError(
                     f"{source}:{n}: expected 'source<TAB>target' with both sides non-empty, got {got}",
                     hint="give a TSV with exactly one tab per line, or two aligned files",
                 )
             pairs.append((parts[0].strip(), parts[1].strip()))
     else:
-        src_lines, tgt_lines = read_lines(source, DataError, "corpus file"), read_lines(target, DataError, "corpus file")
+        src_lines, tgt_lines = (read_lines(source, DataError, "corpus file"),
+                                read_lines(target, DataError, "corpus file"))
         if len(src_lines) != len(tgt_lines):
             raise DataError(
                 f"{source} has {len(src_lines)} lines but {os.fspath(target)} has {len(tgt_lines)}: "
@@ -37,7 +39,8 @@ def read_parallel(source: str | os.PathLike, target: str | os.PathLike | None = 
             if not s.strip() or not t.strip():
                 side, path = ("source", source) if not s.strip() else ("target", target)
                 raise DataError(f"{os.fspath(path)}:{n}: empty {side} sentence",
-                                hint="every line of --source and --target is one sentence: remove or fill it in both files")
+                                hint="every line of --source and --target is one sentence: "
+                                     "remove or fill it in both files")
             pairs.append((s.strip(), t.strip()))
     if not pairs:
         raise DataError(f"corpus {source!r} has no sentence pairs")

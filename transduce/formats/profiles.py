@@ -177,8 +177,10 @@ def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, 
         raise EngineError(f"--max-tgt-len {max_tgt_len} exceeds the model's max_positions ({limit}): "
                           "decoding never needs a cache longer than that", hint=f"pass --max-tgt-len <= {limit}")
     opt_batch = max(1, max_batch // 2) if opt_batch is None else _positive("opt batch", "--opt-batch", opt_batch)
-    opt_src_len = max(1, max_src_len // 2) if opt_src_len is None else _positive("opt source length", "--opt-src-len", opt_src_len)
-    opt_tgt_len = max(1, max_tgt_len // 2) if opt_tgt_len is None else _positive("opt target length", "--opt-tgt-len", opt_tgt_len)
+    opt_src_len = (max(1, max_src_len // 2) if opt_src_len is None
+                   else _positive("opt source length", "--opt-src-len", opt_src_len))
+    opt_tgt_len = (max(1, max_tgt_len // 2) if opt_tgt_len is None
+                   else _positive("opt target length", "--opt-tgt-len", opt_tgt_len))
     for name, opt, mx, flag in (("--opt-batch", opt_batch, max_batch, "--max-batch"),
                                 ("--opt-src-len", opt_src_len, max_src_len, "--max-src-len"),
                                 ("--opt-tgt-len", opt_tgt_len, max_tgt_len, "--max-tgt-len")):
@@ -202,7 +204,8 @@ def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, 
         )
         step = (
             ProfileSpec("latency", AxisRange(1, small_opt * beam, SMALL_BATCH * beam), src, cache),
-            ProfileSpec("throughput", AxisRange(SMALL_BATCH * beam + 1, large_opt * beam, max_batch * beam), src, cache),
+            ProfileSpec("throughput", AxisRange(SMALL_BATCH * beam + 1, large_opt * beam, max_batch * beam),
+                        src, cache),
         )
     limits = {"max_batch": max_batch, "beam": beam, "max_rows": max_batch * beam, "max_src_len": max_src_len,
               "max_tgt_len": max_tgt_len, "opt_batch": opt_batch, "opt_src_len": opt_src_len,
@@ -235,7 +238,8 @@ def profile_shapes(spec: ProfileSpec, graph: str, config: dict[str, Any]) -> dic
                 else:
                     r = ranges[axis]
                     if r is None:
-                        raise EngineError(f"profile {spec.name!r} has no {axis} range, which {graph} input {t.name} needs")
+                        raise EngineError(f"profile {spec.name!r} has no {axis} range, "
+                                          f"which {graph} input {t.name} needs")
                     dims.append((r.min, r.opt, r.max)[k])
             shapes.append(tuple(dims))
         out[t.name] = tuple(shapes)
@@ -259,7 +263,8 @@ def choose_chunks(rows: int, profiles: Sequence[ProfileSpec], src_len: int,
         src_max = max(p.src_len.max for p in profiles)
         if src_len > src_max:
             raise EngineError(f"a source of {src_len} tokens is longer than the engines were built for ({src_max})",
-                              hint=f"rebuild with transduce build ... --max-src-len {src_len} --force, or shorten the input")
+                              hint=f"rebuild with transduce build ... --max-src-len {src_len} --force, "
+                                   "or shorten the input")
         src_min = min(p.src_len.min for p in profiles)
         if src_len < src_min:  # no rebuild flag helps: the profiles start at 1 unless hand-made
             raise EngineError(f"a source of {src_len} tokens is shorter than every profile takes ({src_min})")

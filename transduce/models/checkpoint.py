@@ -37,9 +37,11 @@ def special_id_mismatches(mcfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:
     """The model config's special ids that are not its tokenizer's, as "bos_id 5 (the tokenizer's is 1)":
     a model whose EOS is a text piece of its tokenizer never ends a sentence where it should."""
     if not all(hasattr(tokenizer, k) for k in ("pad_id", "bos_id", "eos_id", "unk_id")):  # a raw tokenizers.Tokenizer
-        raise ConfigError(f"the tokenizer is a {type(tokenizer).__module__}.{type(tokenizer).__name__}, not transduce's",
+        raise ConfigError(f"the tokenizer is a {type(tokenizer).__module__}.{type(tokenizer).__name__}, "
+                          "not transduce's",
                           hint="wrap it: transduce.tokenizer.Tokenizer(tok) (it checks the special ids)")
-    fixed = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "unk_id": tokenizer.unk_id}
+    fixed = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id,
+             "unk_id": tokenizer.unk_id}
     return [f"{k} {getattr(mcfg, k)} (the tokenizer's is {v})" for k, v in fixed.items() if getattr(mcfg, k) != v]
 
 

@@ -51,7 +51,8 @@ def demo_corpus(n_train: int = 40_000, n_valid: int = 400, seed: int = 1234) -> 
         from transduce.errors import DataError
 
         raise DataError(f"the demo corpus has {MAX_NUMBER - LEXICON + 1:,} numbers to draw from and draws at most "
-                        f"{MAX_DRAWN:,} distinct ones; {n_train:,} training and {n_valid:,} held-out ones were asked for",
+                        f"{MAX_DRAWN:,} distinct ones; {n_train:,} training and {n_valid:,} held-out ones "
+                        "were asked for",
                         hint="ask for fewer sentences (parity -n, bench --check-sentences), or give your own data")
     rng = random.Random(seed)
     valid_numbers = _sample_numbers(n_valid, rng, set())

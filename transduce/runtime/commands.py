@@ -35,19 +35,25 @@ def _written_over(input_path: str, output_path: str) -> bool:
 @click.option("--input", "input_path", default="-", show_default=True, help="Sentences, one per line ('-' = stdin).")
 @click.option("--output", "output_path", default="-", show_default=True, help="Where translations go ('-' = stdout).")
 @click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (cuda: the first GPU for onnxruntime; tensorrt: always a GPU, cpu meaning the default one).")
+@click.option("--device", default="cpu", show_default=True,
+              help="cpu, cuda or cuda:N (cuda: the first GPU for onnxruntime; tensorrt: always a GPU, "
+                   "cpu meaning the default one).")
 @click.option("--beam", default=4, show_default=True, help="Beam size (1 = greedy).")
-@click.option("--nbest", default=1, show_default=True, help="Hypotheses per sentence (written as 'i ||| text ||| score').")
+@click.option("--nbest", default=1, show_default=True,
+              help="Hypotheses per sentence (written as 'i ||| text ||| score').")
 @click.option("--length-penalty", default=0.6, show_default=True, help="alpha of ((5+len)/6)^alpha.")
 @click.option("--length-penalty-form", default="gnmt", show_default=True, type=click.Choice(["gnmt", "plain", "none"]))
 @click.option("--max-len-b", default=50, show_default=True, help="Max output length = source length + this.")
 @click.option("--min-length", default=0, show_default=True)
-@click.option("--batch-tokens", default=4096, show_default=True, help="Budget of rows x beam x source tokens per batch.")
-@click.option("--threads", default=0, show_default=True, help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small model's larger "
-              "batches in this many parts at the same time, one thread each.")
+@click.option("--batch-tokens", default=4096, show_default=True,
+              help="Budget of rows x beam x source tokens per batch.")
+@click.option("--threads", default=0, show_default=True,
+              help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small model's larger "
+                   "batches in this many parts at the same time, one thread each.")
 @click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
 @click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
-@click.option("--model", "model_dir", type=click.Path(), help="Model directory for --backend torch (default: the one the artifact names).")
+@click.option("--model", "model_dir", type=click.Path(),
+              help="Model directory for --backend torch (default: the one the artifact names).")
 @click.option("--chunk-lines", default=0, show_default=True,
               help="Decode the input this many lines at a time, each part's output written as soon as it is done "
                    "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
@@ -78,8 +84,8 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
                     max_len_b=max_len_b, min_length=min_length)
     check_output_file(output_path)
     if chunk_lines and _written_over(input_path, output_path):
-        raise InputError(f"--output {output_path!r} leads to the file the input is read from: with --chunk-lines it would be "
-                         "overwritten while its later lines are still to be read",
+        raise InputError(f"--output {output_path!r} leads to the file the input is read from: "
+                         "with --chunk-lines it would be overwritten while its later lines are still to be read",
                          hint="give another --output, or leave out --chunk-lines (the whole input is then read first)")
     lines = iter_lines(input_path, InputError)
     # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first

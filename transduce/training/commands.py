@@ -26,14 +26,21 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
 
 
 @click.command()
-@click.option("--data", type=click.Path(), help="Training corpus: TSV (source<TAB>target). Default: the embedded demo corpus.")
+@click.option("--data", type=click.Path(),
+              help="Training corpus: TSV (source<TAB>target). Default: the embedded demo corpus.")
 @click.option("--source", "src_file", type=click.Path(), help="Training sources (with --target, two aligned files).")
 @click.option("--target", "tgt_file", type=click.Path(), help="Training targets, aligned with --source.")
-@click.option("--valid", type=click.Path(), help="Held-out TSV. Default: the last --valid-size pairs of --data or --source/--target (the embedded corpus has its own 400).")
-@click.option("--valid-size", default=300, show_default=True, help="Held-out pairs taken from --data or --source/--target if --valid is absent (not for the embedded corpus).")
-@click.option("--out", "out_dir", required=True, type=click.Path(), help="Model directory to write (and to resume from).")
+@click.option("--valid", type=click.Path(),
+              help="Held-out TSV. Default: the last --valid-size pairs of --data or --source/--target "
+                   "(the embedded corpus has its own 400).")
+@click.option("--valid-size", default=300, show_default=True,
+              help="Held-out pairs taken from --data or --source/--target if --valid is absent "
+                   "(not for the embedded corpus).")
+@click.option("--out", "out_dir", required=True, type=click.Path(),
+              help="Model directory to write (and to resume from).")
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(["tiny", "base", "big"]))
-@click.option("--set", "overrides", multiple=True, help="Override a model config field, e.g. --set d_model=256 (repeatable).")
+@click.option("--set", "overrides", multiple=True,
+              help="Override a model config field, e.g. --set d_model=256 (repeatable).")
 @click.option("--vocab-size", default=8000, show_default=True, help="BPE vocabulary to learn.")
 @click.option("--max-steps", default=2000, show_default=True)
 @click.option("--warmup", default=4000, show_default=True, help="Warmup steps of the learning-rate schedule.")
@@ -43,7 +50,8 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
 @click.option("--clip-norm", default=0.0, show_default=True, help="Clip gradients to this global norm (0: off).")
 @click.option("--eval-every", default=500, show_default=True)
 @click.option("--save-every", default=1000, show_default=True)
-@click.option("--eval-sentences", default=200, show_default=True, help="Held-out sentences decoded for BLEU and exact match.")
+@click.option("--eval-sentences", default=200, show_default=True,
+              help="Held-out sentences decoded for BLEU and exact match.")
 @click.option("--seed", default=1, show_default=True)
 @click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
 @click.option("--device", default="cpu", show_default=True, help="Train on cpu, cuda or cuda:N.")
@@ -52,10 +60,11 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
 @click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
 @cli_errors
 def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
-          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads, device,
-          resume, force, no_progress):
+          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads,
+          device, resume, force, no_progress):
     """Train the reference Transformer on parallel text and write a model directory."""
-    from transduce.training.train import TrainConfig, train_from_files
+    from transduce.training.config import TrainConfig
+    from transduce.training.train import train_from_files
 
     cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
                       max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,

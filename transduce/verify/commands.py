@@ -14,12 +14,16 @@ from transduce.runtime.commands import BACKEND_CHOICE
 
 @click.command()
 @click.argument("artifact_dir", type=click.Path())
-@click.option("--model", "model_dir", type=click.Path(), help="The eager reference model (default: the one the artifact names).")
-@click.option("--data", type=click.Path(), help="TSV of source<TAB>reference (default: the embedded demo's held-out set).")
-@click.option("--input", "input_path", type=click.Path(), help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
+@click.option("--model", "model_dir", type=click.Path(),
+              help="The eager reference model (default: the one the artifact names).")
+@click.option("--data", type=click.Path(),
+              help="TSV of source<TAB>reference (default: the embedded demo's held-out set).")
+@click.option("--input", "input_path", type=click.Path(),
+              help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
 @click.option("-n", "--sentences", default=200, show_default=True, help="Sentences to check.")
 @click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
-@click.option("--device", default="cpu", show_default=True, help="Where the checked backend runs (tensorrt: always a GPU).")
+@click.option("--device", default="cpu", show_default=True,
+              help="Where the checked backend runs (tensorrt: always a GPU).")
 @click.option("--reference-device", default="cpu", show_default=True, help="Where the eager reference model runs.")
 @click.option("--beam", default=4, show_default=True)
 @click.option("--nbest", default=1, show_default=True)

@@ -43,7 +43,8 @@ POLICIES: dict[str, PrecisionPolicy] = {
     # int8 weights (transduce export --quantize int8): parity elementwise, export validation per tensor
     "int8": PrecisionPolicy({"memory": _t(5e-1, 2.5e-1), "cross_kv": _t(2.0, 2.5e-1), "log_probs": _t(1.0, 2.5e-1)},
                             score_atol=2.5e-1, tie_margin=5e-1, min_agreement=0.95,
-                            relative_rms={"memory": 0.6, "cross_kv": 0.6, "new_kv": 0.6, "log_probs": 0.4, "topk": 0.3}),
+                            relative_rms={"memory": 0.6, "cross_kv": 0.6, "new_kv": 0.6, "log_probs": 0.4,
+                                          "topk": 0.3}),
 }
 
 

@@ -1,0 +1,51 @@
+"""The options of a training run (TrainConfig), each checked when it is made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from transduce.errors import ConfigError
+
+MIN_VOCAB = 8  # the 4 specials and a few symbols; the BPE vocabulary never ends smaller than the alphabet
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    preset: str = "tiny"  # model preset (base, big, tiny)
+    model_overrides: dict = field(default_factory=dict)  # ModelConfig fields overriding the preset
+    vocab_size: int = 8000  # BPE vocabulary to learn (may end smaller on a small corpus)
+    max_steps: int = 2000  # optimizer steps
+    warmup: int = 4000  # warmup_steps of the schedule
+    lr_scale: float = 1.0  # the schedule's constant factor
+    max_tokens: int = 4096  # padded tokens per side per batch
+    label_smoothing: float = 0.1  # epsilon_ls
+    clip_norm: float = 0.0  # gradient clipping by global norm; 0 disables
+    eval_every: int = 500  # steps between validations
+    save_every: int = 1000  # steps between checkpoints
+    eval_sentences: int = 200  # held-out sentences decoded for BLEU and exact match
+    seed: int = 1  # model init, dropout and batch order
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    device: str = "cpu"  # torch device to train on: cpu, cuda, cuda:1 (checkpoints are saved for the CPU)
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in
+                    (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
+                     ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB))
+                    if getattr(self, name) < low]
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            problems.append(f"seed must be in [-2**63, 2**64), got {self.seed}")
+        if self.vocab_size >= 2**31:
+            problems.append(f"vocab_size must be < 2**31, got {self.vocab_size:,}")
+        if not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
+            problems.append(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
+        if not math.isfinite(self.clip_norm):
+            problems.append(f"clip_norm must be finite (0: off), got {self.clip_norm}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if problems:
+            raise ConfigError("invalid training options: " + "; ".join(problems), hint="see transduce train --help")
+
+    # What --resume may change: when to stop, evaluate and save, how many threads. Every other field
+    # decides the tokenizer, the model, the batches or the schedule the checkpoint was made with.
+    RESUMABLE_CHANGES = ("max_steps", "eval_every", "save_every", "eval_sentences", "threads", "device")

@@ -1,0 +1,149 @@
+"""Exported graphs run on numpy inputs, for the checks of export and parity: one .onnx file on ONNX
+Runtime's CPU provider or on onnx's ReferenceEvaluator (GraphRunner), and an artifact's graphs as the
+runtime runs them (ArtifactRunner: the fused step graph with its cache written in place)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from transduce.formats import contract
+from transduce.formats.artifact import read_manifest
+from transduce.formats.dtypes import PRECISION_DTYPES
+
+ENGINES = ("onnxruntime", "reference")
+
+
+def numpy_float_dtype(precision: str) -> np.dtype:
+    """numpy dtype of the graph's float tensors (bfloat16 from ml_dtypes, which onnx depends on)."""
+    if precision == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(PRECISION_DTYPES[precision])
+
+
+def ort_unavailable_reason(path: str) -> str | None:
+    """None if ONNX Runtime's CPU provider can create a session for the graph, else why not."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception classes (NotImplemented, Fail, ...)
+        return f"onnxruntime {ort.__version__} CPUExecutionProvider cannot run {os.path.basename(path)}: {e}"
+    return None
+
+
+class GraphRunner:
+    """One .onnx file on ONNX Runtime's CPU provider or on onnx's ReferenceEvaluator.
+
+    run(feeds) takes and returns {name: numpy array}; outputs are returned as the graph makes them.
+    """
+
+    def __init__(self, path: str, engine: str = "onnxruntime", threads: int = 1):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        self.path, self.engine = path, engine
+        if engine == "onnxruntime":
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+            so.log_severity_level = 3
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            self.output_names = [o.name for o in self.session.get_outputs()]
+        else:
+            from onnx.reference import ReferenceEvaluator
+
+            self.session = ReferenceEvaluator(path)
+            self.output_names = list(self.session.output_names)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+
+
+class ArtifactRunner:
+    """Both graphs of an artifact (or of a directory being exported, given its precision).
+
+    encode(src_ids, src_lengths) and step(tokens, positions, src_lengths, past, cross) take numpy
+    arrays (past/cross: lists in the contract's order, any float dtype: they are cast to the
+    graph's precision) and return {output name: numpy array}.
+    """
+
+    def __init__(self, directory: str | os.PathLike, precision: str | None = None, engine: str | None = None,
+                 threads: int = 1):
+        self.directory = os.fspath(directory)
+        if precision is None:
+            precision = read_manifest(self.directory)["precision"]
+        self.precision = precision
+        self.float_dtype = numpy_float_dtype(precision)
+        enc_path = os.path.join(self.directory, contract.ENCODER_FILE)
+        step_path = os.path.join(self.directory, contract.STEP_FILE)
+        self.engine_reason = None
+        if engine is None:
+            reason = ort_unavailable_reason(enc_path) or ort_unavailable_reason(step_path)
+            engine = "onnxruntime" if reason is None else "reference"
+            self.engine_reason = reason
+        self.engine = engine
+        self.encoder = GraphRunner(enc_path, engine, threads)
+        self.decoder = GraphRunner(step_path, engine, threads)
+        ort_path = os.path.join(self.directory, contract.ORT_STEP_FILE)
+        self.ort_decoder = GraphRunner(ort_path, "onnxruntime", threads) if os.path.exists(ort_path) else None
+
+    def _float(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(a).astype(self.float_dtype))
+
+    def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> dict[str, np.ndarray]:
+        return self.encoder.run({"src_ids": np.asarray(src_ids, np.int64),
+                                 "src_lengths": np.asarray(src_lengths, np.int64)})
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, src_lengths: np.ndarray,
+             past: list[np.ndarray], cross: list[np.ndarray], graph: str = "decoder_step",
+             topk: tuple[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """One step of decoder_step.onnx, or with graph="decoder_step.ort" of decoder_step.ort.onnx,
+        whose written cache slots are returned as new_key_i/new_value_i like the standard graph's.
+
+        The ONNX Runtime graph runs as the runtime runs it: present_key_i/present_value_i bound onto
+        the past_key_i/past_value_i buffers (copies of `past`), so the graph writes slot positions[b]
+        in place; those whole buffers are returned too, as present_key_i/present_value_i (every other
+        slot must come back as it went in). Its src_lengths and cross may have fewer rows than tokens
+        (per source: row b attends source b // beams), topk=(k, bias) sets topk_k/topk_bias (default 1
+        and zeros), and topk_values/topk_ids are returned too."""
+        n = len(past) // 2
+        names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
+        feeds = {"tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
+                 "src_lengths": np.asarray(src_lengths, np.int64)}
+        feeds.update({f"past_{nm}": self._float(a) for nm, a in zip(names, past)})
+        feeds.update({f"cross_{nm}": self._float(a) for nm, a in zip(names, cross)})
+        if graph == "decoder_step":
+            return self.decoder.run(feeds)
+        if topk is None:
+            vocab = next(i.shape[0] for i in self.ort_decoder.session.get_inputs() if i.name == "topk_bias")
+            topk = (1, np.zeros(vocab, np.float32))
+        k, bias = topk
+        feeds["topk_k"] = np.array([k], np.int64)
+        feeds["topk_bias"] = np.asarray(bias, np.float32)
+        session = self.ort_decoder.session
+        binding = session.io_binding()
+        caches = {}
+        for name, arr in feeds.items():
+            if name.startswith("past_"):  # the runtime's cache buffer: read, and written in place
+                caches[name[len("past_"):]] = arr = arr.copy()
+                binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+            else:
+                binding.bind_cpu_input(name, arr)
+        fresh = ["log_probs", "topk_values", "topk_ids"]
+        for name in fresh:
+            binding.bind_output(name, "cpu")
+        for nm, buf in caches.items():
+            binding.bind_output(f"present_{nm}", "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+        session.run_with_iobinding(binding)
+        result = {name: v.numpy() for name, v in zip(fresh, binding.get_outputs())}
+        rows = np.arange(len(feeds["positions"]))
+        for nm in names:  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
+            result[f"new_{nm}"] = caches[nm][rows, :, feeds["positions"]][:, :, None].copy()
+        result.update({f"present_{nm}": caches[nm] for nm in names})
+        return result
