@@ -17,7 +17,8 @@ by wrapping the backend's methods with perf_counter:
   reorder        backend.reorder, of which (ONNX Runtime on CPU only) `moves`, the cache rows moved
   search         everything else: decoding.py's numpy bookkeeping between the steps
 
-Each wrapper adds about a microsecond per call. The decodes run back to back (as in the bench), after
+A profiler: it wraps the ONNX Runtime backend's sessions and memory, internals no other caller reads. Each
+wrapper adds about a microsecond per call. The decodes run back to back (as in the bench), after
 three untimed ones; printed are ms per decode and us per step, the medians over --repeats decodes.
 
 Where the backend decodes the batch in parts at the same time (a small model's larger batches on ONNX
@@ -118,8 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         def sync():
             torch.cuda.synchronize(gpu)
     timer = Timer(sync)
-    shards = getattr(be, "shards", None)
-    views = (shards(args.batch, args.beam) if shards else None) or [be]  # the backends the batch's parts run on
+    views = be.shards(args.batch, args.beam) or [be]  # the backends the batch's parts run on
     for view in views:
         for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
                            ("step", "step"), ("reorder", "reorder")):

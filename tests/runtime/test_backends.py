@@ -100,7 +100,7 @@ def test_decoding_matches_eager(backend, reference, beam):
     opts = DecodingOptions(beam_size=beam, nbest=min(beam, 2), max_len_b=12)
     got = decode(backend, src, lens, opts)
     want = decode(reference, src, lens, opts)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
         np.testing.assert_allclose([h.score for h in g.hypotheses], [h.score for h in w.hypotheses], atol=1e-4)
 
@@ -170,7 +170,8 @@ def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_mo
     bad = run_parity(ref, make_backend(bad_art, "onnxruntime"), tok, sources, targets)
     assert not bad.passed
     lp_bad = {s.name: s for s in bad.teacher_forced}
-    assert lp_bad["log_probs [decoder_step.onnx]"].failing > 0 and lp_bad["log_probs [decoder_step.onnx]"].max_abs > 1e-3
+    assert (lp_bad["log_probs [decoder_step.onnx]"].failing > 0
+            and lp_bad["log_probs [decoder_step.onnx]"].max_abs > 1e-3)
     assert lp_bad["log_probs [decoder_step.ort.onnx]"].passed  # the untouched fused graph still matches
     assert json.loads(json.dumps(bad.to_dict()))["passed"] is False
 
@@ -215,7 +216,8 @@ def test_eager_parity_is_held_to_fp32_whatever_the_artifact(tiny_artifact_dir, t
     seen = {}
     monkeypatch.setattr(parity, "run_parity", lambda *a, **k: seen.update(k))
     monkeypatch.setattr(devices, "torch_device", lambda name, *a, **k: "cuda:0" if name == "cuda" else "cpu")
-    monkeypatch.setattr("transduce.runtime.api.make_backend", lambda *a, **k: TorchBackend.from_model_dir(tiny_model_dir))
+    monkeypatch.setattr("transduce.runtime.api.make_backend",
+                        lambda *a, **k: TorchBackend.from_model_dir(tiny_model_dir))
     parity.parity_for_artifact(str(art), model_dir=tiny_model_dir, backend="torch", device="cuda", sentences=2)
     assert seen["precision"] == "fp32" and seen["candidate_name"] == "torch:cuda:0 (fp32)"
 
@@ -223,7 +225,8 @@ def test_eager_parity_is_held_to_fp32_whatever_the_artifact(tiny_artifact_dir, t
 def test_graphs_that_do_not_match_their_manifest_are_refused(tiny_artifact_dir, tmp_path):
     """A hand-edited manifest (or a graph from another export): the IO contract is checked on load."""
     edits = {
-        "precision": (lambda m: m.update(precision="fp16"), r"encoder.onnx does not match its manifest \(fp16.*float32"),
+        "precision": (lambda m: m.update(precision="fp16"),
+                      r"encoder.onnx does not match its manifest \(fp16.*float32"),
         "heads": (lambda m: m["model"].update(n_heads=m["model"]["n_heads"] * 2), r"does not match its manifest.*dims"),
         "layers": (lambda m: m["model"].update(decoder_layers=m["model"]["decoder_layers"] + 1), "outputs"),
         "no model": (lambda m: m.pop("model"), "no model config"),
@@ -256,7 +259,8 @@ def test_a_graph_with_a_fixed_size_where_the_contract_has_an_axis_is_refused(tin
     m = json.loads(open(os.path.join(art, "manifest.json")).read())
     m["files"][ENCODER_FILE] = file_entry(path)
     open(os.path.join(art, "manifest.json"), "w").write(json.dumps(m))
-    with pytest.raises(ArtifactError, match=rf"{ENCODER_FILE} does not match its manifest.*input src_ids has dims \[1, "):
+    says = rf"{ENCODER_FILE} does not match its manifest.*input src_ids has dims \[1, "
+    with pytest.raises(ArtifactError, match=says):
         load(art)
 
 
@@ -334,3 +338,33 @@ def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):
     art = edited_copy(tiny_artifact_dir, "a", "manifest.json", lambda m: m["files"].pop("tokenizer.json"))
     with pytest.raises(ArtifactError, match="does not list encoder.onnx, decoder_step.onnx and tokenizer.json"):
         read_manifest(art)
+
+
+def test_the_protocol_declares_every_optional_member_with_a_default(tiny_model, tiny_artifact_dir):
+    """Callers use a backend's optional members directly: the eager model keeps the protocol's defaults, the ONNX
+    Runtime backend overrides them (its step graphs, parts and load-time choices)."""
+    from transduce.formats import contract
+    from transduce.runtime.backends.base import Backend
+
+    eager = TorchBackend(tiny_model)
+    assert Backend in TorchBackend.__mro__ and eager.artifact_dir is None and eager.manifest is None
+    assert eager.shards(16, 4) is None and eager.step_graphs() == [] and eager.tuning() == {}
+    state = eager.begin(eager.encode(np.array([[5, 2]]), np.array([2])), np.arange(1), 2)
+    eager.end(state)  # nothing to hand back
+    with eager.only_step_graph(None):
+        pass
+    with pytest.raises(ValueError, match="not one of this backend's step graphs"), eager.only_step_graph("x.onnx"):
+        pass
+    ort = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="rows")
+    assert ort.artifact_dir == tiny_artifact_dir and ort.manifest["model"] == ort.config and ort.device == "cpu"
+    tuning = ort.tuning()
+    assert json.loads(json.dumps(tuning)) == tuning  # JSON-ready, for reports
+    assert tuning["step_threads"] == 1 and tuning["wide_session"] and tuning["shard_count"] == 2
+    assert tuning["wide_steps"] == {"option": "rows", "rule": "rows"} and tuning["step_graph"] == contract.ORT_STEP_FILE
+    with ort.only_step_graph(contract.STEP_FILE):
+        with ort.only_step_graph(None):  # None keeps the graph pinned around it
+            assert ort.shards(16, 4) is None
+        assert ort.shards(16, 4) is None
+    assert len(ort.shards(16, 4)) == 2
+    with pytest.raises(ValueError, match="not one of this backend's step graphs"), ort.only_step_graph("x.onnx"):
+        pass

@@ -87,7 +87,7 @@ def test_beam_one_is_greedy(tiny_model):
     greedy = decode(backend, src, lens, DecodingOptions(beam_size=1, length_penalty=0.0, max_len_b=10))
     beam1 = decode(backend, src, lens, DecodingOptions(beam_size=1, length_penalty=0.0, max_len_b=10), search="beam")
     beam = decode(backend, src, lens, DecodingOptions(beam_size=2, length_penalty=0.0, max_len_b=10))
-    for g, b1, b in zip(greedy, beam1, beam):
+    for g, b1, b in zip(greedy, beam1, beam, strict=True):
         assert g.best.tokens == b1.best.tokens
         np.testing.assert_allclose(g.best.token_log_probs, b1.best.token_log_probs, atol=1e-6)
         assert b.best.score >= g.best.score - 1e-6  # a wider beam finds at least as good
@@ -123,8 +123,10 @@ def test_invalid_options(tiny_model):
     for bad, says in ((dict(length_penalty=float("nan")), "length_penalty must be a finite number"),
                       (dict(length_penalty=float("inf")), "length_penalty must be a finite number"),
                       (dict(max_len_a=float("inf")), "max_len_a must be a finite number"),
-                      (dict(beam_size=2.5), "beam_size must be an integer"), (dict(nbest=True), "nbest must be an integer"),
-                      (dict(min_length=2.5), "min_length must be an integer"), (dict(max_len_b="5"), "max_len_b must be an integer")):
+                      (dict(beam_size=2.5), "beam_size must be an integer"),
+                      (dict(nbest=True), "nbest must be an integer"),
+                      (dict(min_length=2.5), "min_length must be an integer"),
+                      (dict(max_len_b="5"), "max_len_b must be an integer")):
         with pytest.raises(InputError, match=says):
             DecodingOptions(**bad)
     assert DecodingOptions(beam_size=np.int64(2), max_len_a=np.float32(1.5)).beam_size == 2
@@ -175,8 +177,9 @@ def test_a_huge_max_length_is_the_models_cap():
     from transduce.runtime.decoding import max_lengths
 
     src = np.array([3, 10, 2])
-    for opts in (DecodingOptions(max_len_b=10**30), DecodingOptions(max_len_b=10**400), DecodingOptions(max_len_a=1e300),
-                 DecodingOptions(max_len_a=1e300, max_len_b=10**30), DecodingOptions(max_len_a=0, max_len_b=2**63)):
+    for opts in (DecodingOptions(max_len_b=10**30), DecodingOptions(max_len_b=10**400),
+                 DecodingOptions(max_len_a=1e300), DecodingOptions(max_len_a=1e300, max_len_b=10**30),
+                 DecodingOptions(max_len_a=0, max_len_b=2**63)):
         assert max_lengths(src, opts, 256).tolist() == [256, 256, 256], opts
     assert max_lengths(src, DecodingOptions(max_len_a=0, max_len_b=255), 256).tolist() == [255, 255, 255]
     # a source of EOS alone: a * 0 + b
@@ -205,7 +208,8 @@ def test_stay_in_place_keeps_first_children_in_their_parents_rows():
             in_block = [{p - i * nb for p in row if 0 <= p - i * nb < nb} for i, row in enumerate(parents.tolist())]
             assert moved == ns * nb - sum(len(s) for s in in_block)
     assert nones > 0  # the identity (None) came up and was checked
-    assert _stay_in_place(np.array([[0, 0, 0, 3]]), 4) is None  # beams 0 and 3 in their parents' rows, 1 and 2 fill 1, 2
+    # beams 0 and 3 in their parents' rows, 1 and 2 fill 1, 2
+    assert _stay_in_place(np.array([[0, 0, 0, 3]]), 4) is None
     assert _stay_in_place(np.array([[0, 0, 1, 3]]), 4).tolist() == [[0, 2, 1, 3]]  # beam 2 to its parent's row 1
 
 

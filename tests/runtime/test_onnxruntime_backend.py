@@ -11,6 +11,8 @@ from transduce.formats.artifact import read_manifest
 from transduce.formats.kinds import MANIFEST_FILE
 from transduce.runtime.api import make_backend
 from transduce.runtime.backends import onnxruntime_backend as orb
+from transduce.runtime.backends import ort_cpu_policy as policy
+from transduce.runtime.backends import ort_memory, ort_topk
 from transduce.runtime.backends.base import banned_ids, numpy_topk
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
@@ -38,7 +40,7 @@ def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, 
     """Rows that stay, a swap (a cycle: each side is overwritten and read), duplicates, growth, then a
     second reorder that drops rows: every row continues the history of the row it was taken from
     (with the rows moved one layer's K or V at a time, and all at once)."""
-    monkeypatch.setattr(orb._NumpyMemory, "MOVE_WHOLE_MAX_BYTES", whole_max)
+    monkeypatch.setattr(ort_memory.NumpyMemory, "MOVE_WHOLE_MAX_BYTES", whole_max)
     be = make_backend(tiny_artifact_dir, "onnxruntime")
     ref = TorchBackend(tiny_model)
     cfg = be.config
@@ -60,12 +62,12 @@ def test_in_place_reorders_with_cycles_duplicates_and_growth(tiny_artifact_dir, 
 
 @pytest.mark.parametrize("whole_max", [0, 1 << 40], ids=["per-array", "whole-cache"])
 def test_move_rows_moves_the_filled_slots_of_the_given_rows(monkeypatch, whole_max):
-    monkeypatch.setattr(orb._NumpyMemory, "MOVE_WHOLE_MAX_BYTES", whole_max)
-    mem = orb._NumpyMemory("fp32")
+    monkeypatch.setattr(ort_memory.NumpyMemory, "MOVE_WHOLE_MAX_BYTES", whole_max)
+    mem = ort_memory.NumpyMemory("fp32")
     cache = np.random.default_rng(0).standard_normal((4, 6, 2, 5, 3)).astype(np.float32)  # (2L, R, H, C, Dh)
     want = cache.copy()
     dst, src, p = np.array([0, 1, 2, 4]), np.array([1, 0, 5, 5]), 3  # a swap, a duplicate
-    for d, s in zip(dst, src):
+    for d, s in zip(dst, src, strict=True):
         want[:, d, :, :p] = cache[:, s, :, :p]
     mem.move_rows(cache, dst, src, p)
     np.testing.assert_array_equal(cache, want)  # slots >= p and rows 3, 5 untouched
@@ -77,7 +79,7 @@ def test_ort_topk_equals_numpy_topk(tiny_artifact_dir, ban_eos):
     cfg = be.config
     rng = np.random.default_rng(0)
     buf = np.log(rng.dirichlet(np.ones(cfg["vocab_size"]), 12)).astype(np.float32)
-    topk = orb._OrtTopK(be.ort, cfg, be._ban_bias)
+    topk = ort_topk.OrtTopK(be.ort, cfg, be._ban_bias)
     for rows, k in [(12, 8), (3, 8), (12, 2)]:
         vals, ids = topk(buf, rows, k, ban_eos)
         want_vals, want_ids = numpy_topk(buf[:rows], k, banned_ids(cfg, ban_eos))
@@ -90,7 +92,8 @@ def test_ort_topk_equals_numpy_topk(tiny_artifact_dir, ban_eos):
 def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, monkeypatch, fused):
     """A small model gets a one-thread step session and a second one of the same graph with the whole
     budget for large row counts; decoding that crosses between them gives the eager model's results."""
-    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 6 * orb.step_mflop_per_row(make_backend(tiny_artifact_dir).config))
+    per_row = policy.step_mflop_per_row(make_backend(tiny_artifact_dir).config)
+    monkeypatch.setattr(policy, "WIDE_STEP_MFLOP", 6 * per_row)
     be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=fused, wide_steps="rows")  # wide from 6 rows
     assert be.threads == 1 and be.decoder_wide is not be.decoder and be.fused == fused
     assert be._writes_cache(be._session_for(1)) == be._writes_cache(be._session_for(100)) == fused
@@ -100,7 +103,7 @@ def test_wide_step_session_for_large_row_counts(tiny_artifact_dir, tiny_model, m
     src, lens = _src(be.config, 4, seed=3)  # beam 4: 4 rows at step 0, then 16
     opts = DecodingOptions(beam_size=4, nbest=2, max_len_b=10)
     got, want = decode(be, src, lens, opts), decode(ref, src, lens, opts)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
 
 
@@ -108,7 +111,8 @@ def test_a_step_reuses_the_last_binding_only_while_it_applies(tiny_artifact_dir,
     """The last step's session and binding are reused for the same rows, k and ban; a new row count
     (wide session), k, ban or pinned graph, and a reorder that changes the rows, each get their own, and
     a run switched between them mid-decode still gives the eager model's log-probs."""
-    monkeypatch.setattr(orb, "WIDE_STEP_MFLOP", 3 * orb.step_mflop_per_row(make_backend(tiny_artifact_dir).config))
+    per_row = policy.step_mflop_per_row(make_backend(tiny_artifact_dir).config)
+    monkeypatch.setattr(policy, "WIDE_STEP_MFLOP", 3 * per_row)
     be = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="rows")  # wide from 3 rows
     runs = []
     for session in {be.decoder, be.decoder_wide}:
@@ -152,13 +156,14 @@ def test_wide_steps_always_or_as_measured(tiny_artifact_dir, tiny_model, monkeyp
     ref = TorchBackend(tiny_model)
     src, lens = _src(be.config, 3, seed=4)
     for opts in (DecodingOptions(beam_size=1, max_len_b=8), DecodingOptions(beam_size=3, nbest=2, max_len_b=8)):
-        for g, w in zip(decode(be, src, lens, opts), decode(ref, src, lens, opts)):
+        for g, w in zip(decode(be, src, lens, opts), decode(ref, src, lens, opts), strict=True):
             assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
 
     measured = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)  # "auto": really timed
     times = measured.wide_steps["one_row_us"]
     assert measured.wide_steps["option"] == "auto" and times["narrow"] > 0 and times["wide"] > 0
-    assert measured.wide_steps["rule"] == ("always" if times["wide"] <= orb.WIDE_MARGIN * times["narrow"] else "rows")
+    assert measured.wide_steps["rule"] == ("always" if times["wide"] <= policy.WIDE_MARGIN * times["narrow"]
+                                           else "rows")
     for wide, rule in ((90.0, "always"), (96.0, "rows")):
         monkeypatch.setattr(orb.OnnxRuntimeBackend, "_time_one_row_steps",
                             lambda self, wide=wide: {"one_row_us": {"narrow": 100.0, "wide": wide}})
@@ -220,7 +225,7 @@ def _bound_step(session, cfg, rows, cache, pos, seed):
     b.bind_output("log_probs", "cpu", 0, np.float32, list(lp.shape), lp.ctypes.data)
     session.run_with_iobinding(b)
     plain = dict(zip([o.name for o in session.get_outputs()], session.run(None, {**feeds, **{
-        f"past_{nm}": cache[i] for i, nm in enumerate(names)}})))
+        f"past_{nm}": cache[i] for i, nm in enumerate(names)}}), strict=True))
     return lp, plain, names
 
 
@@ -255,7 +260,7 @@ def test_fused_and_standard_step_graphs_decode_alike(tiny_artifact_dir, tiny_mod
     src, lens = _src(fused.config, 6, seed=7)
     opts = DecodingOptions(beam_size=beam, nbest=beam, max_len_b=12)
     a, b, c = decode(fused, src, lens, opts), decode(plain, src, lens, opts), decode(ref, src, lens, opts)
-    for x, y, z in zip(a, b, c):
+    for x, y, z in zip(a, b, c, strict=True):
         assert [h.tokens for h in x.hypotheses] == [h.tokens for h in y.hypotheses] == [h.tokens for h in z.hypotheses]
         np.testing.assert_allclose([h.score for h in x.hypotheses], [h.score for h in z.hypotheses], atol=1e-4)
 
@@ -269,7 +274,7 @@ def test_fused_graph_at_every_model_size_and_none_for_old_artifacts(tiny_artifac
 
     from transduce.formats import contract
 
-    monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if the tiny model were large
+    monkeypatch.setattr(policy, "SMALL_STEP_MFLOP", 0.0)  # as if the tiny model were large
     big = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
     assert big.fused and big.threads == 2 and big.step_graphs()[0] == contract.ORT_STEP_FILE
     monkeypatch.undo()
@@ -288,7 +293,7 @@ def test_fused_graph_at_every_model_size_and_none_for_old_artifacts(tiny_artifac
 def test_buffers_of_ended_runs_are_reused_and_live_runs_are_not_shared(tiny_artifact_dir, tiny_model, monkeypatch):
     """Big buffers come back to the pool when a run ends and serve the next run; two live runs never
     share memory (interleaved teacher forcing gives each its own eager log-probs)."""
-    monkeypatch.setattr(orb._NumpyMemory, "POOL_MIN_BYTES", 1)  # pool every buffer of the tiny model
+    monkeypatch.setattr(ort_memory.NumpyMemory, "POOL_MIN_BYTES", 1)  # pool every buffer of the tiny model
     be = make_backend(tiny_artifact_dir, "onnxruntime")
     ref = TorchBackend(tiny_model)
     cfg = be.config
@@ -322,7 +327,7 @@ def test_pooled_runs_decode_like_unpooled_ones(tiny_artifact_dir, monkeypatch, f
     log-prob buffers by id(), which a later view of other memory could take over (found in review on
     the demo model: 18 of 21 sentences wrong after 37 decodes; the id collision itself is not
     reproducible on demand here, hence the check that end() drops them)."""
-    monkeypatch.setattr(orb._NumpyMemory, "POOL_MIN_BYTES", 1)
+    monkeypatch.setattr(ort_memory.NumpyMemory, "POOL_MIN_BYTES", 1)
     pooled = make_backend(tiny_artifact_dir, "onnxruntime", fused=fused)
     plain = make_backend(tiny_artifact_dir, "onnxruntime", fused=fused)
     plain._mem.POOL_MIN_BYTES = 1 << 62
@@ -332,7 +337,7 @@ def test_pooled_runs_decode_like_unpooled_ones(tiny_artifact_dir, monkeypatch, f
     got = [decode(pooled, src, lens, opts) for src, lens in cases]
     if not fused:  # the fused graph picks its top-k itself (bound like the rest, per run)
         assert pooled._topk.bindings == {}  # end() dropped them with the buffers they point into
-    for (src, lens), g in zip(cases, got):
+    for (src, lens), g in zip(cases, got, strict=True):
         want = decode(plain, src, lens, opts)
         assert [r.best.tokens for r in g] == [r.best.tokens for r in want]
         np.testing.assert_allclose([r.best.score for r in g], [r.best.score for r in want], atol=1e-5)
@@ -356,7 +361,7 @@ def test_fused_graph_reads_each_sources_cross_kv_once_for_its_beams(tiny_artifac
             out.append(be.step_log_probs(state, np.arange(4, 4 + len(rows))))
         runs[be.fused] = (out, cross_rows)
     assert runs[True][1] == [3, 6] and runs[False][1] == [6, 6]
-    for a, b in zip(runs[True][0], runs[False][0]):
+    for a, b in zip(runs[True][0], runs[False][0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
@@ -370,12 +375,12 @@ def test_row_sources_changed_in_place_and_bad_indices(tiny_artifact_dir, tiny_mo
     src, lens = _src(be.config, 3, seed=2)
     states = [b.begin(b.encode(src, lens), np.arange(3), 4) for b in (be, ref)]
     row_src = np.array([0, 1, 2])
-    for b, st in zip((be, ref), states):
+    for b, st in zip((be, ref), states, strict=True):
         b.step_log_probs(st, np.full(3, be.config["bos_id"]))
         b.reorder(st, np.arange(3), row_src)
     row_src[:] = [2, 1, 0]  # the same array, other contents
     out = []
-    for b, st in zip((be, ref), states):
+    for b, st in zip((be, ref), states, strict=True):
         b.reorder(st, np.arange(3), row_src)
         out.append(b.step_log_probs(st, np.array([5, 6, 7])))
     np.testing.assert_allclose(out[0], out[1], atol=1e-4, rtol=0)
@@ -402,13 +407,13 @@ def test_small_encoder_runs_take_a_one_thread_session(tiny_artifact_dir, monkeyp
     assert made is not be.encoder and made.get_session_options().intra_op_num_threads == 1
     be.encode(src, lens)
     assert be.encoder_narrow is made
-    monkeypatch.setattr(orb, "NARROW_ENCODER_MFLOP", 0.0)
+    monkeypatch.setattr(policy, "NARROW_ENCODER_MFLOP", 0.0)
     assert be._encoder_for(src.size) is be.encoder
     wide = be.encoder_outputs(be.encode(src, lens))
     for name in narrow:
         np.testing.assert_allclose(narrow[name], wide[name], atol=1e-5, rtol=0)
     one = make_backend(tiny_artifact_dir, "onnxruntime", threads=1)
-    monkeypatch.setattr(orb, "NARROW_ENCODER_MFLOP", 1e9)
+    monkeypatch.setattr(policy, "NARROW_ENCODER_MFLOP", 1e9)
     assert one._encoder_for(src.size) is one.encoder
 
 
@@ -422,7 +427,7 @@ def test_binding_paths_decode_alike(tiny_artifact_dir, tiny_model, native):
     if not native:
         be._mem._host = None
     public = []
-    real_bind = orb._NumpyMemory.bind
+    real_bind = ort_memory.NumpyMemory.bind
 
     def spy(mem, binding, name, arr, is_input):  # count the calls that reach the public wrapper
         original = binding.bind_input
@@ -476,15 +481,15 @@ def test_pools_spin_briefly_where_onnxruntime_bounds_it(tiny_artifact_dir, monke
     assert be.decoder_wide is not be.decoder  # a small model: a one-thread step session and a wide one
     spin = "session.intra_op.spin_duration_us"
     if bounded:
-        assert _config_entry(be.encoder, spin) == str(orb.ENCODER_SPIN_US)
-        assert _config_entry(be.decoder_wide, spin) == str(orb.SMALL_STEP_SPIN_US)
+        assert _config_entry(be.encoder, spin) == str(policy.ENCODER_SPIN_US)
+        assert _config_entry(be.decoder_wide, spin) == str(policy.SMALL_STEP_SPIN_US)
         with be.only_step_graph(contract.STEP_FILE):  # made when first needed, like the steps' sessions
-            assert _config_entry(be._session_for(1), spin) == str(orb.SMALL_STEP_SPIN_US)
+            assert _config_entry(be._session_for(1), spin) == str(policy.SMALL_STEP_SPIN_US)
         narrow = be._encoder_for(1)  # one thread: no pool, nothing to spin
         assert narrow is not be.encoder and _config_entry(narrow, "session.intra_op.allow_spinning") == "0"
-        monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session, spinning longer
+        monkeypatch.setattr(policy, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session, spinning longer
         large = make_backend(tiny_artifact_dir, "onnxruntime", threads=2)
-        assert large.decoder_wide is large.decoder and _config_entry(large.decoder, spin) == str(orb.STEP_SPIN_US)
+        assert large.decoder_wide is large.decoder and _config_entry(large.decoder, spin) == str(policy.STEP_SPIN_US)
     else:
         assert _config_entry(be.encoder, "session.intra_op.allow_spinning") == "0"
         assert _config_entry(be.encoder, spin) is None and _config_entry(be.decoder_wide, spin) is None
@@ -558,13 +563,13 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
     fake.empty = lambda shape, dtype, device: calls.append(("empty", Cuda.current)) or Tensor()
     monkeypatch.setitem(sys.modules, "torch", fake)
     made, streams = [], []
-    made.append(orb._TorchCudaMemory("fp32"))
-    made.append(orb._TorchCudaMemory("fp16", 1))  # --device cuda:1: its buffers and stream on that GPU
+    made.append(ort_memory.TorchCudaMemory("fp32"))
+    made.append(ort_memory.TorchCudaMemory("fp16", 1))  # --device cuda:1: its buffers and stream on that GPU
     first, second = made
     assert first.stream != second.stream and Cuda.current == "default"
     assert (first.device, second.device, streams) == ("cuda:0", "cuda:1", ["cuda:0", "cuda:1"])
     with pytest.raises(orb.BackendUnavailable, match="--device cuda:2: there are 2 CUDA GPUs"):
-        orb._TorchCudaMemory("fp32", 2)
+        ort_memory.TorchCudaMemory("fp32", 2)
     cache = first.zeros((2, 3))
     first.empty((4,), np.float32)
     second.fill(second.empty((5,)), 7, 5)
@@ -603,11 +608,12 @@ def test_a_small_models_batch_in_parts_decodes_bit_for_bit_as_whole(tiny_artifac
     """A small model's batch of SHARD_MIN_ROWS rows or more is dealt out to one-thread views of the backend,
     decoded at the same time; on the fused step graph a sentence's results do not depend on the rows beside
     it, so they equal the whole batch's exactly (scores included), with pooled buffers shared by the parts."""
-    monkeypatch.setattr(orb._NumpyMemory, "POOL_MIN_BYTES", 0)  # every buffer through the shared pool
+    monkeypatch.setattr(ort_memory.NumpyMemory, "POOL_MIN_BYTES", 0)  # every buffer through the shared pool
     parts = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps=wide)
     whole = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps=wide, shards=False)
     cfg = parts.config
-    for n, opts in ((9, DecodingOptions(beam_size=1, max_len_b=9)), (5, DecodingOptions(beam_size=3, nbest=2, max_len_b=9)),
+    for n, opts in ((9, DecodingOptions(beam_size=1, max_len_b=9)),
+                    (5, DecodingOptions(beam_size=3, nbest=2, max_len_b=9)),
                     (3, DecodingOptions(beam_size=4, nbest=3, min_length=3, max_len_b=6))):
         views = parts.shards(n, opts.beam_size)
         assert views is not None and len(views) == 2 and whole.shards(n, opts.beam_size) is None
@@ -636,7 +642,7 @@ def test_parts_only_where_they_are_faster(tiny_artifact_dir, monkeypatch):
     assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2, shards=False).shards(16, 4) is None
     # the standard step graph's results move in the last bits with the rows beside a sentence: no parts
     assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2, fused=False).shards(16, 4) is None
-    monkeypatch.setattr(orb, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session with the budget
+    monkeypatch.setattr(policy, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: one step session with the budget
     assert make_backend(tiny_artifact_dir, "onnxruntime", threads=2).shards(16, 4) is None
 
 
@@ -664,8 +670,8 @@ def test_load_time_calibration_with_few_positions(tiny_tokenizer, tmp_path_facto
     from tests.conftest import TINY, saved_model_dir, seeded_model
     from transduce.exporter.onnx_export import export_artifact
 
-    model_dir = saved_model_dir(tmp_path_factory, "short", seeded_model(tiny_tokenizer, 0, **{**TINY, "max_positions": 8}),
-                                tiny_tokenizer)
+    short = seeded_model(tiny_tokenizer, 0, **{**TINY, "max_positions": 8})
+    model_dir = saved_model_dir(tmp_path_factory, "short", short, tiny_tokenizer)
     art = tmp_path_factory.mktemp("short-artifact") / "artifact"
     export_artifact(model_dir, art)
     be = make_backend(str(art), "onnxruntime", threads=2)  # wide_steps="auto": timed when it loads

@@ -154,7 +154,7 @@ def reference(references, device):
 
 
 def _same(got, want):
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert [h.tokens for h in g.hypotheses] == [h.tokens for h in w.hypotheses]
         np.testing.assert_allclose([h.score for h in g.hypotheses], [h.score for h in w.hypotheses], atol=1e-4)
         assert [h.finished for h in g.hypotheses] == [h.finished for h in w.hypotheses]
@@ -265,13 +265,14 @@ def test_reorders_move_rows_within_one_cache(wide, batch, reference, device):
     src, lens = batch
     b = _backend(wide, device)
     rows = np.arange(4)
-    sb, sr = b.begin(b.encode(src[:4], lens[:4]), rows, 8), reference.begin(reference.encode(src[:4], lens[:4]), rows, 8)
+    sb = b.begin(b.encode(src[:4], lens[:4]), rows, 8)
+    sr = reference.begin(reference.encode(src[:4], lens[:4]), rows, 8)
     assert sb.cache.shape == (2 * b.n_layers, 4, b.heads, 8, b.head_dim)
     addresses = [t.data_ptr() for t in sb.caches]
     assert addresses == [sb.cache[i].data_ptr() for i in range(2 * b.n_layers)]
     # each layer's K or V is contiguous and starts at a multiple of 256 bytes (TensorRT's alignment; the
     # tiny model's 4 x 8 x 8 fp32 values per row are 1 KiB, so also with 3 rows below)
-    assert all(t.is_contiguous() and a % 256 == 0 for t, a in zip(sb.caches, addresses))
+    assert all(t.is_contiguous() and a % 256 == 0 for t, a in zip(sb.caches, addresses, strict=True))
     odd = b._stacked_zeros(3, (3, b.heads, 5, b.head_dim))  # 3 x 5 slots x 32 floats x 4 bytes: 1,920 bytes each
     assert odd.data_ptr() % 256 == 0
     assert [t.data_ptr() - odd.data_ptr() for t in odd.unbind(0)] == [0, 2048, 4096]
@@ -296,12 +297,13 @@ def test_step_bans_pad_bos_and_eos(wide, batch, device):
     state = b.begin(b.encode(src[:2], lens[:2]), np.arange(2), 4)
     vals, ids = b.step(state, np.full(2, cfg["bos_id"]), k=cfg["vocab_size"], ban_eos=True)
     assert ids.dtype == np.int64 and vals.dtype == np.float32 and ids.shape == (2, cfg["vocab_size"])
-    for row_ids, row_vals in zip(ids, vals):
+    for row_ids, row_vals in zip(ids, vals, strict=True):
         banned = {cfg["pad_id"], cfg["bos_id"], cfg["eos_id"]}
         assert set(row_ids[-3:]) == banned and np.isneginf(row_vals[-3:]).all()
         assert np.all(np.diff(row_vals[:-3]) <= 0)
     _, ids = b.step(state, ids[:, 0], k=3)
-    assert cfg["eos_id"] not in {cfg["pad_id"], cfg["bos_id"]} and not ({cfg["pad_id"], cfg["bos_id"]} & set(ids.ravel()))
+    assert (cfg["eos_id"] not in {cfg["pad_id"], cfg["bos_id"]}
+            and not ({cfg["pad_id"], cfg["bos_id"]} & set(ids.ravel())))
     with pytest.raises(IndexError, match="capacity 4 exhausted"):
         for _ in range(3):
             b.step(state, ids[:, 0], k=1)

@@ -5,7 +5,7 @@ process of its own, so that
 - environment settings that must precede a library's loading (ONEDNN_MAX_CPU_ISA for CTranslate2's
   oneDNN) differ between systems of one run;
 - thread pools do not meet: each process has only its system's threads, idle (blocked on a pipe, once
-  their post-call spinning is over: the harness waits for that, harness.settle) while another system
+  their post-call spinning is over: the harness waits for that, cpu.settle) while another system
   is being timed;
 - the parent can interleave systems (A B A B ...) at the granularity of one measurement.
 
@@ -63,6 +63,26 @@ def encoder_threads_rule(threads: int, narrow: int) -> str:
     return f"1 below {narrow} source tokens per run, {threads} from there"
 
 
+def ort_info(tuning: dict[str, Any], threads: int) -> dict[str, Any]:
+    """The ONNX Runtime backend's choices (its tuning()) as the bench reports them, for a budget of `threads`."""
+    step, wide_from = tuning["step_threads"], tuning["wide_from_rows"]
+    if not tuning["wide_session"]:
+        step_rule = f"{step} always"
+    elif wide_from > 1:
+        step_rule = f"{step} below {wide_from} rows, {threads} from there"
+    else:
+        step_rule = f"{threads} always"
+    parts_rule = "every batch whole"
+    if tuning["shard_count"] > 1:
+        parts_rule = (f"a batch of 2 sentences or more and {tuning['shard_min_rows']} rows or more in up to "
+                      f"{tuning['shard_count']} parts of {tuning['shard_min_part_rows']} rows or more at the same "
+                      "time, one thread each")
+    return {"encoder_threads_rule": encoder_threads_rule(threads, tuning["narrow_encoder_tokens"]),
+            "step_intra_op_threads": step, "inter_op_threads": tuning["inter_op_threads"],
+            "step_threads_rule": step_rule, "wide_steps": tuning["wide_steps"], "parts_rule": parts_rule,
+            "step_graph": tuning["step_graph"], "pool_spin_us": tuning["pool_spin_us"]}
+
+
 class _Ours:
     """A transduce backend, driven by transduce.runtime.decoding."""
 
@@ -87,36 +107,12 @@ class _Ours:
         elif system == "onnxruntime":
             import onnxruntime
 
-            be = self.backend
-            from transduce.runtime.backends.onnxruntime_backend import (
-                NARROW_ENCODER_MFLOP,
-                SHARD_MIN_PART_ROWS,
-                SHARD_MIN_ROWS,
-                encoder_mflop_per_token,
-            )
-
-            narrow = math.ceil(NARROW_ENCODER_MFLOP / encoder_mflop_per_token(self.cfg))  # source tokens per run
-            self.info.update(onnxruntime=onnxruntime.__version__,
-                             encoder_threads_rule=encoder_threads_rule(threads, narrow),
-                             step_intra_op_threads=be.threads, inter_op_threads=1,
-                             step_threads_rule=(f"{be.threads} below {be.wide_rows_threshold()} rows, {threads} from there"
-                                                if be.decoder_wide is not be.decoder and be.wide_rows_threshold() > 1
-                                                else f"{threads} always" if be.decoder_wide is not be.decoder
-                                                else f"{be.threads} always"),
-                             wide_steps=be.wide_steps,
-                             parts_rule=(f"a batch of 2 sentences or more and {SHARD_MIN_ROWS} rows or more in up to "
-                                         f"{be.shard_count} parts of {SHARD_MIN_PART_ROWS} rows or more at the same time, "
-                                         "one thread each"
-                                         if be.shard_count > 1 else "every batch whole"),
-                             step_graph=be.step_graphs()[0], pool_spin_us=be.pool_spin_us)
+            self.info.update(onnxruntime=onnxruntime.__version__, **ort_info(self.backend.tuning(), threads))
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        s = max(len(x) for x in src) + 1
-        ids = np.full((len(src), s), self.cfg["pad_id"], dtype=np.int64)
-        for r, x in enumerate(src):
-            ids[r, : len(x)] = x
-            ids[r, len(x)] = self.cfg["eos_id"]
-        return ids, np.array([len(x) + 1 for x in src], dtype=np.int64)
+        from transduce.bench.inputs import padded_sources
+
+        return padded_sources(src, self.cfg["pad_id"], self.cfg["eos_id"])
 
     def decode(self, src, beam: int, steps: int) -> dict[str, Any]:
         from transduce.runtime.decoding import DecodingOptions, decode
@@ -132,8 +128,6 @@ class _Ours:
         return {"seconds": seconds, "tokens": int(sum(lengths))}
 
     def direct(self, src, beam: int, steps: int) -> dict[str, Any]:
-        from transduce.runtime.decoding import end_run
-
         ids, lens = self._batch(src)
         be = self.backend
         t = time.perf_counter()
@@ -155,7 +149,7 @@ class _Ours:
             times.append(time.perf_counter() - t)
         # the run's buffers back to the backend's pool, as decode does: the next timed decode would
         # otherwise allocate (and page-fault) them afresh
-        end_run(be, state)
+        be.end(state)
         return {"encode_seconds": encode_seconds, "step_seconds": times}
 
 
@@ -167,8 +161,8 @@ class _CTranslate2:
 
         self.suppress = SUPPRESS
         self.inter = inter_threads
-        self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32", inter_threads=inter_threads,
-                                                 intra_threads=threads)
+        self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32",
+                                                 inter_threads=inter_threads, intra_threads=threads)
         self.vocab = ct2_vocab(path)
         self.info = {"ctranslate2": ctranslate2.__version__, "intra_threads": threads, "inter_threads": inter_threads,
                      "compute_type": self.translator.compute_type,

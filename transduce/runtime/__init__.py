@@ -1,4 +1,4 @@
-"""The runtime: backends, decoding and parity. Importing it imports no framework (torch, onnxruntime,
+"""The runtime: backends and decoding. Importing it imports no framework (torch, onnxruntime,
 tensorrt); each backend imports its own when it is used."""
 
 from transduce.runtime.api import load

@@ -7,6 +7,7 @@ import os
 from transduce.errors import ArtifactError, BackendUnavailable, InputError
 from transduce.formats.artifact import read_manifest, rebuild_hint
 from transduce.formats.model_dir import TOKENIZER_FILE
+from transduce.runtime.backends.base import Backend
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
@@ -34,7 +35,8 @@ def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = 
                             hint="pass --model with the model directory the artifact was exported from, or re-export")
     theirs, ours = _full_config(config.get("model")), _full_config(manifest.get("model"))
     if theirs is not None and ours is not None and theirs != ours:  # same weights, edited config
-        diff = [f"{k} {ours.get(k)!r} vs {theirs.get(k)!r}" for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+        diff = [f"{k} {ours.get(k)!r} vs {theirs.get(k)!r}" for k in sorted(set(ours) | set(theirs))
+                if ours.get(k) != theirs.get(k)]
         raise ArtifactError(f"{path!r} has the weights {artifact_dir!r} was exported from but another model config "
                             f"(artifact vs model: {'; '.join(diff[:4])})",
                             hint="restore the model directory's config.json, or re-export from it")
@@ -56,7 +58,7 @@ def _full_config(model: object) -> dict | None:
 
 
 def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
-                 model_dir: str | None = None, **options):
+                 model_dir: str | None = None, **options) -> Backend:
     """Build one backend over an artifact. torch uses the source model the manifest names (or model_dir)."""
     from transduce.runtime.devices import parse_device
 
@@ -99,10 +101,10 @@ def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: 
 
     artifact_dir = os.fspath(artifact_dir)
     be = make_backend(artifact_dir, backend, device, threads, model_dir, **options)
-    tok_dir = getattr(be, "artifact_dir", artifact_dir)
+    tok_dir = be.artifact_dir or artifact_dir  # the eager model's backend loaded no artifact
     tok_path = os.path.join(tok_dir, TOKENIZER_FILE)
     tokenizer = Tokenizer.from_file(tok_path)
     if tokenizer.vocab_size != be.config["vocab_size"]:  # another model's tokenizer.json put in its place
         raise ArtifactError(f"{tok_path} has {tokenizer.vocab_size} tokens, the model {be.config['vocab_size']}: it is "
-                            "not the tokenizer this model was trained with", hint=rebuild_hint(tok_dir, getattr(be, "manifest", None)))
+                            "not the tokenizer this model was trained with", hint=rebuild_hint(tok_dir, be.manifest))
     return Translator(be, tokenizer, max_batch_tokens=max_batch_tokens)

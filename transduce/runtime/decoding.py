@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transduce.errors import InputError
-from transduce.runtime.backends.base import usable_cpus
+from transduce.runtime.backends.base import Backend, usable_cpus
 
 LENGTH_PENALTIES = ("gnmt", "plain", "none")
 
@@ -79,7 +79,9 @@ class DecodingOptions:
             return np.ones_like(length, dtype=np.float64) if isinstance(length, np.ndarray) else 1.0
         if self.length_penalty_form == "gnmt":
             return ((5.0 + length) / 6.0) ** self.length_penalty
-        return np.maximum(length, 1) ** self.length_penalty if isinstance(length, np.ndarray) else max(length, 1) ** self.length_penalty
+        if isinstance(length, np.ndarray):
+            return np.maximum(length, 1) ** self.length_penalty
+        return max(length, 1) ** self.length_penalty
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions
     return np.clip(n, 1, max_positions)
 
 
-def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
+def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
            search: str = "auto") -> list[DecodeResult]:
     """Decode one padded batch. src_ids (B, S) int64, src_lengths (B,) int64 (EOS included).
 
@@ -126,8 +128,7 @@ def decode(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: Decod
         return []
     greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
     search = "greedy" if greedy else "beam"  # resolved once, for every part
-    shards = getattr(backend, "shards", None)
-    parts = shards(len(src_ids), 1 if greedy else options.beam_size) if shards is not None else None
+    parts = backend.shards(len(src_ids), 1 if greedy else options.beam_size)
     if parts and len(parts) > 1:
         return _decode_in_parts(parts, src_ids, src_lengths, options, search)
     return _decode_one(backend, src_ids, src_lengths, options, search)
@@ -147,7 +148,7 @@ def _check_batch(src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
                          "(the padded width), EOS included")
 
 
-def _decode_one(backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
+def _decode_one(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
                 search: str) -> list[DecodeResult]:
     """One batch (or part) with the search decode resolved: "greedy" or "beam"."""
     encoded = backend.encode(src_ids, src_lengths)
@@ -172,7 +173,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parts_pool)
 
 
-def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
+def _decode_in_parts(parts: list[Backend], src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
                      search: str) -> list[DecodeResult]:
     """The batch's sentences dealt round-robin to the backend's parts (sentence i to part i % n: a batch sorted
     by length gives each part a like share), each part decoded by the same search, at the same time: the
@@ -190,7 +191,8 @@ def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, 
                 if _PARTS_POOL is not None:
                     _PARTS_POOL[1].shutdown(wait=False)  # its threads end once idle; submitted work still runs
                 size = max(n - 1, usable_cpus())
-                _PARTS_POOL = (size, concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="transduce-decode-part"))
+                pool = concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="transduce-decode-part")
+                _PARTS_POOL = (size, pool)
             for j in range(1, n):
                 futures.append(_PARTS_POOL[1].submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]],
                                                      options, search))
@@ -203,13 +205,13 @@ def _decode_in_parts(parts: list, src_ids: np.ndarray, src_lengths: np.ndarray, 
     rest = [_decode_one(parts[j], src_ids[index[j]], src_lengths[index[j]], options, search)
             for j in range(1 + len(futures), n)]
     results: list[DecodeResult | None] = [None] * len(src_ids)
-    for idx, got in zip(index, [first] + [f.result() for f in futures] + rest):
-        for i, r in zip(idx.tolist(), got):
+    for idx, got in zip(index, [first] + [f.result() for f in futures] + rest, strict=True):
+        for i, r in zip(idx.tolist(), got, strict=True):
             results[i] = r
     return results  # type: ignore[return-value]
 
 
-def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+def _greedy(backend: Backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
     """Greedy search; per step a handful of numpy operations on (rows,) arrays, fewer while every
     sentence is still decoding (slices instead of fancy indexing) and before any can end."""
     cfg = backend.config
@@ -254,10 +256,11 @@ def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> 
             first_end = int(live_max.min())
             backend.reorder(state, keep, live)
         tokens = tok
-    end_run(backend, state)
+    backend.end(state)
     results = []
     # whole rows to Python at once (tolist: ~3x faster than a generator of int()/float() per element)
-    for i, (m, tok_row, lp_row, ended) in enumerate(zip(length.tolist(), out_tok.tolist(), out_lp.tolist(), finished.tolist())):
+    per_row = zip(length.tolist(), out_tok.tolist(), out_lp.tolist(), finished.tolist(), strict=True)
+    for i, (m, tok_row, lp_row, ended) in enumerate(per_row):
         raw = float(out_lp[i, :m].astype(np.float64).sum())
         toks = tok_row[: m - 1] if ended else tok_row[:m]
         hyp = Hypothesis(tuple(toks), raw / options.penalty(m), raw, tuple(lp_row[:m]), ended)
@@ -265,7 +268,7 @@ def _greedy(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> 
     return results
 
 
-def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
+def _beam(backend: Backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> list[DecodeResult]:
     """Beam search; per step a handful of numpy operations whatever the batch (the common step: no
     EOS near the top, nothing finished). Histories are back-pointers, followed only for the
     hypotheses that finish."""
@@ -315,38 +318,11 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
     kk = min(2 * k, cfg["vocab_size"])  # candidates per row: 2k leaves k non-EOS even if k rows end
     for t in range(cap):
         vals, ids = backend.step(state, tokens, kk, ban_eos=t + 1 < options.min_length)
-        ns = len(sent)
-        w = nb * kk
-        cand = (scores[:, :, None] + vals.reshape(ns, nb, kk)).reshape(-1)  # (ns * w,) flat
-        order = (-cand.reshape(ns, w)).argsort(axis=1, kind="stable")  # (ns, w) best first
-        if ns == 1:
-            flat = order  # flat candidate index = row * kk + j
-        else:
-            off = offsets.get((ns, w))
-            if off is None:
-                off = offsets[(ns, w)] = np.arange(0, ns * w, w)[:, None]
-            flat = order + off
-        nb_next = min(k, w)
-        top_tok = ids.reshape(-1)[flat[:, :k]]
-        if (top_tok == eos).any():
-            # EOS among the k best continuations -> finished hypotheses; next beams skip EOS
-            c_score, c_tok = cand[flat], ids.reshape(-1)[flat]
-            is_eos = c_tok == eos
-            fs, fj = np.nonzero(is_eos[:, :k] & np.isfinite(c_score[:, :k]))
-            if fs.size:
-                f = flat[fs, fj]
-                finish(sent[fs], f // kk, t, c_score[fs, fj], c_tok[fs, fj], vals.reshape(-1)[f], True)
-            rank = np.where(is_eos, np.arange(w) + w, np.arange(w))
-            pick = np.argsort(rank, axis=1, kind="stable")[:, :nb_next]  # (ns, nb_next)
-            sel = np.take_along_axis(flat, pick, axis=1)
-            n_score = cand[sel]
-            n_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # only if fewer than k non-EOS exist
-        else:
-            sel = flat[:, :nb_next]
-            n_score = cand[sel]
-        n_tok = ids.reshape(-1)[sel]
-        n_lp = vals.reshape(-1)[sel]
-        n_row = sel // kk  # (ns, nb_next) rows of the state that just stepped
+        n_row, n_tok, n_lp, n_score, ended = _next_beams(scores, vals, ids, nb, kk, k, eos, offsets)
+        nb_next = n_row.shape[1]
+        if ended is not None:  # EOS among the k best continuations: finished hypotheses
+            fs, f, raws = ended
+            finish(sent[fs], f // kk, t, raws, ids.reshape(-1)[f], vals.reshape(-1)[f], True)
 
         # which sentences are done: cut at the maximum length, or no live beam can beat the k-th finished
         done = None
@@ -370,7 +346,8 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
             perm = _stay_in_place(n_row, nb_next)
             if perm is not None:
                 idx = perm + np.arange(0, n_row.size, nb_next)[:, None]  # flat
-                n_row, n_tok, n_lp, n_score = n_row.ravel()[idx], n_tok.ravel()[idx], n_lp.ravel()[idx], n_score.ravel()[idx]
+                n_row, n_tok = n_row.ravel()[idx], n_tok.ravel()[idx]
+                n_lp, n_score = n_lp.ravel()[idx], n_score.ravel()[idx]
         if nb != nb_next or len(row_src) != n_row.size:
             row_src = np.repeat(sent, nb_next)
         nb = nb_next
@@ -382,12 +359,49 @@ def _beam(backend, encoded, max_len: np.ndarray, options: DecodingOptions) -> li
         lps.append(n_lp.reshape(-1))
         backend.reorder(state, rows, row_src)
 
-    end_run(backend, state)
+    backend.end(state)
     results = []
     for hyps in final:
         hyps.sort(key=lambda h: (-h.score, not h.finished))
         results.append(DecodeResult(tuple(hyps[: options.nbest])))
     return results
+
+
+def _next_beams(scores: np.ndarray, vals: np.ndarray, ids: np.ndarray, nb: int, kk: int, k: int, eos: int,
+                offsets: dict[tuple[int, int], np.ndarray]):
+    """The next beams of every live sentence from this step's candidates (kk per row, `vals` / `ids`) and the
+    beams' raw scores (sentences, nb): the k best continuations that do not end the sentence. -> their rows
+    of the state that just stepped, tokens, log-probs and raw scores, each (sentences, min(k, nb * kk)), and
+    the continuations among each sentence's k best that are EOS, as (sentence index, flat candidate index,
+    raw score), or None."""
+    ns = len(scores)
+    w = nb * kk
+    cand = (scores[:, :, None] + vals.reshape(ns, nb, kk)).reshape(-1)  # (ns * w,) flat
+    order = (-cand.reshape(ns, w)).argsort(axis=1, kind="stable")  # (ns, w) best first
+    if ns == 1:
+        flat = order  # flat candidate index = row * kk + j
+    else:
+        off = offsets.get((ns, w))
+        if off is None:
+            off = offsets[(ns, w)] = np.arange(0, ns * w, w)[:, None]
+        flat = order + off
+    nb_next = min(k, w)
+    ended = None
+    if (ids.reshape(-1)[flat[:, :k]] == eos).any():  # next beams skip EOS
+        c_score, c_tok = cand[flat], ids.reshape(-1)[flat]
+        is_eos = c_tok == eos
+        fs, fj = np.nonzero(is_eos[:, :k] & np.isfinite(c_score[:, :k]))
+        if fs.size:
+            ended = (fs, flat[fs, fj], c_score[fs, fj])
+        rank = np.where(is_eos, np.arange(w) + w, np.arange(w))
+        pick = np.argsort(rank, axis=1, kind="stable")[:, :nb_next]  # (ns, nb_next)
+        sel = np.take_along_axis(flat, pick, axis=1)
+        n_score = cand[sel]
+        n_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # only if fewer than k non-EOS exist
+    else:
+        sel = flat[:, :nb_next]
+        n_score = cand[sel]
+    return sel // kk, ids.reshape(-1)[sel], vals.reshape(-1)[sel], n_score, ended
 
 
 def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
@@ -399,8 +413,8 @@ def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
     for it); the other beams fill the remaining rows in score order. Beam order within a sentence
     means nothing to the search (the candidates of all beams are ranked together; only exactly equal
     scores are ordered by it, for every backend alike), so this only changes which rows a reorder
-    moves: with beam 4, from most rows to the duplicated parents' children. A Python loop: a vectorised numpy version (a dozen calls) took 2.4x as long at 16
-    sentences of 4 beams (88 vs 37 us).
+    moves: with beam 4, from most rows to the duplicated parents' children. A Python loop: a vectorised
+    numpy version (a dozen calls) took over twice as long at 16 sentences of 4 beams.
     """
     perm = []
     ident = list(range(nb))
@@ -422,18 +436,12 @@ def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
     return None if same else np.array(perm, dtype=np.int64)
 
 
-def teacher_forced_log_probs(backend, src_ids: np.ndarray, src_lengths: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
+def teacher_forced_log_probs(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray,
+                             tgt_in: np.ndarray) -> np.ndarray:
     """Step the backend over given target prefixes: (B, T) tokens -> (B, T, V) log-probs."""
     encoded = backend.encode(np.ascontiguousarray(src_ids, np.int64), np.ascontiguousarray(src_lengths, np.int64))
     b, t = tgt_in.shape
     state = backend.begin(encoded, np.arange(b), max(t, 1))
     out = [backend.step_log_probs(state, np.ascontiguousarray(tgt_in[:, i], np.int64)) for i in range(t)]
-    end_run(backend, state)
+    backend.end(state)
     return np.stack(out, axis=1)
-
-
-def end_run(backend, state) -> None:
-    """Hand a finished run's buffers back to a backend that reuses them (the optional `end`)."""
-    end = getattr(backend, "end", None)
-    if end is not None:
-        end(state)

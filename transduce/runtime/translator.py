@@ -77,7 +77,8 @@ class Translator:
                         hint="split the line, or pass truncate=True (--truncate) to keep its first tokens",
                     )
                 # stacklevel: _encode, _translate, translate (or translate_stream's generator), its caller
-                warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n), stacklevel=4)
+                warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n),
+                              stacklevel=4)
                 ids, cut = ids[:limit], True
             out.append((ids, sum(1 for i in ids if i == unk), cut))
         return out
@@ -89,7 +90,8 @@ class Translator:
         cur: list[int] = []
         for i in order:
             longest = max(lengths[i], lengths[cur[-1]] if cur else 0)
-            if cur and ((len(cur) + 1) * beam_size * longest > self.max_batch_tokens or len(cur) >= self.max_batch_size):
+            full = (len(cur) + 1) * beam_size * longest > self.max_batch_tokens or len(cur) >= self.max_batch_size
+            if cur and full:
                 out.append(cur)
                 cur = []
             cur.append(i)
@@ -118,12 +120,13 @@ class Translator:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would fail with a TypeError
+                hint = "decode bytes with errors='strict' (or 'replace'), not 'surrogateescape'"
                 raise InputError(f"sentence {n} is not valid Unicode text: {e.reason} at character {e.start}",
-                                 hint="decode bytes with errors='strict' (or 'replace'), not 'surrogateescape'") from None
+                                 hint=hint) from None
         encoded = self._encode(texts, truncate, first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
-        for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded)):
+        for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded, strict=True)):
             if not text.strip() or not ids:
                 results[i] = Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
             else:
@@ -140,7 +143,7 @@ class Translator:
                 src[r, : len(ids)] = ids
                 src[r, len(ids)] = eos
                 lens[r] = len(ids) + 1
-            for i, res in zip(idx, decode(self.backend, src, lens, opts)):
+            for i, res in zip(idx, decode(self.backend, src, lens, opts), strict=True):
                 cands = tuple(
                     Candidate(self.tokenizer.decode(h.tokens), h.tokens, h.score, h.log_prob, h.finished)
                     for h in res.hypotheses
@@ -157,7 +160,8 @@ class Translator:
         are sorted by length within a chunk, so larger chunks batch better. Options: those of translate(),
         checked here, before anything is read; first_line: the number of the first text in messages."""
         if isinstance(texts, str):
-            raise InputError("translate_stream() takes an iterable of sentences, not one string", hint="wrap it: [text]")
+            raise InputError("translate_stream() takes an iterable of sentences, not one string",
+                             hint="wrap it: [text]")
         if chunk_lines < 1:
             raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}")
         self.translate([], **options)  # translate()'s options, their errors now (even for an empty input)

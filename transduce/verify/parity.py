@@ -13,14 +13,13 @@ between its own output and the candidate's: for greedy search, its log-prob of i
 of the candidate's at that step; for beam search, whose choice is made by whole-sequence scores, its
 score (length-penalised log-prob sum, as the search scores) of its own hypothesis minus that of the
 candidate's, or its log-prob margin at the step where the two part when that is a near-tie (a pruning
-decision there can flip, after which the searches may end far apart). A margin <= tie_margin is a near-tie that explains a divergence; a larger one is a bug. A
-NaN anywhere fails. The report is JSON-serialisable (non-finite numbers as the strings "inf", "-inf",
-"nan") and prints as a table.
+decision there can flip, after which the searches may end far apart). A margin <= tie_margin is a near-tie
+that explains a divergence; a larger one is a bug. A NaN anywhere fails. The report is JSON-serialisable
+(non-finite numbers as the strings "inf", "-inf", "nan") and prints as a table.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import warnings
@@ -32,6 +31,7 @@ import numpy as np
 from transduce.errors import ArtifactError, InputError
 from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
 from transduce.formats.model_dir import TOKENIZER_FILE
+from transduce.runtime.backends.base import Backend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
 from transduce.verify.tolerances import POLICIES, Tolerance, within
 
@@ -149,7 +149,8 @@ class ParityReport:
                       "[green]pass[/]" if s.passed else f"[red]FAIL ({s.failing} elements)[/]")
         console.print(t)
         t2 = Table(title="decoded sequences")
-        for col in ("search", "identical", "max score diff", "per token / tol", "divergences (near-tie / bug)", "result"):
+        for col in ("search", "identical", "max score diff", "per token / tol", "divergences (near-tie / bug)",
+                    "result"):
             t2.add_column(col)
         for s in self.sequences:
             ties = sum(d.near_tie for d in s.divergences)
@@ -223,9 +224,10 @@ def _score_diffs(ref_h, cand_h) -> tuple[float, float]:
     def worst(values):
         return max((v if math.isfinite(v) else math.inf for v in values), default=0.0)
 
-    score = worst(0.0 if a.score == b.score else abs(a.score - b.score) for a, b in zip(ref_h, cand_h))
+    pairs = list(zip(ref_h, cand_h, strict=False))
+    score = worst(0.0 if a.score == b.score else abs(a.score - b.score) for a, b in pairs)
     per_token = worst(0.0 if a.log_prob == b.log_prob else abs(a.log_prob - b.log_prob) / max(len(a.token_log_probs), 1)
-                      for a, b in zip(ref_h, cand_h))
+                      for a, b in pairs)
     return score, per_token
 
 
@@ -236,7 +238,7 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
     near-tie at that step); `indices` number the sentences in the report."""
     assert len(ref_results) == len(cand_results), (len(ref_results), len(cand_results))
     identical, max_diff, max_token_diff, divs = 0, 0.0, 0.0, []
-    for i, (ref, cand) in enumerate(zip(ref_results, cand_results)):
+    for i, (ref, cand) in enumerate(zip(ref_results, cand_results, strict=True)):
         sentence = indices[i] if indices is not None else i
         ref_h, cand_h = ref.hypotheses, cand.hypotheses
         if [h.tokens for h in ref_h] == [h.tokens for h in cand_h]:
@@ -244,12 +246,12 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
             diff, token_diff = _score_diffs(ref_h, cand_h)
             max_diff, max_token_diff = max(max_diff, diff), max(max_token_diff, token_diff)
             continue
-        k = next((j for j, (x, y) in enumerate(zip(ref_h, cand_h)) if x.tokens != y.tokens), None)
+        k = next((j for j, (x, y) in enumerate(zip(ref_h, cand_h, strict=False)) if x.tokens != y.tokens), None)
         if k is None:  # one list is the other's beginning
             divs.append(Divergence(sentence, 0, None, None, math.inf, False, min(len(ref_h), len(cand_h)), "count"))
             continue
         a, b = ref_h[k].tokens, cand_h[k].tokens
-        step = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        step = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         rt = a[step] if step < len(a) else None
         ct = b[step] if step < len(b) else None
         src, length = src_batches[i]
@@ -272,7 +274,7 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
                          policy.score_atol, max_token_diff)
 
 
-def run_parity(reference, candidate, tokenizer, sources: list[str], targets: list[str] | None = None,
+def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[str], targets: list[str] | None = None,
                precision: str = "fp32", beam_size: int = 4, nbest: int = 1, batch_size: int = 16,
                candidate_name: str | None = None, reference_name: str | None = None) -> ParityReport:
     """Compare `candidate` with `reference` (both backends) on the given sentences.
@@ -294,8 +296,7 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     src_tok = [ids[:limit] for ids in src_tok]
     keep = [i for i, ids in enumerate(src_tok) if ids]
     src_tok = [src_tok[i] + [eos] for i in keep]
-    report = ParityReport(candidate_name or getattr(candidate, "name", "candidate"),
-                          reference_name or getattr(reference, "name", "reference"), precision, len(src_tok))
+    report = ParityReport(candidate_name or candidate.name, reference_name or reference.name, precision, len(src_tok))
     tf_ref: dict[str, list[np.ndarray]] = {}
     tf_cand: dict[str, list[np.ndarray]] = {}
     greedy_opts = DecodingOptions(beam_size=1)
@@ -305,7 +306,7 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
     # a backend with more than one step graph (ONNX Runtime on an artifact with the fused graph, which it
     # decodes with, and the standard one, which parity pins it to and TensorRT builds from) gets its
     # teacher-forced log-probs checked once per graph
-    graphs = candidate.step_graphs() if hasattr(candidate, "step_graphs") else []
+    graphs = candidate.step_graphs()
     lp_labels = [(f"log_probs [{g}]", g) for g in graphs] if len(graphs) > 1 else [("log_probs", None)]
     for start in range(0, len(src_tok), batch_size):
         chunk = src_tok[start : start + batch_size]
@@ -330,7 +331,7 @@ def run_parity(reference, candidate, tokenizer, sources: list[str], targets: lis
         lp_r = teacher_forced_log_probs(reference, src, lens, tgt_in)
         steps = np.arange(tgt_in.shape[1])[None, :] <= np.array([len(t) for t in tgt_tok])[:, None]  # incl. EOS step
         for label, graph in lp_labels:
-            with _only_step_graph(candidate, graph):
+            with candidate.only_step_graph(graph):
                 lp_c = teacher_forced_log_probs(candidate, src, lens, tgt_in)
             tf_ref.setdefault(label, []).append(lp_r[steps])
             tf_cand.setdefault(label, []).append(lp_c[steps])
@@ -362,16 +363,6 @@ def _check_quantized_graphs(art_dir: str, method: str) -> None:
             raise ArtifactError(f"{art_dir}: its manifest says {method} quantization, but {name} has no quantized "
                                 f"operator ({', '.join(QUANTIZED_OP_TYPES)})",
                                 hint="its manifest.json was edited by hand: restore it, or export the artifact again")
-
-
-@contextlib.contextmanager
-def _only_step_graph(backend, graph: str | None):
-    """Run `backend` on one of its step graphs meanwhile (no-op for None)."""
-    if graph is None:
-        yield
-        return
-    with backend.only_step_graph(graph):
-        yield
 
 
 def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
@@ -415,7 +406,7 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
         _, valid = demo_corpus(n_train=0, n_valid=sentences)
         sources, targets = [s for s, _ in valid], [t for _, t in valid]
     candidate = make_backend(artifact_dir, backend, device, model_dir=model_dir)
-    art_dir = getattr(candidate, "artifact_dir", artifact_dir)
+    art_dir = candidate.artifact_dir or artifact_dir  # the eager model's backend loaded no artifact
     manifest = read_manifest(art_dir, verify_hashes=False)
     reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
     tokenizer = Tokenizer.from_file(os.path.join(art_dir, TOKENIZER_FILE))

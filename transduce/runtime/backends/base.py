@@ -1,4 +1,4 @@
-"""The backend protocol: what decoding needs from a framework, and nothing more.
+"""The backend protocol: what decoding, parity and the bench need from a framework, and nothing more.
 
 A backend owns the device memory of one decoding run:
   encode(src_ids, src_lengths)        -> an opaque encoder result (cross K/V per decoder layer)
@@ -10,22 +10,31 @@ A backend owns the device memory of one decoding run:
   reorder(state, rows, row_src)       -> keep/duplicate rows: row i of the new state is row rows[i] of the
                                          old one (beam selection, finished rows dropped); row_src is the
                                          new rows' source index, cross K/V are re-gathered only if it changed
-  end(state)                          -> optional: the run is over, its buffers may be reused by the next
-                                         run (the state is not used again); decoding calls it when present
-  shards(batch, beam)                 -> optional: None, or backends (views of this one) that decode parts
-                                         of a batch faster at the same time than this one decodes it whole;
-                                         decoding then deals the sentences out to them and runs one search
-                                         per part, each in its own thread. Offered only where a sentence's
-                                         results do not depend on the sentences decoded beside it.
+  end(state)                          -> the run is over, its buffers may be reused by the next run (the
+                                         state is not used again); decoding calls it after every run
+  shards(batch, beam)                 -> None, or backends (views of this one) that decode parts of a batch
+                                         faster at the same time than this one decodes it whole; decoding
+                                         then deals the sentences out to them and runs one search per part,
+                                         each in its own thread. Offered only where a sentence's results do
+                                         not depend on the sentences decoded beside it.
+  step_graphs() / only_step_graph(g)  -> the step graph files a backend decodes with, and a context in which
+                                         it runs every step on one of them (parity checks each)
+  tuning()                            -> what the backend chose when it loaded (threads, sessions, parts),
+                                         as JSON-ready values for reports
 
 Tokens and token ids cross the protocol as numpy int64 arrays; everything else stays on the backend's
 device. PAD and BOS are never proposed by `step` (their log-probs are excluded from the top-k), and EOS
 is excluded when ban_eos is set (minimum length).
+
+Backends subclass `Backend` (a Protocol with defaults for its optional members, as Polygraphy's runners
+share a base): every member a caller uses is declared here, and callers use nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,18 +43,44 @@ import numpy as np
 class Backend(Protocol):
     name: str
     config: dict[str, Any]  # the model config (ModelConfig.to_dict())
+    device: Any  # where its buffers are: "cpu", "cuda:N" or a torch.device
+    artifact_dir: str | None = None  # the directory it loaded (with the tokenizer); None for the eager model
+    manifest: dict[str, Any] | None = None  # that directory's manifest.json; None for the eager model
 
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> Any: ...
 
     def begin(self, encoded: Any, row_src: np.ndarray, capacity: int) -> Any: ...
 
-    def step(self, state: Any, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
+    def step(self, state: Any, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        ...
 
     def step_log_probs(self, state: Any, tokens: np.ndarray) -> np.ndarray: ...
 
     def reorder(self, state: Any, rows: np.ndarray, row_src: np.ndarray) -> None: ...
 
     def encoder_outputs(self, encoded: Any) -> dict[str, np.ndarray]: ...
+
+    def end(self, state: Any) -> None:
+        """The run is over (its state is not used again). By default nothing to hand back."""
+
+    def shards(self, batch: int, beam: int) -> list[Backend] | None:
+        """Backends to decode a batch's parts with at the same time, or None (the default) to decode it whole."""
+        return None
+
+    def step_graphs(self) -> list[str]:
+        """The step graph files this backend decodes with, where it has several to check (default: none)."""
+        return []
+
+    @contextlib.contextmanager
+    def only_step_graph(self, graph: str | None) -> Iterator[None]:
+        """Meanwhile run every step on `graph`, one of step_graphs() (None: as the backend chooses)."""
+        if graph is not None and graph not in self.step_graphs():
+            raise ValueError(f"{graph!r} is not one of this backend's step graphs {self.step_graphs()}")
+        yield
+
+    def tuning(self) -> dict[str, Any]:
+        """What the backend chose when it loaded (JSON-ready; default: nothing to report)."""
+        return {}
 
 
 def usable_cpus() -> int:

@@ -1,56 +1,27 @@
 """The TensorRT backend: an engine directory's two plans, run with the tensor-address API on one CUDA stream.
 
 Runs only where TensorRT >= 10, a CUDA build of PyTorch and an NVIDIA GPU are (`pip install
-'transduce[gpu]'`); elsewhere constructing it raises BackendUnavailable with the reason. Device
-memory is torch CUDA tensors (no pycuda): every input and output of both engines is a torch tensor
-whose `data_ptr()` is bound with `IExecutionContext.set_tensor_address`, shapes are set with
-`set_input_shape`, and `execute_async_v3(stream)` runs on the backend's own torch CUDA stream, on
-which every torch op of the backend (copies, slot writes, gathers, top-k) is also issued, so the
-stream orders everything and only the chosen token ids (and their log-probs) come back to the host.
+'transduce[gpu]'`); elsewhere constructing it raises BackendUnavailable with the reason. Device memory is
+torch CUDA tensors bound by address (`set_tensor_address`); the engines and every torch op of the backend
+(copies, slot writes, gathers, top-k) run on the backend's own CUDA stream, and only the chosen token ids
+and their log-probs come back to the host.
 
-Memory of one decoding run (`begin` .. last `step`), allocated once and reused by every step:
-- the self-attention cache, one zeroed buffer (2 x layers, rows, heads, capacity, head_dim) whose
-  per-layer K and V views are what the engine binds: a beam reorder moves, in place, only the rows
-  whose source changed and only their filled slots, for every layer at once (an index_select of the
-  sources, then an index_copy_: two kernels), so the cache keeps its addresses (and a captured CUDA
-  graph stays valid) and no second cache is held;
-- this step's outputs (log_probs (rows, vocab) fp32, new_key_i / new_value_i (rows, heads, 1,
-  head_dim)); after the engine runs, new K/V are copied into slot `position` of the cache on the
-  same stream (the graph reads `past_*` and writes `new_*`, distinct buffers: the cache is never
-  read and written by the same kernel);
-- tokens and positions (rows,) int64 on the device, tokens staged through a pinned host buffer;
-- cross K/V and src_lengths: the encoder's outputs are bound directly while row r decodes source r;
-  once the row -> source mapping changes (beams, finished sentences dropped) they are gathered per
-  row into buffers of their own, and again only when the mapping changes.
-Rows grow once in beam search (n sentences at step 0, n x k after): the buffers are reallocated then.
+A decoding run (`begin` .. `end`) allocates its buffers once: the self-attention cache (one buffer of
+every layer's K and V, whose per-layer views the step engine binds; beam reorders move rows within it in
+place), the step's outputs (new K/V are copied into slot `position` after each run), tokens and
+positions, and gathered cross K/V once the row -> source mapping is no longer the identity. The buffers
+are reallocated once when beam search grows the rows after step 0.
 
-Profiles: engine.json lists each engine's optimization profiles; one execution context per profile
-is created when first used (`set_optimization_profile_async` once, so contexts never switch
-profiles), and each run picks the profile for its shapes (`engine.choose_chunks`). A batch wider
-than every profile's max batch runs in chunks of rows (rows are independent; the chunk's tensors
-are bound at row offsets, and a row offset whose address is not 256-byte aligned, which TensorRT
-requires of every tensor address, is staged through an aligned scratch copy); a source or cache
-longer than the engines were built for is an EngineError naming the `transduce build` flag to raise.
+Profiles: one execution context per optimization profile of engine.json (tensorrt_runner.py); each run
+picks the profile for its shapes, a batch wider than every profile runs in chunks of rows, and a source
+or cache longer than the engines were built for is an EngineError naming the `transduce build` flag.
 
-CUDA graphs (cuda_graph=True): with the cache preallocated, the step graph's input shapes are fixed
-for a given (rows, capacity, src_len), and its addresses for a given set of buffers. The step's
-`execute_async_v3` is captured (CUDAGraph.capture_begin on the backend's stream, see _capture) per (profile, shapes,
-addresses) and replayed. A capture is made only right after a normal run of the same context with
-the same shapes (TensorRT's own rule: enqueue once before capturing so shape-dependent setup is
-not captured), and a captured graph is replayed only while the context's last run had its shapes.
-A graph is invalid, and is not used again, when any of its inputs changes: rows (sentences finish,
-beams expand), the capacity or src_len (a new batch: every `begin` starts with no graphs), or a
-buffer address (a regather of cross K/V to other buffers; beam reorders move rows within the
-cache, whose addresses stay). Steps that run in several row chunks are
-never captured. If a capture fails (an engine with operations that cannot be captured), graphs are
-switched off for this backend with a warning and steps run normally.
+CUDA graphs (cuda_graph=True): a step run in one chunk is captured per (profile, shapes, addresses) right
+after a normal run with those shapes, and replayed while they hold (rows, capacity, source length and
+buffers unchanged). A failed capture switches graphs off for the backend, with a warning.
 
-Semantics are those of the torch and onnxruntime backends: `step` returns the top-k of each row
-(PAD and BOS never proposed, EOS excluded when ban_eos), `step_log_probs` the full fp32 log-probs,
-`reorder` keeps/duplicates rows, `encoder_outputs` returns numpy float32.
-
-This module is complete but has only been run here against a test double of TensorRT on CPU
-(tests/runtime/test_tensorrt_backend.py); the GPU tests in the same file run it for real.
+The tests run it against a test double of TensorRT on the CPU, and for real on a GPU
+(tests/runtime/test_tensorrt_backend.py).
 """
 
 from __future__ import annotations
@@ -68,10 +39,10 @@ from transduce.formats import engine as engine_format
 from transduce.formats.artifact import read_manifest
 from transduce.formats.profiles import choose_chunks, plan_from_meta
 from transduce.runtime.backends import tensorrt_support as trt_support
-from transduce.runtime.backends.base import banned_ids, move_rows_torch
+from transduce.runtime.backends.base import Backend, banned_ids, move_rows_torch
+from transduce.runtime.backends.tensorrt_runner import ALIGN, EngineRunner, freeze
 
 MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
-ALIGN = 256  # bytes: every tensor address given to TensorRT is a multiple of this (IExecutionContext.setTensorAddress)
 
 
 def _torch():
@@ -81,96 +52,6 @@ def _torch():
         raise BackendUnavailable("the tensorrt backend needs PyTorch (for CUDA device memory and streams)",
                                  hint=trt_support.GPU_HINT) from None
     return torch
-
-
-def _freeze(d: dict[str, Any]) -> tuple:
-    return tuple(sorted(d.items()))
-
-
-@dataclass
-class _Context:
-    ctx: Any  # trt.IExecutionContext bound to one profile
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input shapes last set (host side)
-    addresses: dict[str, int] = field(default_factory=dict)  # tensor addresses last set
-    last_run_shapes: tuple | None = None  # shapes of the last execution (normal or replayed graph)
-
-
-class _EngineRunner:
-    """One deserialized plan: its IO dtypes, its profiles and one execution context per profile."""
-
-    def __init__(self, trt, torch, runtime, logger, path: str, graph: str, profiles, config: dict, precision: str,
-                 rebuild: str):
-        self.trt, self.torch, self.graph, self.path, self.profiles = trt, torch, graph, path, tuple(profiles)
-        self.logger, self.rebuild = logger, rebuild
-        with open(path, "rb") as f:
-            data = f.read()
-        self.engine = runtime.deserialize_cuda_engine(data)
-        if self.engine is None:
-            raise EngineError(f"TensorRT could not deserialize {path}: {logger.recent() or 'no error reported'}",
-                              hint=f"rebuild the engines with: {rebuild}")
-        problems = trt_support.check_engine(trt, self.engine, graph, config, precision, self.profiles)
-        if problems:
-            raise EngineError(f"{path} does not match the contract or engine.json: " + "; ".join(problems),
-                              hint=f"rebuild the engines with: {rebuild}")
-        ins, outs = trt_support.engine_io(trt, self.engine)
-        self.dtypes = {name: getattr(torch, dt) for name, dt in {**ins, **outs}.items()}
-        self.inputs, self.outputs = list(ins), list(outs)
-        self._contexts: list[_Context | None] = [None] * len(self.profiles)
-
-    def context(self, index: int, stream_handle: int) -> _Context:
-        c = self._contexts[index]
-        if c is None:
-            # each context serves one profile for its whole life: ON_PROFILE_CHANGE sizes its activation
-            # memory for that profile (the default, STATIC, sizes every context for the largest profile)
-            strategy = getattr(getattr(self.trt, "ExecutionContextAllocationStrategy", None), "ON_PROFILE_CHANGE", None)
-            ctx = (self.engine.create_execution_context(strategy) if strategy is not None
-                   else self.engine.create_execution_context())
-            if ctx is None:
-                raise EngineError(f"TensorRT could not create an execution context for {self.path} "
-                                  f"(out of GPU memory?): {self.logger.recent()}")
-            try:
-                ok = ctx.set_optimization_profile_async(index, stream_handle)
-            except RuntimeError as e:  # the Python binding raises where the C++ API returns false
-                ok = False
-                with self.logger.ilogger.lock:
-                    self.logger.errors.append(str(e))
-            if not ok:
-                raise EngineError(f"{self.path}: cannot select optimization profile {index}: {self.logger.recent()}")
-            c = self._contexts[index] = _Context(ctx)
-        return c
-
-    def set_io(self, c: _Context, shapes: dict[str, tuple[int, ...]], addresses: dict[str, int],
-               out_shapes: dict[str, tuple[int, ...]]) -> None:
-        changed = False
-        for name, shape in shapes.items():
-            if c.shapes.get(name) != shape:
-                if not c.ctx.set_input_shape(name, shape):
-                    c.shapes.clear()
-                    raise EngineError(f"{self.graph}: TensorRT refused shape {shape} for {name}: "
-                                      f"{self.logger.recent() or 'outside the optimization profile'}")
-                c.shapes[name] = shape
-                changed = True
-        if changed:  # the buffers were sized by the contract: check TensorRT agrees before it writes
-            for name, want in out_shapes.items():
-                have = tuple(int(d) for d in c.ctx.get_tensor_shape(name))
-                if have != want:
-                    c.shapes.clear()  # so the next call checks again instead of running into the small buffer
-                    raise EngineError(f"{self.graph}: TensorRT computes {name} as {have}, the contract says {want}")
-        for name, ptr in addresses.items():
-            if c.addresses.get(name) != ptr:
-                if not c.ctx.set_tensor_address(name, ptr):
-                    c.addresses.pop(name, None)
-                    raise EngineError(f"{self.graph}: TensorRT refused the address of {name} ({ptr:#x}; it needs "
-                                      f"{ALIGN}-byte aligned addresses): {self.logger.recent()}")
-                c.addresses[name] = ptr
-
-    def run(self, index: int, shapes, addresses, out_shapes, stream_handle: int) -> _Context:
-        c = self.context(index, stream_handle)
-        self.set_io(c, shapes, addresses, out_shapes)
-        if not c.ctx.execute_async_v3(stream_handle):
-            raise EngineError(f"{self.graph}: TensorRT execution failed: {self.logger.recent() or 'no error reported'}")
-        c.last_run_shapes = _freeze(shapes)
-        return c
 
 
 @dataclass
@@ -201,7 +82,7 @@ class _State:
     graphs: dict[tuple, Any] = field(default_factory=dict)
 
 
-class TensorRTBackend:
+class TensorRTBackend(Backend):
     name = "tensorrt"
 
     def __init__(self, engine_dir: str | os.PathLike, device: str = "cuda", cuda_graph: bool = False,
@@ -260,12 +141,12 @@ class TensorRTBackend:
         rebuild = engine_format.rebuild_command(self.engine_dir, self.meta)
         self._logger = trt_support.make_logger(trt, self._log)
         self._runtime = trt.Runtime(self._logger.ilogger)
-        self._enc = _EngineRunner(trt, torch, self._runtime, self._logger,
-                                  os.path.join(self.engine_dir, engine_format.ENCODER_PLAN), "encoder", self.plan.encoder,
-                                  cfg, self.precision, rebuild)
-        self._step = _EngineRunner(trt, torch, self._runtime, self._logger,
-                                   os.path.join(self.engine_dir, engine_format.STEP_PLAN), "decoder_step",
-                                   self.plan.decoder_step, cfg, self.precision, rebuild)
+        self._enc = EngineRunner(trt, torch, self._runtime, self._logger,
+                                 os.path.join(self.engine_dir, engine_format.ENCODER_PLAN), "encoder",
+                                 self.plan.encoder, cfg, self.precision, rebuild)
+        self._step = EngineRunner(trt, torch, self._runtime, self._logger,
+                                  os.path.join(self.engine_dir, engine_format.STEP_PLAN), "decoder_step",
+                                  self.plan.decoder_step, cfg, self.precision, rebuild)
         for name in self.cross_names:  # the encoder's outputs are the step's inputs, bound as they are
             if self._enc.dtypes[name] != self._step.dtypes[name]:
                 raise EngineError(f"{name}: the encoder engine writes {self._enc.dtypes[name]}, the step engine reads "
@@ -422,8 +303,8 @@ class TensorRTBackend:
             with self._on_stream():
                 if state.cross_buf is None or state.cross_buf["src_lengths"].shape[0] < n:
                     rows = max(n, state.row_cap)
-                    state.cross_buf = {name: self._empty((rows,) + tuple(enc.cross[name].shape[1:]), enc.cross[name].dtype)
-                                       for name in self.cross_names}
+                    state.cross_buf = {name: self._empty((rows,) + tuple(enc.cross[name].shape[1:]),
+                                                         enc.cross[name].dtype) for name in self.cross_names}
                     state.cross_buf["src_lengths"] = self._empty((rows,), enc.src_lengths.dtype)
                 idx = self._to_device(row_src, torch.long)
                 for name in self.cross_names:
@@ -439,7 +320,7 @@ class TensorRTBackend:
         h, dh = self.heads, self.head_dim
         shapes = {"tokens": (n,), "positions": (n,), "src_lengths": (n,)}
         inputs = {"tokens": state.tokens, "positions": state.positions, "src_lengths": state.cross["src_lengths"]}
-        for name, t in zip(self.cache_names, state.caches):
+        for name, t in zip(self.cache_names, state.caches, strict=True):
             shapes[name] = (n, h, c, dh)
             inputs[name] = t
         for name in self.cross_names:
@@ -447,7 +328,8 @@ class TensorRTBackend:
             inputs[name] = state.cross[name]
         out_shapes = {"log_probs": (n, self.vocab)}
         out_shapes.update({name: (n, h, 1, dh) for name in self.new_names})
-        addresses, keep, copy_back = self._chunk_addresses(inputs, {name: state.outputs[name] for name in out_shapes}, a, b)
+        outputs = {name: state.outputs[name] for name in out_shapes}
+        addresses, keep, copy_back = self._chunk_addresses(inputs, outputs, a, b)
         return shapes, addresses, out_shapes, keep, copy_back
 
     def _launch(self, state: _State, prof: int, shapes, addresses, out_shapes, single_chunk: bool) -> None:
@@ -457,8 +339,8 @@ class TensorRTBackend:
             runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
             return
         c = runner.context(prof, self.stream_handle)
-        skey = _freeze(shapes)
-        key = (prof, skey, _freeze(addresses))
+        skey = freeze(shapes)
+        key = (prof, skey, freeze(addresses))
         graph = state.graphs.get(key)
         if graph is not None and c.last_run_shapes == skey:
             graph.replay()
@@ -524,7 +406,7 @@ class TensorRTBackend:
                 self._launch(state, prof, shapes, addresses, out_shapes, len(chunks) == 1 and not (keep or copy_back))
                 for dst, scratch in copy_back:
                     dst.copy_(scratch)
-            for cache, name in zip(state.caches, self.new_names):
+            for cache, name in zip(state.caches, self.new_names, strict=True):
                 cache[:r, :, p : p + 1].copy_(state.outputs[name][:r])  # slot p, in place
         state.position = p + 1
 

@@ -17,7 +17,8 @@ from transduce.formats.engine import read_engine_manifest as read_engine_descrip
 from transduce.formats.profiles import ProfileSpec, graph_inputs, graph_outputs, profile_shapes
 
 MIN_TENSORRT_MAJOR = 10
-GPU_HINT = "pip install 'transduce[gpu]' (TensorRT >= 10 and onnxruntime-gpu) on a machine with an NVIDIA GPU and a CUDA build of PyTorch"
+GPU_HINT = ("pip install 'transduce[gpu]' (TensorRT >= 10 and onnxruntime-gpu) on a machine with an NVIDIA GPU "
+            "and a CUDA build of PyTorch")
 
 Log = Callable[[str], None]
 def import_tensorrt():
@@ -54,7 +55,8 @@ def device_index(device: int | str | None) -> int:
     except BackendUnavailable:
         kind = index = None
     if kind != "cuda":
-        raise BackendUnavailable(f"TensorRT runs on CUDA devices only, not {device!r}", hint="use --device cuda or cuda:N")
+        raise BackendUnavailable(f"TensorRT runs on CUDA devices only, not {device!r}",
+                                 hint="use --device cuda or cuda:N")
     return index or 0
 
 
@@ -71,7 +73,8 @@ def gpu_info(device: int | str | None = 0) -> dict[str, Any]:
     idx = device_index(device)
     if idx >= torch.cuda.device_count():  # torch would raise a bare AssertionError
         raise BackendUnavailable(f"there is no CUDA device {idx}: PyTorch sees {torch.cuda.device_count()}",
-                                 hint="use --device cuda, or cuda:N with N below that count (CUDA_VISIBLE_DEVICES decides which)")
+                                 hint="use --device cuda, or cuda:N with N below that count "
+                                      "(CUDA_VISIBLE_DEVICES decides which)")
     p = torch.cuda.get_device_properties(idx)
     uuid = getattr(p, "uuid", None)
     return {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "index": idx,

@@ -1,4 +1,7 @@
-"""The eager PyTorch backend: the reference model itself, on CPU or CUDA, under the same cache contract."""
+"""The eager PyTorch backend: the reference model itself, on CPU or CUDA, under the same cache contract.
+
+It loads no artifact (artifact_dir and manifest are None), has one step function rather than step graphs,
+and keeps the protocol's defaults for its optional members: nothing to hand back at `end`, no parts."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import BackendUnavailable
-from transduce.runtime.backends.base import banned_ids
+from transduce.runtime.backends.base import Backend, banned_ids
 
 
 @dataclass
@@ -31,7 +34,7 @@ class _State:
     position: int = 0
 
 
-class TorchBackend:
+class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, model, device: str = "cpu"):
@@ -63,7 +66,7 @@ class TorchBackend:
 
     def encoder_outputs(self, enc: _Encoded) -> dict[str, np.ndarray]:
         out = {"memory": enc.memory.float().cpu().numpy()}
-        for i, (k, v) in enumerate(zip(enc.cross_k, enc.cross_v)):
+        for i, (k, v) in enumerate(zip(enc.cross_k, enc.cross_v, strict=True)):
             out[f"cross_key_{i}"] = k.float().cpu().numpy()
             out[f"cross_value_{i}"] = v.float().cpu().numpy()
         return out

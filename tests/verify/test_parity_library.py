@@ -128,7 +128,7 @@ def test_beam_divergences_are_judged_by_the_references_sequence_scores(reference
         gap = best.score - second.score
         assert gap >= 0
         rows = [(src, len(src))]
-        step = next((j for j, (x, y) in enumerate(zip(best.tokens, second.tokens)) if x != y),
+        step = next((j for j, (x, y) in enumerate(zip(best.tokens, second.tokens, strict=False)) if x != y),
                     min(len(best.tokens), len(second.tokens)))
         token = [t[step] if step < len(t) else None for t in (best.tokens, second.tokens)]
         branch = abs(_margin(reference, src, len(src), best.tokens[:step], *token, reference.config["bos_id"], eos))

@@ -1,0 +1,198 @@
+"""One decoding run of the ONNX Runtime backend: its buffers and the IO bindings of the step sessions onto them.
+
+Every tensor the step graph reads or writes lives in a buffer allocated once per run: the self-attention
+cache (every layer's K and V in one buffer), the cross-attention K/V gathered for the current rows, the
+tokens and positions, and the outputs (log_probs, new K/V, and the fused graph's top-k). Inputs and
+outputs are bound by pointer, once per row count and session, so a step allocates nothing of cache size.
+Big buffers come from the backend's memory pool and go back to it when the run ends (release).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transduce.errors import InputError
+
+LAST_STEP = "last step"  # the key of RunState.bindings' entry for the last step's (key, session, binding, fused)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The step graph's tensor names for one model, in the contract's order (key_0, value_0, key_1, ...), and
+    the sizes of its per-row tensors."""
+
+    cache_names: list[str]  # past_*: the cache, read
+    new_names: list[str]  # new_*: this step's K/V (standard graph)
+    present_names: list[str]  # present_*: the cache, written in place (fused graph)
+    cross_names: list[str]
+    heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> StepLayout:
+        def names(kind: str) -> list[str]:
+            return [f"{kind}_{kv}_{i}" for i in range(config["decoder_layers"]) for kv in ("key", "value")]
+
+        heads = config["n_heads"]
+        return cls(names("past"), names("new"), names("present"), names("cross"), heads,
+                   config["d_model"] // heads, config["vocab_size"])
+
+
+def cross_rows(row_src: np.ndarray, per_source: bool) -> np.ndarray:
+    """The encoder rows the step's cross K/V inputs hold: one per decoding row, or, where the fused graph may
+    group them (per_source), one per source when the rows come in equal blocks of one source each (beam
+    search's beams: the graph attends source r // block for row r)."""
+    if not per_source or len(row_src) < 2:
+        return row_src
+    block = int(np.argmax(row_src != row_src[0])) or len(row_src)
+    if block > 1 and len(row_src) % block == 0:
+        sources = row_src[::block]
+        if (row_src.reshape(-1, block) == sources[:, None]).all():
+            return sources
+    return row_src
+
+
+@dataclass
+class RunState:
+    layout: StepLayout
+    mem: Any  # the backend's NumpyMemory or TorchCudaMemory
+    enc: dict[str, Any]  # encoder outputs (B rows)
+    rows: int  # current number of decoding rows
+    capacity: int
+    cache: Any  # every layer's self-attention K and V in one buffer: (2L, R_max, H, C, Dh), in the
+    # contract's order (key_0, value_0, key_1, ...); cache[i, :rows] is what past_<i> is bound to
+    cross_rows: np.ndarray = field(default_factory=lambda: np.array([-1]))  # encoder rows the cross K/V hold
+    cross: dict[str, Any] = field(default_factory=dict)  # name -> (R, ...) gathered cross K/V + src_lengths
+    outputs: dict[str, Any] = field(default_factory=dict)  # name -> preallocated output buffer (R_max, ...)
+    tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
+    positions: Any = None
+    row_src_given: bytes | None = None  # the row_src last given, as bytes (decoding passes it again while unchanged)
+    bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once;
+    # LAST_STEP -> the last step's (key, session, binding, fused graph)
+    topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
+    owned: list = field(default_factory=list)  # pooled memory of this run, given back by release()
+    position: int = 0
+
+    @classmethod
+    def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int) -> RunState:
+        """A run's buffers for `rows` rows and `capacity` cache slots (cross K/V not gathered yet)."""
+        owned: list = []
+        cache = mem.zeros((len(layout.cache_names), rows, layout.heads, capacity, layout.head_dim), owned)
+        state = cls(layout, mem, enc, rows, capacity, cache, owned=owned)
+        state.alloc_step_buffers(rows)
+        return state
+
+    def alloc_step_buffers(self, rows: int) -> None:
+        mem, lay = self.mem, self.layout
+        self.outputs = {"log_probs": mem.empty((rows, lay.vocab), np.float32, self.owned),
+                        # every layer's new K and V in one buffer, like the cache: (2L, R_max, H, 1, Dh)
+                        "new": mem.empty((len(lay.new_names), rows, lay.heads, 1, lay.head_dim), None, self.owned)}
+        self.tokens = mem.from_numpy(np.zeros(rows, np.int64))
+        self.positions = mem.from_numpy(np.zeros(rows, np.int64))
+        self.topk.clear()
+        self.bindings.clear()
+
+    def gather_cross(self, row_src: np.ndarray, per_source: bool) -> None:
+        """The cross K/V of rows decoding sources row_src (see cross_rows), gathered only when they change."""
+        given = row_src.tobytes()  # a content check as cheap as an identity one
+        if given == self.row_src_given:
+            return  # decoding passes the same rows again while they are unchanged
+        n = len(self.enc["src_lengths"])
+        if row_src.size and (row_src.min() < 0 or row_src.max() >= n):
+            raise InputError(f"row_src names sentences {row_src.min()}..{row_src.max()}; "
+                             f"the batch has {n} (0..{n - 1})")
+        self.row_src_given = given
+        rows = cross_rows(row_src, per_source)
+        if np.array_equal(rows, self.cross_rows):
+            return
+        mem = self.mem
+        for name in self.layout.cross_names:
+            old = self.cross.get(name)
+            self.cross[name] = mem.take(self.enc[name], rows, self.owned)
+            if old is not None:
+                mem.free(old, self.owned)  # its bindings are cleared below
+        self.cross["src_lengths"] = mem.take(self.enc["src_lengths"], rows)
+        self.cross_rows = rows.copy()
+        self.bindings.clear()
+
+    def binding(self, session, fused: bool, k: int, ban_eos: bool, topk_k: np.ndarray, ban_bias: np.ndarray):
+        """The IOBinding of the current row count on `session`; every tensor is bound by pointer once.
+
+        The buffers' contents change in place between runs (tokens, positions, cache slots and rows),
+        their addresses do not, so a binding is reused until the row count, the cross K/V or the
+        buffers change. The fused graph's also binds its top-k (k, the ban bias and the outputs).
+        """
+        r = self.rows
+        key = (r, id(session), k, ban_eos) if fused else (r, id(session))
+        b = self.bindings.get(key)
+        if b is not None:
+            return b
+        mem, lay = self.mem, self.layout
+        b = session.io_binding()
+        mem.bind(b, "tokens", self.tokens[:r], True)
+        mem.bind(b, "positions", self.positions[:r], True)
+        for name, arr in self.cross.items():
+            mem.bind(b, name, arr, True)
+        for i, name in enumerate(lay.cache_names):
+            mem.bind(b, name, self.cache[i, :r], True)
+        mem.bind(b, "log_probs", self.outputs["log_probs"][:r], False)
+        if fused:  # the fused graph writes slot `position` of the cache itself, and picks the top-k
+            for i, name in enumerate(lay.present_names):
+                mem.bind(b, name, self.cache[i, :r], False)
+            mem.bind(b, "topk_k", topk_k, True)
+            mem.bind(b, "topk_bias", ban_bias, True)
+            values, ids = self.topk_buffers(k)
+            mem.bind(b, "topk_values", values[:r], False)
+            mem.bind(b, "topk_ids", ids[:r], False)
+        else:
+            for i, name in enumerate(lay.new_names):
+                mem.bind(b, name, self.outputs["new"][i, :r], False)
+        self.bindings[key] = b
+        return b
+
+    def topk_buffers(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fused graph's (R_max, k) top-k outputs (host memory: it runs on the CPU provider only)."""
+        bufs = self.topk.get(k)
+        if bufs is None:
+            n = self.outputs["log_probs"].shape[0]
+            bufs = self.topk[k] = (np.empty((n, k), np.float32), np.empty((n, k), np.int64))
+        return bufs
+
+    def keep_rows(self, rows: np.ndarray) -> bool:
+        """Row i continues row rows[i]: in place, only the rows whose content changes move, and only their
+        filled slots. The buffers grow first where there are more rows than allocated: -> whether they did."""
+        grew = len(rows) > self.cache.shape[1]
+        if grew:
+            self.grow(len(rows))
+        if len(rows) and rows.view(np.uint64).max() >= self.rows:  # one pass: a negative row is huge as uint64
+            raise InputError(f"reorder takes rows 0..{self.rows - 1} of the state, got {rows.min()}..{rows.max()}")
+        moved = np.flatnonzero(rows != np.arange(len(rows)))  # rows whose content changes
+        if moved.size and self.position:
+            self.mem.move_rows(self.cache, moved, rows[moved], self.position)
+        if len(rows) != self.rows:
+            self.bindings.clear()
+        self.rows = len(rows)
+        return grew
+
+    def grow(self, rows: int) -> None:
+        """More rows than allocated (beam expansion after step 0): reallocate once, keep contents."""
+        mem = self.mem
+        old, old_outputs = self.cache, list(self.outputs.values())
+        self.cache = mem.zeros((old.shape[0], rows) + tuple(old.shape[2:]), self.owned)
+        mem.copy_rows(self.cache, old)
+        self.alloc_step_buffers(rows)  # clears the bindings and the top-k buffers
+        for buf in [old] + old_outputs:
+            mem.free(buf, self.owned)
+
+    def release(self) -> None:
+        """The run is over: its buffers go back to the pool for the next run (the state is dead)."""
+        self.bindings.clear()
+        self.cross.clear()
+        self.outputs.clear()
+        self.topk.clear()
+        self.cache = None
+        self.mem.release(self.owned)

@@ -1,0 +1,113 @@
+"""The ONNX Runtime backend's sessions: execution providers, session and provider options, and the check of
+each graph's inputs and outputs against the artifact's contract when its session is made."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transduce.errors import ArtifactError, BackendUnavailable
+from transduce.formats import contract
+from transduce.formats.artifact import rebuild_hint
+from transduce.formats.dtypes import ort_type
+from transduce.runtime.backends.ort_cpu_policy import UNFUSED
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+OPTIMIZATION_LEVELS = {  # the backend's `optimization` option -> onnxruntime.GraphOptimizationLevel
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "none": "ORT_DISABLE_ALL",
+}
+CPU = PROVIDERS["cpu"]
+
+
+def check_io(session, graph_file: str, manifest: dict[str, Any], artifact_dir: str) -> None:
+    """Refuse a session whose graph's IO is not the contract's for this manifest's precision and model (a
+    graph swapped in from another export, a hand-edited manifest)."""
+    config, precision = manifest["model"], manifest["precision"]
+    inputs, outputs = contract.graph_io(graph_file, config["decoder_layers"])
+
+    def triples(args):
+        return [(a.name, ort_type(a.type), tuple(a.shape)) for a in args]
+
+    problems = contract.io_mismatches("input", triples(session.get_inputs()), inputs, precision, config)
+    problems += contract.io_mismatches("output", triples(session.get_outputs()), outputs, precision, config)
+    if problems:
+        raise ArtifactError(f"{os.path.join(artifact_dir, graph_file)} does not match its manifest "
+                            f"({precision}, {config.get('decoder_layers')} decoder layers): "
+                            + "; ".join(problems[:4]), hint=rebuild_hint(artifact_dir, manifest))
+
+
+class SessionMaker:
+    """Makes the sessions of one artifact's graphs, at one optimization level, each checked against the
+    contract (check_io) before it is used."""
+
+    def __init__(self, ort, artifact_dir: str, manifest: dict[str, Any], optimization: str):
+        self.ort, self.artifact_dir, self.manifest = ort, artifact_dir, manifest
+        self.level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization])
+
+    def options(self, n_threads: int, spin_us: int | None):
+        """Session options: n_threads intra-op threads (0: onnxruntime's default), and how long idle pool
+        threads spin (spin_us: 0 not at all, None onnxruntime's default)."""
+        so = self.ort.SessionOptions()
+        if n_threads:
+            so.intra_op_num_threads = n_threads
+            so.inter_op_num_threads = 1
+        if spin_us == 0:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        elif spin_us is not None:
+            so.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_us))
+        so.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = self.level
+        return so
+
+    def make(self, graph_file: str, n_threads: int, spin_us: int | None, providers: list = CPU,
+             unfused: bool = True):
+        """A session of the artifact's `graph_file` (unfused: without the fusions UNFUSED names)."""
+        path = os.path.join(self.artifact_dir, graph_file)
+        try:
+            session = self.ort.InferenceSession(path, self.options(n_threads, spin_us), providers=providers,
+                                                disabled_optimizers=UNFUSED if unfused else [])
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
+            raise BackendUnavailable(f"onnxruntime could not load {path}: {e}",
+                                     hint=rebuild_hint(self.artifact_dir, self.manifest)) from None
+        check_io(session, graph_file, self.manifest, self.artifact_dir)
+        return session
+
+
+def gpu_provider_options(provider: str, user: dict, device_index: int, stream_handle: int, precision: str,
+                         config: dict[str, Any], step_sha256: str) -> tuple[dict, dict]:
+    """Per-session provider options for the encoder and the step session on a GPU provider.
+
+    CUDA: TF32 off for fp32 graphs (it breaks fp32 parity on Ampere and newer), and ORT runs on the
+    same CUDA stream as the torch ops that write the cache, so they are ordered explicitly.
+    TensorRT EP: one explicit optimization profile per graph (without one the EP rebuilds its engine
+    whenever cache_len or the row count leaves the shapes it has seen) and an on-disk engine cache.
+    Never trt_fp16_enable: the graphs carry their precision, and ORT builds strongly typed networks
+    only with it off. `user` ({provider: {option: value}}) overrides all of these.
+    """
+    cuda = {"device_id": str(device_index), "user_compute_stream": str(stream_handle)}
+    if precision == "fp32":
+        cuda["use_tf32"] = "0"
+    enc = {"CUDAExecutionProvider": dict(cuda)}
+    dec = {"CUDAExecutionProvider": dict(cuda)}
+    if provider == "tensorrt":
+        from transduce.formats.profiles import derive_profiles, ort_tensorrt_profile_options
+
+        plan = derive_profiles(config, profiles="single")
+        cache = os.path.join(os.path.expanduser("~"), ".cache", "transduce", "ort-trt", step_sha256[:16])
+        base = {"device_id": str(device_index), "trt_engine_cache_enable": "1", "trt_engine_cache_path": cache,
+                "trt_timing_cache_enable": "1", "trt_timing_cache_path": cache,
+                "user_compute_stream": str(stream_handle)}
+        for opts, graph in ((enc, "encoder"), (dec, "decoder_step")):
+            profile = ort_tensorrt_profile_options(plan.profiles(graph)[0], graph, config)
+            opts["TensorrtExecutionProvider"] = {**base, **profile}
+    for p, opts in user.items():
+        enc.setdefault(p, {}).update(opts)
+        dec.setdefault(p, {}).update(opts)
+    return enc, dec
