@@ -1,12 +1,10 @@
-"""The package's architecture, checked: imports point down the layers only, and the bottom layer imports no ML
-framework."""
+"""The package's architecture, checked: imports point down the layers only, the bottom layer imports no ML
+framework, and modules and functions stay small enough to read (or say at their top why not)."""
 
 from __future__ import annotations
 
 import ast
 import os
-
-import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "transduce")
 
@@ -23,6 +21,9 @@ LAYERS = [
 ]
 FRAMEWORKS = ("torch", "onnx", "onnxruntime", "onnxscript", "tensorrt", "tokenizers", "safetensors", "ctranslate2",
               "sentencepiece", "transformers", "numpy", "click", "rich")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 100
+LONG_MARK = "# long:"  # a module's or function's first comment line saying why it is longer
 
 
 def _modules():
@@ -61,17 +62,23 @@ def _imports(path: str, module: str):
                 yield (f"{base}.{a.name}" if base.startswith("transduce") else base), node.lineno
 
 
-def test_imports_point_down_the_layers():
+def _upward_imports(modules) -> list[str]:
+    """Every import, at any depth, of a `transduce` module from a layer above the importing module's."""
     wrong = []
-    for module, path in _modules():
+    for module, path in modules:
         layer, _ = _layer(module)
         for target, line in _imports(path, module):
             if target.split(".")[0] != "transduce":
                 continue
             t_layer, _ = _layer(target)
             if t_layer > layer:
-                wrong.append(f"{os.path.relpath(path, PACKAGE)}:{line}: {module} ({LAYERS[layer][0]}) imports "
+                wrong.append(f"{os.path.basename(path)}:{line}: {module} ({LAYERS[layer][0]}) imports "
                              f"{target} ({LAYERS[t_layer][0]})")
+    return wrong
+
+
+def test_imports_point_down_the_layers():
+    wrong = _upward_imports(_modules())
     assert not wrong, "imports from a lower layer to a higher one:\n" + "\n".join(wrong)
 
 
@@ -104,7 +111,36 @@ def test_the_formats_layer_imports_no_framework():
     assert not found, found
 
 
-@pytest.mark.parametrize("bad", ["transduce.exporter.onnx_export", "transduce.cli"])
-def test_the_import_check_can_fail(bad):
-    """A runtime module importing the exporter (or the CLI) is the kind of import the check refuses."""
-    assert _layer(bad)[0] > _layer("transduce.runtime.api")[0]
+def _marked(lines: list[str], start: int, end: int) -> bool:
+    return any(line.strip().startswith(LONG_MARK) for line in lines[start:end])
+
+
+def test_modules_and_functions_are_short_or_say_why():
+    long = []
+    for module, path in _modules():
+        text = open(path, encoding="utf-8").read()
+        lines = text.splitlines()
+        tree = ast.parse(text, path)
+        body_start = tree.body[1].lineno - 1 if len(tree.body) > 1 and ast.get_docstring(tree) else 0
+        if len(lines) > MAX_MODULE_LINES and not _marked(lines, body_start, body_start + 8):
+            long.append(f"{module}: {len(lines)} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 else node.body[0]
+                if n > MAX_FUNCTION_LINES and not _marked(lines, node.lineno, first.lineno + 1):
+                    long.append(f"{module}.{node.name}: {n} lines")
+    assert not long, f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function, without a " \
+                     f"'{LONG_MARK} reason' at its top:\n" + "\n".join(long)
+
+
+def test_the_import_check_finds_an_upward_import_inside_a_function(tmp_path):
+    """A runtime module importing the exporter, even inside a function, or through a relative import."""
+    path = tmp_path / "api.py"
+    path.write_text("import os\nfrom transduce.formats import contract\n\n\ndef f():\n"
+                    "    from transduce.exporter.onnx_export import export_artifact\n    from ..verify import parity\n")
+    wrong = _upward_imports([("transduce.runtime.api", str(path))])
+    assert [w.split(": ", 1)[1] for w in wrong] == [
+        "transduce.runtime.api (runtime) imports transduce.exporter.onnx_export.export_artifact "
+        "(training, export, build)",
+        "transduce.runtime.api (runtime) imports transduce.verify.parity (verification)"]

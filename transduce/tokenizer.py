@@ -1,7 +1,7 @@
 """The shared source/target BPE tokenizer (Hugging Face `tokenizers`), used by training and the runtime.
 
-Sentences are NFKC-normalised, every run of whitespace inside them becomes one space (tokenizers trained
-before 2026-11-25 keep runs as they are, and a tab there is <unk>), and they are split SentencePiece-style
+Sentences are NFKC-normalised, every run of whitespace inside them becomes one space (older tokenizers,
+saved without that rule, keep runs as they are, and a tab there is <unk>), and they are split SentencePiece-style
 (Metaspace: a word boundary becomes "▁"), then segmented by BPE. Whitespace around a sentence is not
 part of it: encode strips it, as training strips its pairs (a trailing space would otherwise be one
 more "▁" token, which a model never saw at the end of a sentence). Characters never seen in training become <unk>.

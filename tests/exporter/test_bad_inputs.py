@@ -89,7 +89,7 @@ def test_output_over_the_model_dir(model_copy):
 def test_unwritable_output_path(tiny_model_dir, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file, not a directory")
-    _fail(tiny_model_dir, str(blocker / "out"), match="cannot create directory")
+    _fail(tiny_model_dir, str(blocker / "out"), match="cannot be created")
 
 
 def test_unsupported_opset_and_precision(tiny_model_dir, tmp_path):

@@ -107,8 +107,8 @@ def test_reference_evaluator_agrees_with_onnxruntime(artifact_fp32, tiny_model):
 
     cfg = tiny_model.cfg
     rng = np.random.default_rng(5)
-    ort_runner = ArtifactRunner(artifact_fp32.path, engine="onnxruntime")
-    ref_runner = ArtifactRunner(artifact_fp32.path, engine="reference")
+    ort_runner = ArtifactRunner(artifact_fp32.path, evaluator="onnxruntime")
+    ref_runner = ArtifactRunner(artifact_fp32.path, evaluator="reference")
     src, lengths = _padded_batch(cfg, [1, 23, 12], rng)
     a, r = ort_runner.encode(src, lengths), ref_runner.encode(src, lengths)
     for name in a:

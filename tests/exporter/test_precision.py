@@ -95,7 +95,8 @@ def test_fp16_runs_on_onnxruntime_cpu(artifact_fp16, one_layer_model):
     from transduce.verify.tolerances import POLICIES
 
     runner = ArtifactRunner(artifact_fp16.path)
-    assert runner.engine == "onnxruntime" and artifact_fp16.manifest["validation"]["engine"].startswith("onnxruntime")
+    assert (runner.evaluator == "onnxruntime"
+            and artifact_fp16.manifest["validation"]["engine"].startswith("onnxruntime"))
     model = one_layer_model
     cfg = model.cfg
     rng = np.random.default_rng(0)

@@ -60,13 +60,18 @@ def test_another_weight_layout_version_is_refused(tiny_model_dir, tmp_path):
         read_config(str(d))
 
 
+def _make(tmp_path, name: str, files: dict[str, str]) -> str:
+    """A directory `name` holding `files` ({name: text})."""
+    d = tmp_path / name
+    d.mkdir()
+    for fname, text in files.items():
+        (d / fname).write_text(text)
+    return str(d)
+
+
 def test_detect_kind_by_description_file(tmp_path):
     def make(name, files):
-        d = tmp_path / name
-        d.mkdir()
-        for fname, text in files.items():
-            (d / fname).write_text(text)
-        return str(d)
+        return _make(tmp_path, name, files)
 
     model = make("model", {"config.json": '{"format": "transduce-model"}', "model.safetensors": ""})
     artifact = make("artifact", {"config.json": '{"format": "transduce-model"}',
@@ -77,6 +82,33 @@ def test_detect_kind_by_description_file(tmp_path):
     assert [detect_kind(d) for d in (model, artifact, engine, other)] == ["model", "artifact", "engine", None]
     assert is_model_dir(model) and not is_model_dir(artifact) and not is_model_dir(engine)
     assert is_artifact_dir(artifact) and not is_artifact_dir(engine) and is_engine_dir(engine)
+
+
+def test_force_replaces_what_transduce_wrote_even_damaged(tmp_path):
+    """A marker file that says so, or one that is not JSON beside a file only such a directory has;
+    never someone else's JSON file of the same name, nor an export or engine directory as a model."""
+    from transduce.formats.kinds import is_engine_dir
+    from transduce.formats.kinds import is_model_dir as is_our_model_dir
+
+    _is_artifact = is_artifact_dir
+
+    model = '{"format": "transduce-model"}'
+    cases = [
+        (_is_artifact, {"manifest.json": '{"kind": "transduce-artifact"}'}, True),
+        (_is_artifact, {"manifest.json": "{ truncated", "encoder.onnx": "x"}, True),
+        (_is_artifact, {"manifest.json": "{ truncated"}, False),
+        (_is_artifact, {"manifest.json": '{"name": "my web app"}', "encoder.onnx": "x"}, False),
+        (is_engine_dir, {"engine.json": '{"kind": "transduce-engine"}'}, True),
+        (is_engine_dir, {"engine.json": "", "encoder.plan": "x"}, True),
+        (is_engine_dir, {"engine.json": '{"kind": "transduce-artifact"}'}, False),
+        (is_our_model_dir, {"config.json": model}, True),  # its weights lost: still ours to replace
+        (is_our_model_dir, {"config.json": "{ trunc", "model.safetensors": "x"}, True),
+        (is_our_model_dir, {"config.json": model, "manifest.json": "{}"}, False),  # an export's copy
+        (is_our_model_dir, {"config.json": model, "engine.json": "{}"}, False),
+        (is_our_model_dir, {"config.json": '{"format": "huggingface"}', "model.safetensors": "x"}, False),
+    ]
+    for i, (is_kind, files, want) in enumerate(cases):
+        assert is_kind(_make(tmp_path, f"d{i}", files)) is want, (is_kind.__name__, files)
 
 
 def test_the_dtype_table_agrees_with_the_tools():

@@ -366,38 +366,6 @@ def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch
         _io.check_replaceable(str(out), False, _is_artifact, "an artifact", "artifacts")
 
 
-def test_force_replaces_what_transduce_wrote_even_damaged(tmp_path):
-    """A marker file that says so, or one that is not JSON beside a file only such a directory has;
-    never someone else's JSON file of the same name, nor an export or engine directory as a model."""
-    from transduce.formats.kinds import is_engine_dir
-    from transduce.formats.kinds import is_model_dir as is_our_model_dir
-
-    def make(name, files):
-        d = tmp_path / name
-        d.mkdir()
-        for fname, text in files.items():
-            (d / fname).write_text(text)
-        return str(d)
-
-    model = '{"format": "transduce-model"}'
-    cases = [
-        (_is_artifact, {"manifest.json": '{"kind": "transduce-artifact"}'}, True),
-        (_is_artifact, {"manifest.json": "{ truncated", "encoder.onnx": "x"}, True),
-        (_is_artifact, {"manifest.json": "{ truncated"}, False),
-        (_is_artifact, {"manifest.json": '{"name": "my web app"}', "encoder.onnx": "x"}, False),
-        (is_engine_dir, {"engine.json": '{"kind": "transduce-engine"}'}, True),
-        (is_engine_dir, {"engine.json": "", "encoder.plan": "x"}, True),
-        (is_engine_dir, {"engine.json": '{"kind": "transduce-artifact"}'}, False),
-        (is_our_model_dir, {"config.json": model}, True),  # its weights lost: still ours to replace
-        (is_our_model_dir, {"config.json": "{ trunc", "model.safetensors": "x"}, True),
-        (is_our_model_dir, {"config.json": model, "manifest.json": "{}"}, False),  # an export's copy
-        (is_our_model_dir, {"config.json": model, "engine.json": "{}"}, False),
-        (is_our_model_dir, {"config.json": '{"format": "huggingface"}', "model.safetensors": "x"}, False),
-    ]
-    for i, (is_kind, files, want) in enumerate(cases):
-        assert is_kind(make(f"d{i}", files)) is want, (is_kind.__name__, files)
-
-
 def test_lines_of_a_pipe_come_as_they_arrive(tmp_path):
     """iter_lines does not wait for the end of its input: a line written to a pipe is read at once, and an
     invalid byte further on is an error only when its line is reached."""

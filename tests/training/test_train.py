@@ -178,7 +178,7 @@ def test_out_is_never_replaced_unasked(tmp_path, small_corpus, tiny_artifact_dir
     train(train_pairs[:50], valid_pairs[:2], str(model), _cfg(2, 2), force=True, **QUIET)
     assert json.loads((model / "training" / "state.json").read_text())["step"] == 2
     (tmp_path / "file").write_text("x")
-    with pytest.raises(TransduceError, match="cannot create directory"):  # found before any training step
+    with pytest.raises(TransduceError, match="directory .* cannot be created"):  # found before any training step
         train(train_pairs[:50], valid_pairs[:2], str(tmp_path / "file" / "model"), _cfg(1, 1), progress=False,
               log=lines.append)
     assert lines == []

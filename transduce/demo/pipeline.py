@@ -16,9 +16,8 @@ from dataclasses import replace
 from transduce.errors import CheckpointError, InputError, TransduceError
 from transduce.training.config import TrainConfig
 
-# Tuned so the tiny model learns the task on 2 CPU cores in about three minutes. Half the schedule's
-# learning rate: at the full rate, runs that differ only in seed, thread count, CPU or GPU ended at exact
-# match 0.66-0.99 (the GPU's first seed worst); at half, 0.917-1.0 over seven such runs (2026-11-22).
+# Tuned so the tiny model learns the task on 2 CPU cores in about three minutes, at half the schedule's learning
+# rate, which ends every seed and device near the same quality (figures: docs/benchmarks.md, the demo model).
 DEMO_TRAIN = TrainConfig(
     preset="tiny", vocab_size=400, max_steps=600, warmup=300, lr_scale=0.5, max_tokens=3000,
     eval_every=300, save_every=300, eval_sentences=300, seed=1,

@@ -149,8 +149,8 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
         raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} has an unreadable profiles record "
                                         f"({type(e).__name__}: {e})") from None
     if not (plan.encoder and plan.decoder_step) or any(p.cache_len is None for p in plan.decoder_step):
-        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} records no encoder or no decoder step profiles, or a step "
-                                        "profile without its cache length")
+        raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} records no encoder or no decoder step profiles, "
+                                        "or a step profile without its cache length")
     sources = meta.get("sources")
     if not isinstance(sources, dict) or not all(isinstance(v, dict) for v in sources.values()):
         raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} does not record the graphs the plans were built from")

@@ -41,7 +41,7 @@ def listed_file_problem(directory: str, name: Any, entry: Any, verify_hash: bool
     a reader hash or load /etc/passwd), the entry must carry both fields, and the file must be readable."""
     if not inside_name(name):
         return f"{listed_in} lists {name!r}, which is not a file name inside {directory}"
-    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+    if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
         return f"{listed_in} does not give {name} as {{sha256, bytes}}"
     path = os.path.join(directory, name)
     if not os.path.isfile(path):

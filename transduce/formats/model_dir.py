@@ -68,8 +68,9 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     layout = cfg.get("weights_layout_version", 1)  # absent: written before the layout was versioned, at 1
     if layout != WEIGHTS_LAYOUT_VERSION:
         raise CheckpointError(f"{cfg_path} has weights_layout_version {layout!r}, this transduce reads "
-                              f"{WEIGHTS_LAYOUT_VERSION}", hint="save the model again with the transduce that wrote it, "
-                              "or train it again with this one")
+                              f"{WEIGHTS_LAYOUT_VERSION}",
+                              hint="save the model again with the transduce that wrote it, or train it again with "
+                                   "this one")
     try:
         ModelConfig.from_dict(cfg.get("model", {}))
     except ConfigError as e:
@@ -82,7 +83,8 @@ def verified_file(path: str, cfg: dict[str, Any], name: str) -> str:
     fpath = os.path.join(path, name)
     if not os.path.isfile(fpath):
         if os.path.isfile(os.path.join(path, MANIFEST_FILE)):
-            raise CheckpointError(f"{path!r} is an ONNX export (transduce export), not a model directory: it has no {name}",
+            raise CheckpointError(f"{path!r} is an ONNX export (transduce export), not a model directory: it has no "
+                                  f"{name}",
                                   hint="give the model directory it was exported from (its manifest.json names it)")
         raise CheckpointError(f"{fpath} is missing")
     files = cfg.get("files")
@@ -111,8 +113,9 @@ def weights_sha256(path: str | os.PathLike) -> str:
     files = read_config(path).get("files")
     entry = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
     if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
-        raise CheckpointError(f"{os.path.join(path, MODEL_CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size and sha256): "
-                              "the config was edited", hint="restore the model directory's config.json, or save the model again")
+        raise CheckpointError(f"{os.path.join(path, MODEL_CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size and "
+                              "sha256): the config was edited",
+                              hint="restore the model directory's config.json, or save the model again")
     return entry["sha256"]
 
 

@@ -16,14 +16,7 @@ def check_parent_writable(final: str) -> str:
     """The directory atomic_directory writes `final`'s copies in (beside a link's target, as it does)
     exists or can be made, and can be written: checked before a long job. -> that directory."""
     parent = os.path.dirname(os.path.realpath(final)) or "."
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-        raise TransduceError(f"cannot create directory {parent!r}: {e.strerror}",
-                             hint="choose an output path you can write to") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise TransduceError(f"directory {parent!r} is not writable",
-                             hint="choose an output path you can write to")
+    make_writable_dir(parent, "directory", hint="choose an output path you can write to")
     return parent
 
 
@@ -51,15 +44,17 @@ def require_directory(path: str, error: type[TransduceError], kind: str, name: s
     raise error(f"{name} {path!r} does not exist", hint=interrupted_replace_hint(path) or missing_hint)
 
 
-def make_writable_dir(path: str, option: str, error: type[TransduceError] = TransduceError) -> None:
-    """Create directory `path` (an option's value) if needed; `error` naming `option` where it cannot be
-    created or written to."""
+def make_writable_dir(path: str, option: str, error: type[TransduceError] = TransduceError,
+                      hint: str | None = None) -> None:
+    """Create directory `path` if needed; `error` naming it as `option` (an option, or what it is for) where it
+    cannot be created or written to, with `hint` (default: choose another `option`)."""
+    hint = hint or f"choose another {option}"
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise error(f"{option} {path!r} cannot be created ({e.strerror})", hint=f"choose another {option}") from None
+        raise error(f"{option} {path!r} cannot be created ({e.strerror})", hint=hint) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise error(f"{option} {path!r} is not writable", hint=f"choose another {option}")
+        raise error(f"{option} {path!r} is not writable", hint=hint)
 
 
 def check_replaceable(out_dir: str, force: bool, is_kind: Callable[[str], bool], kind: str, kinds: str,

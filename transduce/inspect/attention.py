@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transduce.errors import InputError, TransduceError
+from transduce.formats.paths import make_writable_dir
 
 ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
 KIND_TITLES = {
@@ -415,14 +416,7 @@ def write_attention_figures(maps: AttentionMaps, out_dir: str | os.PathLike, tok
     """Write every heatmap and the line figure of `token` into out_dir (created if needed). Returns the paths."""
     out_dir = os.fspath(out_dir)
     token_query(maps, token, token_kind, token_layer)  # a bad choice fails before anything is written
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise TransduceError(f"cannot create the output directory {out_dir!r}: {e.strerror}",
-                             hint="choose a directory you can write to") from None
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise TransduceError(f"the output directory {out_dir!r} is not writable",
-                             hint="choose a directory you can write to")
+    make_writable_dir(out_dir, "the output directory", hint="choose a directory you can write to")
     paths = write_heatmaps(maps, out_dir, dpi)
     paths.append(write_token_figure(maps, out_dir, token, token_kind, token_layer, dpi))
     _remove_stale_heatmaps(maps, out_dir)

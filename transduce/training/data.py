@@ -1,7 +1,6 @@
-"""Parallel corpora and token-count batching.
+"""Token-count batching of a parallel corpus (read by transduce.formats.parallel) for training.
 
-A corpus is a TSV file (source<TAB>target per line) or two aligned text files. Batches are built
-the paper's way: sentence pairs sorted by length into buckets, each batch filled up to a token
+Batches are built the paper's way: sentence pairs sorted by length into buckets, each batch filled up to a token
 budget; the batch order is shuffled per epoch from (seed, epoch), so a resumed run replays the same
 sequence of batches without saving any iterator state beyond (epoch, index).
 """

@@ -12,7 +12,7 @@ from transduce.formats import contract
 from transduce.formats.artifact import read_manifest
 from transduce.formats.dtypes import PRECISION_DTYPES
 
-ENGINES = ("onnxruntime", "reference")
+EVALUATORS = ("onnxruntime", "reference")  # what runs a graph: ONNX Runtime, or onnx's ReferenceEvaluator
 
 
 def numpy_float_dtype(precision: str) -> np.dtype:
@@ -41,11 +41,11 @@ class GraphRunner:
     run(feeds) takes and returns {name: numpy array}; outputs are returned as the graph makes them.
     """
 
-    def __init__(self, path: str, engine: str = "onnxruntime", threads: int = 1):
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        self.path, self.engine = path, engine
-        if engine == "onnxruntime":
+    def __init__(self, path: str, evaluator: str = "onnxruntime", threads: int = 1):
+        if evaluator not in EVALUATORS:
+            raise ValueError(f"evaluator must be one of {EVALUATORS}, got {evaluator!r}")
+        self.path, self.evaluator = path, evaluator
+        if evaluator == "onnxruntime":
             import onnxruntime as ort
 
             so = ort.SessionOptions()
@@ -73,7 +73,7 @@ class ArtifactRunner:
     graph's precision) and return {output name: numpy array}.
     """
 
-    def __init__(self, directory: str | os.PathLike, precision: str | None = None, engine: str | None = None,
+    def __init__(self, directory: str | os.PathLike, precision: str | None = None, evaluator: str | None = None,
                  threads: int = 1):
         self.directory = os.fspath(directory)
         if precision is None:
@@ -82,14 +82,14 @@ class ArtifactRunner:
         self.float_dtype = numpy_float_dtype(precision)
         enc_path = os.path.join(self.directory, contract.ENCODER_FILE)
         step_path = os.path.join(self.directory, contract.STEP_FILE)
-        self.engine_reason = None
-        if engine is None:
+        self.evaluator_reason = None  # why not ONNX Runtime, where it cannot run the graphs
+        if evaluator is None:
             reason = ort_unavailable_reason(enc_path) or ort_unavailable_reason(step_path)
-            engine = "onnxruntime" if reason is None else "reference"
-            self.engine_reason = reason
-        self.engine = engine
-        self.encoder = GraphRunner(enc_path, engine, threads)
-        self.decoder = GraphRunner(step_path, engine, threads)
+            evaluator = "onnxruntime" if reason is None else "reference"
+            self.evaluator_reason = reason
+        self.evaluator = evaluator
+        self.encoder = GraphRunner(enc_path, evaluator, threads)
+        self.decoder = GraphRunner(step_path, evaluator, threads)
         ort_path = os.path.join(self.directory, contract.ORT_STEP_FILE)
         self.ort_decoder = GraphRunner(ort_path, "onnxruntime", threads) if os.path.exists(ort_path) else None
 

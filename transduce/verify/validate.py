@@ -19,10 +19,10 @@ rtol * |eager| (transduce.verify.tolerances); a non-finite output fails. Per out
 max_abs = max |graph - eager| and max_rel = max |graph - eager| / |eager| over the elements with
 |eager| >= atol.
 
-Engines: ONNX Runtime's CPU execution provider, or onnx's ReferenceEvaluator (pure numpy, slow) where
+Evaluators: ONNX Runtime's CPU execution provider, or onnx's ReferenceEvaluator (pure numpy, slow) where
 ONNX Runtime cannot run the graph: its CPU provider has no bfloat16 kernels for Add, Mul, MatMul, Gemm or
 Relu (session creation fails with NOT_IMPLEMENTED), so bf16 graphs are validated with the
-ReferenceEvaluator; the manifest records the engine and the reason.
+ReferenceEvaluator; the manifest records the evaluator (as "engine") and the reason.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
             "mixed_positions": case.mixed_positions, "cache": "eager steps" if case.stepped else "random"}
 
 
-def validate_graphs(directory: str, model, precision: str, engine: str | None = None, seed: int = 0,
+def validate_graphs(directory: str, model, precision: str, evaluator: str | None = None, seed: int = 0,
                     log: Log = _quiet, tolerances: str | None = None) -> dict[str, Any]:
     """Numeric validation of the graphs in `directory` against the eager fp32 `model`: elementwise
     with POLICIES[tolerances].outputs (default: the precision's), or per tensor with its relative_rms
@@ -260,15 +260,15 @@ def validate_graphs(directory: str, model, precision: str, engine: str | None = 
     """
     tolerances = tolerances or precision
     per_tensor = POLICIES[tolerances].relative_rms is not None
-    if engine is None and precision != "bf16":
-        engine = "onnxruntime"  # what the runtime will use: it must load the graphs
+    if evaluator is None and precision != "bf16":
+        evaluator = "onnxruntime"  # what the runtime will use: it must load the graphs
     try:
-        runner = ArtifactRunner(directory, precision=precision, engine=engine)
+        runner = ArtifactRunner(directory, precision=precision, evaluator=evaluator)
     except Exception as e:  # onnxruntime's own exception classes
         raise ExportError(f"onnxruntime cannot load the exported {precision} graphs: {e}",
                           hint="this is a bug in the exporter; nothing was written") from None
-    if runner.engine_reason:
-        log(f"validating on onnx.reference.ReferenceEvaluator: {runner.engine_reason.splitlines()[0]}")
+    if runner.evaluator_reason:
+        log(f"validating on onnx.reference.ReferenceEvaluator: {runner.evaluator_reason.splitlines()[0]}")
     table = ErrorTable(tolerances)
     rng = np.random.default_rng(seed)
     with torch_threads(1):
@@ -280,9 +280,10 @@ def validate_graphs(directory: str, model, precision: str, engine: str | None = 
             raise ExportError(f"running the exported {precision} graphs failed: {e}",
                               hint="this is a bug in the exporter; nothing was written") from None
     record = {
-        "engine": ("onnxruntime CPUExecutionProvider" if runner.engine == "onnxruntime"
+        # the manifest's record keeps its key names ("engine": what evaluated the graphs)
+        "engine": ("onnxruntime CPUExecutionProvider" if runner.evaluator == "onnxruntime"
                    else "onnx.reference.ReferenceEvaluator"),
-        "engine_reason": runner.engine_reason,
+        "engine_reason": runner.evaluator_reason,
         "reference": "eager PyTorch, fp32 weights",
         **({"criterion": "||graph - eager|| / ||eager|| <= relative_rms per output tensor, outputs finite",
             "tolerances": {k: {"relative_rms": v} for k, v in POLICIES[tolerances].relative_rms.items()}}
