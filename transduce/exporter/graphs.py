@@ -12,9 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from transduce.formats import contract
+from transduce.formats.dtypes import precision_dtype
 from transduce.models.config import ModelConfig
 
-TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of a precision's float tensors (torch names them as numpy does)."""
+    return getattr(torch, precision_dtype(precision))
 
 
 def interleave(keys: list[Tensor], values: list[Tensor]) -> list[Tensor]:
@@ -62,7 +66,7 @@ def trace_sizes(cfg: ModelConfig) -> dict[str, int]:
 def example_inputs(cfg: ModelConfig, precision: str) -> tuple[tuple, tuple]:
     """(encoder args, step args) for tracing, the float ones in the graph's precision."""
     g = torch.Generator().manual_seed(0)
-    dt = TORCH_DTYPE[precision]
+    dt = torch_dtype(precision)
     n = trace_sizes(cfg)
     b, s, c, h, dh = n["batch"], n["src_len"], n["cache_len"], cfg.n_heads, cfg.head_dim
 

@@ -195,7 +195,7 @@ def export_graphs(model, directory: str, precision: str, opset: int, log: Log = 
     from transduce.exporter import graphs, ort_step
 
     cfg = model.cfg
-    traced = model if precision == "fp32" else copy.deepcopy(model).to(graphs.TORCH_DTYPE[precision])
+    traced = model if precision == "fp32" else copy.deepcopy(model).to(graphs.torch_dtype(precision))
     traced.eval()
     enc_args, step_args = graphs.example_inputs(cfg, precision)
     enc_shapes, step_shapes = graphs.dynamic_shapes(cfg)

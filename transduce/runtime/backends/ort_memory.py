@@ -160,7 +160,6 @@ class TorchCudaMemory:
     """CUDA buffers (torch tensors) for the CUDA and TensorRT execution providers; every kernel, copy
     and allocation on the backend's own stream (see on_stream)."""
 
-    _DT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
     def __init__(self, precision: str, index: int = 0):
         try:
@@ -173,14 +172,13 @@ class TorchCudaMemory:
             raise BackendUnavailable("bf16 artifacts are decoded by the tensorrt backend, not onnxruntime's IO "
                                      "binding", hint="use --backend tensorrt, or export fp16/fp32 for onnxruntime")
         self.torch = torch
-        self.dtype = getattr(torch, self._DT[precision])
+        self.dtype = getattr(torch, PRECISION_DTYPES[precision])
         self.index = index
         self.device = torch.device("cuda", index)
         # ORT runs on this stream (user_compute_stream) and so do our cache writes, gathers and top-k,
         # each made current only while it runs (not set for the thread: that would move the caller's
         # own torch work onto it, and a second backend would take it over for both)
         self.stream = torch.cuda.Stream(self.device)
-        self._np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64}
 
     # torch's CUDA caching allocator pools device memory already: `owned` is unused
     def release(self, owned):
@@ -217,7 +215,7 @@ class TorchCudaMemory:
 
     def bind(self, binding, name, t, is_input):
         assert t.is_contiguous(), name  # bound by pointer
-        np_dtype = self._np_of[t.dtype]
+        np_dtype = np.dtype(str(t.dtype).removeprefix("torch."))  # float32, float16, int64: numpy's names too
         bind = binding.bind_input if is_input else binding.bind_output
         bind(name, "cuda", self.index, np_dtype, list(t.shape), t.data_ptr())
 
