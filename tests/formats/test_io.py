@@ -254,13 +254,14 @@ def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, m
     from transduce.formats import reaping
 
     long_a, long_b = "a" * 120 + "x", "a" * 120 + "y"
-    assert reaping._short(long_a) != reaping._short(long_b) and len(reaping._short(long_a)) == reaping.TMP_NAME_CHARS
+    assert (reaping.short_base(long_a) != reaping.short_base(long_b)
+            and len(reaping.short_base(long_a)) == reaping.TMP_NAME_CHARS)
     out = tmp_path / long_a
     dead = _dead_pid()
     prefix = _tmp_prefix(long_a, "old")
     abandoned = tmp_path / f"{prefix}{dead}-abc"
     running = tmp_path / f"{prefix}{os.getppid()}-def"
-    other_host = tmp_path / f".{reaping._short(long_a)}.old-otherhost-{dead}-ghi"
+    other_host = tmp_path / f".{reaping.short_base(long_a)}.old-otherhost-{dead}-ghi"
     other_name = tmp_path / f"{_tmp_prefix(long_b, 'old')}{dead}-jkl"
     huge_pid = tmp_path / f"{prefix}99999999999999999999-mno"  # not a PID this pattern takes
     kept = [running.name, other_host.name, other_name.name, huge_pid.name]

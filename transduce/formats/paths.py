@@ -145,3 +145,33 @@ def check_output_file(path: str, option: str = "--output", stdout: bool = True) 
         if too_long:
             raise InputError(f"{option} {path!r}: the name {too_long[0][:40]!r}... is longer than this file system "
                              f"allows ({name_max} bytes)", hint=f"choose a shorter {option}")
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes (for this user) on the file system that holds `path`, or its nearest existing ancestor."""
+    import shutil
+
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    return shutil.disk_usage(existing).free
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def check_free_space(path: str, need: int, what: str, error: type[TransduceError] = TransduceError) -> None:
+    """Refuse up front, naming both figures, when the file system that will hold `path` has less room than the
+    `need` bytes `what` will write (an estimate): before a long job, not after it."""
+    try:
+        free = free_bytes(path)
+    except OSError:  # cannot tell: the write itself will say
+        return
+    if free < need:
+        raise error(f"{what} needs about {_size(need)} on the disk of {path!r}, which has {_size(free)} free",
+                    hint="free some disk space, or choose an output path on another disk")

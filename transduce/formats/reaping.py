@@ -18,7 +18,7 @@ import time
 TMP_NAME_CHARS = 100
 
 
-def _short(base: str) -> str:
+def short_base(base: str) -> str:
     """`base` as it goes into its copies' names: a longer one cut, with a hash of the whole name, so that
     two names alike in their first characters never take (or remove) each other's copies."""
     if len(base) <= TMP_NAME_CHARS:
@@ -30,16 +30,16 @@ def _short(base: str) -> str:
 
 def tmp_prefix(base: str, what: str = "tmp") -> str:
     """Temporary copies of `base` (directories and files) are .BASE.tmp-HOST-PID-XXXX (BASE cut to
-    TMP_NAME_CHARS, see _short): whose they are, for remove_abandoned; previous copies moved aside by
+    TMP_NAME_CHARS, see short_base): whose they are, for remove_abandoned; previous copies moved aside by
     atomic_directory are .BASE.old-HOST-PID-XXXX (what="old")."""
     host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:60]
-    return f".{_short(base)}.{what}-{host}-"
+    return f".{short_base(base)}.{what}-{host}-"
 
 
 ABANDONED_AFTER_S = 3600  # a writer's temporary copy unchanged this long (and its PID gone) is abandoned
 
 
-def remove_abandoned(parent: str, base: str, what: str = "tmp") -> None:
+def remove_abandoned(parent: str, base: str, what: str = "tmp", locked: bool = False) -> None:
     """Delete the temporary copies of `base` (directories or files) that a killed process of this host
     left (its PID is not running, and nothing in it changed for ABANDONED_AFTER_S): a killed export or
     checkpoint left a hidden copy of its size (GBs at the big preset) behind at every try. Other hosts'
@@ -48,7 +48,10 @@ def remove_abandoned(parent: str, base: str, what: str = "tmp") -> None:
 
     what="old": the previous copies that such a process moved aside (.BASE.old-*, see atomic_directory),
     for a caller that has just put a newer complete `base` in place; their age is the time since they
-    were moved (a rename sets the change time; their files keep the times they were written at)."""
+    were moved (a rename sets the change time; their files keep the times they were written at).
+
+    locked: the caller holds `base`'s lock (locks.output_lock), which proves that no writer of it is alive:
+    this host's copies go whatever their age and PID (a PID may have been taken by another process since)."""
     pattern = re.compile(re.escape(tmp_prefix(base, what)) + r"(\d{1,10})-")
     try:
         names = os.listdir(parent)
@@ -56,9 +59,14 @@ def remove_abandoned(parent: str, base: str, what: str = "tmp") -> None:
         return
     for name in names:
         m = pattern.match(name)
-        if not m or int(m.group(1)) == os.getpid() or _running(int(m.group(1))):
+        if not m or int(m.group(1)) == os.getpid():
             continue
         path = os.path.join(parent, name)
+        if locked:
+            remove(path)
+            continue
+        if _running(int(m.group(1))):
+            continue
         is_dir = os.path.isdir(path) and not os.path.islink(path)
         try:
             if what == "old":
@@ -90,7 +98,7 @@ def interrupted_replace_hint(final: str | os.PathLike) -> str | None:
     final = os.path.realpath(os.fspath(final))  # where atomic_directory wrote: a link's target
     parent, base = os.path.dirname(final), os.path.basename(final)
     try:
-        old = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f".{_short(base)}.old-")]
+        old = [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(f".{short_base(base)}.old-")]
         old.sort(key=lambda p: os.stat(p).st_ctime)  # the last one moved aside (a rename sets ctime)
     except OSError:
         return None
