@@ -35,7 +35,11 @@ def _terminate_like_interrupt():
     Python runs the handler only between bytecodes of the main thread; a watchdog thread, woken by the
     signal through signal.set_wakeup_fd, ends the process with status 143 if it is still alive TERM_GRACE_S
     later (the main thread stuck in native code), or at once on a second SIGTERM. Native code that keeps the
-    GIL keeps the watchdog waiting too; TensorRT's builder, ONNX Runtime and torch's kernels let go of it."""
+    GIL keeps the watchdog waiting too; TensorRT's builder, ONNX Runtime and torch's kernels let go of it.
+
+    A command may defer SIGTERM to a safe point with a handler of its own in place of ours (train: the end of
+    the step, then a checkpoint); then the watchdog asks that handler's term_deadline() when the work under
+    way should be over, and waits until then plus TERM_GRACE_S, asking again each time (see _wait_for_the_end)."""
     import signal
     import threading
 
@@ -82,14 +86,8 @@ def _start_term_watchdog():
         while (byte := receive.recv(1)) and byte[0] != 0:
             if byte[0] != signal.SIGTERM:
                 continue
-            receive.settimeout(TERM_GRACE_S)
-            try:
-                while (again := receive.recv(1)) and again[0] not in (0, signal.SIGTERM):
-                    pass
-                if again and again[0] == 0:
-                    return  # stopped: the command ended within the grace period
-            except TimeoutError:
-                pass
+            if _wait_for_the_end(receive):
+                return  # stopped: the command ended in time
             os._exit(128 + signal.SIGTERM)
 
     thread = threading.Thread(target=watch, name="transduce-sigterm-watchdog", daemon=True)
@@ -107,6 +105,42 @@ def _start_term_watchdog():
             receive.close()
 
     return stop
+
+
+def _wait_for_the_end(receive) -> bool:
+    """After a SIGTERM: whether the command ends (a 0 byte on `receive`) in time. In time: within TERM_GRACE_S, or
+    past it while the SIGTERM handler in place says its work should still be under way (term_deadline()), until
+    that time plus TERM_GRACE_S; not a second SIGTERM."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + TERM_GRACE_S
+    while True:
+        receive.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            byte = receive.recv(1)
+        except TimeoutError:
+            expected = _expected_end()
+            if expected is None or expected + TERM_GRACE_S <= time.monotonic():
+                return False
+            deadline = expected + TERM_GRACE_S
+            continue
+        if not byte or byte[0] == 0:
+            return True
+        if byte[0] == signal.SIGTERM:
+            return False
+
+
+def _expected_end() -> float | None:
+    """The time.monotonic() by which the SIGTERM handler in place expects its work to be over (its term_deadline()),
+    or None: ours, or one that says nothing."""
+    import signal
+
+    term_deadline = getattr(signal.getsignal(signal.SIGTERM), "term_deadline", None)
+    try:
+        return float(term_deadline()) if callable(term_deadline) else None
+    except Exception:  # a broken handler must not keep the process from ending
+        return None
 
 
 @click.group(cls=_Group)

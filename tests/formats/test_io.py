@@ -451,6 +451,43 @@ def test_sigterm_ends_a_command_stuck_in_native_code(tmp_path):
         assert proc.returncode == 143 and time.monotonic() - t0 < 20, (grace, signals, proc.returncode)
 
 
+def test_the_sigterm_watchdog_waits_for_the_work_a_handler_says_is_under_way():
+    """A command that defers SIGTERM (train: to the end of its step, then a checkpoint) puts a handler with a
+    term_deadline() in place: the watchdog waits for that, plus its grace, rather than kill a save in native code
+    half-written; past it, the process ends as one stuck in native code does."""
+    import signal
+    import time
+
+    # the main thread in native code (a save: libc's sleep, SIGTERM blocked there as above) for `busy` seconds,
+    # which its handler says should be over `expected` seconds after it began
+    script = ("import ctypes, signal, sys, time; from transduce import cli; cli.TERM_GRACE_S = 0.5\n"
+              "class Saving:\n"
+              "    since = time.monotonic()\n"
+              "    def __call__(self, signum, frame):\n"
+              "        print('handled', flush=True)\n"
+              "        raise SystemExit(143)\n"
+              "    def term_deadline(self):\n"
+              "        return self.since + float(sys.argv[1])\n"
+              "with cli._terminate_like_interrupt():\n"
+              "    signal.signal(signal.SIGTERM, Saving())\n"
+              "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+              "    print('ready', flush=True)\n"
+              "    ctypes.CDLL(None).sleep(int(sys.argv[2]))\n"
+              "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n")
+    for expected, busy, handled in ((4.0, 2, True), (1.0, 3600, False)):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(expected), str(busy)], stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline() == "ready\n"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 143 and time.monotonic() - t0 < 20, (expected, busy, proc.returncode)
+        assert ("handled" in out) == handled, (expected, busy, out)
+
+
 def test_a_command_that_ends_stops_the_sigterm_watchdog():
     """The watchdog thread and the wakeup fd are the command's only: gone once it returns."""
     import signal

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import warnings
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ from transduce.formats.parallel import read_parallel
 from transduce.training.config import TrainConfig
 from transduce.training.data import Example, make_batches
 from transduce.training.train import label_smoothed_loss, learning_rate, train
+
+# the runs here are a few steps long, within _cfg's 4-step warmup on purpose (the schedule's rising side)
+pytestmark = pytest.mark.filterwarnings("ignore:warmup .* >= max_steps")
 
 
 def test_learning_rate_schedule():
@@ -337,7 +342,12 @@ def test_a_failed_save_is_one_error_and_keeps_the_last_checkpoint(tmp_path, smal
         train(train_pairs[:100], valid_pairs[:2], str(out), _cfg(2, 2), resume=True, **QUIET)
     assert "unchanged" in e.value.hint
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
-    assert sorted(os.listdir(tmp_path)) == ["m"]  # no temporary directory left behind
+    assert _listdir(tmp_path) == ["m"]  # no temporary directory left behind
+
+
+def _listdir(path) -> list[str]:
+    """What is in `path`, but the lock files of the model directories trained there (formats.locks)."""
+    return sorted(n for n in os.listdir(path) if not (n.startswith(".") and n.endswith(".lock")))
 
 
 def test_ctrl_c_saves_the_last_whole_step(tmp_path, small_corpus):
@@ -449,11 +459,12 @@ def test_files_written_into_an_empty_out_during_the_run_are_kept(tmp_path, small
         with pytest.raises(TransduceError, match="is not empty .any more.|was created or written to while this ran"):
             train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), force=force, progress=False, log=meanwhile)
         assert os.listdir(out) == ["notes.txt"]
-    assert sorted(os.listdir(tmp_path)) == ["model-False", "model-True"]
+    assert _listdir(tmp_path) == ["model-False", "model-True"]
 
 
 def test_train_cli_prints_only_its_summary_on_stdout(tmp_path, small_corpus):
-    """`transduce train ... > summary.json` gives JSON: the log lines (model, evaluations) go to stderr."""
+    """`transduce train ... > summary.json` gives JSON: the log lines (model, evaluations) go to stderr, --quiet
+    or not. --no-progress is --quiet, with a warning that it is deprecated; a resume says where it starts."""
     from click.testing import CliRunner
 
     from transduce.cli import main
@@ -461,15 +472,94 @@ def test_train_cli_prints_only_its_summary_on_stdout(tmp_path, small_corpus):
     train_pairs, valid_pairs = small_corpus
     data = tmp_path / "c.tsv"
     data.write_text("".join(f"{s}\t{t}\n" for s, t in train_pairs[:200] + valid_pairs[:10]))
-    r = CliRunner().invoke(main, ["train", "--data", str(data), "--out", str(tmp_path / "m"), "--valid-size", "10",
-                                  "--vocab-size", "120", "--max-steps", "2", "--eval-every", "1",
-                                  "--eval-sentences", "2", "--max-tokens", "256", "--no-progress", "--threads", "1",
-                                  "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
-                                  "--set", "encoder_layers=1", "--set", "decoder_layers=1"])
+    args = ["train", "--data", str(data), "--out", str(tmp_path / "m"), "--valid-size", "10", "--vocab-size", "120",
+            "--warmup", "1", "--eval-every", "1", "--eval-sentences", "2", "--max-tokens", "256", "--threads", "1",
+            "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "encoder_layers=1",
+            "--set", "decoder_layers=1"]
+    r = CliRunner().invoke(main, [*args, "--max-steps", "2", "--quiet"])
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout)
     assert summary["step"] == 2 and summary["parameters"] > 0
-    assert "model: 1+1 layers" in r.stderr and "step 1: train loss" in r.stderr
+    assert "model: 1+1 layers" in r.stderr and "step 1: train loss" in r.stderr and "warning" not in r.stderr
+    r = CliRunner().invoke(main, [*args, "--max-steps", "3", "--resume", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.startswith("warning: --no-progress is deprecated: use --quiet\n"), r.stderr
+    assert f"resuming {tmp_path / 'm'} at step 2 of 3 (--max-steps was 2)" in r.stderr
+    assert json.loads(r.stdout)["step"] == 3
+
+
+def test_a_schedule_that_never_leaves_its_warmup_is_reported(tmp_path, small_corpus):
+    train_pairs, valid_pairs = small_corpus
+    with pytest.warns(UserWarning, match=r"warmup 4 >= max_steps 2: the learning rate rises for the whole run"):
+        train(train_pairs[:50], valid_pairs[:2], str(tmp_path / "m"), _cfg(2, 2), **QUIET)
+    with warnings.catch_warnings():  # a resume that trains past the warmup
+        warnings.simplefilter("error")
+        train(train_pairs[:50], valid_pairs[:2], str(tmp_path / "m"), _cfg(5, 5), resume=True, **QUIET)
+    assert TrainConfig().warmup < TrainConfig().max_steps  # the defaults: the paper's 4000 of 100,000
+
+
+def test_a_disk_without_room_for_a_checkpoint_is_refused_before_training(tmp_path, small_corpus, monkeypatch):
+    """The estimate (weights, Adam's two moments, the tokenizer) is checked against the free space before the first
+    step, both figures named; it covers what a checkpoint writes."""
+    import transduce.formats.paths as paths
+    from transduce.errors import ConfigError
+
+    train_pairs, valid_pairs = small_corpus
+    out = tmp_path / "m"
+    lines = []
+    with monkeypatch.context() as m:
+        m.setattr(paths, "free_bytes", lambda path: 123_456)
+        with pytest.raises(ConfigError, match=r"the checkpoint needs about [\d.]+ MB on the disk of .*m', which has "
+                                              r"123\.5 KB free") as e:
+            train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), progress=False, log=lines.append)
+    assert "free some disk space" in e.value.hint
+    assert not out.exists() and not any(line.startswith("step") for line in lines)
+    train(train_pairs[:50], valid_pairs[:2], str(out), _cfg(1, 1), **QUIET)
+    from transduce.models.checkpoint import load_model_dir
+    from transduce.training.checks import checkpoint_bytes
+
+    model, tokenizer, _ = load_model_dir(out)
+    written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    estimate = checkpoint_bytes(model, tokenizer.vocab_size)
+    assert written <= estimate <= written + 2 * (1 << 20), (written, estimate)
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log(tmp_path, small_corpus, monkeypatch):
+    """Between validations a run shows how far it is: tqdm's bar (steps, loss, learning rate, tokens/s, time left)
+    on a terminal, a plain line every LOG_EVERY_S seconds in a log; neither with progress=False (--quiet), which
+    keeps the validation lines."""
+    import io
+    import sys
+
+    from transduce.training import progress
+
+    train_pairs, valid_pairs = small_corpus
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)  # a line after every step
+    for shown in (True, False):
+        lines = []
+        train(train_pairs[:100], valid_pairs[:2], str(tmp_path / f"log-{shown}"), _cfg(3, 3), progress=shown,
+              log=lines.append)
+        steps = [line for line in lines if line.startswith("step ") and "ETA" in line]
+        if shown:
+            assert len(steps) == 3 and steps[0].startswith("step 1/3: train loss "), lines
+            assert re.search(r"lr [\d.e+-]+, [\d,]+ tokens/s, ETA \d+s$", steps[0]), steps[0]
+        else:
+            assert not steps
+        assert any(line.startswith("step 3: train loss") for line in lines)  # the validation
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    lines = []
+    train(train_pairs[:200], valid_pairs[:2], str(tmp_path / "bar"), _cfg(10, 10), log=lines.append)
+    bar = terminal.getvalue()
+    assert "train: 100%" in bar and "10/10" in bar and "<00:00" in bar, bar  # the time left, tqdm's
+    assert re.search(r"loss=[\d.]+, lr=[\d.e+-]+, tok_s=\d+", bar), bar
+    assert "step 10: train loss" in bar  # the validation line, above the bar
+    assert not any("ETA" in line for line in lines)
 
 
 def test_held_out_pairs_that_are_also_training_pairs_are_reported(tmp_path, monkeypatch):
@@ -480,7 +570,7 @@ def test_held_out_pairs_that_are_also_training_pairs_are_reported(tmp_path, monk
     from transduce.training import train as train_module
 
     seen = {}
-    monkeypatch.setattr(train_module, "train",
+    monkeypatch.setattr(train_module, "_train",
                         lambda pairs, valid_pairs, *a, **k: seen.update(pairs=pairs, valid=valid_pairs))
     lines = [f"s{i}\tt{i}" for i in range(20)] + ["s3\tt3", "s5 \tt5", "s5\tother", "new\tpair"]
     (tmp_path / "data.tsv").write_text("\n".join(lines) + "\n")

@@ -8,7 +8,7 @@ import warnings
 from dataclasses import asdict
 from typing import Any
 
-from transduce.errors import ConfigError
+from transduce.errors import ConfigError, TransduceWarning
 from transduce.formats.kinds import is_model_dir
 from transduce.formats.paths import check_replaceable
 from transduce.training.config import TrainConfig
@@ -74,3 +74,27 @@ def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: 
         raise ConfigError(f"--resume: the training data differ from those {out_dir!r} was trained on "
                           "(another file, other lines, or a different --valid-size split)",
                           hint="pass the same --data/--source/--target and --valid/--valid-size as the first run")
+
+
+def warn_short_schedule(train_cfg: TrainConfig) -> None:
+    """A run that ends within its warmup never reaches the schedule's peak learning rate, let alone its decay."""
+    if train_cfg.warmup >= train_cfg.max_steps:
+        warnings.warn(TransduceWarning(
+            f"warmup {train_cfg.warmup} >= max_steps {train_cfg.max_steps}: the learning rate rises for the whole run "
+            f"and never gets past the schedule's warmup (the peak is at step {train_cfg.warmup}); train for more "
+            "steps than warmup, or lower warmup", params=("warmup", "max_steps")), stacklevel=2)
+
+
+# bytes a checkpoint holds besides the tensors: config.json, training/state.json (the validation history), the
+# safetensors headers, the RNG state; and per tokenizer entry (its vocabulary line and its merge, as JSON)
+CHECKPOINT_EXTRA_BYTES = 1 << 20
+TOKENIZER_BYTES_PER_ENTRY = 100
+
+
+def checkpoint_bytes(model, vocab_size: int) -> int:
+    """An estimate of one checkpoint's bytes: the weights as saved (fp32), Adam's two moments (each the size of the
+    parameters), the tokenizer, and what else is written. A new checkpoint is written in full beside the last one
+    before it replaces it, so this much must be free."""
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights + moments + TOKENIZER_BYTES_PER_ENTRY * vocab_size + CHECKPOINT_EXTRA_BYTES

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
-from transduce.cli_errors import cli_errors
+from transduce.cli_errors import cli_errors, deprecated
 from transduce.errors import TransduceError
 
 
@@ -38,41 +39,59 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
                    "(not for the embedded corpus).")
 @click.option("--out", "out_dir", required=True, type=click.Path(),
               help="Model directory to write (and to resume from).")
-@click.option("--preset", default="tiny", show_default=True, type=click.Choice(["tiny", "base", "big"]))
+@click.option("--preset", default="tiny", show_default=True, type=click.Choice(["tiny", "base", "big"]),
+              help="Model shape: the paper's base (6+6 layers, d_model 512) or big, or tiny (2+2, d_model 128).")
 @click.option("--set", "overrides", multiple=True,
               help="Override a model config field, e.g. --set d_model=256 (repeatable).")
 @click.option("--vocab-size", default=8000, show_default=True, help="BPE vocabulary to learn.")
-@click.option("--max-steps", default=2000, show_default=True)
+@click.option("--max-steps", default=100_000, show_default=True,
+              help="Optimizer steps (the paper's base model: 100,000 with --warmup 4000). Ctrl-C or SIGTERM saves "
+                   "the last whole step; --resume continues, and may raise --max-steps.")
 @click.option("--warmup", default=4000, show_default=True, help="Warmup steps of the learning-rate schedule.")
 @click.option("--lr-scale", default=1.0, show_default=True, help="Constant factor of the learning-rate schedule.")
 @click.option("--max-tokens", default=4096, show_default=True, help="Padded tokens per side per batch.")
-@click.option("--label-smoothing", default=0.1, show_default=True)
+@click.option("--label-smoothing", default=0.1, show_default=True, help="epsilon_ls of the smoothed loss.")
 @click.option("--clip-norm", default=0.0, show_default=True, help="Clip gradients to this global norm (0: off).")
-@click.option("--eval-every", default=500, show_default=True)
-@click.option("--save-every", default=1000, show_default=True)
+@click.option("--eval-every", default=500, show_default=True,
+              help="Steps between validations (loss, exact match, BLEU on the held-out pairs).")
+@click.option("--save-every", default=1000, show_default=True, help="Steps between checkpoints (one is saved at "
+              "the end, and on Ctrl-C or SIGTERM).")
 @click.option("--eval-sentences", default=200, show_default=True,
               help="Held-out sentences decoded for BLEU and exact match.")
-@click.option("--seed", default=1, show_default=True)
+@click.option("--seed", default=1, show_default=True, help="Seed of the initial weights, dropout and batch order.")
 @click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
 @click.option("--device", default="cpu", show_default=True, help="Train on cpu, cuda or cuda:N.")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out (model, optimizer, schedule, RNG).")
 @click.option("--force", is_flag=True, help="Replace the model directory at --out (never a directory of other files).")
-@click.option("--no-progress", is_flag=True, help="No progress bar (log lines only).")
+@click.option("--quiet", is_flag=True,
+              help="No progress bar (on a terminal) or progress lines (every 30 s, elsewhere) on stderr; the "
+                   "validation lines, warnings and errors still print.")
+@click.option("--no-progress", is_flag=True, help="Deprecated: use --quiet (the same).")
 @cli_errors
 def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
           lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads,
-          device, resume, force, no_progress):
-    """Train the reference Transformer on parallel text and write a model directory."""
+          device, resume, force, quiet, no_progress):
+    """Train the reference Transformer on parallel text and write a model directory.
+
+    Ctrl-C or SIGTERM lets the current step finish, saves a checkpoint of it and stops (exit status 130 or 143);
+    a second one stops at once, without a checkpoint."""
     from transduce.training.config import TrainConfig
+    from transduce.training.stopping import TrainingStopped
     from transduce.training.train import train_from_files
+
+    if no_progress:  # kept for one release
+        deprecated("--no-progress", "--quiet")
 
     cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
                       max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,
                       label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
                       save_every=save_every, eval_sentences=eval_sentences, seed=seed, threads=threads, device=device)
-    summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
-                               valid_size=valid_size, resume=resume, progress=not no_progress, force=force,
-                               log=lambda m: click.echo(m, err=True))  # stdout: the JSON summary alone
+    try:
+        summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
+                                   valid_size=valid_size, resume=resume, progress=not (quiet or no_progress),
+                                   force=force, log=lambda m: click.echo(m, err=True))  # stdout: the JSON alone
+    except TrainingStopped as e:  # it said what it saved and where: no click "Aborted!", the signal's status
+        sys.exit(128 + e.signum)
     click.echo(json.dumps(summary, indent=2))
 
 

@@ -15,7 +15,7 @@ class TrainConfig:
     preset: str = "tiny"  # model preset (base, big, tiny)
     model_overrides: dict = field(default_factory=dict)  # ModelConfig fields overriding the preset
     vocab_size: int = 8000  # BPE vocabulary to learn (may end smaller on a small corpus)
-    max_steps: int = 2000  # optimizer steps
+    max_steps: int = 100_000  # optimizer steps (the paper's base model: 100,000 with warmup 4000)
     warmup: int = 4000  # warmup_steps of the schedule
     lr_scale: float = 1.0  # the schedule's constant factor
     max_tokens: int = 4096  # padded tokens per side per batch

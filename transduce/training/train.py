@@ -3,19 +3,16 @@
 Adam(0.9, 0.98, eps 1e-9); lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5);
 label smoothing 0.1 over the non-pad vocabulary, padding ignored; token-count batches from
 length-sorted buckets; optional gradient clipping. Validation loss, greedy exact match and BLEU
-(sacrebleu) at intervals; a checkpoint every `save_every` steps and at the end. `resume` restores
-the model, optimizer, step, epoch position and RNG state, and continues as if uninterrupted.
+(sacrebleu) at intervals; a checkpoint every `save_every` steps, at the end, and on Ctrl-C or SIGTERM
+(stopping). `resume` restores the model, optimizer, step, epoch position and RNG state, and continues as
+if uninterrupted. One run at a time writes a model directory (formats.locks).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
-import signal
-import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -26,12 +23,16 @@ from transduce.errors import ConfigError, DataError, TrainingDiverged
 from transduce.training.checks import (
     check_resumable,
     check_train_output,
+    checkpoint_bytes,
     held_out_overlap,
     pairs_sha256,
     training_device,
+    warn_short_schedule,
 )
 from transduce.training.config import TrainConfig
 from transduce.training.data import Example
+from transduce.training.progress import Progress
+from transduce.training.stopping import SkipValidation, StopAfterTheStep, stop_after_the_step
 
 
 def learning_rate(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -127,31 +128,6 @@ def prepare(train_pairs, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
     return tokenizer, mcfg, train_ex, valid_ex, [valid_pairs[i] for i in vkept], len(train_pairs) - len(kept)
 
 
-@contextlib.contextmanager
-def _interrupt_after_the_step():
-    """Yield a list that a first Ctrl-C (SIGINT) makes non-empty instead of stopping the process mid-step
-    (a half-applied optimizer step would make an inconsistent checkpoint); a second one stops at once.
-    Only in the main thread, where Python delivers signals."""
-    flag: list[bool] = []
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-            signal.SIG_IGN, None):  # ignored (a background job) or not Python's to change
-        yield flag
-        return
-
-    def on_sigint(signum, frame):
-        if flag:
-            raise KeyboardInterrupt
-        flag.append(True)
-        # os.write, not print: the handler may run while the main thread is inside a print
-        os.write(2, b"\ninterrupt: saving a checkpoint after this step (Ctrl-C again to stop without one)\n")
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _keeps_torch_threads(fn):
     """train() sets torch's intra-op threads for its run (TrainConfig.threads); the caller's setting
     comes back after."""
@@ -195,8 +171,8 @@ class _Run:
     history: list[dict[str, Any]] = field(default_factory=list)
     last_metrics: dict[str, Any] = field(default_factory=dict)  # a resumed run's checkpoints keep them
     saved_step: int = 0
-    bar: Any = None  # the progress bar (tqdm), if any
-    window: tuple[float, int] = (0.0, 0)  # start and target tokens of the bar's tokens/s window
+    step_seconds: float = 0.0  # the last step's
+    shown: Progress | None = None  # the progress bar or lines
 
     def checkpoint(self) -> None:
         from transduce.models.checkpoint import save_model_dir
@@ -239,22 +215,13 @@ class _Run:
         self.opt.step()
         ntok = int((tout != mcfg.pad_id).sum())
         self.total_tokens += ntok
-        self.train_seconds += time.perf_counter() - t0
-        self.show_progress(float(loss.detach()), lr, ntok)
+        self.step_seconds = time.perf_counter() - t0
+        self.train_seconds += self.step_seconds
+        if self.shown is not None:
+            self.shown.update(self.step, float(loss.detach()), lr, ntok, self.step_seconds)
         return loss, lr
 
-    def show_progress(self, loss: float, lr: float, ntok: int) -> None:
-        if self.bar is None:
-            return
-        now = time.perf_counter()
-        start, tokens = self.window[0], self.window[1] + ntok
-        self.bar.update(1)
-        if self.step % 10 == 0:
-            self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens / max(now - start, 1e-9):.0f}")
-            start, tokens = now, 0
-        self.window = (start, tokens)
-
-    def validate(self, loss, lr: float, log: Callable[[str], None]) -> None:
+    def validate(self, loss, lr: float) -> None:
         t_eval = time.perf_counter()
         cfg = self.cfg
         metrics = evaluate(self.model, self.tokenizer, self.valid_ex, self.valid_pairs, cfg.eval_sentences,
@@ -266,14 +233,11 @@ class _Run:
         msg = (f"step {self.step}: train loss {float(loss.detach()):.3f}, valid nll {m['valid_nll']:.3f}, "
                f"exact match {100 * m['exact_match']:.1f}%, BLEU {m['bleu']:.1f} "
                f"(eval {time.perf_counter() - t_eval:.1f}s)")
-        if self.bar is not None:
-            self.bar.write(msg, file=sys.stderr)  # beside the bar, off stdout (the CLI's JSON summary)
-        else:
-            log(msg)
+        self.shown.write(msg)
 
     def close_bar(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if self.shown is not None:
+            self.shown.close()
 
     def diverged(self, what: str) -> None:
         """Stop a run whose loss or gradients are no longer finite, before they reach the weights."""
@@ -306,8 +270,9 @@ def _load_or_start(train_pairs, valid_pairs, train_cfg: TrainConfig, out_dir: st
         raise ConfigError(f"--resume: {out_dir} is at step {state['step']} already, and --max-steps is "
                           f"{train_cfg.max_steps}: there is nothing to train",
                           hint=f"pass a --max-steps above {state['step']} to train further")
-    if state.get("train_config", {}).get("max_steps") != train_cfg.max_steps:
-        log(f"resume: max_steps {state['train_config'].get('max_steps')} -> {train_cfg.max_steps}")
+    before = state.get("train_config", {}).get("max_steps")
+    log(f"resuming {out_dir} at step {state['step']} of {train_cfg.max_steps}"
+        + (f" (--max-steps was {before})" if before not in (None, train_cfg.max_steps) else ""))
     tokenizer, mcfg, train_ex, valid_ex, valid_pairs, dropped = prepare(train_pairs, valid_pairs, train_cfg,
                                                                         tokenizer=tokenizer)
     if mcfg != model.cfg:
@@ -334,7 +299,6 @@ def _on_device(model, device, opt_state, rng):
     return opt
 
 
-@_keeps_torch_threads
 def train(
     train_pairs: list[tuple[str, str]],
     valid_pairs: list[tuple[str, str]],
@@ -349,14 +313,33 @@ def train(
 
     Without resume, an existing `out_dir` is an error unless force, and even then only a model
     directory (or an empty one) is replaced; its parent must be writable before training starts.
+    One run at a time writes `out_dir`: a second is refused at once, naming the first's process.
+    progress: a bar on a terminal, else a line every progress.LOG_EVERY_S seconds; the validation
+    lines print either way. Ctrl-C and SIGTERM save the last whole step and stop (training.stopping).
     """
+    with _one_writer(out_dir):
+        return _train(train_pairs, valid_pairs, out_dir, train_cfg, resume, progress, log, force)
+
+
+def _one_writer(out_dir: str):
+    """The lock of `out_dir` (formats.locks), held for the whole run: taken before anything else is done (its
+    parent checked writable, as every checkpoint is written beside it and renamed into place)."""
+    from transduce.formats.locks import output_lock
+
+    return output_lock(out_dir, "the model directory", ConfigError)
+
+
+@_keeps_torch_threads
+def _train(train_pairs, valid_pairs, out_dir: str, train_cfg: TrainConfig, resume: bool, progress: bool, log,
+           force: bool) -> dict[str, Any]:
+    """train(), its output's lock held."""
     import torch
 
-    from transduce.formats.paths import check_parent_writable
-    from transduce.training.data import epoch_order, make_batches
+    from transduce.formats.paths import check_free_space
+    from transduce.training.data import make_batches
 
     replaces = resume or check_train_output(out_dir, force)  # an existing model directory (not an empty one)
-    check_parent_writable(out_dir)  # every checkpoint is written beside it and renamed: before any training
+    warn_short_schedule(train_cfg)
     data_sha256 = pairs_sha256(train_pairs)
     held_out = len(valid_pairs)
     device = training_device(train_cfg.device)
@@ -366,6 +349,8 @@ def train(
         train_pairs, valid_pairs, train_cfg, out_dir, resume, data_sha256, log)
     model.train()
     mcfg = model.cfg
+    save_bytes = checkpoint_bytes(model, tokenizer.vocab_size)
+    check_free_space(out_dir, save_bytes, "the checkpoint", ConfigError)
     if dropped:
         log(f"dropped {dropped} training pairs longer than max_positions={mcfg.max_positions}")
     if len(valid_pairs) < held_out:
@@ -381,35 +366,60 @@ def train(
         f"{model.num_parameters():,} parameters, vocabulary {mcfg.vocab_size}; "
         f"{len(train_ex)} training pairs in {len(run.batches)} batches, {len(valid_ex)} held out; "
         f"torch threads {torch.get_num_threads()}")
-    if progress:
-        from tqdm import tqdm
-
-        # disable=None: no bar when stderr is not a terminal (logs, CI); the validation lines still print
-        run.bar = tqdm(total=train_cfg.max_steps, initial=run.step, desc="train", unit="step", dynamic_ncols=True,
-                       mininterval=0.5, disable=None)
-    run.window = (time.perf_counter(), 0)
-    with _interrupt_after_the_step() as interrupted:
-        while run.step < train_cfg.max_steps:
-            order = epoch_order(len(run.batches), train_cfg.seed, run.epoch)
-            while run.bpos < len(order) and run.step < train_cfg.max_steps:
-                loss, lr = run.train_step(run.batches[order[run.bpos]])
-                last = run.step == train_cfg.max_steps
-                if run.step % train_cfg.eval_every == 0 or last:
-                    run.validate(loss, lr, log)
-                if run.step % train_cfg.save_every == 0 or last:
-                    run.checkpoint()
-                if interrupted and not last:  # Ctrl-C: the step is whole, so is its checkpoint
-                    if run.saved_step != run.step:
-                        run.checkpoint()
-                    run.close_bar()
-                    log(f"interrupted at step {run.step}: checkpoint saved in {out_dir} (continue with the same "
-                        "command and --resume)")
-                    raise KeyboardInterrupt
-            if run.bpos >= len(order):
-                run.epoch, run.bpos = run.epoch + 1, 0
-    run.close_bar()
+    with stop_after_the_step(save_bytes) as stopper:
+        run.shown = Progress(train_cfg.max_steps, run.step, log, enabled=progress)
+        try:
+            _train_loop(run, stopper, log)
+        finally:
+            run.close_bar()
     return {"step": run.step, "train_seconds": round(run.train_seconds, 1), "tokens": run.total_tokens,
             "parameters": model.num_parameters(), **run.last_metrics}
+
+
+def _train_loop(run: _Run, stopper: StopAfterTheStep, log: Callable[[str], None]) -> None:
+    """Steps until max_steps, validating and saving on schedule; a signal (stopper) stops it after a whole step,
+    its checkpoint saved."""
+    from transduce.training.data import epoch_order
+
+    cfg = run.cfg
+    while run.step < cfg.max_steps:
+        order = epoch_order(len(run.batches), cfg.seed, run.epoch)
+        while run.bpos < len(order) and run.step < cfg.max_steps:
+            stopper.set_phase("step")
+            loss, lr = run.train_step(run.batches[order[run.bpos]])
+            stopper.longest_step = max(stopper.longest_step, run.step_seconds)
+            last = run.step == cfg.max_steps
+            if run.step % cfg.eval_every == 0 or last:
+                _validate_unless_stopping(run, stopper, loss, lr, last)
+            if run.step % cfg.save_every == 0 or last:
+                with stopper.saving():
+                    run.checkpoint()
+            if stopper.signum is not None and not last:  # the step is whole, so is its checkpoint
+                if run.saved_step != run.step:
+                    with stopper.saving():
+                        run.checkpoint()
+                run.close_bar()
+                message = (f"interrupted at step {run.step} of {cfg.max_steps} by {stopper.name()}: checkpoint "
+                           f"saved in {run.out_dir} (continue with the same command and --resume)")
+                log(message)
+                stopper.stop(message, run.step, run.out_dir)
+        if run.bpos >= len(order):
+            run.epoch, run.bpos = run.epoch + 1, 0
+
+
+def _validate_unless_stopping(run: _Run, stopper: StopAfterTheStep, loss, lr: float, last: bool) -> None:
+    """Validate, unless a signal stops the run first: one taken in before or during the validation cuts it short
+    (the handler raises SkipValidation inside it). The last step's always runs: the run's summary is its."""
+    if last:
+        run.validate(loss, lr)
+        return
+    try:
+        stopper.set_phase("validate")  # from here the handler raises; the phase is set back inside the try
+        if stopper.signum is None:
+            run.validate(loss, lr)
+        stopper.set_phase("step")
+    except SkipValidation:
+        stopper.set_phase("step")
 
 
 def default_out_dir() -> str:
@@ -420,14 +430,24 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
                      target: str | None = None, valid: str | None = None, valid_size: int = 300,
                      resume: bool = False, progress: bool = True, force: bool = False,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`transduce train`: read the corpus (or make the embedded one), hold out a validation set, train."""
-    from transduce.formats.parallel import read_parallel
-    from transduce.models.corpus import demo_corpus
+    """`transduce train`: read the corpus (or make the embedded one), hold out a validation set, train (as train()
+    does, the lock of `out_dir` taken before the corpus is read)."""
 
     if data and (source or target):
         raise ConfigError("give either --data (TSV) or --source/--target (aligned files), not both")
     if bool(source) != bool(target):
         raise ConfigError("--source and --target go together")
+    with _one_writer(out_dir):  # before reading the corpus: a second run into out_dir is refused at once
+        pairs, valid_pairs = _corpus(data, source, target, valid, valid_size)
+        return _train(pairs, valid_pairs, out_dir, train_cfg, resume, progress, log, force)
+
+
+def _corpus(data, source, target, valid, valid_size) -> tuple[list, list]:
+    """train_from_files' training and held-out pairs; the held-out ones that are also training pairs are counted in
+    a warning."""
+    from transduce.formats.parallel import read_parallel
+    from transduce.models.corpus import demo_corpus
+
     if data or source:
         pairs = read_parallel(data) if data else read_parallel(source, target)
         if valid:
@@ -447,5 +467,5 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
     if overlap:
         warnings.warn(f"{overlap} of the {len(valid_pairs)} held-out pairs are also training pairs (the same source "
                       "and target): the validation BLEU and exact match over-state how the model does on unseen text; "
-                      "remove them from the training data, or hold out others", stacklevel=2)
-    return train(pairs, valid_pairs, out_dir, train_cfg, resume=resume, progress=progress, force=force, log=log)
+                      "remove them from the training data, or hold out others", stacklevel=3)
+    return pairs, valid_pairs

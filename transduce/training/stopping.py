@@ -1,0 +1,141 @@
+"""Stopping a training run on a signal at a safe point.
+
+Ctrl-C (SIGINT) and SIGTERM let the current step finish (a half-applied optimizer step would make an
+inconsistent checkpoint), save a checkpoint of it and stop; a second signal stops at once, without one. A
+signal taken in during a validation cuts it short (it is no part of the checkpoint: docker stop waits 10 s, a
+validation can take minutes); during the run's last step it lets the run complete.
+
+SIGTERM is taken over only where the process has turned it into an exception (the `transduce` command does:
+SystemExit(143)); under its default action it still kills at once, as the caller chose. After the checkpoint
+the signal's own handler runs, so the command exits as it would have (143); a Ctrl-C ends in TrainingStopped.
+
+The command's SIGTERM watchdog (transduce.cli) ends a process whose main thread cannot run a signal handler
+(stuck in native code); it asks the handler in place, through `term_deadline()`, when the work under way should
+be over, and waits for that (plus its grace) before it does, so that a save is not killed half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+# the slowest a checkpoint is expected to be written (a network disk), in bytes/s: how long the watchdog lets
+# a save take before the run has timed one of its own
+SAVE_FLOOR_RATE = 20e6
+
+_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_NOTICES = {
+    # os.write, not print: the handler may run while the main thread is inside a print
+    signal.SIGINT: b"\ninterrupt: saving a checkpoint after this step (Ctrl-C again to stop without one)\n",
+    signal.SIGTERM: b"\nSIGTERM: saving a checkpoint after this step, then stopping (another signal stops at once, "
+                    b"without one)\n",
+}
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """A run stopped by a signal once the checkpoint of its last whole step was saved. A KeyboardInterrupt, so that
+    whoever catches Ctrl-C's catches it. signum: the signal; step and out_dir: what was saved, and where."""
+
+    def __init__(self, message: str, signum: int, step: int, out_dir: str):
+        super().__init__(message)
+        self.signum, self.step, self.out_dir = signum, step, out_dir
+
+
+class SkipValidation(BaseException):
+    """Raised by the handler in a validation that a signal cuts short (caught around the validation). Not an
+    Exception, so that no `except Exception` inside the validation swallows it."""
+
+
+class StopAfterTheStep:
+    """The SIGINT and SIGTERM handler of a training run (see the module's docstring). The loop says what it is
+    doing (`phase`) and how long its steps and saves take; `signum` is the signal taken in, if any."""
+
+    def __init__(self, save_bytes: int):
+        self.signum: int | None = None
+        self.taken_at = 0.0  # time.monotonic() when the handler ran
+        self.phase = "step"  # "step", "validate" or "save"
+        self.phase_since = time.monotonic()
+        self.longest_step = 0.0  # seconds, this run's
+        self.longest_save = 0.0
+        self.save_bytes = save_bytes  # a checkpoint's estimated size
+        self._previous: dict[int, object] = {}  # the handlers in place before, while ours are installed
+
+    def __call__(self, signum, frame) -> None:
+        if self.signum is not None:  # a second signal: stop at once
+            previous = self._restore().get(signum)
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        self.signum, self.taken_at = signum, time.monotonic()
+        os.write(2, _NOTICES[signum])
+        if self.phase == "validate":
+            raise SkipValidation
+
+    def set_phase(self, phase: str) -> None:
+        self.phase, self.phase_since = phase, time.monotonic()
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """Around a checkpoint's save: the watchdog waits for it, and the next one's allowance learns from it."""
+        self.set_phase("save")
+        try:
+            yield
+        finally:
+            self.longest_save = max(self.longest_save, time.monotonic() - self.phase_since)
+            self.set_phase("step")
+
+    def term_deadline(self) -> float:
+        """When (time.monotonic()) the work under way should be over; the SIGTERM watchdog waits until then, plus
+        its grace. The rule: a save may take twice this run's longest save, or SAVE_FLOOR_RATE's time for its size
+        if longer (so a save in native code is not killed half-written); a step twice this run's longest step
+        (nothing before one was timed); a validation nothing; counted from when each began. Once the handler has
+        run, the main thread is not stuck in native code: from then on, at least the grace."""
+        budget = {"step": 2 * self.longest_step, "validate": 0.0,
+                  "save": 2 * max(self.longest_save, self.save_bytes / SAVE_FLOOR_RATE)}[self.phase]
+        end = self.phase_since + budget
+        return max(end, self.taken_at) if self.signum is not None else end
+
+    def stop(self, message: str, step: int, out_dir: str) -> None:
+        """After the checkpoint: run the signal's own handler (the command's SIGTERM: SystemExit(143)), else raise
+        TrainingStopped."""
+        assert self.signum is not None
+        previous = self._restore().get(self.signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(self.signum, None)
+        raise TrainingStopped(message, self.signum, step, out_dir)
+
+    def name(self) -> str:
+        return _NAMES.get(self.signum, f"signal {self.signum}")
+
+    def install(self) -> None:
+        """Take over SIGINT (unless ignored: a background job) and a SIGTERM that the process turned into an
+        exception; only in the main thread, where Python delivers signals."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if callable(previous) or (signum == signal.SIGINT and previous == signal.SIG_DFL):
+                self._previous[signum] = previous
+                signal.signal(signum, self)
+
+    def _restore(self) -> dict[int, object]:
+        """Put the handlers that were in place back (once); -> them."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        return previous
+
+
+@contextlib.contextmanager
+def stop_after_the_step(save_bytes: int) -> Iterator[StopAfterTheStep]:
+    """The run's StopAfterTheStep, installed meanwhile; the handlers in place before come back after."""
+    stopper = StopAfterTheStep(save_bytes)
+    stopper.install()
+    try:
+        yield stopper
+    finally:
+        stopper._restore()
