@@ -12,11 +12,13 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import pytest
 import tensorrt_fake as fake
 from click.testing import CliRunner
 
+from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere
 from transduce.build import builder
 from transduce.build.builder import build_engines, parser_errors
 from transduce.build.commands import build as build_cmd
@@ -44,6 +46,7 @@ from transduce.formats.profiles import (
     plan_from_meta,
     profile_shapes,
 )
+from transduce.formats.reaping import tmp_prefix
 from transduce.runtime.backends.tensorrt_support import (
     check_engine,
     device_index,
@@ -265,7 +268,7 @@ def test_a_model_dir_or_a_file_given_as_an_engine_dir_says_so(tmp_path, tiny_mod
         read_engine_manifest(str(tmp_path / "afile"), runtime=fake.runtime_info())
     with pytest.raises(ArtifactError, match="is a model directory, not a TensorRT engine directory") as e:
         read_engine_manifest(tiny_model_dir, runtime=fake.runtime_info())
-    assert f"transduce export {os.path.abspath(tiny_model_dir)} ARTIFACT_DIR" in str(e.value)
+    assert f"transduce export {os.path.abspath(tiny_model_dir)} --out ARTIFACT_DIR" in str(e.value)
 
 
 def test_refuses_missing_file(tmp_path, artifact):
@@ -428,6 +431,53 @@ def test_timing_cache_path_is_checked_before_building(tmp_path, artifact, monkey
     assert os.path.isfile(tmp_path / "e" / ENCODER_PLAN)
 
 
+def test_a_second_build_into_one_out_is_refused_at_once(tmp_path, artifact, monkeypatch):
+    """Before the artifact is read (its hashes: seconds at the big preset) or TensorRT builds anything, naming the
+    build that runs; its temporary copy is left alone."""
+    def must_not_read(*args, **kwargs):
+        raise AssertionError("the artifact was read")
+
+    monkeypatch.setattr(builder, "read_manifest", must_not_read)
+    fake.CALLS.clear()
+    out = tmp_path / "e"
+    with lock_held_elsewhere(out) as pid:
+        theirs = abandoned_copy(tmp_path, f"{tmp_prefix('e')}{pid}-building")  # the first build's, being written
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match=f"the engine directory '{out}' is being written by PID {pid}"):
+            _build(artifact, str(out), max_batch=2, force=True)
+        assert time.monotonic() - t0 < 1
+        assert sorted(os.listdir(tmp_path)) == sorted([theirs, ".e.lock"]) and fake.CALLS == []
+
+
+def test_a_build_the_disk_has_no_room_for_is_refused_before_tensorrt(tmp_path, tiny_model_dir, monkeypatch):
+    """The plans take about their graphs' bytes (the weights), and the artifact's files are hard-linked beside
+    them on the same file system."""
+    from transduce.formats import paths
+
+    art = fake.make_artifact(str(tmp_path / "art"), tiny_model_dir, encoder_bytes=b"e" * 3_000_000,
+                             step_bytes=b"s" * 2_000_000)
+    monkeypatch.setattr(paths, "free_bytes", lambda path: 10_000_000)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # refused before TensorRT is looked for
+    out = tmp_path / "e"
+    with pytest.raises(EngineError) as e:
+        build_engines(art, out, max_batch=2)
+    need = (5_000_000 + builder.OTHER_ENGINE_BYTES) / 1e6
+    assert f"the build needs about {need:.1f} MB on the disk of '{out}', which has 10.0 MB free" in str(e.value)
+    assert "free some disk space" in e.value.hint and not out.exists()
+
+
+def test_builds_share_a_timing_cache_and_a_save_finding_another_leaves_it_to_that_one(tmp_path, artifact):
+    """The timing cache is locked only while it is written back: a build whose save finds another build saving
+    keeps its engines and leaves the file to that one."""
+    cache = tmp_path / "t.cache"
+    with lock_held_elsewhere(cache) as pid:
+        meta, lines = _build(artifact, str(tmp_path / "e"), max_batch=2, timing_cache=str(cache))
+        assert any("could not save the timing cache" in line and f"PID {pid}" in line for line in lines), lines
+    assert os.path.isfile(tmp_path / "e" / ENCODER_PLAN) and not cache.exists()
+    _build(artifact, str(tmp_path / "e2"), max_batch=2, timing_cache=str(cache))
+    assert cache.read_bytes() == b"[encoder][decoder_step]" and sorted(os.listdir(tmp_path)) == ["e", "e2", "t.cache"]
+
+
 def test_a_gpu_index_past_the_last_gpu_is_a_clear_error(monkeypatch):
     import torch
 
@@ -489,7 +539,7 @@ def test_arguments_are_checked_before_tensorrt_is_looked_for(tmp_path, artifact,
             build_engines(artifact, out, max_batch=2, **kw)
     with pytest.raises(ArtifactError, match="is a model directory, not an exported artifact") as e:
         build_engines(tiny_model_dir, out)
-    assert f"transduce export {tiny_model_dir} ARTIFACT_DIR" in str(e.value)
+    assert f"transduce export {tiny_model_dir} --out ARTIFACT_DIR" in str(e.value)
     assert not os.path.exists(out)
 
 

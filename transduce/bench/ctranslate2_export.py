@@ -213,21 +213,24 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
 
 
 def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
-    """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically. Reused if current."""
+    """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically, under out_dir's lock (another
+    conversion into it is refused at once). Reused if current."""
     from transduce.formats.atomic import atomic_directory
+    from transduce.formats.locks import output_lock
     from transduce.formats.model_dir import weights_sha256
 
     model_dir, out_dir = os.fspath(model_dir), os.fspath(out_dir)
-    if not force and is_current(out_dir, model_dir):
-        return out_dir
-    ct2 = import_ctranslate2()
-    converter = _converter_class()(model_dir)
-    with atomic_directory(out_dir) as tmp:
-        converter.convert(tmp, quantization="float32", force=True)
-        with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": weights_sha256(model_dir),
-                       "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__,
-                       "files": _converted_files(tmp)}, f, indent=2)
+    with output_lock(out_dir, "the CTranslate2 conversion"):
+        if not force and is_current(out_dir, model_dir):
+            return out_dir
+        ct2 = import_ctranslate2()
+        converter = _converter_class()(model_dir)
+        with atomic_directory(out_dir) as tmp:
+            converter.convert(tmp, quantization="float32", force=True)
+            with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
+                json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": weights_sha256(model_dir),
+                           "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__,
+                           "files": _converted_files(tmp)}, f, indent=2)
     return out_dir
 
 

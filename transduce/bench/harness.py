@@ -103,10 +103,23 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
 
 
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The whole run: every size, cell by cell, and the machine's ceilings around them -> bench.json's content."""
-    from transduce.bench import ceilings as ceil
+    """The whole run: every size, cell by cell, and the machine's ceilings around them -> bench.json's content.
+
+    One bench per cache directory: its lock (formats.locks) is held for the whole run, since what it prepares
+    there (each size's model, exports and conversion, which go together) is read until the run ends, not only
+    while it is written; a second bench sharing the cache is refused at once, naming the process (two benches
+    at once would skew each other's timings anyway)."""
+    from transduce.formats.locks import output_lock
 
     cache = check_paths_and_lengths(cfg)
+    with output_lock(cache, "the bench's cache of prepared models (--cache-dir)"):
+        return _run(cfg, cache, log)
+
+
+def _run(cfg: BenchConfig, cache: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """run_bench's work, with the cache locked."""
+    from transduce.bench import ceilings as ceil
+
     logs = os.path.join(cfg.out_dir, "logs")  # made writable by check_paths_and_lengths
     started = time.time()
     result: dict[str, Any] = {

@@ -116,18 +116,22 @@ def _made_by_bench(path: str) -> bool:
 
 def _own_model(path: str, make, log) -> str:
     """The bench's own model in the cache: made once, remade when it is incomplete or corrupt; a directory
-    there that the bench did not make (a --cache-dir that holds a trained model) is never replaced."""
-    if os.path.isdir(path):
-        why = _unusable(path)
-        if why is None:
-            return path
-        if not _made_by_bench(path):
-            raise TransduceError(f"{path} is where the bench keeps its random model, but holds a model it did not "
-                                 f"make ({why}); the bench does not replace it",
-                                 hint="choose another --cache-dir (the default is OUT/models), or move that "
-                                      "directory away")
-        log(f"remaking the cached model {path}: {why}")
-    make(path)
+    there that the bench did not make (a --cache-dir that holds a trained model) is never replaced. Under its
+    lock, as every writer of a cached item (what a killed bench left half-written there goes then)."""
+    from transduce.formats.locks import output_lock
+
+    with output_lock(path, "the bench's random model"):
+        if os.path.isdir(path):
+            why = _unusable(path)
+            if why is None:
+                return path
+            if not _made_by_bench(path):
+                raise TransduceError(f"{path} is where the bench keeps its random model, but holds a model it did "
+                                     f"not make ({why}); the bench does not replace it",
+                                     hint="choose another --cache-dir (the default is OUT/models), or move that "
+                                          "directory away")
+            log(f"remaking the cached model {path}: {why}")
+        make(path)
     return path
 
 

@@ -27,7 +27,11 @@ engine.json: transduce.formats.engine). Needs TensorRT >= 10 and a CUDA GPU.
   (`trt.Runtime.deserialize_cuda_engine`) and their IO names, dtypes and profile shapes checked
   against the contract and the derived profiles before anything is written in place;
 - everything is written under `atomic_output`: a failed build leaves no engine directory, and an
-  existing one is replaced only with force=True (and only if it is an engine directory).
+  existing one is replaced only with force=True (and only if it is an engine directory);
+- one build into an --out at a time: its lock (transduce.formats.locks) is taken before the artifact is read,
+  and a second build into it is refused at once, naming the process; so is a build the disk has no room for
+  (`engine_bytes`). The timing cache is locked only while it is written back: builds of other engines share
+  one cache file, and a save that finds another build saving it leaves the file to that one.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transduce.build.progress import make_progress_monitor
-from transduce.errors import BackendUnavailable, EngineError
+from transduce.errors import BackendUnavailable, EngineError, TransduceError
 from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
 from transduce.formats.atomic import atomic_output, write_bytes_atomic
 from transduce.formats.contract import io_mismatches
@@ -57,7 +61,8 @@ from transduce.formats.engine import (
 )
 from transduce.formats.files import file_entries
 from transduce.formats.kinds import MANIFEST_FILE, is_engine_dir
-from transduce.formats.paths import check_creatable, check_replaceable
+from transduce.formats.locks import output_lock
+from transduce.formats.paths import check_creatable, check_free_space, check_replaceable
 from transduce.formats.profiles import (
     DEFAULT_BEAM,
     DEFAULT_MAX_BATCH,
@@ -78,6 +83,8 @@ from transduce.runtime.backends.tensorrt_support import (
 )
 
 DEFAULT_WORKSPACE_GB = 4.0
+# Room for what a build writes besides the plans' weights: their kernels, engine.json
+OTHER_ENGINE_BYTES = 16 * 2**20
 
 Log = Callable[[str], None]
 
@@ -86,8 +93,9 @@ def _quiet(_: str) -> None:
     pass
 
 
-def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> bool:
-    """Refuse an --out that cannot take the engines; -> whether it replaces an existing engine directory."""
+def _check_out_path(artifact_dir: str, out_dir: str) -> None:
+    """Refuse an --out that cannot take the engines (over or inside the artifact, not creatable), before its lock
+    is taken (beside it)."""
     real_out, real_art = os.path.realpath(out_dir), os.path.realpath(artifact_dir)
     out_is_engine = os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST_FILE))
     if real_out == real_art and not out_is_engine:
@@ -101,8 +109,20 @@ def _check_destination(artifact_dir: str, out_dir: str, force: bool) -> bool:
                           "artifact again would delete the engines)",
                           hint="choose an --out directory beside the artifact")
     check_creatable(real_out, EngineError, f"the output directory {out_dir!r}")  # nothing is created yet
-    return check_replaceable(out_dir, force, is_engine_dir, "an engine directory", "engine directories", EngineError,
-                             "--out directory")
+
+
+def engine_bytes(artifact_dir: str, out_dir: str, manifest: dict[str, Any]) -> int:
+    """An estimate of the bytes a build writes: each plan about the size of the graph it is built from (the
+    weights, at the graph's precision), OTHER_ENGINE_BYTES, and the artifact's files where they are copied, not
+    hard-linked (--out on another file system)."""
+    files = manifest["files"]
+    need = OTHER_ENGINE_BYTES + sum(entry["bytes"] for name, entry in files.items() for onnx_name, _ in GRAPHS.values()
+                                    if name == onnx_name or name.startswith(onnx_name + "."))  # external data too
+    try:
+        linked = os.stat(artifact_dir).st_dev == os.stat(os.path.dirname(os.path.realpath(out_dir))).st_dev
+    except OSError:
+        linked = False
+    return need if linked else need + sum(entry["bytes"] for entry in files.values())
 
 
 def _network_flags(trt) -> int:
@@ -217,9 +237,10 @@ class _TimingCache:
                 "(give each GPU and TensorRT version its own --timing-cache file, or delete this one)")
         elif self.path and self.cache is not None:
             try:  # a side product: failing to save it must not throw the engines away
-                write_bytes_atomic(self.path, self.cache.serialize())
+                with output_lock(self.path, "the timing cache", EngineError):  # another build saving it: theirs
+                    write_bytes_atomic(self.path, self.cache.serialize())
                 log(f"timing cache: saved to {self.path}")
-            except OSError as e:
+            except (OSError, TransduceError) as e:
                 log(f"warning: could not save the timing cache to {self.path} ({e}); the engines are kept")
 
 
@@ -327,6 +348,42 @@ def _log_profiles(plan: EnginePlan, log: Log) -> None:
             for p in specs))
 
 
+def _write_engines(trt, gpu: dict[str, Any], logger: TrtLog, tmp: str, artifact_dir: str, manifest: dict[str, Any],
+                   plan: EnginePlan, timing_cache: str | None, workspace_gb: float, tf32: bool, progress: bool,
+                   log: Log, t_start: float) -> dict[str, Any]:
+    """Build both plans into `tmp` (the new engine directory), check them, link the artifact's files beside them
+    and write engine.json; -> its content."""
+    precision = manifest["precision"]
+    builder = trt.Builder(logger.ilogger)
+    data = _read_timing_cache(timing_cache, log)
+    cache = _TimingCache(timing_cache, data, loaded=bool(data))
+    keep_alive: list = []
+    graphs_meta = {graph: _build_graph(trt, builder, logger, cache, artifact_dir, manifest, graph, plan, tmp,
+                                       workspace_gb, tf32, progress, log, keep_alive) for graph in GRAPHS}
+    del keep_alive
+    cache.save(log)
+    _check_plans(trt, logger, tmp, manifest, plan)
+    artifact_files = [MANIFEST_FILE] + sorted(manifest["files"])
+    how = {_link_or_copy(os.path.join(artifact_dir, n), os.path.join(tmp, n)) for n in artifact_files}
+    files = file_entries(tmp, artifact_files + [ENCODER_PLAN, STEP_PLAN])
+    meta = engine_manifest(
+        precision=precision,
+        build_seconds={"total": round(time.perf_counter() - t_start, 2),
+                       **{g: m["build_seconds"] for g, m in graphs_meta.items()}},
+        tensorrt={"version": str(trt.__version__), "strongly_typed": True, "tf32": bool(tf32),
+                  "workspace_gb": workspace_gb, "timing_cache": timing_cache, "timing_cache_loaded": cache.loaded,
+                  "version_compatible": False, "hardware_compatibility": "none"},
+        gpu=gpu, plan=plan, graphs=graphs_meta,
+        artifact={"path": artifact_dir, "contract_version": manifest["contract_version"],
+                  "precision": precision, "opset": manifest.get("opset"),
+                  "manifest_sha256": files[MANIFEST_FILE]["sha256"],
+                  "copied_as": ("hard links" if how == {"link"} else "copies" if how == {"copy"}
+                                else "links and copies")},
+        files=files, tools=_tool_versions(trt))
+    write_engine_manifest(tmp, meta)
+    return meta
+
+
 def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, max_batch: int = DEFAULT_MAX_BATCH,
                   max_src_len: int | None = None, max_tgt_len: int | None = None, opt_batch: int | None = None,
                   opt_src_len: int | None = None, opt_tgt_len: int | None = None, beam: int = DEFAULT_BEAM,
@@ -344,51 +401,31 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     log = log or _quiet
     t_start = time.perf_counter()
     artifact_dir, out_dir = os.path.abspath(os.fspath(artifact_dir)), os.path.abspath(os.fspath(out_dir))
-    manifest = read_manifest(artifact_dir, verify_hashes=True)
-    config, precision = manifest["model"], manifest["precision"]
-    if quantization(manifest):
-        raise EngineError(f"{artifact_dir} has {quantization(manifest)} graphs for ONNX Runtime's CPU provider "
-                          "(transduce export --quantize); TensorRT engines are built from an unquantized export",
-                          hint=f"transduce export MODEL_DIR OUT_DIR --precision {precision} (without --quantize), "
-                               "then build from it")
-    replaces = _check_destination(artifact_dir, out_dir, force)  # an existing engine directory (not an empty one)
-    plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
-                           opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)
-    timing_cache = _check_build_options(workspace_gb, timing_cache, out_dir)
-    device_index(device)  # its spelling, before TensorRT is looked for
-    trt = _trt or import_tensorrt()
-    gpu = _gpu or select_gpu(device)
-    logger = make_logger(trt, log)
-    _log_profiles(plan, log)
-    with atomic_output(out_dir, replaces, EngineError, "the engine directory",
-                       hint="choose an --out path you can write to, on a disk with space") as tmp:
-        builder = trt.Builder(logger.ilogger)
-        data = _read_timing_cache(timing_cache, log)
-        cache = _TimingCache(timing_cache, data, loaded=bool(data))
-        keep_alive: list = []
-        graphs_meta = {graph: _build_graph(trt, builder, logger, cache, artifact_dir, manifest, graph, plan, tmp,
-                                           workspace_gb, tf32, progress, log, keep_alive) for graph in GRAPHS}
-        del keep_alive
-        cache.save(log)
-        _check_plans(trt, logger, tmp, manifest, plan)
-        artifact_files = [MANIFEST_FILE] + sorted(manifest["files"])
-        how = {_link_or_copy(os.path.join(artifact_dir, n), os.path.join(tmp, n)) for n in artifact_files}
-        files = file_entries(tmp, artifact_files + [ENCODER_PLAN, STEP_PLAN])
-        meta = engine_manifest(
-            precision=precision,
-            build_seconds={"total": round(time.perf_counter() - t_start, 2),
-                           **{g: m["build_seconds"] for g, m in graphs_meta.items()}},
-            tensorrt={"version": str(trt.__version__), "strongly_typed": True, "tf32": bool(tf32),
-                      "workspace_gb": workspace_gb, "timing_cache": timing_cache, "timing_cache_loaded": cache.loaded,
-                      "version_compatible": False, "hardware_compatibility": "none"},
-            gpu=gpu, plan=plan, graphs=graphs_meta,
-            artifact={"path": artifact_dir, "contract_version": manifest["contract_version"],
-                      "precision": precision, "opset": manifest.get("opset"),
-                      "manifest_sha256": files[MANIFEST_FILE]["sha256"],
-                      "copied_as": ("hard links" if how == {"link"} else "copies" if how == {"copy"}
-                                    else "links and copies")},
-            files=files, tools=_tool_versions(trt))
-        write_engine_manifest(tmp, meta)
+    _check_out_path(artifact_dir, out_dir)
+    with output_lock(out_dir, "the engine directory", EngineError):  # before any work: one build per --out
+        manifest = read_manifest(artifact_dir, verify_hashes=True)
+        config, precision = manifest["model"], manifest["precision"]
+        if quantization(manifest):
+            raise EngineError(f"{artifact_dir} has {quantization(manifest)} graphs for ONNX Runtime's CPU provider "
+                              "(transduce export --quantize); TensorRT engines are built from an unquantized export",
+                              hint=f"transduce export MODEL_DIR --out OUT_DIR --precision {precision} (without "
+                                   "--quantize), then build from it")
+        # an existing engine directory (not an empty one)
+        replaces = check_replaceable(out_dir, force, is_engine_dir, "an engine directory", "engine directories",
+                                     EngineError, "--out directory")
+        plan = derive_profiles(config, max_batch=max_batch, beam=beam, max_src_len=max_src_len, max_tgt_len=max_tgt_len,
+                               opt_batch=opt_batch, opt_src_len=opt_src_len, opt_tgt_len=opt_tgt_len, profiles=profiles)
+        timing_cache = _check_build_options(workspace_gb, timing_cache, out_dir)
+        device_index(device)  # its spelling, before TensorRT is looked for
+        check_free_space(out_dir, engine_bytes(artifact_dir, out_dir, manifest), "the build", EngineError)
+        trt = _trt or import_tensorrt()
+        gpu = _gpu or select_gpu(device)
+        logger = make_logger(trt, log)
+        _log_profiles(plan, log)
+        with atomic_output(out_dir, replaces, EngineError, "the engine directory",
+                           hint="choose an --out path you can write to, on a disk with space") as tmp:
+            meta = _write_engines(trt, gpu, logger, tmp, artifact_dir, manifest, plan, timing_cache, workspace_gb, tf32,
+                                  progress, log, t_start)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return meta
 

@@ -56,12 +56,17 @@ from transduce.formats.kinds import (
     WEIGHTS_FILE,
     is_artifact_dir,
 )
-from transduce.formats.model_dir import TOKENIZER_FILE, weights_sha256
-from transduce.formats.paths import check_replaceable
+from transduce.formats.locks import output_lock
+from transduce.formats.model_config import ModelConfig
+from transduce.formats.model_dir import TOKENIZER_FILE, model_config, weights_sha256
+from transduce.formats.paths import check_free_space, check_replaceable
+from transduce.formats.weights import weight_shapes
 
 DEFAULT_OPSET = 18
 MIN_OPSET, MAX_OPSET = 17, 23
 MIN_MAX_POSITIONS = 4  # trace sizes must be distinct and >= 2 (graphs.trace_sizes)
+# Room for what an export writes besides the weights: the graphs' nodes, the manifest (a few MB at most)
+OTHER_EXPORT_BYTES = 16 * 2**20
 EXPORTER = "torch.onnx.export(dynamo=True) (torch.export, onnxscript optimizer)"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torch.onnx colours its error messages
 
@@ -75,13 +80,26 @@ def _quiet(_: str) -> None:
 # -- checks before any work ----------------------------------------------------------------------
 
 
+def onnxruntime_version() -> str:
+    """The installed onnxruntime's version, read from its package metadata (importing it takes seconds)."""
+    from importlib import metadata
+
+    for package in ("onnxruntime", "onnxruntime-gpu"):  # the `cpu` and the `gpu` extra's
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
 def check_options(precision: str, opset: int) -> None:
     if precision not in PRECISIONS:
         raise ExportError(f"unknown precision {precision!r}", hint=f"choose one of {', '.join(PRECISIONS)}")
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
         raise ExportError(
-            f"opset {opset} is not supported: LayerNormalization needs >= {MIN_OPSET}, and ONNX Runtime 1.31 "
-            f"loads <= {MAX_OPSET}",
+            f"opset {opset} is not supported: transduce exports opsets {MIN_OPSET}..{MAX_OPSET} (LayerNormalization "
+            f"needs >= {MIN_OPSET}; {MAX_OPSET} is the newest its graphs are checked with; onnxruntime "
+            f"{onnxruntime_version()} is installed)",
             hint=f"use --opset {DEFAULT_OPSET} (the default)",
         )
 
@@ -96,8 +114,8 @@ def check_quantize(quantize: str, config: dict[str, Any], precision: str) -> Non
                           hint="--quantize int8 needs --precision fp32 and a post-norm model")
 
 
-def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
-    """Refuse an existing OUT_DIR without force, and never replace something that is not an artifact."""
+def check_out_path(model_dir: str, out_dir: str) -> None:
+    """Refuse an OUT_DIR over or inside the model directory: checked before OUT_DIR's lock is taken (beside it)."""
     real_out, real_model = os.path.realpath(out_dir), os.path.realpath(model_dir)
     if real_out == real_model or real_model.startswith(real_out + os.sep):
         raise ExportError(f"the output directory {out_dir!r} would replace the model directory {model_dir!r}",
@@ -105,10 +123,59 @@ def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
     if real_out.startswith(real_model + os.sep):  # the next checkpoint of that model would delete it
         raise ExportError(f"the output directory {out_dir!r} is inside the model directory {model_dir!r}",
                           hint="choose an output directory outside it")
+
+
+def check_destination(model_dir: str, out_dir: str, force: bool) -> bool:
+    """Refuse an existing OUT_DIR without force, and never replace something that is not an artifact."""
+    check_out_path(model_dir, out_dir)
     if os.path.isfile(os.path.join(out_dir, ENGINE_MANIFEST_FILE)):  # an engine directory holds a manifest copy
         raise ExportError(f"{out_dir!r} is an engine directory (transduce build); --force replaces only artifacts",
                           hint="choose another output directory")
     return check_replaceable(out_dir, force, is_artifact_dir, "an artifact directory", "artifacts", ExportError)
+
+
+def graph_weights(cfg: ModelConfig) -> tuple[int, int]:
+    """The weight elements of encoder.onnx and of decoder_step.onnx: each holds the positional table and its
+    embedding; the encoder also the decoder layers' cross-attention K/V projections, the step graph the rest of
+    the decoder (and the output projection of a model without shared embeddings)."""
+    import math
+
+    encoder = step = cfg.max_positions * cfg.d_model
+    for name, shape in weight_shapes(cfg).items():
+        n = math.prod(shape)
+        in_encoder = ".cross_attn.k_proj." in name or ".cross_attn.v_proj." in name or name.startswith(
+            ("encoder", "src_embed"))
+        encoder += n if in_encoder or (name == "embed.weight" and cfg.share_embeddings) else 0
+        step += 0 if in_encoder else n
+    return encoder, step
+
+
+def export_bytes(cfg: ModelConfig, precision: str, quantize: str | None = None, ort_step_graph: bool = True,
+                 copied: int = 0) -> int:
+    """An estimate of the most bytes an export has on the disk at once: both graphs' weights at the precision,
+    decoder_step.ort.onnx's where it is built, the larger int8 copy written beside its graph while quantizing,
+    the `copied` bytes (config, tokenizer), and OTHER_EXPORT_BYTES."""
+    from transduce.exporter import ort_step
+    from transduce.exporter import quantize as q
+
+    config = cfg.to_dict()
+    need = (4 if precision == "fp32" else 2) * sum(graph_weights(cfg)) + copied + OTHER_EXPORT_BYTES
+    if ort_step_graph and ort_step.unsupported_reason(config, precision) is None:
+        need += ort_step.weight_bytes(config)
+        if quantize and q.unsupported_reason(quantize, config, precision) is None:
+            need += q.copy_bytes(config)
+    return need
+
+
+def check_disk_space(model_dir: str, out_dir: str, precision: str, quantize: str | None, ort_step_graph: bool) -> None:
+    """Refuse an export the disk of OUT_DIR has no room for (export_bytes), before the model is even loaded."""
+    try:
+        cfg = model_config(model_dir)
+        copied = sum(os.path.getsize(os.path.join(model_dir, n)) for n in (MODEL_CONFIG_FILE, TOKENIZER_FILE))
+    except (TransduceError, OSError):  # loading the model says what is wrong with it
+        return
+    check_free_space(out_dir, export_bytes(cfg, precision, quantize, ort_step_graph, copied), "the export",
+                     ExportError)
 
 
 def load_model(model_dir: str):
@@ -261,19 +328,33 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     Raises CheckpointError for a bad model directory and ExportError for everything else (output
     exists, unwritable, tracing failed, a check or the numeric validation failed); nothing is left
     at OUT_DIR then (an existing artifact is kept unless the new one is complete).
-    """
-    from transduce.verify import validate
-    from transduce.verify.graph_checks import check_graph, check_ort_step_graph
 
+    One export into OUT_DIR at a time: OUT_DIR's lock (formats.locks) is taken before the model is loaded, and
+    another export into it is refused at once, naming the process. So is an export the disk has no room for
+    (export_bytes).
+    """
     log = log or _quiet
     t_start = time.perf_counter()
     model_dir, out_dir = os.path.abspath(os.fspath(model_dir)), os.path.abspath(os.fspath(out_dir))
     check_options(precision, opset)
     if quantize and not ort_step_graph:
-        raise ExportError(f"quantization ({quantize}) quantizes {contract.ORT_STEP_FILE}, which ort_step_graph=False "
-                          "(--no-ort-step) leaves out", hint="drop one of the two options")
-    opset = int(opset)
-    replaces = check_destination(model_dir, out_dir, force)  # an existing artifact (not an empty directory)
+        raise ExportError(f"quantize {quantize!r} quantizes {contract.ORT_STEP_FILE}, which ort_step_graph=False "
+                          "leaves out", hint="drop one of the two options", params=("quantize", "ort_step_graph=False"))
+    check_out_path(model_dir, out_dir)  # before the lock: OUT_DIR over the model directory would take training's
+    with output_lock(out_dir, "the artifact", ExportError):
+        replaces = check_destination(model_dir, out_dir, force)  # an existing artifact (not an empty directory)
+        check_disk_space(model_dir, out_dir, precision, quantize, ort_step_graph)
+        manifest = _export(model_dir, out_dir, replaces, int(opset), precision, log, quantize, ort_step_graph, t_start)
+    log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
+    return manifest
+
+
+def _export(model_dir: str, out_dir: str, replaces: bool, opset: int, precision: str, log: Log,
+            quantize: str | None, ort_step_graph: bool, t_start: float) -> dict[str, Any]:
+    """export_artifact's work, once OUT_DIR is locked and checked: load, trace, check, validate, write."""
+    from transduce.verify import validate
+    from transduce.verify.graph_checks import check_graph, check_ort_step_graph
+
     model, _, cfg = load_model(model_dir)
     copied = read_copied_files(model_dir, cfg)
     config = model.cfg.to_dict()
@@ -331,7 +412,6 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
             graphs=graph_info, tensorrt_ops={"source": _ops_source(), "unsupported": []}, validation=validation,
             quantization=quantization, files=files)
         write_manifest(tmp, manifest)
-    log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return manifest
 
 

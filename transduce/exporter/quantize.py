@@ -28,7 +28,7 @@ from transduce.formats.artifact import QUANTIZATION_METHODS as METHODS
 from transduce.formats.artifact import QUANTIZED_FILES
 
 OP_TYPES = ("MatMul", "Gemm")
-UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR OUT_DIR"
+UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR --out OUT_DIR"
 # torch.onnx (ONNXProgram.save) keeps a graph's weights in <name>.data above this many bytes
 TORCH_EXTERNAL_DATA_BYTES = 1536 * 2**20
 
@@ -56,6 +56,21 @@ def encoder_weight_bytes(config: dict[str, Any]) -> int:
     d, ff = config["d_model"], config["d_ff"]
     return 4 * (config["vocab_size"] * d + config["encoder_layers"] * (4 * d * d + 2 * d * ff)
                 + config["decoder_layers"] * 2 * d * d)
+
+
+def copy_bytes(config: dict[str, Any]) -> int:
+    """About the bytes of the larger int8 copy quantize_graphs writes beside its fp32 graph before it replaces
+    it (for the export's disk space check): the MatMul and Gemm weights in one byte each, the embeddings looked
+    up and the positional table in four (biases and LayerNorms left out)."""
+    from transduce.exporter import ort_step
+
+    d, ff, vocab = config["d_model"], config["d_ff"], config["vocab_size"]
+    table = config["max_positions"] * d
+    encoder = 4 * (vocab * d + table) + config["encoder_layers"] * (4 * d * d + 2 * d * ff) + (
+        config["decoder_layers"] * 2 * d * d)
+    # the step graph's matrices: its decoder layers' (cross-attention K/V are the encoder's) and the logits'
+    step_matrices = config["decoder_layers"] * (6 * d * d + 2 * d * ff) + vocab * d
+    return max(encoder, ort_step.weight_bytes(config) - 3 * step_matrices)
 
 
 @contextlib.contextmanager
