@@ -13,6 +13,7 @@ from transduce.cli import main
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
 from transduce.inspect import inspect_path, render_report
 from transduce.inspect.parameters import classify_parameter
+from transduce.inspect.report import RUNTIME_OK_UNHASHED
 
 
 def _rendered(report) -> str:
@@ -143,10 +144,14 @@ def test_artifact_graphs(artifact_dir, artifact_sizes):
     enc, step = report["graphs"]["encoder.onnx"], report["graphs"]["decoder_step.onnx"]
     assert enc["inputs"] == [{"name": "src_ids", "dtype": "int64", "shape": ["batch", "src_len"]},
                              {"name": "src_lengths", "dtype": "int64", "shape": ["batch"]}]
-    assert enc["outputs"] == [{"name": "memory", "dtype": "float32", "shape": ["batch", "src_len", d_model]}]
+    cross = ["batch", 2, "src_len", d_model // 2]
+    assert enc["outputs"] == [{"name": "memory", "dtype": "float32", "shape": ["batch", "src_len", d_model]},
+                              {"name": "cross_key_0", "dtype": "float32", "shape": cross},
+                              {"name": "cross_value_0", "dtype": "float32", "shape": cross}]
     assert enc["opsets"] == {"ai.onnx": 17}
-    assert enc["ops"] == {"Gather": 1, "MatMul": 1}
-    assert step["ops"] == {"MatMul": 2, "Gather": 1, "LogSoftmax": 1, "Relu": 1, "Transpose": 1}
+    assert enc["ops"] == {"Constant": 1, "Gather": 1, "Identity": 1, "MatMul": 1, "Reshape": 1, "Transpose": 1}
+    assert step["ops"] == {"MatMul": 2, "Constant": 1, "Gather": 1, "Identity": 1, "LogSoftmax": 1, "Relu": 1,
+                           "Reshape": 1, "Transpose": 1}
     # the opaque "onnx::MatMul_7" is classified by its consumer node's name (the module path)
     assert enc["parameters"]["components"]["encoder"]["kinds"] == {"encoder self-attention": d_model * d_model}
     assert enc["parameters"]["components"]["embeddings"]["parameters"] == vocab * d_model
@@ -257,12 +262,16 @@ def test_engine_json_of_another_shape_is_shown_generically(tmp_path):
 
 
 def test_engine_with_a_changed_plan(engine_dir):
+    """Same size, other bytes: only the sha256 tells. A small directory's sums are compared unasked, as the
+    TensorRT backend compares them at every load; without them compared, the report says so, never "ok"."""
     with open(os.path.join(engine_dir, "encoder.plan"), "wb") as f:
-        f.write(b"\x02" * 1000)  # same size, other bytes: only the sha256 tells
-    assert inspect_path(engine_dir)["runtime_check"] == "ok"
-    report = inspect_path(engine_dir, verify=True)
-    assert "sha256" in report["runtime_check"]
-    assert any("encoder.plan does not match its recorded sha256" in p for p in report["problems"])
+        f.write(b"\x02" * 1000)
+    unhashed = inspect_path(engine_dir, verify=False)
+    assert unhashed["runtime_check"] == RUNTIME_OK_UNHASHED and unhashed["hashes"]["checked"] is False
+    for report in (inspect_path(engine_dir), inspect_path(engine_dir, verify=True)):
+        assert "encoder.plan does not match its sha256" in report["runtime_check"]
+        assert any("encoder.plan does not match its recorded sha256" in p for p in report["problems"])
+    assert _cli("inspect", engine_dir).exit_code == 1
 
 
 def test_engine_file_path_stands_for_its_directory(engine_dir):
@@ -397,4 +406,4 @@ def test_an_export_without_its_manifest_is_named_as_such(tiny_artifact_dir, tmp_
     with pytest.raises(ArtifactError, match="holds an export's ONNX graphs but no manifest.json"):
         inspect_path(str(half))
     r = CliRunner().invoke(main, ["inspect", str(half)])
-    assert r.exit_code == 2 and "transduce export MODEL_DIR OUT_DIR --force" in r.stderr
+    assert r.exit_code == 2 and "transduce export MODEL_DIR --out OUT_DIR --force" in r.stderr

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from artifact_edits import perturb_one_weight
+from artifact_edits import REFUSALS, perturb_one_weight, refused_copy
 
 from transduce.errors import ArtifactError
 from transduce.formats.artifact import read_manifest
@@ -222,46 +222,46 @@ def test_eager_parity_is_held_to_fp32_whatever_the_artifact(tiny_artifact_dir, t
     assert seen["precision"] == "fp32" and seen["candidate_name"] == "torch:cuda:0 (fp32)"
 
 
-def test_graphs_that_do_not_match_their_manifest_are_refused(tiny_artifact_dir, tmp_path):
-    """A hand-edited manifest (or a graph from another export): the IO contract is checked on load."""
-    edits = {
-        "precision": (lambda m: m.update(precision="fp16"),
-                      r"encoder.onnx does not match its manifest \(fp16.*float32"),
-        "heads": (lambda m: m["model"].update(n_heads=m["model"]["n_heads"] * 2), r"does not match its manifest.*dims"),
-        "layers": (lambda m: m["model"].update(decoder_layers=m["model"]["decoder_layers"] + 1), "outputs"),
-        "no model": (lambda m: m.pop("model"), "no model config"),
-    }
-    for name, (edit, match) in edits.items():
-        art = _copy(tiny_artifact_dir, tmp_path / name.replace(" ", "_"))
-        m = json.loads(open(os.path.join(art, "manifest.json")).read())
-        edit(m)
-        open(os.path.join(art, "manifest.json"), "w").write(json.dumps(m))
-        with pytest.raises(ArtifactError, match=match) as e:
-            load(art)
-        assert "transduce export" in e.value.hint, name
+@pytest.mark.parametrize("refusal", REFUSALS, ids=lambda r: r.name)
+def test_hand_edits_and_changed_files_are_refused(tiny_artifact_dir, tmp_path, refusal):
+    """Every refusal of tests/artifact_edits.py (`transduce inspect` is held to the same table): a hand-edited
+    manifest, a graph from another export or for one batch size, a changed or missing file. The IO contract
+    and the manifest's model config against its copy of config.json are checked on load, before any session."""
+    art = refused_copy(tiny_artifact_dir, tmp_path / "a", refusal)
+    with pytest.raises(ArtifactError, match=refusal.says) as e:
+        load(art)
+    assert "transduce export" in e.value.hint
 
 
-def test_a_graph_with_a_fixed_size_where_the_contract_has_an_axis_is_refused(tiny_artifact_dir, tmp_path):
-    """An encoder exported for batch 1 only (hashed as it is) would fail at the first batch of 2, inside
-    ONNX Runtime: refused on load instead, naming the input."""
+def test_graph_headers_are_read_as_onnx_reads_them(tiny_artifact_dir, tmp_path):
+    """The runtime reads each graph's inputs, outputs and op types from the protobuf wire format, skipping the
+    weights (transduce/runtime/checks.py): the same as onnx's own reader finds, initializers left out of the
+    inputs as ONNX Runtime leaves them out."""
     import onnx
 
-    from transduce.formats.contract import ENCODER_FILE
-    from transduce.formats.files import file_entry
+    from transduce.formats import contract
+    from transduce.formats.dtypes import onnx_type
+    from transduce.runtime.checks import read_graph_header
 
-    art = _copy(tiny_artifact_dir, tmp_path / "fixed")
-    path = os.path.join(art, ENCODER_FILE)
-    model = onnx.load(path)
-    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
-    dim.Clear()
-    dim.dim_value = 1
-    onnx.save(model, path)
-    m = json.loads(open(os.path.join(art, "manifest.json")).read())
-    m["files"][ENCODER_FILE] = file_entry(path)
-    open(os.path.join(art, "manifest.json"), "w").write(json.dumps(m))
-    says = rf"{ENCODER_FILE} does not match its manifest.*input src_ids has dims \[1, "
-    with pytest.raises(ArtifactError, match=says):
-        load(art)
+    def dims(v):
+        shape = v.type.tensor_type.shape
+        return tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in shape.dim)
+
+    for name in (contract.ENCODER_FILE, contract.STEP_FILE, contract.ORT_STEP_FILE):
+        path = os.path.join(tiny_artifact_dir, name)
+        graph = onnx.load(path).graph
+        header = read_graph_header(path)
+        for got, values in ((header.inputs, graph.input), (header.outputs, graph.output)):
+            assert got == [(v.name, onnx_type(v.type.tensor_type.elem_type), dims(v)) for v in values], name
+        assert header.op_types == {n.op_type for n in graph.node}
+    model = onnx.load(os.path.join(tiny_artifact_dir, contract.ENCODER_FILE))
+    model.graph.input.append(onnx.helper.make_tensor_value_info(model.graph.initializer[0].name, 1, None))
+    onnx.save(model, tmp_path / "init.onnx")  # an initializer listed as an input too (older IR versions)
+    assert [i[0] for i in read_graph_header(str(tmp_path / "init.onnx")).inputs] == ["src_ids", "src_lengths"]
+    for junk in (b"", b"not a protobuf at all \xff\xff\xff", b"\x3a\x05ab"):  # the last: a field cut short
+        (tmp_path / "junk.onnx").write_bytes(junk)
+        with pytest.raises(ValueError):
+            read_graph_header(str(tmp_path / "junk.onnx"))
 
 
 def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkeypatch):
@@ -314,7 +314,8 @@ def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_mo
         art = edited_copy(tiny_artifact_dir, f"v{n}", "manifest.json", edit)
         with pytest.raises(ArtifactError, match="contract version 1") as e:
             read_manifest(art, verify_hashes=False)
-        assert e.value.hint == f"rebuild the artifact with: transduce export {tiny_model_dir} {art} --force{options}"
+        assert e.value.hint == (f"rebuild the artifact with: transduce export {tiny_model_dir} --out {art} "
+                                f"--force{options}")
 
     def no_ort_step(m):  # as `--no-ort-step` records it; a manifest without the record gets no option (above)
         m.update(contract_version=1, source_model={"path": "/gone"}, ort_step_graph=False)
@@ -323,12 +324,12 @@ def test_the_rebuild_hint_keeps_the_artifacts_options(tiny_artifact_dir, tiny_mo
     art = edited_copy(tiny_artifact_dir, "noort", "manifest.json", no_ort_step)
     with pytest.raises(ArtifactError) as e:
         read_manifest(art, verify_hashes=False)
-    assert e.value.hint == f"rebuild the artifact with: transduce export MODEL_DIR {art} --force --no-ort-step"
+    assert e.value.hint == f"rebuild the artifact with: transduce export MODEL_DIR --out {art} --force --no-ort-step"
     (art / ENGINE_MANIFEST_FILE).write_text("{}")  # an engine directory holds its artifact's manifest
     with pytest.raises(ArtifactError) as e:
         read_manifest(art, verify_hashes=False)
     assert e.value.hint == (f"{art} is an engine directory: export the model again, then build its engines again: "
-                            f"transduce export MODEL_DIR ARTIFACT_DIR --force --no-ort-step && "
+                            f"transduce export MODEL_DIR --out ARTIFACT_DIR --force --no-ort-step && "
                             f"transduce build ARTIFACT_DIR --out {art} --force")
 
 
@@ -336,7 +337,7 @@ def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):
     """decode reads tokenizer.json: an unlisted one would be used unchecked (another model's, say)."""
 
     art = edited_copy(tiny_artifact_dir, "a", "manifest.json", lambda m: m["files"].pop("tokenizer.json"))
-    with pytest.raises(ArtifactError, match="does not list encoder.onnx, decoder_step.onnx and tokenizer.json"):
+    with pytest.raises(ArtifactError, match="does not list encoder.onnx, decoder_step.onnx, tokenizer.json and config"):
         read_manifest(art)
 
 

@@ -12,6 +12,11 @@ artifact exported with --quantize int8 also has `quantization` {method, graphs, 
 graphs' sizes), validation (rows {graph, output, max_abs, rel_rms, rel_rms_limit, passed, worst_case}), ...}:
 its encoder.onnx and decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider
 only; `graphs` describes them before quantization.
+
+read_manifest checks the manifest's own fields, every file it lists (size, and sha256 with verify_hashes), and
+its model config against the copy of config.json it lists: no hash covers the manifest itself. What needs
+the graphs read (their IO against the contract, their quantization) is the runtime's
+(transduce.runtime.checks.check_artifact).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ QUANTIZATION_METHODS = ("int8",)  # export --quantize (transduce/exporter/quanti
 QUANTIZED_FILES = (ENCODER_FILE, ORT_STEP_FILE)  # the graphs a quantized artifact has quantized
 # what ONNX Runtime's quantize_dynamic makes of MatMul and Gemm: one of these is in every graph it quantized
 QUANTIZED_OP_TYPES = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QGemm")
+# what every artifact lists: the graphs the runtime loads, the tokenizer, and the copy of config.json whose
+# model config must be the manifest's (model_config_problem)
+REQUIRED_FILES = (ENCODER_FILE, STEP_FILE, TOKENIZER_FILE, MODEL_CONFIG_FILE)
+
 
 def rebuild_hint(artifact_dir: str, manifest: Any = None) -> str:
     """The hint of a refused artifact: the export command that makes it again with the options it was made
@@ -63,9 +72,9 @@ def rebuild_hint(artifact_dir: str, manifest: Any = None) -> str:
     extra = "".join(f" {o}" for o in options)
     if os.path.isfile(os.path.join(artifact_dir, ENGINE_MANIFEST_FILE)):
         return (f"{artifact_dir} is an engine directory: export the model again, then build its engines again: "
-                f"transduce export {model} ARTIFACT_DIR --force{extra} && "
+                f"transduce export {model} --out ARTIFACT_DIR --force{extra} && "
                 f"transduce build ARTIFACT_DIR --out {artifact_dir} --force")
-    return f"rebuild the artifact with: transduce export {model} {artifact_dir} --force{extra}"
+    return f"rebuild the artifact with: transduce export {model} --out {artifact_dir} --force{extra}"
 
 
 def quantization(manifest: dict[str, Any]) -> str | None:
@@ -81,17 +90,23 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     path = os.path.join(artifact_dir, MANIFEST_FILE)
     require_directory(artifact_dir, ArtifactError, "an artifact directory", "artifact directory",
                       "give the directory transduce export wrote",
-                      f"export one with: transduce export MODEL_DIR {artifact_dir}")
+                      f"export one with: transduce export MODEL_DIR --out {artifact_dir}")
     if not os.path.isfile(path):
-        if is_model_dir(artifact_dir):
+        # an export keeps a copy of config.json beside its graphs: with the graphs, it is an export that lost
+        # its manifest, not a model directory
+        graphs = any(os.path.isfile(os.path.join(artifact_dir, g)) for g in (ENCODER_FILE, STEP_FILE))
+        if is_model_dir(artifact_dir) and not graphs:
             raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
-                                hint=f"export it first: transduce export {artifact_dir} ARTIFACT_DIR, "
+                                hint=f"export it first: transduce export {artifact_dir} --out ARTIFACT_DIR, "
                                      "then use ARTIFACT_DIR")
-        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact",
-                            hint="export into a new directory: transduce export MODEL_DIR NEW_DIR (--force replaces "
-                                 f"only artifacts, and {artifact_dir} has lost its manifest: "
-                                 "remove it to reuse its name)"
-                            if os.listdir(artifact_dir) else hint)
+        if not os.listdir(artifact_dir):
+            lost = hint
+        elif graphs or os.path.isfile(os.path.join(artifact_dir, TOKENIZER_FILE)):  # an export that lost its manifest
+            lost = ("export into a new directory: transduce export MODEL_DIR --out NEW_DIR (--force replaces only "
+                    f"artifacts, and {artifact_dir} has lost its manifest: remove it to reuse its name)")
+        else:
+            lost = "give the directory transduce export wrote (it holds manifest.json)"
+        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=lost)
     try:
         manifest = read_json(path)
     except (OSError, ValueError) as e:
@@ -119,13 +134,39 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     except ConfigError as e:
         raise ArtifactError(f"{path}: its model config is not valid: {e}", hint=hint) from None
     files = manifest.get("files")
-    if not isinstance(files, dict) or not {ENCODER_FILE, STEP_FILE, TOKENIZER_FILE} <= set(files):
-        raise ArtifactError(f"{path} does not list {ENCODER_FILE}, {STEP_FILE} and {TOKENIZER_FILE}", hint=hint)
+    if not isinstance(files, dict) or not set(REQUIRED_FILES) <= set(files):
+        raise ArtifactError(f"{path} does not list {', '.join(REQUIRED_FILES[:-1])} and {REQUIRED_FILES[-1]}",
+                            hint=hint)
     for name, meta in files.items():
         problem = listed_file_problem(artifact_dir, name, meta, verify_hashes, listed_in=path, changed="after export")
         if problem:
             raise ArtifactError(problem, hint=hint)
+    problem = model_config_problem(artifact_dir, model)
+    if problem:
+        raise ArtifactError(f"{path}: {problem}", hint=hint)
     return manifest
+
+
+def model_config_problem(artifact_dir: str, model: dict[str, Any]) -> str | None:
+    """Why the manifest's model config (a valid one) is not the one in the artifact's copy of config.json (None:
+    it is). The manifest is the one file of the artifact no hash covers, but it hashes that copy: a model
+    config edited in the manifest alone (n_heads, norm_first, an eos_id: fields the graphs' IO may not show)
+    would decode with another model than the graphs hold. Defaults are filled in on both sides."""
+    cpath = os.path.join(artifact_dir, MODEL_CONFIG_FILE)
+    try:
+        copied = read_json(cpath)
+    except (OSError, ValueError) as e:
+        return f"its copy of the model's config, {cpath}, is unreadable or not JSON ({e})"
+    try:
+        theirs = ModelConfig.from_dict(copied.get("model") if isinstance(copied, dict) else None).to_dict()
+    except ConfigError as e:
+        return f"its copy of the model's config, {cpath}, has no valid model config ({e})"
+    ours = ModelConfig.from_dict(model).to_dict()
+    diff = [f"{k} {ours[k]!r} vs {theirs[k]!r}" for k in ours if ours[k] != theirs[k]]
+    if diff:
+        return (f"its model config is not the one in {MODEL_CONFIG_FILE}, whose sha256 it records "
+                f"(manifest vs {MODEL_CONFIG_FILE}: {'; '.join(diff[:4])}): the manifest was edited after export")
+    return None
 
 
 def artifact_manifest(precision: str, opset: int, ort_step_graph: bool, export_seconds: dict[str, float],

@@ -114,8 +114,8 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
                                      "then decode with --backend tensorrt ENGINE_DIR")
         if is_model_dir(engine_dir):
             raise ArtifactError(f"{engine_dir!r} is a model directory, not a TensorRT engine directory",
-                                hint=f"export it, then build engines: transduce export {engine_dir} ARTIFACT_DIR && "
-                                     "transduce build ARTIFACT_DIR --out ENGINE_DIR")
+                                hint=f"export it, then build engines: transduce export {engine_dir} --out "
+                                     "ARTIFACT_DIR && transduce build ARTIFACT_DIR --out ENGINE_DIR")
         raise ArtifactError(f"{path} is missing: {engine_dir!r} is not a TensorRT engine directory",
                             hint="build one with: transduce build ARTIFACT_DIR --out ENGINE_DIR")
     try:

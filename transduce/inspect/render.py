@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from transduce.formats.kinds import ENGINE_MANIFEST_FILE
+from transduce.inspect.report import RUNTIME_OK_UNHASHED
 
 
 def _human_bytes(n: int | None) -> str:
@@ -163,12 +164,7 @@ def render_report(report: dict[str, Any], console=None) -> None:
     for key, title in (("manifest", "manifest"), ("engine", ENGINE_MANIFEST_FILE)):
         if report.get(key):
             sections.extend(_document_sections(title, report[key], report))
-    if "runtime_check" in report:
-        ok = report["runtime_check"] == "ok"
-        rows = [("loads", Text(report["runtime_check"], style="green" if ok else "red"))]
-        if report["kind"] == "engine":
-            rows.append(("checked", "files and formats, not whether this machine has the TensorRT and GPU"))
-        sections.append(_key_value_table("runtime", rows))
+    sections.append(_checks_section(report))
     sections.append(_files_table(report["files"]))
     for section in sections:
         console.print()
@@ -178,6 +174,24 @@ def render_report(report: dict[str, Any], console=None) -> None:
         console.print("[bold red]problems[/]")
         for problem in report["problems"]:
             console.print(Text.assemble("  ", ("-", "red"), " ", problem), highlight=False)
+
+
+def _checks_section(report: dict[str, Any]):
+    """What was checked: the runtime's verdict (artifacts and engines), and whether the sha256 sums were
+    compared. Green only for what was checked whole: a verdict without the sums is yellow."""
+    from rich.text import Text
+
+    rows = []
+    hashes = report.get("hashes") or {}
+    if "runtime_check" in report:
+        check = report["runtime_check"]
+        style = "green" if check == "ok" else "yellow" if check == RUNTIME_OK_UNHASHED else "red"
+        rows.append(("loads", Text(check, style=style)))
+        if report["kind"] == "engine":
+            rows.append(("checked", "files and formats, not whether this machine has the TensorRT and GPU"))
+    if hashes:
+        rows.append(("sha256", Text(hashes["note"], style=None if hashes["checked"] else "yellow")))
+    return _key_value_table("runtime" if "runtime_check" in report else "checks", rows)
 
 
 def _document_sections(title: str, doc: dict[str, Any], report: dict[str, Any]) -> list:

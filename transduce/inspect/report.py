@@ -9,14 +9,20 @@ The kind of directory is recognised by its description file (transduce.formats.k
                   opsets, op histogram and parameter count from the initializers (transduce.inspect.graphs)
   config.json     a model directory (transduce/models/checkpoint.py): config, parameter count from the
                   safetensors header (the model is not built), tokenizer size, training summary
-Artifacts and engines are also passed to the runtime's own readers (formats.artifact.read_manifest,
-formats.engine.read_engine_manifest without the TensorRT/GPU comparison), whose verdict is reported, not
-raised.
+Artifacts and engines also go through the checks the runtime makes before it loads them, the same
+functions (transduce.runtime.checks: check_artifact, which reads the graphs' headers for their IO and
+quantization; check_engine_dir, without the TensorRT/GPU comparison), whose verdict is reported as
+"runtime_check", not raised.
 
 A missing path, a directory of none of these kinds, or an unreadable description file is a
 TransduceError. Everything else that is wrong (a missing or resized file, an unreadable graph or
-weights file) is listed under "problems" and the rest of the report is still given. sha256 sums are
-compared only with verify=True (they read every byte).
+weights file) is listed under "problems" and the rest of the report is still given.
+
+sha256 sums read every byte: verify=True compares them, verify=False does not, and verify=None (the
+default) compares them when the recorded files total at most AUTO_VERIFY_BYTES. The runtime compares them at
+every load, so a report that says nothing of them would pass a changed file the runtime refuses; above that
+size inspect stays quick, and its report says the sums were not compared ("hashes", and "runtime_check" is
+RUNTIME_OK_UNHASHED instead of "ok").
 
 The report is plain JSON-serialisable data (`--json` prints it as is); transduce.inspect.render prints it
 as rich tables.
@@ -28,9 +34,7 @@ import os
 from typing import Any
 
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
-from transduce.formats.artifact import read_manifest
 from transduce.formats.contract import ENCODER_FILE, STEP_FILE
-from transduce.formats.engine import read_engine_manifest
 from transduce.formats.files import inside_name, read_json_object, sha256_file
 from transduce.formats.kinds import (
     ARTIFACT_KIND,
@@ -46,6 +50,7 @@ from transduce.formats.model_dir import TOKENIZER_FILE, WEIGHTS_CONFIG_KEY, read
 from transduce.formats.weights import layout_mismatches, read_safetensors_header
 from transduce.inspect.graphs import graphs_report
 from transduce.inspect.parameters import count_parameters
+from transduce.runtime.checks import check_artifact, check_engine_dir
 
 # engine.json keys naming what an engine was built for, first match wins (searched two levels deep)
 BUILT_FOR_KEYS = {
@@ -56,6 +61,11 @@ BUILT_FOR_KEYS = {
     "driver_version": ("driver_version", "driver"),
     "precision": ("precision",),
 }
+# verify=None hashes the recorded files when they total at most this: about a second of sha256 (the runtime
+# hashes them at every load anyway); above it inspect reads sizes only unless asked (--verify)
+AUTO_VERIFY_BYTES = 1 << 30
+# runtime_check when every check passed but the sha256 sums were not compared
+RUNTIME_OK_UNHASHED = "ok as far as checked: the files' sha256 were not compared (pass --verify)"
 
 
 # -- entry point -------------------------------------------------------------------------------------
@@ -89,12 +99,13 @@ def resolve_directory(path: str | os.PathLike) -> tuple[str, str]:
     if kind == "model" and _export_without_manifest(path):
         raise ArtifactError(f"{path!r} holds an export's ONNX graphs but no {MANIFEST_FILE}: an incomplete "
                             "or hand-copied export (its config.json is the model's, copied beside them)",
-                            hint="export it again with: transduce export MODEL_DIR OUT_DIR --force")
+                            hint="export it again with: transduce export MODEL_DIR --out OUT_DIR --force")
     return kind, path
 
 
-def inspect_path(path: str | os.PathLike, verify: bool = False) -> dict[str, Any]:
-    """The report of a model, artifact or engine directory (see the module docstring)."""
+def inspect_path(path: str | os.PathLike, verify: bool | None = None) -> dict[str, Any]:
+    """The report of a model, artifact or engine directory (see the module docstring; verify: whether sha256
+    sums are compared, None: when the recorded files are small)."""
     kind, directory = resolve_directory(path)
     inspect_kind = {"model": inspect_model_dir, "artifact": inspect_artifact_dir, "engine": inspect_engine_dir}
     return inspect_kind[kind](directory, verify=verify)
@@ -181,10 +192,28 @@ def files_report(directory: str, recorded: dict[str, dict[str, Any]], verify: bo
     return rows
 
 
+def hashing(directory: str, recorded: dict[str, dict[str, Any]], verify: bool | None) -> dict[str, Any]:
+    """Whether the sha256 sums of the recorded files are compared (verify, or None: when they total at most
+    AUTO_VERIFY_BYTES) -> the report's "hashes": {checked, bytes (the recorded files' total), note}."""
+    total = 0
+    for name in recorded:
+        fpath = os.path.join(directory, name) if inside_name(name) else None
+        if fpath and os.path.isfile(fpath):
+            total += os.path.getsize(fpath)
+    if verify is not None:
+        note = "compared (--verify)" if verify else "not compared (--no-verify)"
+        return {"checked": verify, "bytes": total, "note": note}
+    small = total <= AUTO_VERIFY_BYTES
+    size = (f"{total / 2**20:.1f} MiB of recorded files, {'within' if small else 'over'} the "
+            f"{AUTO_VERIFY_BYTES / 2**30:.0f} GiB inspect hashes unasked")
+    note = f"compared ({size})" if small else f"not compared ({size}): pass --verify"
+    return {"checked": small, "bytes": total, "note": note}
+
+
 # -- model directories ---------------------------------------------------------------------------------
 
 
-def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
+def inspect_model_dir(directory: str, verify: bool | None = None) -> dict[str, Any]:
     """Report of a model directory; the weights are counted from the safetensors header only."""
     cfg = read_config(directory)  # CheckpointError on a corrupt or foreign config.json
     problems: list[str] = []
@@ -218,7 +247,9 @@ def inspect_model_dir(directory: str, verify: bool = False) -> dict[str, Any]:
     vocab = (report["tokenizer"] or {}).get("vocab_size")
     if vocab is not None and vocab != report["config"].get("vocab_size"):
         problems.append(f"the tokenizer has {vocab} tokens but the config says {report['config'].get('vocab_size')}")
-    report["files"] = files_report(directory, recorded_files(cfg.get("files")), verify, problems)
+    recorded = recorded_files(cfg.get("files"))
+    report["hashes"] = hashing(directory, recorded, verify)
+    report["files"] = files_report(directory, recorded, report["hashes"]["checked"], problems)
     report["problems"] = problems
     return report
 
@@ -248,7 +279,7 @@ def _model_config_in(doc: dict[str, Any]) -> dict[str, Any] | None:
     return next((v for v in doc.values() if isinstance(v, dict) and "d_model" in v), None)
 
 
-def inspect_artifact_dir(directory: str, verify: bool = False) -> dict[str, Any]:
+def inspect_artifact_dir(directory: str, verify: bool | None = None) -> dict[str, Any]:
     """Report of an exported artifact: manifest figures, each ONNX graph, the runtime's verdict on it."""
     path = os.path.join(directory, MANIFEST_FILE)
     manifest = read_json_object(path, ArtifactError)
@@ -265,14 +296,22 @@ def inspect_artifact_dir(directory: str, verify: bool = False) -> dict[str, Any]
         "tokenizer": tokenizer_report(directory, problems),
         "graphs": graphs_report(directory, recorded, problems),
     }
-    try:
-        read_manifest(directory, verify_hashes=verify)
-        report["runtime_check"] = "ok"
-    except ArtifactError as e:
-        report["runtime_check"] = str(e).split("\n")[0]
-    report["files"] = files_report(directory, recorded, verify, problems)
+    report["hashes"] = hashing(directory, recorded, verify)
+    report["runtime_check"] = runtime_verdict(check_artifact, directory, report["hashes"]["checked"])
+    report["files"] = files_report(directory, recorded, report["hashes"]["checked"], problems)
     report["problems"] = problems
     return report
+
+
+def runtime_verdict(check, directory: str, hashed: bool) -> str:
+    """What the runtime's own check (transduce.runtime.checks) says of the directory: "ok",
+    RUNTIME_OK_UNHASHED when it passed without comparing sha256 sums, or why the runtime would refuse it
+    (the first line of the error, whatever TransduceError it is)."""
+    try:
+        check(directory, verify_hashes=hashed)
+    except TransduceError as e:
+        return str(e).split("\n")[0]
+    return "ok" if hashed else RUNTIME_OK_UNHASHED
 
 
 def _has_objects(value: Any) -> bool:
@@ -300,7 +339,7 @@ def _find_key(doc: Any, names: tuple[str, ...], depth: int = 2) -> Any:
     return None
 
 
-def inspect_engine_dir(directory: str, verify: bool = False) -> dict[str, Any]:
+def inspect_engine_dir(directory: str, verify: bool | None = None) -> dict[str, Any]:
     """Report of a TensorRT engine directory: engine.json shown generically, what it was built for picked
     out, and the copy of the artifact it holds (manifest, ONNX graphs) where there is one."""
     engine = read_json_object(os.path.join(directory, ENGINE_MANIFEST_FILE), ArtifactError)
@@ -322,17 +361,10 @@ def inspect_engine_dir(directory: str, verify: bool = False) -> dict[str, Any]:
             report["config"] = report["config"] or _model_config_in(report["manifest"])
         except ArtifactError as e:
             problems.append(str(e))
-    report["runtime_check"] = engine_runtime_check(directory, verify)
-    report["files"] = files_report(directory, recorded, verify, problems)
+    report["hashes"] = hashing(directory, recorded, verify)
+    # the TensorRT backend's checks, without comparing the TensorRT version and GPU the plans were built for
+    # with this machine's (runtime=None)
+    report["runtime_check"] = runtime_verdict(check_engine_dir, directory, report["hashes"]["checked"])
+    report["files"] = files_report(directory, recorded, report["hashes"]["checked"], problems)
     report["problems"] = problems
     return report
-
-
-def engine_runtime_check(directory: str, verify: bool) -> str:
-    """The TensorRT backend's own reader on the directory, without comparing the TensorRT version and GPU it
-    was built for with this machine's: "ok", or why the runtime would refuse it."""
-    try:
-        read_engine_manifest(directory, verify_hashes=verify)
-    except TransduceError as e:
-        return str(e).split("\n")[0]
-    return "ok"

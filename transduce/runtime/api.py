@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from transduce.errors import ArtifactError, BackendUnavailable, InputError
-from transduce.formats.artifact import read_manifest, rebuild_hint
+from transduce.formats.artifact import rebuild_hint
 from transduce.formats.model_dir import TOKENIZER_FILE
 from transduce.runtime.backends.base import Backend
+from transduce.runtime.checks import check_artifact
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
@@ -73,10 +74,10 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
         from transduce.runtime.backends.tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend(artifact_dir, device="cuda" if index is None else f"cuda:{index}", **options)
-    manifest = read_manifest(artifact_dir)
     if backend == "torch":
         from transduce.runtime.backends.torch_backend import TorchBackend
 
+        manifest = check_artifact(artifact_dir)  # the onnxruntime backend checks it itself (verify option)
         if options:  # onnxruntime's or tensorrt's: silently dropped, they would change nothing
             raise BackendUnavailable(f"the torch backend takes no options, got {', '.join(sorted(options))}",
                                      hint="those are the onnxruntime or tensorrt backend's; leave them out for torch")

@@ -83,6 +83,13 @@ class Backend(Protocol):
         return {}
 
 
+def missing_members(backend: Any) -> list[str]:
+    """The members of the protocol that `backend` lacks (a backend written without subclassing Backend, which
+    gives the optional ones their defaults)."""
+    declared = [n for n in vars(Backend) if not n.startswith("_")] + list(Backend.__annotations__)
+    return sorted(n for n in set(declared) if not hasattr(backend, n))
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one, as under taskset or a container's
     cpuset), not the machine's count: what parts of a batch decoded at once can really use."""

@@ -38,7 +38,7 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable
 from transduce.formats import contract
-from transduce.formats.artifact import quantization, read_manifest
+from transduce.formats.artifact import quantization
 from transduce.formats.dtypes import PRECISION_DTYPES
 from transduce.runtime.backends.base import Backend, ban_bias, banned_ids, usable_cpus
 from transduce.runtime.backends.ort_cpu_policy import (
@@ -59,6 +59,7 @@ from transduce.runtime.backends.ort_memory import NumpyMemory, TorchCudaMemory
 from transduce.runtime.backends.ort_run import LAST_STEP, RunState, StepLayout
 from transduce.runtime.backends.ort_sessions import OPTIMIZATION_LEVELS, PROVIDERS, SessionMaker, gpu_provider_options
 from transduce.runtime.backends.ort_topk import OrtTopK
+from transduce.runtime.checks import check_artifact
 
 
 def _import_ort():
@@ -78,14 +79,17 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, artifact_dir: str | os.PathLike, provider: str = "cpu", threads: int = 0,
                  verify: bool = True, optimization: str = "all", provider_options: dict | None = None,
                  fused: bool = True, wide_steps: str = "auto", shards: bool = True, device_index: int = 0):
-        """device_index: the GPU (CUDA ordinal) the CUDA and TensorRT providers, and the buffers, are on."""
-        ort = _import_ort()
+        """device_index: the GPU (CUDA ordinal) the CUDA and TensorRT providers, and the buffers, are on.
+        verify: check every file's sha256 against the manifest (checks.check_artifact)."""
         if wide_steps not in WIDE_STEPS:
             raise BackendUnavailable(f"unknown wide_steps {wide_steps!r}",
                                      hint=f"choose one of {', '.join(WIDE_STEPS)}")
-        self.ort = ort
         self.artifact_dir = os.fspath(artifact_dir)
-        self.manifest = read_manifest(self.artifact_dir, verify_hashes=verify)
+        # the directory's mistakes first (`transduce inspect` runs the same checks): they are what to fix
+        # before onnxruntime being missing here matters
+        self.manifest = check_artifact(self.artifact_dir, verify_hashes=verify)
+        ort = _import_ort()
+        self.ort = ort
         self.config = self.manifest["model"]
         self.precision = self.manifest["precision"]
         wanted = self._place(provider, device_index)

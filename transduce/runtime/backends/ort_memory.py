@@ -33,7 +33,7 @@ class NumpyMemory:
         self._free: list[np.ndarray] = []  # flat byte buffers of finished runs, largest first
         self._lock = threading.Lock()  # the pool is shared by the parts of a batch decoded at once (shards)
         # Binding goes straight to the IOBinding's native methods with one host OrtDevice made here, which the
-        # Python wrapper would resolve from its name at every call (docs/design/onnxruntime-cpu.md, "Binding").
+        # Python wrapper would resolve from its name at every call (docs/design/onnxruntime-cpu.md, "Device memory").
         # None: the public wrapper (an onnxruntime without these internals, or after a native call refused).
         try:
             self._host = ort.OrtDevice.make("cpu", 0)._get_c_device()
@@ -42,7 +42,7 @@ class NumpyMemory:
 
     # Buffers of at least POOL_MIN_BYTES come from a pool of the memory of earlier runs: first touching fresh
     # pages costs more than reusing them; smaller ones are left to malloc (docs/design/onnxruntime-cpu.md,
-    # "The buffer pool").
+    # "Device memory").
     POOL_MIN_BYTES = 1 << 22
     POOL_MAX_BYTES = 1 << 30  # what the pool keeps between runs, at most
 
@@ -123,7 +123,7 @@ class NumpyMemory:
         cache[:, :rows, :, p] = new[:, :rows, :, 0]  # (2L, R, H, Dh) into slot p
 
     # Below this many bytes moved in all, one fancy-indexing assignment over the whole cache is faster than one
-    # per layer's K or V: it saves the per-call overhead (docs/design/onnxruntime-cpu.md, "Row moves").
+    # per layer's K or V: it saves the per-call overhead (docs/design/onnxruntime-cpu.md, "Device memory").
     MOVE_WHOLE_MAX_BYTES = 1 << 20
 
     def move_rows(self, cache, dst, src, p):

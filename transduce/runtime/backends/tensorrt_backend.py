@@ -36,11 +36,11 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable, EngineError
 from transduce.formats import engine as engine_format
-from transduce.formats.artifact import read_manifest
 from transduce.formats.profiles import choose_chunks, plan_from_meta
 from transduce.runtime.backends import tensorrt_support as trt_support
 from transduce.runtime.backends.base import Backend, banned_ids, move_rows_torch
 from transduce.runtime.backends.tensorrt_runner import ALIGN, EngineRunner, freeze
+from transduce.runtime.checks import check_engine_dir
 
 MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
 
@@ -94,9 +94,10 @@ class TensorRTBackend(Backend):
         module device="cpu" is accepted so the test double can run on host memory).
         """
         self.engine_dir = os.path.abspath(os.fspath(engine_dir))
-        # the directory's mistakes first (no such directory, an artifact or model given instead): they are
-        # what to fix before TensorRT, CUDA or PyTorch being missing here matters
-        engine_format.read_engine_manifest(self.engine_dir, verify_hashes=False)
+        # the directory's mistakes first (no such directory, an artifact or model given instead; `transduce
+        # inspect` runs the same checks): they are what to fix before TensorRT, CUDA or PyTorch being missing
+        # here matters
+        check_engine_dir(self.engine_dir, verify_hashes=False)
         torch = _torch()
         self.torch = torch
         self._log = log or (lambda msg: None)
@@ -113,10 +114,9 @@ class TensorRTBackend(Backend):
         self.on_cuda = self.device.type == "cuda"
         if _runtime is None:
             _runtime = trt_support.current_runtime(self.device.index or 0, trt)
-        self.meta = engine_format.read_engine_manifest(self.engine_dir, verify_hashes=verify, runtime=_runtime)
         # the engine directory holds the artifact: tokenizer, manifest (parity and `load` read it)
+        self.meta, self.manifest = check_engine_dir(self.engine_dir, verify_hashes=verify, runtime=_runtime)
         self.artifact_dir = self.engine_dir
-        self.manifest = read_manifest(self.engine_dir, verify_hashes=False)
         self.config = self.manifest["model"]
         self.precision = self.manifest["precision"]
         self.plan = plan_from_meta(self.meta)
