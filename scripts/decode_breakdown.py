@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     for view in views:
         for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
                            ("step", "step"), ("reorder", "reorder")):
-            if hasattr(view, name):
-                timer.wrap(view, name, part)
+            timer.wrap(view, name, part)
     timer.wrap(decoding, "_decode_one", "decode", opens_part=True)  # each part's whole decode
     inner = []  # parts measured inside another one: (part, the part it is in, the label of the rest)
     if args.backend == "onnxruntime":

@@ -66,11 +66,11 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 
 for p in fp32 fp16; do
-    step "export-$p" 1 "$T" export "$MODEL" "$WORKDIR/artifact-$p" --precision "$p" --force
+    step "export-$p" 1 "$T" export "$MODEL" --out "$WORKDIR/artifact-$p" --precision "$p" --force
 done
 # eager PyTorch on the GPU against itself on the CPU (fp32 weights: the fp32 parity policy)
 step parity-torch-cuda 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda --beam 4 \
-    -n "$SENTENCES" --json "$RESULTS/parity-torch-cuda.json"
+    -n "$SENTENCES" --out "$RESULTS/parity-torch-cuda.json" --force
 for p in fp32 fp16; do
     if [ "$TRT" != yes ]; then
         for s in build decode parity-trt; do skipped "$s-$p" 1 "$TRT"; done
@@ -80,12 +80,12 @@ for p in fp32 fp16; do
         step "decode-$p" 1 bash -c "printf 'three hundred and twelve\nforty-one\n' | '$T' decode '$WORKDIR/engine-$p' \
             --backend tensorrt --device cuda --beam 4 > '$RESULTS/decode-$p.txt'"
         step "parity-trt-$p" 1 "$T" parity "$WORKDIR/engine-$p" --backend tensorrt --device cuda --beam 4 \
-            -n "$SENTENCES" --json "$RESULTS/parity-trt-$p.json"
+            -n "$SENTENCES" --out "$RESULTS/parity-trt-$p.json" --force
     fi
     # informational: the same artifact through ONNX Runtime's CUDA execution provider (onnxruntime-gpu)
     if "$PY" -c "import onnxruntime, sys; sys.exit('CUDAExecutionProvider' not in onnxruntime.get_available_providers())"; then
         step "parity-ort-cuda-$p" 0 "$T" parity "$WORKDIR/artifact-$p" --backend onnxruntime --device cuda --beam 4 \
-            -n "$SENTENCES" --json "$RESULTS/parity-ort-cuda-$p.json"
+            -n "$SENTENCES" --out "$RESULTS/parity-ort-cuda-$p.json" --force
     else
         skipped "parity-ort-cuda-$p" 0 "onnxruntime has no CUDAExecutionProvider here (onnxruntime-gpu)"
     fi
@@ -102,7 +102,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     ENGINES=()
     [ "$TRT" = yes ] && ENGINES=(--engine "demo=$WORKDIR/engine-fp32")
     step bench 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
-        --backends "$BACKENDS" ${ENGINES[@]+"${ENGINES[@]}"} --out "$RESULTS/bench"
+        --backends "$BACKENDS" ${ENGINES[@]+"${ENGINES[@]}"} --out "$RESULTS/bench" --force
 fi
 
 "$PY" - "$RESULTS" "$WORKDIR" <<'EOF'

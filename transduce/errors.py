@@ -8,17 +8,39 @@ only for internal invariants.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
+
+
+def spell(text: str, params: Iterable[str], names: Mapping[str, str]) -> str:
+    """`text` with each of `params` that `names` has written as `names` says, as a whole word ("min_length"
+    in "min_length must be", not in "min_lengths"); the others as they are."""
+    for param in params:
+        if param in names:
+            pattern = re.compile(r"(?<![\w.-])" + re.escape(param) + r"(?![\w=])")
+            text = pattern.sub(lambda _, new=names[param]: new, text)
+    return text
+
 
 class TransduceError(Exception):
-    """Base class. `hint` (optional) is the action that fixes the problem."""
+    """Base class. `hint` (optional) is the action that fixes the problem.
 
-    def __init__(self, message: str, hint: str | None = None):
+    `params`: the parameters the message and hint name, each as Python spells it ("min_length",
+    "truncate=True"). The library writes a message once, in those names; a command line prints it with
+    its own spelling of each (`spelled`: "--min-length", "--truncate")."""
+
+    def __init__(self, message: str, hint: str | None = None, *, params: Iterable[str] = ()):
         super().__init__(message)
         self.hint = hint
+        self.params = tuple(params)
 
     def __str__(self) -> str:
-        msg = super().__str__()
-        return f"{msg}\n  hint: {self.hint}" if self.hint else msg
+        return self.spelled({})
+
+    def spelled(self, names: Mapping[str, str]) -> str:
+        """The message and hint with the parameters spelled as `names` says (see spell)."""
+        msg = spell(super().__str__(), self.params, names)
+        return f"{msg}\n  hint: {spell(self.hint, self.params, names)}" if self.hint else msg
 
 
 class ConfigError(TransduceError):
@@ -62,7 +84,15 @@ class TrainingDiverged(TransduceError):
 
 
 class TransduceWarning(UserWarning):
-    """Base class of the warnings transduce gives (the work goes on; the CLI prints them on stderr)."""
+    """Base class of the warnings transduce gives (the work goes on; the CLI prints them on stderr).
+    `params`: as TransduceError's."""
+
+    def __init__(self, message: str, *args, params: Iterable[str] = ()):
+        super().__init__(message, *args)
+        self.params = tuple(params)
+
+    def spelled(self, names: Mapping[str, str]) -> str:
+        return spell(str(self), self.params, names)
 
 
 class TruncatedInput(TransduceWarning):

@@ -48,6 +48,7 @@ def test_check_demo_options_accepts_the_defaults(tmp_path):
         demo.check_demo_options(str(tmp_path / "w"), 5, -3)
 
 
+@pytest.mark.filterwarnings("ignore:warmup .* >= max_steps")  # a one-step training, on purpose
 def test_a_damaged_demo_model_is_trained_again(tmp_path, monkeypatch, tiny_model_dir):
     """Its weights lost: still the demo's own model directory, replaced by a new one (not refused)."""
     import shutil

@@ -13,7 +13,8 @@ from transduce.cli import main
 
 
 def _export(*args: str):
-    result = CliRunner().invoke(main, ["export", *args, "--quiet"])
+    model_dir, out, *rest = args  # the positional OUT_DIR is deprecated: --out
+    result = CliRunner().invoke(main, ["export", model_dir, "--out", out, *rest, "--quiet"])
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     return result

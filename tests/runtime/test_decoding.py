@@ -117,8 +117,16 @@ def test_forced_options_decode_exactly_that_many_tokens(tiny_model):
 def test_invalid_options(tiny_model):
     with pytest.raises(InputError, match="nbest"):
         DecodingOptions(beam_size=2, nbest=3)
-    with pytest.raises(InputError, match="length penalty form"):
+    with pytest.raises(InputError, match="length_penalty_form must be one of gnmt, plain, none, got 'wu'"):
         DecodingOptions(length_penalty_form="wu")
+    # each negative one named alone, by its parameter name (the error's params: a CLI spells them as flags)
+    for name in ("length_penalty", "min_length", "max_len_a", "max_len_b"):
+        with pytest.raises(InputError, match=f"^{name} must be >= 0, got -1") as e:
+            DecodingOptions(**{name: -1})
+        assert e.value.params == (name,)
+    with pytest.raises(InputError, match="beam_size must be >= 1, got 0") as e:
+        DecodingOptions(beam_size=0)
+    assert e.value.spelled({"beam_size": "--beam"}).startswith("--beam must be >= 1, got 0")
     # a NaN or infinite alpha scores every hypothesis NaN or 0, an infinite max_len_a cuts every one to a token
     for bad, says in ((dict(length_penalty=float("nan")), "length_penalty must be a finite number"),
                       (dict(length_penalty=float("inf")), "length_penalty must be a finite number"),
@@ -359,3 +367,20 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[0, 1, 2, 3]", out.stderr
+
+
+def test_model_warnings_name_what_the_model_cannot_honour():
+    """A beam wider than the vocabulary; a min_length past the maximum length of every sentence, or of the
+    shortest ones (counted exactly as max_lengths counts); nothing for the defaults or forced()."""
+    assert DecodingOptions().model_warnings(200, 64) == []
+    [(says, params)] = DecodingOptions(beam_size=300).model_warnings(200, 64)
+    assert says.startswith("beam_size 300 is wider than the vocabulary (200 tokens)") and params == ("beam_size",)
+    [(says, params)] = DecodingOptions(min_length=1000).model_warnings(200, 64)
+    assert says == ("min_length 1000 is more than any sentence's maximum length (1 x source tokens + 50, at most "
+                    "64): every translation is cut there, unfinished") and params == ("min_length",)
+    # 1 x n + 50 >= 55 from n = 5 source tokens on
+    [(says, _)] = DecodingOptions(min_length=55).model_warnings(200, 256)
+    assert "the maximum length of sentences of up to 4 source tokens (1 x source tokens + 50, at most 256)" in says
+    assert DecodingOptions(min_length=51).model_warnings(200, 256) == []
+    # forced(): EOS banned to the end on purpose; the warning says so (the bench calls decode(), which gives none)
+    assert "every translation is cut there" in DecodingOptions.forced(5).model_warnings(200, 64)[0][0]

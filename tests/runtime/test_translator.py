@@ -52,8 +52,11 @@ def test_whitespace_around_a_line_changes_nothing(translator):
 
 def test_overlong_line_is_a_clear_error_or_truncated(translator):
     long = " ".join(["seven hundred"] * 100)
-    with pytest.raises(InputError, match="input line 2 has .* tokens; this model takes at most 63"):
+    with pytest.raises(InputError, match="input line 2 has .* tokens; this model takes at most 63") as e:
         translator.translate(["one", long], beam_size=1)
+    # in Python's spelling; a command line spells the parameter as its flag
+    assert "pass truncate=True to keep" in str(e.value) and "--truncate" not in str(e.value)
+    assert "pass --truncate to keep" in e.value.spelled({"truncate=True": "--truncate"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = translator.translate(["one", long], beam_size=1, max_len_b=3, truncate=True)
@@ -82,10 +85,12 @@ def test_stream_takes_the_options_of_translate(translator):
     from transduce.runtime.decoding import DecodingOptions
 
     params = dict(inspect.signature(Translator.translate).parameters)
-    for name in ("self", "texts", "truncate", "first_line"):
+    for name in ("self", "texts", "truncate", "first_line", "progress"):
         params.pop(name)
     assert {n: p.default for n, p in params.items()} == {f.name: f.default for f in dataclasses.fields(DecodingOptions)}
     with pytest.raises(TypeError, match="translate"):
+        translator.translate_stream(["one"], 1, beam=2)
+    with pytest.raises(TypeError, match="translate_stream.. got unexpected option.s. beam: it takes translate"):
         translator.translate_stream(["one"], 1, beam=2)
 
 
@@ -107,13 +112,31 @@ def test_string_instead_of_list(translator):
         translator.translate("one two")
 
 
+@pytest.mark.parametrize("given, says", [
+    (b"five hundred", r"translate\(\) takes a list of sentences \(str\), not bytes \(b'five hundred'\)"),
+    (bytearray(b"five"), r"not bytes \(bytearray\(b'five'\)\)"),
+    (5, r"translate\(\) takes a list of sentences, got an int \(5\)"),
+    (None, r"translate\(\) takes a list of sentences, got None"),
+    (2.5, r"got a float \(2.5\)"),
+])
+def test_what_is_not_a_list_of_sentences_is_named(translator, given, says):
+    """Bytes would be read byte by byte ("sentence 1 is a int"), a number or None was a raw TypeError."""
+    with pytest.raises(InputError, match=says):
+        translator.translate(given)
+    with pytest.raises(InputError, match=says.replace("translate", "translate_stream")):
+        translator.translate_stream(given, 1)
+
+
 def test_any_iterable_of_strings(translator):
     texts = ["one", "two hundred"]
     want = [t.tokens for t in translator.translate(texts, beam_size=1, max_len_b=3)]
     assert [t.tokens for t in translator.translate((t for t in texts), beam_size=1, max_len_b=3)] == want
-    for bad in (["one", None], ["one", 2]):
-        with pytest.raises(InputError, match="sentence 2 is a"):
+    for bad, says in ((["one", None], "sentence 2 is None, not a str"), (["one", 2], r"sentence 2 is an int \(2\)"),
+                      (["one", b"two"], r"sentence 2 is bytes \(b'two'\), not a str")):
+        with pytest.raises(InputError, match=says) as e:
             translator.translate(bad)
+        assert e.value.hint == ("decode bytes first: data.decode('utf-8')" if isinstance(bad[1], bytes)
+                                else "pass strings only")
 
 
 def test_another_models_tokenizer_is_refused(tmp_path, tiny_artifact_dir):
@@ -161,11 +184,12 @@ def test_stream_errors_name_the_line_in_the_whole_input(translator):
     with pytest.raises(InputError, match="input line 5 has"):
         next(stream)
     # argument and option errors come from the call itself, before anything is read
-    with pytest.raises(InputError, match="chunk_lines must be >= 1"):
-        translator.translate_stream(["one"], 0)
+    for bad in (0, 1.5, True):
+        with pytest.raises(InputError, match="chunk_lines must be an integer >= 1"):
+            translator.translate_stream(["one"], bad)
     with pytest.raises(InputError, match="not one string"):
         translator.translate_stream("one", 1)
-    with pytest.raises(InputError, match="nbest must be between 1 and the beam size"):
+    with pytest.raises(InputError, match=r"nbest must be between 1 and beam_size \(2\)"):
         translator.translate_stream([], 1, beam_size=2, nbest=5)
     stream = translator.translate_stream(["one", long], 1, first_line=41, beam_size=1, max_len_b=3)
     next(stream)
@@ -186,3 +210,60 @@ def test_batch_limits_are_checked_by_name(translator):
                      (dict(max_batch_size=2.5), "max_batch_size")):
         with pytest.raises(InputError, match=f"{name} must be an integer >= 1"):
             Translator(translator.backend, translator.tokenizer, **kw)
+
+
+def test_progress_is_told_of_every_batch(translator):
+    """progress(sentences, tokens) after each batch (blank lines at once): the sentences add up to the
+    input, the tokens to the translations'."""
+    texts = ["one", "", "two hundred", "seven", "nine hundred and ninety", "   ", "three"] * 3
+    calls = []
+    out = translator.translate(texts, beam_size=2, max_len_b=4, progress=lambda n, t: calls.append((n, t)))
+    assert len(calls) > 2 and calls[0] == (6, 0)  # the blank lines first
+    assert sum(n for n, _ in calls) == len(texts) and sum(t for _, t in calls) == sum(len(r.tokens) for r in out)
+    calls.clear()
+    streamed = list(translator.translate_stream(texts, 4, beam_size=2, max_len_b=4,
+                                                progress=lambda n, t: calls.append((n, t))))
+    assert [r.tokens for r in streamed] == [r.tokens for r in out] and sum(n for n, _ in calls) == len(texts)
+
+
+def test_options_the_model_cannot_honour_are_warned_of(translator):
+    """A beam wider than the vocabulary and a min_length past the maximum length: a TransduceWarning once per
+    call, at the caller's line, naming the parameter (a command line spells it as its flag)."""
+    from transduce.errors import TransduceWarning
+
+    for call in (lambda: translator.translate(["one"], beam_size=300, max_len_b=2),
+                 lambda: list(translator.translate_stream(["one", "two"], 1, beam_size=300, max_len_b=2))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        [w] = [w for w in caught if issubclass(w.category, TransduceWarning)]
+        assert str(w.message).startswith("beam_size 300 is wider than the vocabulary (200 tokens)")
+        assert w.message.spelled({"beam_size": "--beam"}).startswith("--beam 300 is wider") and w.filename == __file__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = translator.translate(["one"], beam_size=1, min_length=100, max_len_b=3)
+    [w] = [w for w in caught if issubclass(w.category, TransduceWarning)]
+    assert "min_length 100 is more than any sentence's maximum length" in str(w.message)
+    assert not out[0].nbest[0].finished
+
+
+def test_a_backend_without_the_protocols_members_is_refused_naming_them(tiny_tokenizer):
+    """A backend written without subclassing Backend (which gives the optional members their defaults) is refused
+    when the Translator is made, not deep inside a decode."""
+    from transduce.errors import InputError
+    from transduce.runtime.translator import Translator
+
+    class Bare:
+        name, config, device = "bare", {"max_positions": 8}, "cpu"
+
+        def encode(self, src_ids, src_lengths): ...
+        def begin(self, encoded, row_src, capacity): ...
+        def step(self, state, tokens, k, ban_eos=False): ...
+        def step_log_probs(self, state, tokens): ...
+        def reorder(self, state, rows, row_src): ...
+        def encoder_outputs(self, encoded): ...
+
+    with pytest.raises(InputError, match="lacks artifact_dir, end, manifest, only_step_graph, shards, step_graphs, "
+                                         "tuning of the backend protocol") as e:
+        Translator(Bare(), tiny_tokenizer)
+    assert "subclass transduce.runtime.backends.base.Backend" in e.value.hint

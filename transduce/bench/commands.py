@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
 from transduce.bench.ct2_settings import DEFAULT_CT2_SETTINGS
-from transduce.cli_errors import cli_errors
+from transduce.cli_errors import QUIET_HELP, cli_errors
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
@@ -37,6 +38,17 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
         size, path = item.split("=", 1)
         out[size.strip()] = path.strip()
     return out
+
+
+REPORT_FILES = ("bench.json", "bench.md", "bench.png")  # what transduce.bench.report.write_reports writes
+
+
+def _check_reports(out_dir: str, force: bool) -> None:
+    """An earlier run's report in --out is replaced only with --force (checked before the run, not after)."""
+    found = [name for name in REPORT_FILES if os.path.isfile(os.path.join(out_dir, name))]
+    if found and not force:
+        raise TransduceError(f"--out {out_dir!r} already holds a bench report ({', '.join(found)})",
+                             hint="pass --force to replace it, or choose another --out")
 
 
 @click.command("bench")
@@ -73,13 +85,16 @@ def _engines(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--cache-dir", type=click.Path(),
               help="Where prepared models, exports and conversions go.  [default: OUT/models]")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(),
-              help="Writes bench.json, bench.md and bench.png here.")
+              help="Writes bench.json, bench.md and bench.png here (an earlier report is replaced only with --force).")
+@click.option("--force", is_flag=True, help="Replace the report already in --out.")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
 @click.option("--quick", is_flag=True, help="A fast smoke run (demo size, 6 steps, 2 rounds): checks the "
               "instrument, not a measurement.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the random source sentences every cell decodes.")
 @cli_errors
 def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, min_seconds, steps, src_len,
-          threads, ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, quick, seed):
+          threads, ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, force, quiet,
+          quick, seed):
     """Benchmark our backends against CTranslate2 on identical weights: encoder and per-step latency,
     tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings.
 
@@ -97,7 +112,8 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
                    ceilings=not no_ceilings, seed=seed, quantize=list(quantize) or None)
     given = {k: v for k, v in options.items() if v is not None}
     cfg = BenchConfig.quick_preset(**given) if quick else BenchConfig(**given)
-    result = run_bench(cfg, log=lambda msg: click.echo(msg, err=True))
+    _check_reports(cfg.out_dir, force)
+    result = run_bench(cfg, log=(lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True)))
     try:
         paths = write_reports(result, cfg.out_dir)
     except TransduceError:

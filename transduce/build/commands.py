@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
-from transduce.cli_errors import cli_errors
+from transduce.cli_errors import QUIET_HELP, cli_errors, log_lines
 from transduce.formats.profiles import PROFILE_MODES
 
 
 @click.command("build")
 @click.argument("artifact_dir", type=click.Path())
-@click.option("--out", "out_dir", required=True, type=click.Path(), help="Engine directory to write.")
+@click.option("--out", "out_dir", metavar="ENGINE_DIR", required=True, type=click.Path(),
+              help="Engine directory to write.")
 @click.option("--max-batch", default=16, show_default=True, type=int, help="Most sentences per batch.")
 @click.option("--beam", default=4, show_default=True, type=int,
               help="Largest beam to decode with: the step engine takes max-batch x beam rows.")
@@ -28,8 +29,8 @@ from transduce.formats.profiles import PROFILE_MODES
               help="Timing cache file: read if present, written back after the build.")
 @click.option("--tf32", is_flag=True, help="Allow TF32 matmuls in fp32 graphs (faster on Ampere+, breaks fp32 parity).")
 @click.option("--device", default="cuda", show_default=True, help="CUDA device to build on (cuda or cuda:N).")
-@click.option("--force", is_flag=True, help="Replace ENGINE_DIR if it is an existing engine directory.")
-@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@click.option("--force", is_flag=True, help="Replace --out if it is an existing engine directory.")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
 @cli_errors
 def build(artifact_dir, out_dir, max_batch, beam, max_src_len, max_tgt_len, opt_batch, opt_src_len, opt_tgt_len,
           profiles, workspace_gb, timing_cache, tf32, device, force, quiet):
@@ -42,7 +43,7 @@ def build(artifact_dir, out_dir, max_batch, beam, max_src_len, max_tgt_len, opt_
     """
     from transduce.build.builder import build_engines, summary
 
-    log = None if quiet else (lambda msg: click.echo(f"[build] {msg}", err=True))
+    log = log_lines(quiet, "build")
     meta = build_engines(artifact_dir, out_dir, max_batch=max_batch, beam=beam, max_src_len=max_src_len,
                          max_tgt_len=max_tgt_len, opt_batch=opt_batch, opt_src_len=opt_src_len,
                          opt_tgt_len=opt_tgt_len, profiles=profiles, workspace_gb=workspace_gb,

@@ -56,7 +56,7 @@ def check_demo_options(workdir: str, steps: int | None, show: int, device: str =
         raise InputError(f"--steps must be >= 1, got {steps}")
     training_device(device)  # a ConfigError saying why it cannot be used
     if show < 0:
-        raise InputError(f"--show must be >= 0, got {show}")
+        raise InputError(f"show must be >= 0, got {show}", params=("show",))
     make_writable_dir(workdir or ".", "--workdir", InputError)
     for name in ("data", "model", "artifact"):
         path = os.path.join(workdir, name)
@@ -66,7 +66,7 @@ def check_demo_options(workdir: str, steps: int | None, show: int, device: str =
 
 
 def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = None, log=print,
-                      device: str = "cpu") -> str:
+                      device: str = "cpu", progress: bool = True) -> str:
     """Train the demo model into workdir/model (on `device`) unless a loadable one is there. Returns its path."""
     from transduce.formats.model_dir import read_config
     from transduce.models.checkpoint import load_model_dir
@@ -93,14 +93,15 @@ def ensure_demo_model(workdir: str, retrain: bool = False, steps: int | None = N
                                                    eval_every=max(steps // 2, 1))
     cfg = replace(cfg, device=device)
     t0 = time.perf_counter()
-    summary = train(train_pairs, valid_pairs, model_dir, cfg, log=log, force=True)  # the demo's own model
+    summary = train(train_pairs, valid_pairs, model_dir, cfg, log=log, force=True,  # the demo's own model
+                    progress=progress)
     log(f"trained in {time.perf_counter() - t0:.0f}s on {device}: exact match {100 * summary['exact_match']:.1f}%, "
         f"BLEU {summary['bleu']:.1f} on {cfg.eval_sentences} held-out sentences")
     return model_dir
 
 
-def show_translations(rows: list[tuple[str, str, str]], title: str, show: int) -> dict[str, float]:
-    """Print (source, reference, hypothesis) rows and return exact match and BLEU over all rows."""
+def show_translations(rows: list[tuple[str, str, str]], title: str, show: int, quiet: bool = False) -> dict[str, float]:
+    """Print (source, reference, hypothesis) rows (not when quiet) and return exact match and BLEU over all rows."""
     import sacrebleu
     from rich.table import Table
 
@@ -115,6 +116,8 @@ def show_translations(rows: list[tuple[str, str, str]], title: str, show: int) -
         table.add_row(src, ref, hyp, "[green]=[/]" if hyp == ref else "[red]x[/]")
     exact = sum(h == r for _, r, h in rows) / max(len(rows), 1)
     bleu = sacrebleu.corpus_bleu([h for _, _, h in rows], [[r for _, r, _ in rows]]).score
+    if quiet:
+        return {"exact_match": exact, "bleu": bleu}
     console = make_console()
     if show:
         console.print(table)
@@ -141,15 +144,17 @@ def ensure_demo_artifact(workdir: str, model_dir: str, log=print) -> str:
 
 
 def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | None = None, show: int = 12,
-             parity_sentences: int = 100, device: str = "cpu") -> dict:
+             parity_sentences: int = 100, device: str = "cpu", quiet: bool = False) -> dict:
     """Train (on `device`) unless a demo model is there, export, decode the held-out set with ONNX Runtime on
-    the CPU, and check parity; -> {"greedy": metrics, "beam 4": metrics, "parity": passed}."""
+    the CPU, and check parity; -> {"greedy": metrics, "beam 4": metrics, "parity": passed}. quiet: print
+    nothing (no lines, tables or progress bar; warnings still go where the caller sends them)."""
     from transduce.runtime.api import load
     from transduce.verify.parity import parity_for_artifact
 
     check_demo_options(workdir, steps, show, device)
-    model_dir = ensure_demo_model(workdir, retrain=retrain, steps=steps, device=device)
-    artifact = ensure_demo_artifact(workdir, model_dir)
+    log = (lambda _: None) if quiet else print
+    model_dir = ensure_demo_model(workdir, retrain=retrain, steps=steps, device=device, log=log, progress=not quiet)
+    artifact = ensure_demo_artifact(workdir, model_dir, log=log)
     _, valid = demo_data(workdir)
     translator = load(artifact, backend="onnxruntime")
     sources = [s for s, _ in valid]
@@ -166,10 +171,11 @@ def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | Non
         name = "greedy" if beam == 1 else f"beam {beam}"
         results[name] = show_translations(
             [(s, translator.tokenizer.normalize(r), o.text) for s, r, o in zip(sources, refs, out)],
-            f"ONNX Runtime, {name} ({len(sources) / dt:.0f} sentences/s)", show if beam == 1 else 0,
+            f"ONNX Runtime, {name} ({len(sources) / dt:.0f} sentences/s)", show if beam == 1 else 0, quiet=quiet,
         )
     valid_tsv = os.path.join(workdir, "data", "valid.tsv")
     report = parity_for_artifact(artifact, model_dir=model_dir, data=valid_tsv, sentences=parity_sentences)
-    report.print()
+    if not quiet:
+        report.print()
     results["parity"] = report.passed
     return results

@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import click
 
-from transduce.cli_errors import cli_errors
+from transduce.cli_errors import QUIET_HELP, cli_errors, log_lines, renamed
 from transduce.exporter.onnx_export import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET  # no framework imported
 from transduce.formats.artifact import PRECISIONS
 from transduce.formats.artifact import QUANTIZATION_METHODS as QUANTIZE_METHODS
 
+# the library's parameters that export names otherwise than by their own name (see cli_errors.command_names)
+EXPORT_NAMES = {"ort_step_graph=False": "--no-ort-step"}
+
+
+class _DeprecatedArgument(click.Argument):
+    """An argument that still works but is left out of the usage line."""
+
+    def get_usage_pieces(self, ctx):
+        return []
+
 
 @click.command("export")
 @click.argument("model_dir", type=click.Path())
-@click.argument("out_dir", type=click.Path())
-@click.option("--force", is_flag=True, help="Replace OUT_DIR if it is an existing artifact.")
+@click.argument("old_out_dir", cls=_DeprecatedArgument, metavar="OUT_DIR", required=False, type=click.Path())
+@click.option("--out", "out_dir", metavar="OUT_DIR", type=click.Path(),
+              help="Artifact directory to write. (OUT_DIR as a second argument still works, with a warning, "
+                   "for one release.)")
+@click.option("--force", is_flag=True, help="Replace --out if it is an existing artifact.")
 @click.option("--opset", default=DEFAULT_OPSET, show_default=True, type=int,
               help=f"ONNX opset ({MIN_OPSET}..{MAX_OPSET}).")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(PRECISIONS),
@@ -25,10 +38,10 @@ from transduce.formats.artifact import QUANTIZATION_METHODS as QUANTIZE_METHODS
               help="Leave out decoder_step.ort.onnx, the ONNX Runtime CPU step graph (a second copy of the decoder's "
                    "weights): for TensorRT or CUDA deployment; ONNX Runtime on CPU then decodes with "
                    "decoder_step.onnx, more slowly. Not with --quantize.")
-@click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-@cli_errors
-def export(model_dir, out_dir, force, opset, precision, quantize, no_ort_step, quiet):
-    """Export MODEL_DIR to an ONNX artifact in OUT_DIR: encoder.onnx, decoder_step.onnx, manifest.json,
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@cli_errors(names=EXPORT_NAMES)
+def export(model_dir, old_out_dir, out_dir, force, opset, precision, quantize, no_ort_step, quiet):
+    """Export MODEL_DIR to an ONNX artifact in --out: encoder.onnx, decoder_step.onnx, manifest.json,
     and for fp32 post-norm models (head size a multiple of 8) decoder_step.ort.onnx (the same step with
     ONNX Runtime's fused ops) unless --no-ort-step.
 
@@ -38,9 +51,11 @@ def export(model_dir, out_dir, force, opset, precision, quantize, no_ort_step, q
     """
     from transduce.exporter.onnx_export import export_artifact
 
-    log = None if quiet else (lambda msg: click.echo(f"[export] {msg}", err=True))
-    manifest = export_artifact(model_dir, out_dir, force=force, opset=opset, precision=precision, log=log,
-                               quantize=quantize, ort_step_graph=not no_ort_step)
+    out_dir = renamed(out_dir, old_out_dir, "--out", "OUT_DIR as an argument")
+    if out_dir is None:
+        raise click.UsageError("Missing option '--out'.")
+    manifest = export_artifact(model_dir, out_dir, force=force, opset=opset, precision=precision,
+                               log=log_lines(quiet, "export"), quantize=quantize, ort_step_graph=not no_ort_step)
     click.echo(summary(out_dir, manifest))
 
 

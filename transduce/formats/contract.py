@@ -169,6 +169,16 @@ def resolve_dtype(spec: TensorSpec, precision: str) -> str:
     return precision_dtype(precision) if spec.dtype == "float" else spec.dtype
 
 
+def _dim_differs(dim: Any, want: int | str) -> bool:
+    """Whether a declared dim (size, axis name, -1 or None) is not the contract's fixed size or dynamic axis."""
+    if dim is None:
+        return False
+    dynamic = isinstance(dim, str) or dim < 0
+    if isinstance(want, int):
+        return dynamic or dim != want
+    return not dynamic
+
+
 def io_mismatches(what: str, got: Sequence[tuple[str, str, Sequence[Any] | None]], specs: Sequence[TensorSpec],
                   precision: str, config: dict[str, Any], ordered: bool = True, exact: bool = False) -> list[str]:
     """How the inputs or outputs of a graph or engine (`got`: (name, dtype, dims) triples) differ from the
@@ -176,10 +186,10 @@ def io_mismatches(what: str, got: Sequence[tuple[str, str, Sequence[Any] | None]
     messages ("input", "encoder engine output").
 
     ordered: their order is the contract's too (an ONNX graph's; an engine's IO is a set). dims: as the graph
-    declares them (sizes, axis names), None where not known (not compared). exact: every dim as the contract
-    writes it, symbolic axes by name (the exporter's check of what it wrote); otherwise only the fixed sizes
-    both sides state, and no fixed size where the contract has a dynamic axis (a graph exported for one batch
-    size); names of symbolic axes and unknown sizes (strings, negative numbers) are not compared."""
+    declares them, sizes, axis names or -1 for a dynamic axis (TensorRT's spelling); None where not known (not
+    compared). exact: every dim as the contract writes it, symbolic axes by name (the exporter's check of what it
+    wrote); otherwise each fixed axis of the contract must have its size, and each dynamic one must be dynamic
+    (a graph exported for one batch size is refused); the names of dynamic axes are not compared."""
     names, want_names = [g[0] for g in got], [s.name for s in specs]
     missing = [n for n in want_names if n not in names]
     extra = [n for n in names if n not in want_names]
@@ -204,8 +214,7 @@ def io_mismatches(what: str, got: Sequence[tuple[str, str, Sequence[Any] | None]
         if exact:
             differ = tuple(dims) != tuple(want_dims)
         else:
-            differ = len(dims) != len(want_dims) or any(
-                isinstance(d, int) and d >= 0 and (isinstance(w, str) or d != w) for d, w in zip(dims, want_dims))
+            differ = len(dims) != len(want_dims) or any(_dim_differs(d, w) for d, w in zip(dims, want_dims))
         if differ:
             problems.append(f"{what} {name} has dims {list(dims)}, the contract says {list(want_dims)}")
     return problems

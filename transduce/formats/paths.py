@@ -3,20 +3,21 @@ replace, and the refusal of a path that is not the directory asked for."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
 
 from transduce.errors import InputError, TransduceError
 from transduce.formats.files import read_json
-from transduce.formats.reaping import interrupted_replace_hint
+from transduce.formats.reaping import interrupted_replace_hint, tmp_prefix
 
 
-def check_parent_writable(final: str) -> str:
+def check_parent_writable(final: str, error: type[TransduceError] = TransduceError) -> str:
     """The directory atomic_directory writes `final`'s copies in (beside a link's target, as it does)
-    exists or can be made, and can be written: checked before a long job. -> that directory."""
+    exists or can be made, and can be written: checked before a long job (else `error`). -> that directory."""
     parent = os.path.dirname(os.path.realpath(final)) or "."
-    make_writable_dir(parent, "directory", hint="choose an output path you can write to")
+    make_writable_dir(parent, "directory", error, hint="choose an output path you can write to")
     return parent
 
 
@@ -145,6 +146,51 @@ def check_output_file(path: str, option: str = "--output", stdout: bool = True) 
         if too_long:
             raise InputError(f"{option} {path!r}: the name {too_long[0][:40]!r}... is longer than this file system "
                              f"allows ({name_max} bytes)", hint=f"choose a shorter {option}")
+
+
+def check_output(path: str, option: str, force: bool, stdout: bool = True) -> None:
+    """Before any work: the output file `path` can be written (check_output_file), an existing one is
+    replaced only with --force, and the directory it is written in can hold a new file. '-' (standard
+    output, where `stdout`) and what is written in place (/dev/null, a FIFO) are taken as they are; an empty
+    file (mktemp's) has nothing to lose."""
+    check_output_file(path, option, stdout=stdout)
+    if path == "-" and stdout:
+        return
+    if not force and os.path.isfile(path) and os.path.getsize(path) > 0:  # a link: its target
+        raise InputError(f"{option} {path!r} already exists",
+                         hint=f"pass --force to replace it, or choose another {option}")
+    if not written_in_place(path):
+        _check_new_file(path, option)
+
+
+def _check_new_file(path: str, option: str) -> None:
+    """The directory a regular-file output is written in (a temporary file beside it, renamed into place)
+    can hold a new file: a permission check alone passes root anywhere, /proc and read-only mounts too. The
+    probe is named as that temporary is (a killed run's is removed by the next write of `path`)."""
+    import tempfile
+
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(parent) and os.path.dirname(parent) != parent:  # made when written
+        parent = os.path.dirname(parent)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=tmp_prefix(os.path.basename(path)) + f"{os.getpid()}-", dir=parent)
+    except OSError as e:
+        raise InputError(f"{option} {path!r}: the directory {parent!r} cannot hold new files ({e.strerror})",
+                         hint=f"choose another {option}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def write_error(option: str, path: str, e: OSError) -> InputError:
+    """What an OSError writing output file `path` was, named by its cause."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InputError(f"cannot write {option} {path!r}: {e.strerror}",
+                          hint=f"free disk space, or choose another {option}")
+    if not written_in_place(path) and e.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
+        parent = os.path.dirname(os.path.abspath(path))
+        return InputError(f"cannot write {option} {path!r}: its directory {parent!r} cannot hold new files "
+                          f"({e.strerror})", hint=f"choose another {option}")
+    return InputError(f"cannot write {option} {path!r}: {e.strerror or e}", hint=f"choose another {option}")
 
 
 def free_bytes(path: str) -> int:

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
+import time
 
 import click
 
-from transduce.cli_errors import cli_errors
+from transduce.cli_errors import QUIET_HELP, cli_errors, command_names, renamed, warning_text
 from transduce.errors import InputError, TruncatedInput
-from transduce.formats.paths import check_output_file
+from transduce.formats.paths import check_output, write_error, written_in_place
 from transduce.runtime.api import BACKENDS
 
 BACKEND_CHOICE = click.Choice(BACKENDS)
+BACKEND_HELP = ("onnxruntime (an exported artifact), torch (the eager model it was exported from) or tensorrt "
+                "(an engine directory, transduce build).")
+LOG_EVERY_S = 30.0  # stderr not a terminal (a log file, a CI job): a progress line this often
+# the library's parameters that decode names otherwise than by their own name (see cli_errors.command_names)
+DECODE_NAMES = {"beam_size": "--beam", "max_batch_tokens": "--batch-tokens"}
 
 
 def _written_over(input_path: str, output_path: str) -> bool:
-    """Whether writing --output writes the --input file in place (a link, say, to it; a regular file
-    --output is written beside and renamed, so the input being read stays whole)."""
-    import os
-
-    from transduce.formats.paths import written_in_place
-
+    """Whether writing --out writes the --input file in place (a link, say, to it; a regular file --out is
+    written beside and renamed, so the input being read stays whole)."""
     if output_path == "-" or not written_in_place(output_path):
         return False
     try:  # standard input may be that file too (< in.txt)
@@ -30,11 +35,100 @@ def _written_over(input_path: str, output_path: str) -> bool:
         return False
 
 
+class Progress:
+    """decode's progress on stderr, as the Translator's progress(sentences, tokens): a bar on a terminal
+    (sentences/s, tokens/s), else a line every LOG_EVERY_S (and one at the end, if any was written)."""
+
+    def __init__(self, total: int | None, stream=None, clock=time.monotonic):
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self.start = self.last = clock()
+        self.total = total
+        self.sentences = self.tokens = 0
+        self.logged: int | None = None  # sentences done at the last line written
+        self.bar = None
+        if _is_terminal(self.stream):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="decode", unit=" sentences", file=self.stream, dynamic_ncols=True,
+                            mininterval=0.5)
+
+    def __call__(self, sentences: int, tokens: int) -> None:
+        self.sentences += sentences
+        self.tokens += tokens
+        now = self.clock()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.tokens / max(now - self.start, 1e-9):,.0f} tokens/s", refresh=False)
+            self.bar.update(sentences)
+        elif now - self.last >= LOG_EVERY_S:
+            self.last = now
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        self.logged = self.sentences
+        took = max(now - self.start, 1e-9)
+        of = f" of {self.total:,}" if self.total is not None else ""
+        click.echo(f"[decode] {self.sentences:,}{of} sentences in {took:.0f} s: {self.sentences / took:,.1f} "
+                   f"sentences/s, {self.tokens / took:,.0f} tokens/s", file=self.stream)
+
+    def above(self, stream=None):
+        """A context to write a line to `stream` (stderr; stdout where it is the same terminal) in: the bar
+        is cleared first and drawn again after."""
+        if self.bar is None or not _is_terminal(stream if stream is not None else self.stream):
+            return contextlib.nullcontext()
+        return self.bar.external_write_mode(file=self.stream)
+
+    def close(self, finished: bool) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif finished and self.logged is not None and self.logged != self.sentences:
+            self._line(self.clock())
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+class _LineWarnings:
+    """The warnings recorded while decoding (`caught`), printed in input order: a line's beside its
+    translation, whether they come from encoding the whole part (truncation) or from its result
+    (unknown characters); the others (the options') at the next flush."""
+
+    def __init__(self, caught: list, names: dict[str, str], progress: Progress | None):
+        self.caught, self.names, self.progress = caught, names, progress
+        self.pending: list = []
+
+    def say(self, text: str) -> None:
+        with self.progress.above() if self.progress is not None else contextlib.nullcontext():
+            click.secho(f"warning: {text}", fg="yellow", err=True)
+
+    def flush(self, line: int | None) -> None:
+        """Print the recorded warnings of lines up to `line` (None: all of them) and those of no line."""
+        self.pending.extend(self.caught)
+        self.caught.clear()
+        later = []
+        for w in self.pending:
+            n = w.message.line if isinstance(w.message, TruncatedInput) else None
+            if line is None or n is None or n <= line:
+                self.say(warning_text(w.message, self.names))
+            else:
+                later.append(w)
+        self.pending[:] = later
+
+
 @click.command()
 @click.argument("artifact_dir", type=click.Path())
 @click.option("--input", "input_path", default="-", show_default=True, help="Sentences, one per line ('-' = stdin).")
-@click.option("--output", "output_path", default="-", show_default=True, help="Where translations go ('-' = stdout).")
-@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
+@click.option("--out", "out_path", default=None,
+              help="Where the translations go: a file (written whole or not at all; an existing one is replaced "
+                   "only with --force) or '-', standard output.  [default: -]")
+@click.option("--output", "old_output", default=None, hidden=True, help="Deprecated spelling of --out.")
+@click.option("--force", is_flag=True, help="Replace an existing --out file.")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE, help=BACKEND_HELP)
 @click.option("--device", default="cpu", show_default=True,
               help="cpu, cuda or cuda:N (cuda: the first GPU for onnxruntime; tensorrt: always a GPU, "
                    "cpu meaning the default one).")
@@ -42,9 +136,11 @@ def _written_over(input_path: str, output_path: str) -> bool:
 @click.option("--nbest", default=1, show_default=True,
               help="Hypotheses per sentence (written as 'i ||| text ||| score').")
 @click.option("--length-penalty", default=0.6, show_default=True, help="alpha of ((5+len)/6)^alpha.")
-@click.option("--length-penalty-form", default="gnmt", show_default=True, type=click.Choice(["gnmt", "plain", "none"]))
+@click.option("--length-penalty-form", default="gnmt", show_default=True, type=click.Choice(["gnmt", "plain", "none"]),
+              help="How scores are normalised by length: gnmt ((5+len)/6)^alpha, plain len^alpha, or none.")
 @click.option("--max-len-b", default=50, show_default=True, help="Max output length = source length + this.")
-@click.option("--min-length", default=0, show_default=True)
+@click.option("--min-length", default=0, show_default=True,
+              help="Fewest output tokens, EOS included: EOS is not taken before (0: no minimum).")
 @click.option("--batch-tokens", default=4096, show_default=True,
               help="Budget of rows x beam x source tokens per batch.")
 @click.option("--threads", default=0, show_default=True,
@@ -57,13 +153,14 @@ def _written_over(input_path: str, output_path: str) -> bool:
 @click.option("--chunk-lines", default=0, show_default=True,
               help="Decode the input this many lines at a time, each part's output written as soon as it is done "
                    "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
-@cli_errors
-def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, length_penalty, length_penalty_form,
-           max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir, chunk_lines):
+@cli_errors(names=DECODE_NAMES)
+def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend, device, beam, nbest, length_penalty,
+           length_penalty_form, max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir, chunk_lines):
     """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
 
-    The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'). A file --output
-    is whole or not at all: written beside it and renamed into place at the end.
+    The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'); stdout holds the
+    translations only. A file --out is whole or not at all: written beside it and renamed into place at
+    the end. Progress goes to stderr: a bar on a terminal, else a line every 30 s (--quiet: neither).
     """
     import itertools
     import warnings
@@ -72,6 +169,44 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
     from transduce.runtime.api import load
     from transduce.runtime.decoding import DecodingOptions
 
+    out_path = renamed(out_path, old_output, "--out", "--output")
+    out_path = "-" if out_path is None else out_path
+    _check_counts(chunk_lines, threads, batch_tokens)
+    options = dict(beam_size=beam, nbest=nbest, length_penalty=length_penalty, length_penalty_form=length_penalty_form,
+                   max_len_b=max_len_b, min_length=min_length)
+    DecodingOptions(**options)  # the options' errors before any input is read (a pipe may be slow to end)
+    if chunk_lines and _written_over(input_path, out_path):  # what --force could not allow is said first
+        raise InputError(f"--out {out_path!r} leads to the file the input is read from: "
+                         "with --chunk-lines it would be overwritten while its later lines are still to be read",
+                         hint="give another --out, or leave out --chunk-lines (the whole input is then read first)")
+    check_output(out_path, "--out", force)
+    lines = iter_lines(input_path, InputError)
+    # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
+    first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
+    translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
+                      max_batch_tokens=batch_tokens)
+    part = chunk_lines or max(len(first), 1)
+    progress = None if quiet else Progress(None if chunk_lines else len(first))
+    finished = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = translator.translate_stream(itertools.chain(first, lines), part, truncate=truncate,
+                                                  progress=progress, **options)
+            said = _LineWarnings(caught, command_names(click.get_current_context().command, DECODE_NAMES), progress)
+            said.flush(0)  # the options' warnings (a beam wider than the vocabulary) before decoding
+            # the first part is decoded before the output is opened: an error in it (all of them, without
+            # --chunk-lines) leaves a file, or what a link, FIFO or device --out leads to, as it was
+            head = next(results, None)
+            results = itertools.chain([] if head is None else [head], results)
+            _write_output(out_path, results, said, nbest, scores, part, progress)
+        finished = True
+    finally:
+        if progress is not None:
+            progress.close(finished)
+
+
+def _check_counts(chunk_lines: int, threads: int, batch_tokens: int) -> None:
     if chunk_lines < 0:
         raise InputError(f"--chunk-lines must be >= 0, got {chunk_lines}", hint="0 decodes the whole input at once")
     if threads < 0:
@@ -79,83 +214,50 @@ def decode(artifact_dir, input_path, output_path, backend, device, beam, nbest, 
     if batch_tokens < 1:
         raise InputError(f"--batch-tokens must be >= 1, got {batch_tokens}",
                          hint="a batch holds sentences x beam x source tokens up to this budget")
-    # the decoding options' errors before any input is read (a pipe may be slow to end) or the model loads
-    DecodingOptions(beam_size=beam, nbest=nbest, length_penalty=length_penalty, length_penalty_form=length_penalty_form,
-                    max_len_b=max_len_b, min_length=min_length)
-    check_output_file(output_path)
-    if chunk_lines and _written_over(input_path, output_path):
-        raise InputError(f"--output {output_path!r} leads to the file the input is read from: "
-                         "with --chunk-lines it would be overwritten while its later lines are still to be read",
-                         hint="give another --output, or leave out --chunk-lines (the whole input is then read first)")
-    lines = iter_lines(input_path, InputError)
-    # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
-    first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
-    translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
-                      max_batch_tokens=batch_tokens)
-    part = chunk_lines or max(len(first), 1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        results = translator.translate_stream(
-            itertools.chain(first, lines), part, beam_size=beam, nbest=nbest, length_penalty=length_penalty,
-            length_penalty_form=length_penalty_form, max_len_b=max_len_b, min_length=min_length, truncate=truncate)
-        # the first part is decoded before the output is opened: an error in it (all of them, without
-        # --chunk-lines) leaves a file, or what a link, FIFO or device --output leads to, as it was
-        head = next(results, None)
-        results = itertools.chain([] if head is None else [head], results)
-        if output_path == "-":
-            def write(text: str) -> None:
-                try:
+
+
+def _write_output(out_path: str, results, said: _LineWarnings, nbest: int, scores: bool, part: int,
+                  progress: Progress | None) -> None:
+    """The translations to standard output ('-') or, whole or not at all, to the file out_path."""
+    if out_path == "-":
+        def write(text: str) -> None:
+            try:
+                with progress.above(sys.stdout) if progress is not None else contextlib.nullcontext():
                     sys.stdout.write(text)
-                    if text == "":
-                        sys.stdout.flush()
-                except BrokenPipeError:
-                    raise  # the reader went away (| head): click exits quietly
-                except OSError as e:
-                    raise InputError(f"cannot write the translations to standard output: {e}",
-                                     hint="free disk space, or give --output") from None
+                if text == "":
+                    sys.stdout.flush()
+            except BrokenPipeError:
+                raise  # the reader went away (| head): click exits quietly
+            except OSError as e:
+                raise InputError(f"cannot write the translations to standard output: {e.strerror or e}",
+                                 hint="free disk space, or give --out FILE" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                                 else "give --out FILE") from None
 
-            _write_translations(results, caught, nbest, scores, part, write)
-        else:  # whole or not at all: a temporary file beside it, renamed into place
-            from transduce.formats.atomic import atomic_file
+        _write_translations(results, said, nbest, scores, part, write)
+        return
+    from transduce.formats.atomic import atomic_file
 
-            def cannot_write(e: OSError) -> InputError:  # an OSError from decoding is not one of these
-                return InputError(f"cannot write --output {output_path!r}: {e}",
-                                  hint="free disk space or choose another --output")
+    def cannot_write(e: OSError) -> InputError:  # an OSError from decoding is not one of these
+        return write_error("--out", out_path, e)
 
-            with atomic_file(output_path, error=cannot_write) as f:
-                def write(text: str) -> None:
-                    try:
-                        f.write(text.encode("utf-8"))
-                    except OSError as e:
-                        raise cannot_write(e) from None
+    with atomic_file(out_path, error=cannot_write) as f:
+        def write(text: str) -> None:
+            try:
+                f.write(text.encode("utf-8"))
+            except OSError as e:
+                raise cannot_write(e) from None
 
-                _write_translations(results, caught, nbest, scores, part, write)
+        _write_translations(results, said, nbest, scores, part, write)
 
 
-def _write_translations(results, caught: list, nbest: int, scores: bool, part: int, write) -> None:
-    """Write each translation's line(s) as it comes, with the warnings recorded meanwhile (`caught`) on
-    stderr, in line order (a part's warnings are recorded before its first line is written); write("")
-    after every part of `part` lines and at the end: a flush."""
-    pending: list = []
-
-    def warn(line: int | None) -> None:
-        """Print the recorded warnings of lines up to `line` (None: all of them)."""
-        pending.extend(caught)
-        caught.clear()
-        later = []
-        for w in pending:
-            n = w.message.line if isinstance(w.message, TruncatedInput) else None
-            if line is None or n is None or n <= line:
-                click.secho(f"warning: {w.message}", fg="yellow", err=True)
-            else:
-                later.append(w)
-        pending[:] = later
-
+def _write_translations(results, said: _LineWarnings, nbest: int, scores: bool, part: int, write) -> None:
+    """Write each translation's line(s) as it comes, with its warnings on stderr, in line order (a part's
+    warnings are recorded before its first line is written); write("") after every part of `part` lines and
+    at the end: a flush."""
     for i, r in enumerate(results):
-        warn(i + 1)
+        said.flush(i + 1)
         if r.unknown:
-            click.secho(f"warning: input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>",
-                        fg="yellow", err=True)
+            said.say(f"input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>")
         if nbest > 1:
             # nbest lines for every input, a blank one included (its one empty candidate, repeated)
             write("".join(f"{i} ||| {c.text} ||| {c.score:.4f}\n" for c in (r.nbest * nbest if r.empty else r.nbest)))
@@ -163,7 +265,7 @@ def _write_translations(results, caught: list, nbest: int, scores: bool, part: i
             write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
         if (i + 1) % part == 0:
             write("")
-    warn(None)
+    said.flush(None)
     write("")
 
 

@@ -44,28 +44,54 @@ class DecodingOptions:
     nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
 
     def __post_init__(self) -> None:
+        # messages name the parameters as Python spells them (params=: a command line spells its flags)
         for name in ("beam_size", "nbest", "min_length", "max_len_b"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-                raise InputError(f"{name} must be an integer, got {v!r}")
+                raise InputError(f"{name} must be an integer, got {v!r}", params=(name,))
         for name in ("length_penalty", "max_len_a"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
-                raise InputError(f"{name} must be a finite number, got {v!r}")
+                raise InputError(f"{name} must be a finite number, got {v!r}", params=(name,))
             if isinstance(v, np.floating) and np.finfo(v).precision < 15:
                 # the decimal a float32 or float16 stands for (np.float32(1.1) is 1.100000024, whose
                 # maximum length for 50 source tokens would be 56, not 55)
                 object.__setattr__(self, name, float(str(v)))
         if self.beam_size < 1:
-            raise InputError(f"beam size must be >= 1, got {self.beam_size}")
+            raise InputError(f"beam_size must be >= 1, got {self.beam_size}", hint="1 is greedy search",
+                             params=("beam_size",))
         if not 1 <= self.nbest <= self.beam_size:
-            raise InputError(f"nbest must be between 1 and the beam size ({self.beam_size}), got {self.nbest}")
+            raise InputError(f"nbest must be between 1 and beam_size ({self.beam_size}), got {self.nbest}",
+                             hint="a search returns at most as many hypotheses as its beam holds",
+                             params=("nbest", "beam_size"))
         if self.length_penalty_form not in LENGTH_PENALTIES:
-            raise InputError(f"length penalty form must be one of {LENGTH_PENALTIES}, got {self.length_penalty_form!r}")
-        if self.length_penalty < 0:
-            raise InputError(f"length penalty alpha must be >= 0, got {self.length_penalty}")
-        if self.min_length < 0 or self.max_len_a < 0 or self.max_len_b < 0:
-            raise InputError("min_length, max_len_a and max_len_b must be >= 0")
+            raise InputError(f"length_penalty_form must be one of {', '.join(LENGTH_PENALTIES)}, got "
+                             f"{self.length_penalty_form!r}", params=("length_penalty_form",))
+        for name in ("length_penalty", "min_length", "max_len_a", "max_len_b"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", params=(name,))
+
+    def model_warnings(self, vocab_size: int, max_positions: int) -> list[tuple[str, tuple[str, ...]]]:
+        """What these options do on a model of that vocabulary and max_positions that was likely not meant:
+        a beam wider than the vocabulary, a min_length past the maximum length of some sentences (those
+        end there, unfinished: forced() asks for exactly that). -> (message, parameters it names) each."""
+        found = []
+        if self.beam_size > vocab_size:
+            found.append((f"beam_size {self.beam_size} is wider than the vocabulary ({vocab_size} tokens): each "
+                          f"sentence carries up to {self.beam_size} hypotheses a step, {self.beam_size}x the work "
+                          "of greedy search", ("beam_size",)))
+        # each source length's maximum target length (sources of 1 .. max_positions - 1 tokens, EOS
+        # excluded): the shortest sources whose maximum is below min_length are cut there
+        sources = np.arange(1, max_positions, dtype=np.int64)
+        reach = np.flatnonzero(max_lengths(sources + 1, self, max_positions) >= self.min_length)
+        if sources.size and (not reach.size or reach[0] > 0):
+            formula = f"{self.max_len_a:g} x source tokens + {self.max_len_b}, at most {max_positions}"
+            found.append((f"min_length {self.min_length} is more than any sentence's maximum length ({formula}): "
+                          "every translation is cut there, unfinished" if not reach.size else
+                          f"min_length {self.min_length} is more than the maximum length of sentences of up to "
+                          f"{int(sources[reach[0] - 1])} source tokens ({formula}): they are cut there, unfinished",
+                          ("min_length",)))
+        return found
 
     @classmethod
     def forced(cls, steps: int, beam_size: int = 1, **options) -> DecodingOptions:

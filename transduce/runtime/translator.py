@@ -1,6 +1,8 @@
 """Text in, text out: tokenization, length-sorted batching under a token budget, decoding, input order back.
 
 Input rules (each tested):
+- the texts are an iterable of str (a list, a generator): one string, bytes, None or a number is an
+  InputError saying what was given, as is a sentence that is not a str;
 - an empty or blank line translates to an empty string without running the model (Translation.empty);
 - a line longer than the model's maximum positions is an InputError naming the line, unless
   truncate=True, which keeps the first max_positions-1 tokens and warns;
@@ -12,14 +14,20 @@ from __future__ import annotations
 
 import itertools
 import os
+import reprlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from transduce.errors import InputError, TruncatedInput
+from transduce.errors import InputError, TransduceWarning, TruncatedInput
+from transduce.runtime.backends.base import missing_members
 from transduce.runtime.decoding import DecodingOptions, decode
+
+# progress(sentences, tokens): called as each batch is done, with its sentences and the tokens of their
+# translations (the CLI's progress bar); blank lines count as sentences of no tokens
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,12 @@ class Translator:
         for name, v in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {v!r}")
+        missing = missing_members(backend)
+        if missing:
+            raise InputError(f"the backend ({type(backend).__name__}) lacks {', '.join(missing)} of the backend "
+                             "protocol",
+                             hint="subclass transduce.runtime.backends.base.Backend: it declares every member and "
+                                  "gives the optional ones (end, shards, step_graphs, ...) their defaults")
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = backend.config
@@ -74,8 +88,8 @@ class Translator:
                     raise InputError(
                         f"input line {n} has {len(ids)} tokens; this model takes at most {limit} "
                         f"(max_positions {self.config['max_positions']} including EOS)",
-                        hint="split the line, or pass truncate=True (--truncate) to keep its first tokens",
-                    )
+                        hint="split the line, or pass truncate=True to keep its first tokens",
+                        params=("truncate=True",))
                 # stacklevel: _encode, _translate, translate (or translate_stream's generator), its caller
                 warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n),
                               stacklevel=4)
@@ -101,22 +115,31 @@ class Translator:
 
     def translate(self, texts: Iterable[str], beam_size: int = 4, nbest: int = 1, length_penalty: float = 0.6,
                   length_penalty_form: str = "gnmt", min_length: int = 0, max_len_a: float = 1.0,
-                  max_len_b: int = 50, truncate: bool = False, first_line: int = 1) -> list[Translation]:
+                  max_len_b: int = 50, truncate: bool = False, first_line: int = 1,
+                  progress: Progress | None = None) -> list[Translation]:
         """Translations of `texts`, in their order. first_line: the number of texts[0] in messages (input
-        line N), for a part of a longer input (translate_stream)."""
-        opts = DecodingOptions(beam_size=beam_size, length_penalty=length_penalty,
-                               length_penalty_form=length_penalty_form, max_len_a=max_len_a,
-                               max_len_b=max_len_b, min_length=min_length, nbest=nbest)
-        return self._translate(texts, opts, truncate, first_line)
+        line N), for a part of a longer input (translate_stream). progress: see Progress."""
+        texts = _sentences(texts, "translate()")
+        opts = self._options(dict(beam_size=beam_size, length_penalty=length_penalty,
+                                  length_penalty_form=length_penalty_form, max_len_a=max_len_a,
+                                  max_len_b=max_len_b, min_length=min_length, nbest=nbest))
+        return self._translate(list(texts), opts, truncate, first_line, progress)
 
-    def _translate(self, texts: Iterable[str], opts: DecodingOptions, truncate: bool,
-                   first_line: int) -> list[Translation]:
-        if isinstance(texts, str):
-            raise InputError("translate() takes a list of sentences, not one string", hint="wrap it: [text]")
-        texts = list(texts)  # any iterable (a generator is read once)
+    def _options(self, options: dict) -> DecodingOptions:
+        """The DecodingOptions of translate()'s options, with a warning for each of their model_warnings
+        (pointing at the caller of translate or translate_stream)."""
+        opts = DecodingOptions(**options)
+        for message, params in opts.model_warnings(self.config["vocab_size"], self.config["max_positions"]):
+            warnings.warn(TransduceWarning(message, params=params), stacklevel=3)
+        return opts
+
+    def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
+                   progress: Progress | None) -> list[Translation]:
         for n, text in enumerate(texts, first_line):
             if not isinstance(text, str):
-                raise InputError(f"sentence {n} is a {type(text).__name__}, not a str", hint="pass strings only")
+                raise InputError(f"sentence {n} is {_described(text)}, not a str",
+                                 hint="decode bytes first: data.decode('utf-8')" if isinstance(text, bytes | bytearray)
+                                 else "pass strings only")
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would fail with a TypeError
@@ -131,6 +154,8 @@ class Translator:
                 results[i] = Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
             else:
                 todo.append(i)
+        if progress is not None and len(todo) < len(texts):
+            progress(len(texts) - len(todo), 0)
         eos, pad = self.config["eos_id"], self.config["pad_id"]
         lengths = [len(encoded[i][0]) + 1 for i in todo]
         for chunk in self.batches(lengths, opts.beam_size):
@@ -150,6 +175,8 @@ class Translator:
                 )
                 ids, unk, cut = encoded[i]
                 results[i] = Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
+            if progress is not None:
+                progress(len(idx), sum(len(results[i].tokens) for i in idx))
         return results  # type: ignore[return-value]
 
     def translate_stream(self, texts: Iterable[str], chunk_lines: int, first_line: int = 1,
@@ -159,20 +186,51 @@ class Translator:
         pipe can be answered line by line with chunk_lines=1). Memory is bounded by one chunk; batches
         are sorted by length within a chunk, so larger chunks batch better. Options: those of translate(),
         checked here, before anything is read; first_line: the number of the first text in messages."""
-        if isinstance(texts, str):
-            raise InputError("translate_stream() takes an iterable of sentences, not one string",
-                             hint="wrap it: [text]")
-        if chunk_lines < 1:
-            raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}")
-        self.translate([], **options)  # translate()'s options, their errors now (even for an empty input)
+        it = iter(_sentences(texts, "translate_stream()"))
+        if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int | np.integer) or chunk_lines < 1:
+            raise InputError(f"chunk_lines must be an integer >= 1, got {chunk_lines!r}", params=("chunk_lines",))
+        unknown = sorted(set(options) - set(_STREAM_OPTIONS))
+        if unknown:  # a TypeError, as a misspelt keyword of translate() itself is
+            raise TypeError(f"translate_stream() got unexpected option(s) {', '.join(unknown)}: it takes "
+                            f"translate()'s ({', '.join(_STREAM_OPTIONS)})")
         truncate = bool(options.pop("truncate", False))
-        opts = DecodingOptions(**options)  # translate()'s other options are DecodingOptions' fields
+        progress = options.pop("progress", None)
+        opts = self._options(options)  # translate()'s other options are DecodingOptions' fields
 
         def stream() -> Iterator[Translation]:
-            it = iter(texts)
             first = first_line
             while chunk := list(itertools.islice(it, chunk_lines)):
-                yield from self._translate(chunk, opts, truncate, first)
+                yield from self._translate(chunk, opts, truncate, first, progress)
                 first += len(chunk)
 
         return stream()
+
+
+# translate()'s options that translate_stream() passes on: DecodingOptions' fields, truncate and progress
+_STREAM_OPTIONS = ("beam_size", "nbest", "length_penalty", "length_penalty_form", "min_length", "max_len_a",
+                   "max_len_b", "truncate", "progress")
+
+
+def _sentences(texts: object, call: str) -> Iterable:
+    """`texts` if it is an iterable of sentences; an InputError saying what it is otherwise (one string or
+    bytes would be read character by character, byte by byte)."""
+    if isinstance(texts, str):
+        raise InputError(f"{call} takes a list of sentences, not one string", hint="wrap it: [text]")
+    if isinstance(texts, bytes | bytearray):
+        raise InputError(f"{call} takes a list of sentences (str), not bytes ({reprlib.repr(texts)})",
+                         hint="decode it first: [data.decode('utf-8')]")
+    try:
+        iter(texts)  # type: ignore[call-overload]
+    except TypeError:
+        raise InputError(f"{call} takes a list of sentences, got {_described(texts)}",
+                         hint="pass a list of str: [text]") from None
+    return texts  # type: ignore[return-value]
+
+
+def _described(value: object) -> str:
+    """What a value is, for a message: "None", "an int (5)", "bytes (b'five hundred')"."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    article = "" if isinstance(value, bytes | bytearray) else "an " if name[0] in "aeiou" else "a "
+    return f"{article}{name} ({reprlib.repr(value)})"

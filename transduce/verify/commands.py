@@ -6,10 +6,9 @@ import sys
 
 import click
 
-from transduce.cli_errors import cli_errors
-from transduce.errors import InputError
-from transduce.formats.paths import check_output_file
-from transduce.runtime.commands import BACKEND_CHOICE
+from transduce.cli_errors import QUIET_HELP, cli_errors, renamed
+from transduce.formats.paths import check_output, write_error
+from transduce.runtime.commands import BACKEND_CHOICE, BACKEND_HELP
 
 
 @click.command()
@@ -21,35 +20,42 @@ from transduce.runtime.commands import BACKEND_CHOICE
 @click.option("--input", "input_path", type=click.Path(),
               help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
 @click.option("-n", "--sentences", default=200, show_default=True, help="Sentences to check.")
-@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE)
+@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE, help=BACKEND_HELP)
 @click.option("--device", default="cpu", show_default=True,
               help="Where the checked backend runs (tensorrt: always a GPU).")
 @click.option("--reference-device", default="cpu", show_default=True, help="Where the eager reference model runs.")
-@click.option("--beam", default=4, show_default=True)
-@click.option("--nbest", default=1, show_default=True)
-@click.option("--json", "json_path", type=click.Path(), help="Write the JSON report here.")
-@cli_errors
+@click.option("--beam", default=4, show_default=True,
+              help="Beam size of the beam-search check (greedy search is always checked).")
+@click.option("--nbest", default=1, show_default=True,
+              help="Hypotheses per sentence the beam-search check compares, best first.")
+@click.option("--out", "out_path", metavar="FILE", type=click.Path(),
+              help="Also write the report here, as JSON (an existing file is replaced only with --force).")
+@click.option("--json", "old_json", type=click.Path(), hidden=True, help="Deprecated spelling of --out.")
+@click.option("--force", is_flag=True, help="Replace an existing --out file.")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@cli_errors(names={"beam_size": "--beam"})
 def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, reference_device, beam, nbest,
-           json_path):
+           out_path, old_json, force, quiet):
     """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
 
-    Exits 1 when parity fails, so it can gate CI.
+    The report goes to stdout (and, as JSON, to --out). Exits 1 when parity fails, so it can gate CI.
     """
     from transduce.verify.parity import parity_for_artifact
 
-    if json_path is not None:
-        check_output_file(json_path, "--json", stdout=False)  # before the run, not after it
+    out_path = renamed(out_path, old_json, "--out", "--json")
+    if out_path is not None:
+        check_output(out_path, "--out", force, stdout=False)  # before the run, not after it
     report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
                                  sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest,
                                  reference_device=reference_device)
     report.print()
-    if json_path is not None:
+    if out_path is not None:
         from transduce.formats.atomic import write_json_atomic
 
         try:
-            write_json_atomic(json_path, report.to_dict())
+            write_json_atomic(out_path, report.to_dict())
         except OSError as e:
-            raise InputError(f"cannot write --json {json_path!r}: {e}", hint="choose another path") from None
+            raise write_error("--out", out_path, e) from None
     sys.exit(0 if report.passed else 1)
 
 

@@ -377,7 +377,7 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     from transduce.tokenizer import Tokenizer
 
     if sentences < 1:
-        raise InputError(f"--sentences must be >= 1, got {sentences}")
+        raise InputError(f"sentences must be >= 1, got {sentences}", params=("sentences",))
     if data and input_path:
         raise InputError("give either --data (sources with references) or --input (sources only), not both")
     reference_device = torch_device(reference_device, "--reference-device")
