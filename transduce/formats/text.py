@@ -19,6 +19,15 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
     U+2028 or form feed, stay inside their line, as `wc -l` counts), a leading byte-order mark dropped,
     no empty last line for the final newline. Unreadable input is `error` naming the file (and the line
     of an invalid byte), raised when that line is reached."""
+    for _, _, line in iter_lines_at(path, error, what):
+        yield line
+
+
+def iter_lines_at(path: str | os.PathLike, error: type[TransduceError], what: str = "input file", offset: int = 0,
+                  first_line: int = 1) -> Iterator[tuple[int, int, str]]:
+    """iter_lines from byte `offset` of a file on (a line's start, which a previous read gave; 0 for stdin),
+    as (the line's byte offset, its number, counted from `first_line` there, the line): what a corpus read
+    window by window seeks back to."""
     import sys
 
     stdin = os.fspath(path) == "-"
@@ -35,11 +44,14 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
         raise error(f"standard input (the {what} '-') is closed", hint=f"give the {what}'s path")
     try:
         f = sys.stdin.buffer if stdin else open(path, "rb")  # noqa: SIM115 (closed below)
+        if offset:
+            f.seek(offset)
     except OSError as e:
         raise unreadable(e) from None
     try:
-        n = 0
+        n = first_line - 1
         while True:
+            at = offset
             try:
                 raw = f.readline()
             except OSError as e:
@@ -47,7 +59,8 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
             if not raw:
                 return
             n += 1
-            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            offset += len(raw)
+            if at == 0 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
                 if not raw:  # a byte-order mark alone: no lines
                     return
@@ -58,7 +71,7 @@ def iter_lines(path: str | os.PathLike, error: type[TransduceError], what: str =
                             hint="convert it, e.g. iconv -f LATIN1 -t UTF-8") from None
             if line.endswith("\n"):
                 line = line[:-1]
-            yield line[:-1] if line.endswith("\r") else line
+            yield at, n, line[:-1] if line.endswith("\r") else line
     finally:
         if not stdin:
             f.close()
