@@ -17,7 +17,10 @@ from transduce.errors import TransduceError, TransduceWarning
 
 
 def report(e: TransduceError, names: Mapping[str, str] | None = None) -> None:
-    """Print `e` as 'error: ...' (its parameters spelled as `names` says) and exit with status 2."""
+    """Print `e` as 'error: ...' (its parameters spelled as `names` says) and exit with status 2. A copy of another
+    process's error (`mirrored`: a training rank repeating rank 0's) exits without a second message."""
+    if getattr(e, "mirrored", False):
+        sys.exit(2)
     click.secho(f"error: {e.spelled(names or {})}", fg="red", err=True)
     sys.exit(2)
 

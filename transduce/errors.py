@@ -27,7 +27,12 @@ class TransduceError(Exception):
 
     `params`: the parameters the message and hint name, each as Python spells it ("min_length",
     "truncate=True"). The library writes a message once, in those names; a command line prints it with
-    its own spelling of each (`spelled`: "--min-length", "--truncate")."""
+    its own spelling of each (`spelled`: "--min-length", "--truncate").
+
+    `mirrored`: this is a copy of the same error another process reports (a training run on several
+    processes: each rank raises rank 0's), which the command line exits with but does not print again."""
+
+    mirrored = False
 
     def __init__(self, message: str, hint: str | None = None, *, params: Iterable[str] = ()):
         super().__init__(message)
@@ -81,6 +86,11 @@ class EngineError(TransduceError):
 
 class TrainingDiverged(TransduceError):
     """The training loss became NaN or infinite; the last checkpoint is kept as it was."""
+
+
+class DistributedError(TransduceError):
+    """A training run on several processes (ranks) lost one of them: it ended, hung past the collectives'
+    timeout, or could not be reached; the last checkpoint is kept as it was."""
 
 
 class TransduceWarning(UserWarning):

@@ -66,6 +66,16 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> None:
         self._tok.save(os.fspath(path))
 
+    def to_json(self) -> str:
+        """The tokenizer as the JSON text save() writes: what a training run sends its other processes."""
+        return self._tok.to_str()
+
+    @classmethod
+    def from_json(cls, text: str) -> Tokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_str(text))
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()

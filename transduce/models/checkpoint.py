@@ -53,9 +53,12 @@ def save_model_dir(
     optimizer_state: dict[str, Any] | None = None,
     train_state: dict[str, Any] | None = None,
     overwrite: bool = True,
+    rng_states: dict[str, Any] | None = None,
 ) -> None:
     """Write a model directory atomically (replacing an existing one; callers check that it may be).
     Without `overwrite` only a new or empty directory is written (see formats.atomic.atomic_directory).
+    With a training state, this process's RNG states are saved, and `rng_states` beside them (the other
+    processes' of a run on several: {"torch.1": ..., "cuda.1": ...}).
 
     A write that fails (disk full, permissions) is a CheckpointError and leaves `path` as it was."""
     from safetensors import SafetensorError
@@ -64,14 +67,14 @@ def save_model_dir(
     if wrong:
         raise ConfigError(f"the model's special ids must be its tokenizer's: {', '.join(wrong)}")
     try:
-        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite)
+        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite, rng_states)
     except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error class
         raise CheckpointError(f"cannot write the model directory {os.fspath(path)!r}: {e}",
                               hint="free some disk space or choose another output directory; the last "
                                    "complete checkpoint there (if any) is unchanged") from None
 
 
-def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite) -> None:
+def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite, rng_states) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -88,6 +91,7 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
             tensors["rng.torch"] = torch.get_rng_state()
             if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout masks of a run on the GPU
                 tensors["rng.cuda"] = torch.cuda.get_rng_state()
+            tensors.update({f"rng.{name}": t.contiguous().cpu() for name, t in (rng_states or {}).items()})
             save_file(tensors, os.path.join(tdir, OPTIMIZER_FILE))
             state = dict(train_state or {})
             state["optimizer"] = meta
@@ -152,7 +156,7 @@ def _check_config_saved_with_weights(wpath: str, mcfg: ModelConfig) -> None:
 
 def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """-> (train_state from state.json, optimizer state_dict, RNG states {"torch": CPU, "cuda": the current
-    GPU's if the run used one}) for --resume."""
+    GPU's if the run used one, and "torch.R", "cuda.R": rank R's of a run on several processes}) for --resume."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -39,8 +39,13 @@ def pairs_sha256(pairs: list[tuple[str, str]]) -> str:
     """A fingerprint of the training pairs, in order (the batches and their order derive from them)."""
     h = hashlib.sha256()
     for src, tgt in pairs:
-        h.update(src.encode("utf-8", "surrogatepass") + b"\t" + tgt.encode("utf-8", "surrogatepass") + b"\n")
+        add_to_fingerprint(h, src, tgt)
     return h.hexdigest()
+
+
+def add_to_fingerprint(h, src: str, tgt: str) -> None:
+    """One pair into pairs_sha256's hash (a streamed corpus's pass computes the same one)."""
+    h.update(src.encode("utf-8", "surrogatepass") + b"\t" + tgt.encode("utf-8", "surrogatepass") + b"\n")
 
 
 def held_out_overlap(pairs: list[tuple[str, str]], valid_pairs: list[tuple[str, str]]) -> int:
@@ -50,8 +55,19 @@ def held_out_overlap(pairs: list[tuple[str, str]], valid_pairs: list[tuple[str, 
     return sum((s.strip(), t.strip()) in seen for s, t in valid_pairs)
 
 
-def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: str, out_dir: str) -> None:
-    """Refuse to resume with options or data other than the checkpoint's (beyond RESUMABLE_CHANGES)."""
+def warn_overlap(overlap: int, held_out: int) -> None:
+    """The held-out pairs that are also training pairs (held_out_overlap) make the validation figures look better
+    than the model is."""
+    if overlap:
+        warnings.warn(f"{overlap} of the {held_out} held-out pairs are also training pairs (the same source "
+                      "and target): the validation BLEU and exact match over-state how the model does on unseen text; "
+                      "remove them from the training data, or hold out others", stacklevel=4)
+
+
+def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: str, out_dir: str,
+                    ranks: int = 1) -> None:
+    """Refuse to resume with options or data other than the checkpoint's (beyond RESUMABLE_CHANGES); warn where
+    the sums will be ordered otherwise (HARDWARE_CHANGES, another number of processes: `ranks`)."""
     saved = state.get("train_config", {})
     def flag(name: str) -> str:  # the option of a field, as `transduce train` spells it
         return {"model_overrides": "--set", "preset": "--preset"}.get(name, "--" + name.replace("_", "-"))
@@ -65,11 +81,13 @@ def check_resumable(state: dict[str, Any], train_cfg: TrainConfig, data_sha256: 
                           hint="pass the saved values (they are in training/state.json), or train a new model "
                                f"into another --out; --resume may change only "
                                f"{', '.join(flag(n) for n in TrainConfig.RESUMABLE_CHANGES)}")
-    moved = [d for name, d in diffs.items() if name in ("device", "threads")]
+    moved = [d for name, d in diffs.items() if name in TrainConfig.HARDWARE_CHANGES]
+    if state.get("world_size", 1) != ranks:
+        moved.append(f"processes {state.get('world_size', 1)} -> {ranks}")
     if moved:
         warnings.warn(f"--resume on other hardware settings ({'; '.join(moved)}): training goes on from the saved "
                       "state, but not bit for bit as the uninterrupted run would (sums in another order, and no "
-                      "saved random state for a GPU the run did not use)", stacklevel=2)
+                      "saved random state for a GPU or a process the run did not have)", stacklevel=2)
     if state.get("data_sha256") not in (None, data_sha256):
         raise ConfigError(f"--resume: the training data differ from those {out_dir!r} was trained on "
                           "(another file, other lines, or a different --valid-size split)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -49,7 +50,12 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
                    "the last whole step; --resume continues, and may raise --max-steps.")
 @click.option("--warmup", default=4000, show_default=True, help="Warmup steps of the learning-rate schedule.")
 @click.option("--lr-scale", default=1.0, show_default=True, help="Constant factor of the learning-rate schedule.")
-@click.option("--max-tokens", default=4096, show_default=True, help="Padded tokens per side per batch.")
+@click.option("--max-tokens", default=4096, show_default=True,
+              help="Padded tokens per side of each batch: the global batch, which the ranks of a run on several "
+                   "processes share (as the paper's 8 GPUs shared ~25,000).")
+@click.option("--accumulate", default=1, show_default=True,
+              help="Run each rank's share of a batch in this many parts, one after the other (gradient "
+                   "accumulation: the same step in less memory).")
 @click.option("--label-smoothing", default=0.1, show_default=True, help="epsilon_ls of the smoothed loss.")
 @click.option("--clip-norm", default=0.0, show_default=True, help="Clip gradients to this global norm (0: off).")
 @click.option("--eval-every", default=500, show_default=True,
@@ -60,7 +66,18 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
               help="Held-out sentences decoded for BLEU and exact match.")
 @click.option("--seed", default=1, show_default=True, help="Seed of the initial weights, dropout and batch order.")
 @click.option("--threads", default=0, show_default=True, help="Torch threads (0: torch's default).")
-@click.option("--device", default="cpu", show_default=True, help="Train on cpu, cuda or cuda:N.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Train on cpu, cuda or cuda:N (on several processes, cuda: each rank takes its local GPU).")
+@click.option("--nproc", default=1, show_default=True,
+              help="Train on this many processes of this machine (data parallel: one GPU each with --device cuda, "
+                   "gloo on CPUs), started as torchrun starts them; for several machines run torchrun yourself.")
+@click.option("--collective-timeout", default=1800.0, show_default=True,
+              help="Seconds a rank waits for the others before the run fails (several processes).")
+@click.option("--stream", is_flag=True,
+              help="Read --data or --source/--target from disk a window at a time instead of whole (corpora of "
+                   "millions of lines).")
+@click.option("--stream-window", default=100_000, show_default=True,
+              help="Pairs per window with --stream: read, sorted by length and cut into batches together.")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out (model, optimizer, schedule, RNG).")
 @click.option("--force", is_flag=True, help="Replace the model directory at --out (never a directory of other files).")
 @click.option("--quiet", is_flag=True,
@@ -69,12 +86,15 @@ def _parse_overrides(items: tuple[str, ...]) -> dict:
 @click.option("--no-progress", is_flag=True, help="Deprecated: use --quiet (the same).")
 @cli_errors
 def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, overrides, vocab_size, max_steps, warmup,
-          lr_scale, max_tokens, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed, threads,
-          device, resume, force, quiet, no_progress):
+          lr_scale, max_tokens, accumulate, label_smoothing, clip_norm, eval_every, save_every, eval_sentences, seed,
+          threads, device, nproc, collective_timeout, stream, stream_window, resume, force, quiet, no_progress):
     """Train the reference Transformer on parallel text and write a model directory.
 
     Ctrl-C or SIGTERM lets the current step finish, saves a checkpoint of it and stops (exit status 130 or 143);
-    a second one stops at once, without a checkpoint."""
+    a second one stops at once, without a checkpoint.
+
+    Under torchrun, or with --nproc N, the run is data parallel: every rank takes its share of each batch, and
+    rank 0 alone validates, logs and writes the checkpoints (which --resume continues exactly on as many ranks)."""
     from transduce.training.config import TrainConfig
     from transduce.training.stopping import TrainingStopped
     from transduce.training.train import train_from_files
@@ -84,15 +104,40 @@ def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, override
 
     cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
                       max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,
-                      label_smoothing=label_smoothing, clip_norm=clip_norm, eval_every=eval_every,
-                      save_every=save_every, eval_sentences=eval_sentences, seed=seed, threads=threads, device=device)
+                      accumulate=accumulate, label_smoothing=label_smoothing, clip_norm=clip_norm,
+                      eval_every=eval_every, save_every=save_every, eval_sentences=eval_sentences, seed=seed,
+                      threads=threads, device=device, stream=stream, stream_window=stream_window,
+                      collective_timeout=collective_timeout)
+    if nproc != 1:
+        from transduce.training.launch import launch
+
+        sys.exit(launch(_command_line(click.get_current_context(), drop=("nproc",)), nproc, device, threads,
+                        collective_timeout, log=lambda m: click.echo(m, err=True)))
     try:
         summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
                                    valid_size=valid_size, resume=resume, progress=not (quiet or no_progress),
                                    force=force, log=lambda m: click.echo(m, err=True))  # stdout: the JSON alone
     except TrainingStopped as e:  # it said what it saved and where: no click "Aborted!", the signal's status
         sys.exit(128 + e.signum)
-    click.echo(json.dumps(summary, indent=2))
+    if os.environ.get("RANK", "0") == "0":  # a run on several processes: rank 0 prints it, once
+        click.echo(json.dumps(summary, indent=2))
+
+
+def _command_line(ctx: click.Context, drop: tuple[str, ...]) -> list[str]:
+    """The options this command was given (not their defaults), spelled again for the ranks' command lines."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if param.name in drop or ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT:
+            continue
+        flag, value = param.opts[0], ctx.params[param.name]
+        if isinstance(param, click.Option) and param.is_flag:
+            args += [flag] if value else []
+        elif isinstance(param, click.Option) and param.multiple:
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, str(value)]
+    return args
 
 
 COMMANDS = [train]

@@ -18,7 +18,8 @@ class TrainConfig:
     max_steps: int = 100_000  # optimizer steps (the paper's base model: 100,000 with warmup 4000)
     warmup: int = 4000  # warmup_steps of the schedule
     lr_scale: float = 1.0  # the schedule's constant factor
-    max_tokens: int = 4096  # padded tokens per side per batch
+    max_tokens: int = 4096  # padded tokens per side per batch: the global batch, shared by every rank
+    accumulate: int = 1  # parts each rank's share of a batch is run in, one after the other (gradient accumulation)
     label_smoothing: float = 0.1  # epsilon_ls
     clip_norm: float = 0.0  # gradient clipping by global norm; 0 disables
     eval_every: int = 500  # steps between validations
@@ -27,11 +28,15 @@ class TrainConfig:
     seed: int = 1  # model init, dropout and batch order
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     device: str = "cpu"  # torch device to train on: cpu, cuda, cuda:1 (checkpoints are saved for the CPU)
+    stream: bool = False  # read the corpus from disk window by window instead of whole (training.stream)
+    stream_window: int = 100_000  # pairs read, sorted by length and cut into batches together, when streaming
+    collective_timeout: float = 1800.0  # seconds a rank waits for the others (several processes) before it fails
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in
                     (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
-                     ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB))
+                     ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB),
+                     ("accumulate", 1), ("stream_window", 1))
                     if getattr(self, name) < low]
         if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
             problems.append(f"seed must be in [-2**63, 2**64), got {self.seed}")
@@ -41,11 +46,17 @@ class TrainConfig:
             problems.append(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
         if not math.isfinite(self.clip_norm):
             problems.append(f"clip_norm must be finite (0: off), got {self.clip_norm}")
+        if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
+            problems.append(f"collective_timeout must be a finite number of seconds > 0, got {self.collective_timeout}")
         if not 0.0 <= self.label_smoothing < 1.0:
             problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if problems:
             raise ConfigError("invalid training options: " + "; ".join(problems), hint="see transduce train --help")
 
-    # What --resume may change: when to stop, evaluate and save, how many threads. Every other field
-    # decides the tokenizer, the model, the batches or the schedule the checkpoint was made with.
-    RESUMABLE_CHANGES = ("max_steps", "eval_every", "save_every", "eval_sentences", "threads", "device")
+    # What --resume may change: when to stop, evaluate and save, how many threads, the device, how a batch is
+    # split into parts, how long ranks wait. Every other field decides the tokenizer, the model, the batches or
+    # the schedule the checkpoint was made with.
+    RESUMABLE_CHANGES = ("max_steps", "eval_every", "save_every", "eval_sentences", "threads", "device", "accumulate",
+                         "collective_timeout")
+    # those of them that change how the sums are ordered: a resume that changes them is not bit for bit
+    HARDWARE_CHANGES = ("device", "threads", "accumulate")

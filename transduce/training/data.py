@@ -2,12 +2,14 @@
 
 Batches are built the paper's way: sentence pairs sorted by length into buckets, each batch filled up to a token
 budget; the batch order is shuffled per epoch from (seed, epoch), so a resumed run replays the same
-sequence of batches without saving any iterator state beyond (epoch, index).
+sequence of batches without saving any iterator state beyond (epoch, index). A corpus too big to hold is batched
+the same way window by window (training.stream).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -52,6 +54,29 @@ def epoch_order(n_batches: int, seed: int, epoch: int) -> list[int]:
     order = list(range(n_batches))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
     return order
+
+
+def target_tokens(examples: list[Example]) -> int:
+    """The tokens the loss is a mean over: each target's, and its EOS."""
+    return sum(len(e.tgt) + 1 for e in examples)
+
+
+class Batches:
+    """The batches of a corpus held in memory: cut once (make_batches), shuffled per epoch (epoch_order). Every
+    batch source has `epoch` and `describe`; a position in it is (epoch, window, batch), the window always 0 here."""
+
+    def __init__(self, examples: list[Example], max_tokens: int, seed: int):
+        self.examples, self.seed = examples, seed
+        self.batches = make_batches(examples, max_tokens)
+
+    def epoch(self, epoch: int, window: int = 0, batch: int = 0) -> Iterator[tuple[int, int, list[Example]]]:
+        """The batches of `epoch` from position (window, batch) on, each as (window, batch, its examples)."""
+        order = epoch_order(len(self.batches), self.seed, epoch)
+        for b in range(batch, len(order)):
+            yield 0, b, [self.examples[i] for i in self.batches[order[b]]]
+
+    def describe(self) -> str:
+        return f"{len(self.examples)} training pairs in {len(self.batches)} batches"
 
 
 def collate(examples: list[Example], pad_id: int, bos_id: int, eos_id: int):

@@ -12,6 +12,11 @@ the signal's own handler runs, so the command exits as it would have (143); a Ct
 The command's SIGTERM watchdog (transduce.cli) ends a process whose main thread cannot run a signal handler
 (stuck in native code); it asks the handler in place, through `term_deadline()`, when the work under way should
 be over, and waits for that (plus its grace) before it does, so that a save is not killed half-written.
+
+A run on several processes (training.distributed) stops them together: each rank says after every step whether a
+signal came, and all stop after the same step, the ones no signal reached included (`adopt`). A rank waiting for
+rank 0 (its validation, its save) is in the phase "wait", which the watchdog lets last as long as the run's
+collectives may wait.
 """
 
 from __future__ import annotations
@@ -50,30 +55,45 @@ class SkipValidation(BaseException):
     Exception, so that no `except Exception` inside the validation swallows it."""
 
 
+# seconds within which the same signal again is a launcher's copy of the first (several processes only)
+ECHO_S = 2.0
+
+
 class StopAfterTheStep:
     """The SIGINT and SIGTERM handler of a training run (see the module's docstring). The loop says what it is
     doing (`phase`) and how long its steps and saves take; `signum` is the signal taken in, if any."""
 
-    def __init__(self, save_bytes: int):
+    def __init__(self, save_bytes: int, wait_s: float = 0.0):
         self.signum: int | None = None
         self.taken_at = 0.0  # time.monotonic() when the handler ran
-        self.phase = "step"  # "step", "validate" or "save"
+        self.phase = "step"  # "step", "validate", "save" or "wait" (for another rank)
         self.phase_since = time.monotonic()
         self.longest_step = 0.0  # seconds, this run's
         self.longest_save = 0.0
         self.save_bytes = save_bytes  # a checkpoint's estimated size
+        self.wait_s = wait_s  # the longest a wait for another rank may take (the collectives' timeout)
         self._previous: dict[int, object] = {}  # the handlers in place before, while ours are installed
+        # the signal is another rank's (adopt): this rank's own first one, arriving later, is not a second one
+        self.adopted = False
 
     def __call__(self, signum, frame) -> None:
-        if self.signum is not None:  # a second signal: stop at once
+        if self._echo(signum):
+            return
+        if self.signum is not None and not self.adopted:  # a second signal: stop at once
             previous = self._restore().get(signum)
             if callable(previous):
                 previous(signum, frame)
             raise KeyboardInterrupt
-        self.signum, self.taken_at = signum, time.monotonic()
+        self.signum, self.taken_at, self.adopted = signum, time.monotonic(), False
         os.write(2, _NOTICES[signum])
         if self.phase == "validate":
             raise SkipValidation
+
+    def _echo(self, signum: int) -> bool:
+        """Whether `signum` is the first signal again, as a launcher forwards it: torchrun sends each rank the
+        Ctrl-C that the terminal sent them already. Only on several processes (wait_s), within ECHO_S."""
+        return (self.wait_s > 0 and signum == self.signum and not self.adopted
+                and time.monotonic() - self.taken_at < ECHO_S)
 
     def set_phase(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.monotonic()
@@ -92,9 +112,10 @@ class StopAfterTheStep:
         """When (time.monotonic()) the work under way should be over; the SIGTERM watchdog waits until then, plus
         its grace. The rule: a save may take twice this run's longest save, or SAVE_FLOOR_RATE's time for its size
         if longer (so a save in native code is not killed half-written); a step twice this run's longest step
-        (nothing before one was timed); a validation nothing; counted from when each began. Once the handler has
-        run, the main thread is not stuck in native code: from then on, at least the grace."""
-        budget = {"step": 2 * self.longest_step, "validate": 0.0,
+        (nothing before one was timed); a validation nothing; a wait for another rank the collectives' timeout;
+        counted from when each began. Once the handler has run, the main thread is not stuck in native code: from
+        then on, at least the grace."""
+        budget = {"step": 2 * self.longest_step, "validate": 0.0, "wait": self.wait_s,
                   "save": 2 * max(self.longest_save, self.save_bytes / SAVE_FLOOR_RATE)}[self.phase]
         end = self.phase_since + budget
         return max(end, self.taken_at) if self.signum is not None else end
@@ -107,6 +128,11 @@ class StopAfterTheStep:
         if callable(previous) and previous is not signal.default_int_handler:
             previous(self.signum, None)
         raise TrainingStopped(message, self.signum, step, out_dir)
+
+    def adopt(self, signum: int) -> None:
+        """The signal another rank took in, which stops this one too after the same step."""
+        if self.signum is None:
+            self.signum, self.taken_at, self.adopted = signum, time.monotonic(), True
 
     def name(self) -> str:
         return _NAMES.get(self.signum, f"signal {self.signum}")
@@ -131,9 +157,9 @@ class StopAfterTheStep:
 
 
 @contextlib.contextmanager
-def stop_after_the_step(save_bytes: int) -> Iterator[StopAfterTheStep]:
+def stop_after_the_step(save_bytes: int, wait_s: float = 0.0) -> Iterator[StopAfterTheStep]:
     """The run's StopAfterTheStep, installed meanwhile; the handlers in place before come back after."""
-    stopper = StopAfterTheStep(save_bytes)
+    stopper = StopAfterTheStep(save_bytes, wait_s)
     stopper.install()
     try:
         yield stopper
