@@ -63,7 +63,7 @@ class StopAfterTheStep:
     """The SIGINT and SIGTERM handler of a training run (see the module's docstring). The loop says what it is
     doing (`phase`) and how long its steps and saves take; `signum` is the signal taken in, if any."""
 
-    def __init__(self, save_bytes: int, wait_s: float = 0.0):
+    def __init__(self, save_bytes: int, wait_s: float = 0.0, notify: bool = True):
         self.signum: int | None = None
         self.taken_at = 0.0  # time.monotonic() when the handler ran
         self.phase = "step"  # "step", "validate", "save" or "wait" (for another rank)
@@ -75,6 +75,7 @@ class StopAfterTheStep:
         self._previous: dict[int, object] = {}  # the handlers in place before, while ours are installed
         # the signal is another rank's (adopt): this rank's own first one, arriving later, is not a second one
         self.adopted = False
+        self.notify = notify  # say that the signal was taken in (rank 0 of several says it for all)
 
     def __call__(self, signum, frame) -> None:
         if self._echo(signum):
@@ -85,7 +86,8 @@ class StopAfterTheStep:
                 previous(signum, frame)
             raise KeyboardInterrupt
         self.signum, self.taken_at, self.adopted = signum, time.monotonic(), False
-        os.write(2, _NOTICES[signum])
+        if self.notify:
+            os.write(2, _NOTICES[signum])
         if self.phase == "validate":
             raise SkipValidation
 
@@ -157,9 +159,9 @@ class StopAfterTheStep:
 
 
 @contextlib.contextmanager
-def stop_after_the_step(save_bytes: int, wait_s: float = 0.0) -> Iterator[StopAfterTheStep]:
+def stop_after_the_step(save_bytes: int, wait_s: float = 0.0, notify: bool = True) -> Iterator[StopAfterTheStep]:
     """The run's StopAfterTheStep, installed meanwhile; the handlers in place before come back after."""
-    stopper = StopAfterTheStep(save_bytes, wait_s)
+    stopper = StopAfterTheStep(save_bytes, wait_s, notify)
     stopper.install()
     try:
         yield stopper

@@ -264,7 +264,8 @@ def _train(train_pairs, valid_pairs, out_dir: str, train_cfg: TrainConfig, resum
     run = None
     try:
         run = _start(train_pairs, valid_pairs, out_dir, train_cfg, resume, log, force, world)
-        with stop_after_the_step(run.save_bytes, train_cfg.collective_timeout if world.size > 1 else 0.0) as stopper:
+        wait_s = train_cfg.collective_timeout if world.size > 1 else 0.0
+        with stop_after_the_step(run.save_bytes, wait_s, notify=world.rank == 0) as stopper:
             run.shown = Progress(train_cfg.max_steps, run.step, log, enabled=progress)
             try:
                 _train_loop(run, stopper, log)
