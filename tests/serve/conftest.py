@@ -85,11 +85,11 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(long_artifact_dir, tmp_path_factory):
-    """One server for the module: bearer auth, a queue of 2, 64 rows, 8 sentences and 4 KiB per request."""
+    """One server for the module: bearer auth, a queue of 4, 64 rows, 8 sentences and 4 KiB per request."""
     tmp = tmp_path_factory.mktemp("server")
     key = tmp / "key"
     key.write_text(KEY + "\n")
-    s = Server(long_artifact_dir, tmp, "--api-key-file", str(key), "--max-queue", "2", "--max-rows", "64",
+    s = Server(long_artifact_dir, tmp, "--api-key-file", str(key), "--max-queue", "4", "--max-rows", "64",
                "--max-sentences", "8", "--max-body-bytes", "4096", "--beam", "2")
     try:
         s.wait_ready(headers={"Authorization": f"Bearer {KEY}"})

@@ -130,15 +130,15 @@ def test_every_endpoint_but_healthz_needs_the_bearer_token(server):
 
 
 def test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows(server):
-    """Three slow requests of 64 rows: one runs, two wait (the queue holds 2), the fourth is refused. Their
-    deadline passes under way: 504, and the batch is empty again."""
+    """Slow requests of 64 rows: one runs, four wait (the queue holds 4), the sixth is refused. Their deadline
+    passes under way: 504, and the batch is empty again."""
     slow = {"text": ["one two three"] * 8, **SLOW, "timeout": 1.0}
 
     async def flood():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
             first = asyncio.create_task(client.post("/v1/translate", json=slow))
-            await asyncio.sleep(0.3)  # it is running; the next two wait for its rows
-            waiting = [asyncio.create_task(client.post("/v1/translate", json=slow)) for _ in range(2)]
+            await asyncio.sleep(0.3)  # it is running; the next four wait for its rows
+            waiting = [asyncio.create_task(client.post("/v1/translate", json=slow)) for _ in range(4)]
             await asyncio.sleep(0.3)
             refused = await client.post("/v1/translate", json=slow)
             return refused, await first, await asyncio.gather(*waiting)
@@ -149,7 +149,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows(
     assert "queue is full" in refused.json()["error"]["message"]
     assert first.status_code == 504 and "deadline" in first.json()["error"]["message"]
     assert {r.status_code for r in waiting} == {504}
-    assert _metric(server.url, "transduce_requests_timed_out_total") == timed_out + 3
+    assert _metric(server.url, "transduce_requests_timed_out_total") == timed_out + 5
     _wait_for(lambda: _metric(server.url, "transduce_live_rows") == 0)
     assert _metric(server.url, "transduce_queue_depth") == 0
     assert _metric(server.url, "transduce_requests_rejected_total") >= 1

@@ -323,6 +323,8 @@ class DecodeService:
     def _drop(self, req: Request, error: ServeError) -> None:
         if req in self._queue:
             self._queue.remove(req)
+            if self.metrics:
+                self.metrics.queue_depth.set(len(self._queue))
         if req.cohort is not None and self._running.pop(req.cohort, None) is not None:
             self.batch.cancel(req.cohort)
             if self.metrics:
