@@ -162,3 +162,26 @@ def test_a_backend_without_admit_decodes_from_empty_only(tiny_model):
         batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1))
     out = batch.run_until_empty()
     assert list(out) == [first] and batch.can_admit()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in power:RuntimeWarning")
+def test_a_cohort_whose_search_fails_leaves_and_the_others_go_on(tiny_model):
+    """A length penalty whose normalisation overflows fails that cohort's search (as it fails offline decoding);
+    beside others it is dropped and named in `failed`, and their results are untouched."""
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(8)
+    good_src, good_lens = _batch(cfg, [5, 7], rng)
+    good_opts = DecodingOptions(beam_size=2, max_len_b=6)
+    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    bad = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=3, length_penalty=1e300))
+    good = batch.admit(good_src, good_lens, good_opts)
+    got, failed = {}, []
+    while batch.cohorts:
+        for c, s, res in batch.step():
+            got[(c, s)] = res
+        failed += batch.failed
+    assert [(c, type(e)) for c, e in failed] == [(bad, OverflowError)]
+    assert all(c is good for c, _ in got)
+    for s, want in enumerate(decode(backend, good_src, good_lens, good_opts)):
+        _assert_same(got[(good, s)], want)

@@ -95,6 +95,7 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
     ({"text": ["one"], "beam_size": 2, "nbest": 3}, 400, "nbest", None, "nbest must be between 1 and beam_size"),
     ({"text": ["one"], "max_len_a": "x"}, 400, "max_len_a", None, "max_len_a must be a finite number"),
     ({"text": ["one"], "timeout": -1}, 400, "timeout", None, "timeout must be a number of seconds > 0"),
+    ({"text": ["one"], "length_penalty": 1e300}, 400, "length_penalty", None, "overflows the length normalisation"),
     ({"text": ["one"], "colour": "red"}, 400, "colour", None, "unknown field 'colour'"),
     ({"txt": ["one"]}, 400, "txt", None, "unknown field 'txt'"),
     ({"text": ["one"], "stream": "yes"}, 400, "stream", None, "stream must be true or false"),

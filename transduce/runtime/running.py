@@ -39,6 +39,7 @@ class RunningBatch:
         self.state_capacity = 0
         self.cohorts: list[Cohort] = []  # in the state's row-block order
         self.steps = 0  # steps run (all states)
+        self.failed: list[tuple[Cohort, Exception]] = []  # cohorts whose search failed in the last step (dropped)
 
     @property
     def rows(self) -> int:
@@ -91,8 +92,10 @@ class RunningBatch:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def step(self) -> Finished:
-        """One step of every live row -> the sentences that finished in it."""
+        """One step of every live row -> the sentences that finished in it. A cohort whose search raises beside
+        others is dropped and listed in `failed` (alone, its error is raised, as offline decoding's is)."""
         cohorts, backend = self.cohorts, self.backend
+        self.failed = []
         if not cohorts:
             return []
         if len(cohorts) == 1:  # offline decoding's every step: the search's own calls, nothing around them
@@ -116,7 +119,11 @@ class RunningBatch:
             elif v.shape[1] != c.kk:
                 v, i = v[:, : c.kk], i[:, : c.kk]
             starts.append((off, r))
-            c.advance(v, i)
+            try:
+                c.advance(v, i)
+            except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
+                self.failed.append((c, e))
+                c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
             changed = changed or c.moved is not None
             if c.done:
                 finished.extend((c, s, res) for s, res in c.done)

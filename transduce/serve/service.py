@@ -16,6 +16,7 @@ turns them into its answers; it must not block.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -177,8 +178,15 @@ class DecodeService:
         if unknown:
             raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(OPTION_FIELDS)}",
                              params=(unknown[0],))
-        opts = {"beam_size": self.options.default_beam_size, **given}
-        return DecodingOptions(**opts)
+        opts = DecodingOptions(**{"beam_size": self.options.default_beam_size, **given})
+        try:  # the normalisation of the longest translation must be a number (a huge alpha overflows)
+            ok = math.isfinite(opts.penalty(self.translator.config["max_positions"]))
+        except OverflowError:
+            ok = False
+        if not ok:
+            raise InputError(f"length_penalty {opts.length_penalty} overflows the length normalisation",
+                             hint="use a length penalty of a few units at most", params=("length_penalty",))
+        return opts
 
     def cancel(self, req: Request, error: ServeError) -> None:
         """Drop a request (its client left, or its caller gave up) at the next step boundary."""
@@ -245,8 +253,13 @@ class DecodeService:
             on_tokens = self._token_listener(req) if req.options.beam_size == 1 and req.listener else None
             try:
                 req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens)
-            except TransduceError as e:
-                self._fail(req, ServeError(str(e), 503, e.hint))
+            except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
+                self._fail(req, ServeError(e.args[0], 503, e.hint))
+                continue
+            except Exception as e:  # noqa: BLE001 - the backend failed part way: the batch cannot be trusted
+                self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
+                for cohort in batch.abort():
+                    self._fail(self._running.pop(cohort), ServeError(f"decoding failed: {type(e).__name__}", 500))
                 continue
             self._running[req.cohort] = req
             if self.metrics:
@@ -287,6 +300,10 @@ class DecodeService:
                 if req is not None:
                     self._fail(req, ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
             return
+        for cohort, e in batch.failed:
+            req = self._running.pop(cohort, None)
+            if req is not None:
+                self._fail(req, ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
         if self.metrics:
             self.metrics.batch_rows.observe(rows)
             self.metrics.live_rows.set(batch.rows)
