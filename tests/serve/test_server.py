@@ -10,8 +10,10 @@ import time
 import httpx
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from tests.serve.conftest import KEY, SLOW, Server
+from transduce.cli import main
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TEXTS = ["one two three", "four hundred and five", "", "twelve", "seven thousand and one", "nine"]
@@ -199,3 +201,21 @@ def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig):
         assert "drained" in s.output()
     finally:
         s.stop()
+
+
+def test_loadtest_drives_a_server_and_writes_its_report(server, tmp_path):
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    out = tmp_path / "report"
+    r = CliRunner().invoke(main,
+                           ["loadtest", server.url, "--rates", "4,8", "--duration", "1", "--api-key-file", str(key),
+                            "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "loadtest.json").read_text())
+    assert [row["offered_rate"] for row in report["rows"]] == [4.0, 8.0]
+    for row in report["rows"]:
+        assert row["scheduler"] == "continuous" and row["sent"] >= 1 and row["answered"] == row["sent"]
+        assert 0 < row["ttft_p50"] <= row["latency_p50"] <= row["latency_p99"]
+    assert (out / "loadtest.png").stat().st_size > 0 and "| continuous | 4 |" in (out / "loadtest.md").read_text()
+    r = CliRunner().invoke(main, ["loadtest", server.url, "--out", str(out)])
+    assert r.exit_code == 2 and "--force" in r.stderr

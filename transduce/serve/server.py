@@ -38,7 +38,7 @@ def read_api_key(path: str) -> str:
     return key
 
 
-def identity(translator, artifact_dir: str, backend: str) -> dict[str, Any]:
+def identity(translator, artifact_dir: str, backend: str, scheduler: str = "continuous") -> dict[str, Any]:
     """What GET /v1/models says about the model a server decodes with."""
     be = translator.backend
     manifest = be.manifest or {}
@@ -48,6 +48,7 @@ def identity(translator, artifact_dir: str, backend: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
     return {"id": os.path.basename(os.path.abspath(artifact_dir)), "object": "model", "backend": backend,
+            "scheduler": scheduler,
             "device": str(be.device), "manifest_sha256": digest, "precision": manifest.get("precision"),
             "contract_version": manifest.get("contract_version"), "kind": manifest.get("kind"),
             "model": {k: be.config.get(k) for k in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
@@ -63,7 +64,7 @@ def build_service(artifact_dir: str, backend: str = "onnxruntime", device: str =
     translator = load(artifact_dir, backend=backend, device=device, threads=threads)
     service = DecodeService(translator, options, ServeMetrics() if metrics else None)
     service.start()
-    return service, identity(translator, artifact_dir, backend)
+    return service, identity(translator, artifact_dir, backend, service.options.scheduler)
 
 
 def serve(artifact_dir: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",

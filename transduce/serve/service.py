@@ -32,6 +32,7 @@ from transduce.runtime.running import RunningBatch
 from transduce.runtime.translator import Translation, Translator, _sentences
 
 Listener = Callable[[str, Any], None]
+SCHEDULERS = ("continuous", "static", "single")
 OPTION_FIELDS = ("beam_size", "nbest", "max_len_a", "max_len_b", "min_length", "length_penalty", "length_penalty_form")
 
 
@@ -52,8 +53,14 @@ class ServiceOptions:
     max_sentences: int = 64  # sentences per request
     request_timeout: float = 60.0  # seconds, when a request names none
     default_beam_size: int = 4
+    # continuous: admit at every step boundary; static: only into an empty batch, which then runs to completion
+    # (a dynamic batcher's way); single: one request at a time. The last two are for comparison (loadtest).
+    scheduler: str = "continuous"
 
     def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise InputError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}",
+                             params=("scheduler",))
         for name in ("max_rows", "max_queue", "max_sentences", "default_beam_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -240,6 +247,8 @@ class DecodeService:
     def _admit(self) -> None:
         """Queued requests into the running batch, oldest first, while their rows fit (called under the lock)."""
         opts, batch = self.options, self.batch
+        if self._running and opts.scheduler != "continuous":
+            return  # static and single: the batch runs to completion first
         if not self._running and self._queue and opts.max_wait_ms > 0:
             waited = (time.monotonic() - self._queue[0].created) * 1000
             if waited < opts.max_wait_ms and sum(r.rows for r in self._queue) < opts.max_rows:
@@ -264,6 +273,8 @@ class DecodeService:
             self._running[req.cohort] = req
             if self.metrics:
                 self.metrics.admitted.inc(len(req.todo))
+            if opts.scheduler == "single":
+                break
         if self.metrics:
             self.metrics.queue_depth.set(len(self._queue))
 
