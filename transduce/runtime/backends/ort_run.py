@@ -197,8 +197,8 @@ class RunState:
         self.enc = {name: mem.stack_padded([mem.take(self.enc[name], kept), enc[name]], width)
                     for name in self.layout.cross_names + ["src_lengths"]}
         total = self.rows + n_new
-        if total > self.cache.shape[1]:
-            self.grow(total)
+        if total > self.cache.shape[1]:  # doubled: rows admitted one request at a time copy the cache rarely
+            self.grow(max(total, 2 * self.cache.shape[1]))
         before = self.row_pos if self.row_pos is not None else np.full(self.rows, self.position, np.int64)
         self.row_pos = np.concatenate([before, np.zeros(n_new, np.int64)])
         if not self.row_pos.any():

@@ -171,9 +171,12 @@ class TorchBackend(Backend):
                                  [merged(a, b, 2) for a, b in zip(old.cross_k, enc.cross_k, strict=True)],
                                  [merged(a, b, 2) for a, b in zip(old.cross_v, enc.cross_v, strict=True)],
                                  torch.cat([old.src_lengths.index_select(0, keep), enc.src_lengths]))
+            p = state.position
             for cache in (state.cache_k, state.cache_v):
                 for i, c in enumerate(cache):
-                    cache[i] = torch.cat([c, c.new_zeros((n_new,) + tuple(c.shape[1:]))])
+                    new = c.new_zeros((c.shape[0] + n_new,) + tuple(c.shape[1:]))
+                    new[: c.shape[0], :, :p] = c[:, :, :p]  # only the filled slots
+                    cache[i] = new
         rows = len(inverse)
         before = state.row_pos if state.row_pos is not None else np.full(rows, state.position, np.int64)
         state.row_pos = np.concatenate([before, np.zeros(n_new, np.int64)])
