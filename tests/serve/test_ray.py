@@ -13,31 +13,42 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
-from tests.serve.conftest import free_port  # noqa: E402
+from tests.serve.conftest import KEY, free_port  # noqa: E402
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 TEXTS = ["one two three", "four hundred and five", "twelve", "seven thousand and one", "nine", "eighty"]
 
 
 @pytest.fixture(scope="module")
-def ray_url(tiny_artifact_dir):
+def ray_url(tiny_artifact_dir, tmp_path_factory):
     from transduce.serve.ray import build_app
     from transduce.serve.service import ServiceOptions
 
+    key = tmp_path_factory.mktemp("ray") / "key"
+    key.write_text(KEY)
+
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # ray.init sets its own
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(tiny_artifact_dir, threads=1, replicas=2, num_cpus=0.5,
-                            options=ServiceOptions(default_beam_size=2)), name="transduce", route_prefix="/")
+                            options=ServiceOptions(default_beam_size=2), api_key_file=str(key)),
+                  name="transduce", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+        for sig, handler in handlers.items():  # the tests after these see the process as it was
+            signal.signal(sig, handler)
 
 
 def _send(url: str, bodies: list[dict]) -> list[httpx.Response | Exception]:
     async def run():
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=60) as client:
             return await asyncio.gather(*(client.post("/v1/translate", json=b) for b in bodies),
                                         return_exceptions=True)
 
@@ -66,7 +77,9 @@ def test_two_replicas_answer_concurrent_requests_as_offline_decoding(ray_url, ti
         assert not isinstance(answer, Exception) and answer.status_code == 200, answer
         _check(answer, want)
     assert len({a.headers["x-transduce-replica"] for a in answers}) == 2  # both replicas answered
-    assert httpx.get(ray_url + "/readyz").status_code == 200
+    assert httpx.get(ray_url + "/readyz", headers=AUTH).status_code == 200
+    assert httpx.get(ray_url + "/readyz").status_code == 401  # the replicas read the key file themselves
+    assert httpx.get(ray_url + "/healthz").status_code == 200
 
 
 def test_a_killed_replica_is_replaced_and_no_answer_is_wrong(ray_url, tiny_artifact_dir):
@@ -81,7 +94,7 @@ def test_a_killed_replica_is_replaced_and_no_answer_is_wrong(ray_url, tiny_artif
     bodies = [{"text": [TEXTS[i % 6]]} for i in range(30)]
 
     async def run():
-        async with httpx.AsyncClient(base_url=ray_url, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=ray_url, headers=AUTH, timeout=60) as client:
             tasks = [asyncio.create_task(client.post("/v1/translate", json=b)) for b in bodies[:15]]
             await asyncio.sleep(0.05)
             ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)

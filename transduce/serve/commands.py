@@ -63,7 +63,12 @@ def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queu
         from transduce.serve.ray import run_ray
 
         sys.exit(run_ray(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads,
-                         options=options, replicas=replicas, address=address, quiet=quiet))
+                         options=options, replicas=replicas, address=address, quiet=quiet, grace=grace,
+                         api_key_file=api_key_file, max_body_bytes=max_body_bytes))
+    if address or replicas != 1:
+        from transduce.errors import InputError
+
+        raise InputError("--address and --replicas are the Ray deployment's", hint="add --ray, or leave them out")
     from transduce.serve.server import serve as run
 
     def log(text: str) -> None:

@@ -61,10 +61,14 @@ def _deployment_class():
         """One replica: a decode service and the HTTP API over it (built after the constructor)."""
 
         def __init__(self, artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
-                     options: dict | None = None, grace: float = 30.0):
-            from transduce.serve.server import build_service
+                     options: dict | None = None, grace: float = 30.0, api_key_file: str | None = None,
+                     max_body_bytes: int = 1 << 20):
+            from transduce.serve.server import build_service, read_api_key
 
             self.grace = grace
+            # the key is read here, on the replica's node: it never travels in Ray's deployment config
+            self.api_key = read_api_key(api_key_file) if api_key_file else None
+            self.max_body_bytes = max_body_bytes
             self.service, self.identity = build_service(artifact, backend, device, threads,
                                                         ServiceOptions(**(options or {})))
             self.replica = f"{socket.gethostname()}:{os.getpid()}"
@@ -72,7 +76,8 @@ def _deployment_class():
         def __serve_build_asgi_app__(self):
             from transduce.serve.app import create_app
 
-            return ReplicaHeader(create_app(self.service, self.identity), self.replica)
+            return ReplicaHeader(create_app(self.service, self.identity, self.api_key, self.max_body_bytes),
+                                 self.replica)
 
         def check_health(self) -> None:
             if not self.service.alive():
@@ -90,15 +95,18 @@ def _deployment_class():
 def build_app(artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
               options: ServiceOptions | None = None, replicas: int = 1, max_ongoing_requests: int = 64,
               max_queued_requests: int = 256, autoscaling_config: dict[str, Any] | None = None,
-              num_cpus: float = 1.0, num_gpus: float = 0.0, name: str = "transduce"):
-    """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`."""
+              num_cpus: float = 1.0, num_gpus: float = 0.0, name: str = "transduce", grace: float = 30.0,
+              api_key_file: str | None = None, max_body_bytes: int = 1 << 20):
+    """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`.
+    api_key_file: bearer auth, the file read by each replica (at the same path on every node)."""
     serve = _import_ray()
     scaling = {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": int(replicas)}
     deployment = serve.deployment(_deployment_class(), name=name, max_ongoing_requests=max_ongoing_requests,
                                   max_queued_requests=max_queued_requests, health_check_period_s=5,
                                   ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}, **scaling)
     return deployment.bind(os.path.abspath(artifact), backend, device, threads,
-                           dataclasses.asdict(options or ServiceOptions()))
+                           dataclasses.asdict(options or ServiceOptions()), grace,
+                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes)
 
 
 def app(args: dict[str, str]):
@@ -112,15 +120,16 @@ def app(args: dict[str, str]):
     fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
     options = ServiceOptions(**{k: (float if k in ("max_wait_ms", "request_timeout") else int)(args.pop(k))
                                 for k in list(args) if k in fields})
-    ints = ("threads", "replicas", "max_ongoing_requests", "max_queued_requests")
-    floats = ("num_cpus", "num_gpus")
+    ints = ("threads", "replicas", "max_ongoing_requests", "max_queued_requests", "max_body_bytes")
+    floats = ("num_cpus", "num_gpus", "grace")
     kwargs = {k: int(v) if k in ints else float(v) if k in floats else v for k, v in args.items() if k != "artifact"}
     return build_app(args["artifact"], options=options, **kwargs)
 
 
 def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
             device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None, replicas: int = 1,
-            address: str | None = None, quiet: bool = False, log=print) -> int:
+            address: str | None = None, quiet: bool = False, log=print, grace: float = 30.0,
+            api_key_file: str | None = None, max_body_bytes: int = 1 << 20) -> int:
     """`transduce serve --ray`: the deployment on a local Ray (or the cluster at `address`) until Ctrl-C or
     SIGTERM, then Serve shut down -> 0."""
     import signal
@@ -145,7 +154,12 @@ def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: s
     try:
         serve.start(http_options={"host": host, "port": port})
         gpus = 1.0 if device.startswith("cuda") or backend == "tensorrt" else 0.0
-        serve.run(build_app(artifact, backend, device, threads, options, replicas, num_gpus=gpus),
+        if api_key_file:
+            from transduce.serve.server import read_api_key
+
+            read_api_key(api_key_file)  # refused here, before any replica starts, if it cannot be read
+        serve.run(build_app(artifact, backend, device, threads, options, replicas, num_gpus=gpus, grace=grace,
+                            api_key_file=api_key_file, max_body_bytes=max_body_bytes),
                   name="transduce", route_prefix="/")
         if not quiet:
             log(f"transduce serve --ray: {replicas} replica(s) of {artifact} on http://{host}:{port}/v1/translate")

@@ -86,9 +86,9 @@ def serve(artifact_dir: str, host: str = "127.0.0.1", port: int = 8000, backend:
         log(f"transduce serve: {ident['id']} on {backend} ({ident['device']}), ready in "
             f"{time.monotonic() - started:.1f} s; http://{host}:{port}/v1/translate")
     try:
-        server.run()
+        server.run()  # returns once the connections under way are answered, or --grace has passed
     finally:
-        service.stop(grace=grace)
+        service.stop(grace=0)
     if not quiet:
         log("transduce serve: drained, exiting")
     return 0

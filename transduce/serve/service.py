@@ -243,6 +243,7 @@ class DecodeService:
             raise
         finally:
             self._fail_all(ServeError("the server stopped before this request finished", 503))
+            self.batch.abort()  # the backend's buffers back
 
     def _admit(self) -> None:
         """Queued requests into the running batch, oldest first, while their rows fit (called under the lock)."""
