@@ -14,6 +14,7 @@ from transduce.errors import InputError
 
 # a command that writes without --out: demo's --workdir is a workspace it reuses (--retrain starts again)
 WORKSPACES = {"demo"}
+WRITES_NOTHING = {"inspect", "serve"}  # a report on stdout; a server's answers go to its clients
 
 
 def _each_command():
@@ -52,7 +53,7 @@ def test_an_output_is_out_and_replaced_only_with_force(name, command):
     assert json is None or json.is_flag, f"transduce {name}: --json FILE writes a file: that is --out"
     if "--out" in visible:
         assert "--force" in visible, f"transduce {name} writes --out but has no --force"
-    elif name not in WORKSPACES | {"inspect"}:
+    elif name not in WORKSPACES | WRITES_NOTHING:
         pytest.fail(f"transduce {name}: what does it write, and where?")
 
 

@@ -263,7 +263,7 @@ def test_a_backend_without_the_protocols_members_is_refused_naming_them(tiny_tok
         def reorder(self, state, rows, row_src): ...
         def encoder_outputs(self, encoded): ...
 
-    with pytest.raises(InputError, match="lacks artifact_dir, end, manifest, only_step_graph, shards, step_graphs, "
-                                         "tuning of the backend protocol") as e:
+    with pytest.raises(InputError, match="lacks admit, artifact_dir, end, manifest, only_step_graph, shards, "
+                                         "step_graphs, tuning of the backend protocol") as e:
         Translator(Bare(), tiny_tokenizer)
     assert "subclass transduce.runtime.backends.base.Backend" in e.value.hint

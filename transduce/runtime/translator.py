@@ -23,7 +23,7 @@ import numpy as np
 
 from transduce.errors import InputError, TransduceWarning, TruncatedInput
 from transduce.runtime.backends.base import missing_members
-from transduce.runtime.decoding import DecodingOptions, decode
+from transduce.runtime.decoding import DecodeResult, DecodingOptions, decode
 
 # progress(sentences, tokens): called as each batch is done, with its sentences and the tokens of their
 # translations (the CLI's progress bar); blank lines count as sentences of no tokens
@@ -77,7 +77,8 @@ class Translator:
         factory = backend_factory or TorchBackend.from_model_dir
         return cls(factory(os.fspath(path), device=device), load_tokenizer(path), **kwargs)
 
-    def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1) -> list[tuple[list[int], int, bool]]:
+    def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1,
+                warn: bool = True) -> list[tuple[list[int], int, bool]]:
         limit = self.config["max_positions"] - 1  # room for EOS
         unk = self.config["unk_id"]
         out = []
@@ -85,14 +86,14 @@ class Translator:
             cut = False
             if len(ids) > limit:
                 if not truncate:
-                    raise InputError(
+                    raise _about(InputError(
                         f"input line {n} has {len(ids)} tokens; this model takes at most {limit} "
                         f"(max_positions {self.config['max_positions']} including EOS)",
                         hint="split the line, or pass truncate=True to keep its first tokens",
-                        params=("truncate=True",))
-                # stacklevel: _encode, _translate, translate (or translate_stream's generator), its caller
-                warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n),
-                              stacklevel=4)
+                        params=("truncate=True",)), n)
+                if warn:  # stacklevel: _encode, prepare, _translate, translate (or translate_stream's), its caller
+                    warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n),
+                                  stacklevel=5)
                 ids, cut = ids[:limit], True
             out.append((ids, sum(1 for i in ids if i == unk), cut))
         return out
@@ -133,48 +134,68 @@ class Translator:
             warnings.warn(TransduceWarning(message, params=params), stacklevel=3)
         return opts
 
-    def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
-                   progress: Progress | None) -> list[Translation]:
+    def prepare(self, texts: list, truncate: bool, first_line: int = 1,
+                warn: bool = True) -> list[tuple[list[int], int, bool]]:
+        """Each text checked and tokenized -> (token ids, unknown tokens, truncated) each; the InputError of the
+        first text that cannot be translated carries its number as `sentence`. warn: a TruncatedInput warning
+        for each truncated text (a server reports `truncated` in its answer instead)."""
         for n, text in enumerate(texts, first_line):
             if not isinstance(text, str):
-                raise InputError(f"sentence {n} is {_described(text)}, not a str",
-                                 hint="decode bytes first: data.decode('utf-8')" if isinstance(text, bytes | bytearray)
-                                 else "pass strings only")
+                raise _about(InputError(f"sentence {n} is {_described(text)}, not a str",
+                                        hint="decode bytes first: data.decode('utf-8')"
+                                        if isinstance(text, bytes | bytearray) else "pass strings only"), n)
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would fail with a TypeError
                 hint = "decode bytes with errors='strict' (or 'replace'), not 'surrogateescape'"
-                raise InputError(f"sentence {n} is not valid Unicode text: {e.reason} at character {e.start}",
-                                 hint=hint) from None
-        encoded = self._encode(texts, truncate, first_line)
+                raise _about(InputError(f"sentence {n} is not valid Unicode text: {e.reason} at character {e.start}",
+                                        hint=hint), n) from None
+        return self._encode(texts, truncate, first_line, warn)
+
+    @staticmethod
+    def is_blank(text: str, ids: list[int]) -> bool:
+        """A text translated to an empty string without running the model."""
+        return not text.strip() or not ids
+
+    def translation(self, result: DecodeResult | None, encoded: tuple[list[int], int, bool]) -> Translation:
+        """The Translation of one prepared text from its decoding result (None: a blank text, not decoded)."""
+        if result is None:
+            return Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
+        cands = tuple(Candidate(self.tokenizer.decode(h.tokens), h.tokens, h.score, h.log_prob, h.finished)
+                      for h in result.hypotheses)
+        ids, unk, cut = encoded
+        return Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
+
+    def padded(self, prepared: list[tuple[list[int], int, bool]]) -> tuple[np.ndarray, np.ndarray]:
+        """Prepared texts as a padded batch: (B, S) source ids with EOS, (B,) lengths (EOS included)."""
+        eos, pad = self.config["eos_id"], self.config["pad_id"]
+        s = max(len(ids) + 1 for ids, _, _ in prepared)
+        src = np.full((len(prepared), s), pad, dtype=np.int64)
+        lens = np.zeros(len(prepared), dtype=np.int64)
+        for r, (ids, _, _) in enumerate(prepared):
+            src[r, : len(ids)] = ids
+            src[r, len(ids)] = eos
+            lens[r] = len(ids) + 1
+        return src, lens
+
+    def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
+                   progress: Progress | None) -> list[Translation]:
+        encoded = self.prepare(texts, truncate, first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
         for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded, strict=True)):
-            if not text.strip() or not ids:
-                results[i] = Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
+            if self.is_blank(text, ids):
+                results[i] = self.translation(None, encoded[i])
             else:
                 todo.append(i)
         if progress is not None and len(todo) < len(texts):
             progress(len(texts) - len(todo), 0)
-        eos, pad = self.config["eos_id"], self.config["pad_id"]
         lengths = [len(encoded[i][0]) + 1 for i in todo]
         for chunk in self.batches(lengths, opts.beam_size):
             idx = [todo[j] for j in chunk]
-            s = max(len(encoded[i][0]) + 1 for i in idx)
-            src = np.full((len(idx), s), pad, dtype=np.int64)
-            lens = np.zeros(len(idx), dtype=np.int64)
-            for r, i in enumerate(idx):
-                ids = encoded[i][0]
-                src[r, : len(ids)] = ids
-                src[r, len(ids)] = eos
-                lens[r] = len(ids) + 1
+            src, lens = self.padded([encoded[i] for i in idx])
             for i, res in zip(idx, decode(self.backend, src, lens, opts), strict=True):
-                cands = tuple(
-                    Candidate(self.tokenizer.decode(h.tokens), h.tokens, h.score, h.log_prob, h.finished)
-                    for h in res.hypotheses
-                )
-                ids, unk, cut = encoded[i]
-                results[i] = Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
+                results[i] = self.translation(res, encoded[i])
             if progress is not None:
                 progress(len(idx), sum(len(results[i].tokens) for i in idx))
         return results  # type: ignore[return-value]
@@ -225,6 +246,12 @@ def _sentences(texts: object, call: str) -> Iterable:
         raise InputError(f"{call} takes a list of sentences, got {_described(texts)}",
                          hint="pass a list of str: [text]") from None
     return texts  # type: ignore[return-value]
+
+
+def _about(error: InputError, sentence: int) -> InputError:
+    """`error`, marked as being about the text numbered `sentence` (a server names it in its answer)."""
+    error.sentence = sentence  # type: ignore[attr-defined]
+    return error
 
 
 def _described(value: object) -> str:

@@ -10,6 +10,12 @@ A backend owns the device memory of one decoding run:
   reorder(state, rows, row_src)       -> keep/duplicate rows: row i of the new state is row rows[i] of the
                                          old one (beam selection, finished rows dropped); row_src is the
                                          new rows' source index, cross K/V are re-gathered only if it changed
+  admit(state, encoded)               -> (optional: a running batch) one new row per source of `encoded`, after
+                                         the state's rows, at position 0 beside rows further on; the state's
+                                         sources become those its rows decode, ascending, then encoded's
+                                         (renumbered_sources); cross K/V of every width share the state,
+                                         padded and masked by source length. A backend without it decodes a
+                                         running batch only from empty (the scheduler waits for that)
   end(state)                          -> the run is over, its buffers may be reused by the next run (the
                                          state is not used again); decoding calls it after every run
   shards(batch, beam)                 -> None, or backends (views of this one) that decode parts of a batch
@@ -63,6 +69,14 @@ class Backend(Protocol):
     def end(self, state: Any) -> None:
         """The run is over (its state is not used again). By default nothing to hand back."""
 
+    def admit(self, state: Any, encoded: Any) -> None:
+        """Add a row for each source of `encoded` to a running state (see the module's docstring); by default
+        this backend cannot (admits_rows is False)."""
+        from transduce.errors import BackendUnavailable
+
+        raise BackendUnavailable(f"the {self.name} backend cannot add sentences to a running batch",
+                                 hint="a running batch on it admits sentences only when it is empty")
+
     def shards(self, batch: int, beam: int) -> list[Backend] | None:
         """Backends to decode a batch's parts with at the same time, or None (the default) to decode it whole."""
         return None
@@ -88,6 +102,19 @@ def missing_members(backend: Any) -> list[str]:
     gives the optional ones their defaults)."""
     declared = [n for n in vars(Backend) if not n.startswith("_")] + list(Backend.__annotations__)
     return sorted(n for n in set(declared) if not hasattr(backend, n))
+
+
+def admits_rows(backend: Any) -> bool:
+    """Whether `backend` implements admit (its states take rows at different positions)."""
+    own = getattr(type(backend), "admit", None)
+    return own is not None and own is not Backend.admit
+
+
+def renumbered_sources(row_src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sources a state's rows decode, ascending (the state's sources after an admit, before the new
+    ones), and each row's index among them."""
+    kept, inverse = np.unique(np.asarray(row_src, np.int64), return_inverse=True)
+    return kept, inverse.reshape(-1).astype(np.int64)
 
 
 def usable_cpus() -> int:

@@ -336,13 +336,14 @@ class OnnxRuntimeBackend(Backend):
 
     def _run(self, state: RunState, tokens: np.ndarray, k: int = 1, ban_eos: bool = False) -> bool:
         """One step; True when it ran the fused graph (its top-k outputs hold this step's k best)."""
-        p = state.position
+        each = state.row_pos  # None: every row at `position`
+        p = state.position if each is None else int(each.max())
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
         r = state.rows
         mem = self._mem
         mem.fill(state.tokens, tokens, r)
-        mem.fill(state.positions, p, r)
+        mem.fill(state.positions, p if each is None else each, r)
         # the previous step's session and binding, while they still apply: a step usually repeats the
         # last one's rows and k, and every Python call costs several microseconds here, right after a
         # run has streamed the weights through the caches (kept in `bindings`, so whatever clears
@@ -357,9 +358,13 @@ class OnnxRuntimeBackend(Backend):
             fused = self._writes_cache(session)
             state.bindings[LAST_STEP] = (key, session, binding, fused)
         session.run_with_iobinding(binding)
-        if not fused:
+        if not fused and each is None:
             mem.write_slot(state.cache, state.outputs["new"], r, p)
+        elif not fused:
+            mem.write_slots(state.cache, state.outputs["new"], r, each)
         state.position = p + 1
+        if each is not None:
+            state.row_pos = each + 1
         return fused
 
     def step(self, state: RunState, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -379,9 +384,17 @@ class OnnxRuntimeBackend(Backend):
         return self._mem.to_numpy(state.outputs["log_probs"][: state.rows]).copy()
 
     def reorder(self, state: RunState, rows: np.ndarray, row_src: np.ndarray) -> None:
-        if state.keep_rows(np.asarray(rows, np.int64)) and self._topk is not None:
+        rows = np.asarray(rows, np.int64)
+        if state.keep_rows(rows) and self._topk is not None:
             self._topk.bindings.clear()  # they point into the log-probs buffer the state has just given back
+        state.rows_moved(rows)
         self._gather_cross(state, np.asarray(row_src, np.int64))
+
+    def admit(self, state: RunState, enc: dict[str, Any]) -> None:
+        """New rows at position 0 for `enc`'s sources, after the state's (RunState.admit)."""
+        state.admit(enc, per_source=self.fused and not self._pinned_to_standard())
+        if self._topk is not None:
+            self._topk.bindings.clear()  # the buffers may have grown
 
     def end(self, state: RunState) -> None:
         """The run is over: its buffers go back to the pool for the next run (the state is dead)."""

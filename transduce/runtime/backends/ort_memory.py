@@ -138,6 +138,21 @@ class NumpyMemory:
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]] = src
 
+    def write_slots(self, cache, new, rows, positions):
+        """Row r's new K/V into its own slot positions[r] (rows at different positions: a running batch)."""
+        cache[:, np.arange(rows), :, positions] = new[:, :rows, :, 0].transpose(1, 0, 2, 3)
+
+    def stack_padded(self, parts, width):
+        """Arrays (B_i, H, S_i, Dh) or (B_i,) stacked along the rows, the former zero-padded to S = width."""
+        if parts[0].ndim == 1:
+            return np.concatenate(parts)
+        out = np.zeros((sum(len(p) for p in parts), parts[0].shape[1], width) + parts[0].shape[3:], parts[0].dtype)
+        start = 0
+        for p in parts:
+            out[start: start + len(p), :, : p.shape[2]] = p
+            start += len(p)
+        return out
+
     def topk(self, log_probs, k, banned):
         log_probs[:, banned] = -np.inf  # our output buffer: overwritten by the next run anyway
         return numpy_topk(log_probs, k, [])
@@ -237,6 +252,18 @@ class TorchCudaMemory:
     @on_stream
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]].copy_(src)
+
+    @on_stream
+    def write_slots(self, cache, new, rows, positions):
+        every = self.torch.arange(rows, device=self.device)
+        cache[:, every, :, self.from_numpy(positions)] = new[:, :rows, :, 0].transpose(0, 1)
+
+    @on_stream
+    def stack_padded(self, parts, width):
+        if parts[0].dim() == 1:
+            return self.torch.cat(parts)
+        pad = self.torch.nn.functional.pad
+        return self.torch.cat([pad(p, (0, 0, 0, width - p.shape[2])) for p in parts]).contiguous()
 
     @on_stream
     def topk(self, log_probs, k, banned):

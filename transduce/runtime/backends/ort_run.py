@@ -75,7 +75,8 @@ class RunState:
     # LAST_STEP -> the last step's (key, session, binding, fused graph)
     topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
     owned: list = field(default_factory=list)  # pooled memory of this run, given back by release()
-    position: int = 0
+    position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
+    row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (a running batch's admit)
 
     @classmethod
     def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int) -> RunState:
@@ -177,6 +178,35 @@ class RunState:
             self.bindings.clear()
         self.rows = len(rows)
         return grew
+
+    def rows_moved(self, rows: np.ndarray) -> None:
+        """Per-row positions follow a reorder; back to one position once every row is at the same one."""
+        if self.row_pos is not None:
+            self.row_pos = self.row_pos[rows]
+            if self.row_pos.size and (self.row_pos == self.row_pos[0]).all():
+                self.position, self.row_pos = int(self.row_pos[0]), None
+
+    def admit(self, enc: dict[str, Any], per_source: bool) -> None:
+        """One new row per source of `enc` after the current rows, at position 0: the encoder results merged
+        with the sources the rows decode (backends.base.renumbered_sources), padded to the widest source."""
+        from transduce.runtime.backends.base import renumbered_sources
+
+        kept, inverse = renumbered_sources(np.frombuffer(self.row_src_given, np.int64))
+        mem, n_new = self.mem, len(enc["src_lengths"])
+        width = max(self.enc[self.layout.cross_names[0]].shape[2], enc[self.layout.cross_names[0]].shape[2])
+        self.enc = {name: mem.stack_padded([mem.take(self.enc[name], kept), enc[name]], width)
+                    for name in self.layout.cross_names + ["src_lengths"]}
+        total = self.rows + n_new
+        if total > self.cache.shape[1]:  # doubled: rows admitted one request at a time copy the cache rarely
+            self.grow(max(total, 2 * self.cache.shape[1]))
+        before = self.row_pos if self.row_pos is not None else np.full(self.rows, self.position, np.int64)
+        self.row_pos = np.concatenate([before, np.zeros(n_new, np.int64)])
+        if not self.row_pos.any():
+            self.row_pos = None
+        self.rows = total
+        self.bindings.clear()
+        self.row_src_given, self.cross_rows = None, np.array([-1])  # gathered again, from the merged results
+        self.gather_cross(np.concatenate([inverse, len(kept) + np.arange(n_new)]), per_source)
 
     def grow(self, rows: int) -> None:
         """More rows than allocated (beam expansion after step 0): reallocate once, keep contents."""

@@ -1,7 +1,8 @@
 """The eager PyTorch backend: the reference model itself, on CPU or CUDA, under the same cache contract.
 
 It loads no artifact (artifact_dir and manifest are None), has one step function rather than step graphs,
-and keeps the protocol's defaults for its optional members: nothing to hand back at `end`, no parts."""
+and keeps the protocol's defaults for its optional members: nothing to hand back at `end`, no parts. It
+admits rows into a running batch (their own positions; cross K/V padded to the widest source)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import BackendUnavailable
-from transduce.runtime.backends.base import Backend, banned_ids
+from transduce.runtime.backends.base import Backend, banned_ids, renumbered_sources
 
 
 @dataclass
@@ -31,7 +32,8 @@ class _State:
     src_lengths: Any  # (R,)
     cache_k: list  # per layer (R, H, C, Dh), preallocated
     cache_v: list
-    position: int = 0
+    position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
+    row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (admit)
 
 
 class TorchBackend(Backend):
@@ -98,20 +100,30 @@ class TorchBackend(Backend):
 
     def _run(self, state: _State, tokens: np.ndarray):
         torch = self.torch
-        p = state.position
+        rows = len(tokens)
+        p = state.position if state.row_pos is None else int(state.row_pos.max())
         if p >= state.cache_k[0].shape[2]:
             raise IndexError(f"cache capacity {state.cache_k[0].shape[2]} exhausted at position {p}")
-        rows = len(tokens)
-        positions = torch.full((rows,), p, dtype=torch.long, device=self.device)
+        if state.row_pos is None:
+            positions = torch.full((rows,), p, dtype=torch.long, device=self.device)
+        else:
+            positions = self._long(state.row_pos)
         with torch.inference_mode():
             lp, nk, nv = self.model.decode_step(
                 self._long(tokens), positions, state.src_lengths, state.cache_k, state.cache_v,
                 state.cross_k, state.cross_v,
             )
+            every = torch.arange(rows, device=self.device)
             for i in range(len(nk)):
-                state.cache_k[i][:, :, p : p + 1].copy_(nk[i])  # write slot p in place
-                state.cache_v[i][:, :, p : p + 1].copy_(nv[i])
+                if state.row_pos is None:
+                    state.cache_k[i][:, :, p : p + 1].copy_(nk[i])  # write slot p in place
+                    state.cache_v[i][:, :, p : p + 1].copy_(nv[i])
+                else:  # each row's own slot
+                    state.cache_k[i][every, :, positions] = nk[i][:, :, 0]
+                    state.cache_v[i][every, :, positions] = nv[i][:, :, 0]
         state.position = p + 1
+        if state.row_pos is not None:
+            state.row_pos = state.row_pos + 1
         return lp
 
     def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False):
@@ -134,4 +146,41 @@ class TorchBackend(Backend):
                     new = c.new_zeros((len(rows),) + tuple(c.shape[1:]))
                     new[:, :, :p] = c[:, :, :p].index_select(0, idx)  # only the filled slots
                     cache[i] = new
+        if state.row_pos is not None:
+            state.row_pos = state.row_pos[np.asarray(rows, np.int64)]
+            if state.row_pos.size and (state.row_pos == state.row_pos[0]).all():  # in step again
+                state.position, state.row_pos = int(state.row_pos[0]), None
         self._gather_cross(state, np.asarray(row_src, dtype=np.int64))
+
+    def admit(self, state: _State, enc: _Encoded) -> None:
+        """New rows at position 0 for `enc`'s sources after the state's; the encoder results merged into one,
+        padded to the widest source (masked by src_lengths, as a padded batch's are)."""
+        torch = self.torch
+        kept, inverse = renumbered_sources(state.row_src)
+        old, n_new = state.enc, len(enc.src_lengths)
+        width = max(old.memory.shape[1], enc.memory.shape[1])
+        keep = self._long(kept)
+
+        def merged(a, b, dim: int):
+            pad = [0, 0] * (a.dim() - 1 - dim)
+            a = torch.nn.functional.pad(a.index_select(0, keep), pad + [0, width - a.shape[dim]])
+            return torch.cat([a, torch.nn.functional.pad(b, pad + [0, width - b.shape[dim]])])
+
+        with torch.inference_mode():
+            state.enc = _Encoded(merged(old.memory, enc.memory, 1),
+                                 [merged(a, b, 2) for a, b in zip(old.cross_k, enc.cross_k, strict=True)],
+                                 [merged(a, b, 2) for a, b in zip(old.cross_v, enc.cross_v, strict=True)],
+                                 torch.cat([old.src_lengths.index_select(0, keep), enc.src_lengths]))
+            p = state.position
+            for cache in (state.cache_k, state.cache_v):
+                for i, c in enumerate(cache):
+                    new = c.new_zeros((c.shape[0] + n_new,) + tuple(c.shape[1:]))
+                    new[: c.shape[0], :, :p] = c[:, :, :p]  # only the filled slots
+                    cache[i] = new
+        rows = len(inverse)
+        before = state.row_pos if state.row_pos is not None else np.full(rows, state.position, np.int64)
+        state.row_pos = np.concatenate([before, np.zeros(n_new, np.int64)])
+        if (state.row_pos == 0).all():
+            state.position, state.row_pos = 0, None
+        state.row_src = np.array([-1])  # the merged results: gathered again
+        self._gather_cross(state, np.concatenate([inverse, len(kept) + np.arange(n_new)]))

@@ -1,0 +1,187 @@
+"""The running batch: sentences admitted at any step boundary beside sentences further on, retired as they
+finish, each decoded as it would be alone (batch invariance), over the torch and ONNX Runtime backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transduce.errors import BackendUnavailable
+from transduce.runtime.backends.torch_backend import TorchBackend
+from transduce.runtime.decoding import DecodingOptions, decode
+from transduce.runtime.running import CapacityError, RunningBatch
+
+OPTIONS = [DecodingOptions(beam_size=1, max_len_b=12),
+           DecodingOptions(beam_size=3, nbest=2, max_len_b=9, length_penalty=1.0, length_penalty_form="plain"),
+           DecodingOptions(beam_size=1, min_length=6, max_len_a=0.5, max_len_b=8),
+           DecodingOptions(beam_size=4, nbest=4, min_length=3, max_len_b=10, length_penalty_form="none"),
+           DecodingOptions(beam_size=2, max_len_b=15)]
+
+
+def _batch(cfg: dict, lengths: list[int], rng) -> tuple[np.ndarray, np.ndarray]:
+    """A padded batch of random sources of these lengths (EOS included)."""
+    src = np.full((len(lengths), max(lengths)), cfg["pad_id"], np.int64)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = rng.integers(4, cfg["vocab_size"], n - 1)
+        src[i, n - 1] = cfg["eos_id"]
+    return src, np.array(lengths, np.int64)
+
+
+def _requests(cfg: dict, count: int = 14, seed: int = 3):
+    """(admit at step, src, lengths, options) of requests of 1-3 sentences of mixed lengths and options."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(count):
+        lengths = rng.integers(2, 21, rng.integers(1, 4)).tolist()
+        out.append((int(rng.integers(0, 25)), *_batch(cfg, lengths, rng), OPTIONS[j % len(OPTIONS)]))
+    return sorted(out, key=lambda r: r[0])
+
+
+def _interleaved(backend, requests, capacity: int):
+    """Every request admitted at its step into one running batch -> its results, in its sentences' order,
+    and the most rows the batch held at once."""
+    batch = RunningBatch(backend, capacity=capacity)
+    pending, cohorts, results, most = list(requests), [], {}, 0
+    while pending or batch.cohorts:
+        while pending and pending[0][0] <= batch.steps:
+            _, src, lens, opts = pending.pop(0)
+            cohorts.append(batch.admit(src, lens, opts))
+            results[cohorts[-1]] = {}
+        most = max(most, batch.rows)
+        if not batch.cohorts:  # nothing running until the next arrival: the clock moves on
+            batch.steps = pending[0][0]
+            continue
+        for cohort, s, res in batch.step():
+            results[cohort][s] = res
+    return [[results[c][s] for s in range(len(results[c]))] for c in cohorts], most
+
+
+def _assert_same(got, want):
+    assert [h.tokens for h in got.hypotheses] == [h.tokens for h in want.hypotheses]
+    assert [h.finished for h in got.hypotheses] == [h.finished for h in want.hypotheses]
+    np.testing.assert_allclose([h.score for h in got.hypotheses], [h.score for h in want.hypotheses], atol=1e-5)
+    np.testing.assert_allclose([h.log_prob for h in got.hypotheses], [h.log_prob for h in want.hypotheses], atol=1e-5)
+
+
+@pytest.fixture(scope="module", params=["torch", "onnxruntime", "onnxruntime-standard-step"])
+def backend(request, tiny_model, tiny_artifact_dir):
+    if request.param == "torch":
+        yield TorchBackend(tiny_model)
+        return
+    from transduce.formats import contract
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    be = OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    if request.param == "onnxruntime":
+        assert be.step_graphs()[0] == contract.ORT_STEP_FILE  # the fused graph: per-row positions in GQA
+        yield be
+        return
+    with be.only_step_graph(contract.STEP_FILE):  # the standard graph: the backend writes each row's slot
+        yield be
+
+
+def test_interleaved_requests_decode_as_each_sentence_alone(backend):
+    """Requests of mixed lengths, beam sizes, minimum lengths and length penalties admitted at different steps:
+    each sentence's hypotheses are those of decoding it alone (tokens identical, scores within 1e-5)."""
+    cfg = backend.config
+    requests = _requests(cfg)
+    got, most = _interleaved(backend, requests, capacity=cfg["max_positions"])
+    assert most > 8  # many sentences really ran side by side
+    for (_, src, lens, opts), results in zip(requests, got, strict=True):
+        assert len(results) == len(lens)
+        for i, res in enumerate(results):
+            alone = decode(backend, src[i: i + 1, : lens[i]], lens[i: i + 1], opts)[0]
+            _assert_same(res, alone)
+
+
+def test_offline_decode_is_one_cohort_run_until_empty(tiny_model):
+    """decode() and a running batch admitting the whole batch at once give the same results, bit for bit."""
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    src, lens = _batch(cfg, [5, 9, 3, 14], np.random.default_rng(1))
+    for opts in OPTIONS:
+        batch = RunningBatch(backend)
+        cohort = batch.admit(src, lens, opts)
+        out = batch.run_until_empty()[cohort]
+        assert sorted(s for s, _ in out) == [0, 1, 2, 3] and batch.state is None and batch.rows == 0
+        assert [r for _, r in sorted(out, key=lambda x: x[0])] == decode(backend, src, lens, opts)
+
+
+def test_rows_are_retired_as_sentences_finish_and_freed_on_cancel(tiny_model):
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(2)
+    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    short = batch.admit(*_batch(cfg, [3, 4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=2))
+    long = batch.admit(*_batch(cfg, [6], rng), DecodingOptions(beam_size=3, max_len_a=0, max_len_b=30,
+                                                               min_length=31))
+    assert batch.rows == 3 and batch.reserved_rows() == 2 + 3
+    batch.step()
+    assert batch.rows == 2 + 3  # the beam widened to k rows after its first step
+    finished = batch.step()  # the short cohort reaches its maximum length of 2 tokens
+    assert sorted((c is short, s) for c, s, _ in finished) == [(True, 0), (True, 1)]
+    assert batch.cohorts == [long] and batch.rows == 3
+    late = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=30))
+    assert batch.rows == 3 + 1  # its one row at position 0 beside rows at position 2
+    batch.step()
+    assert batch.rows == 3 + 2
+    batch.cancel(long)  # its rows leave at once, the others go on
+    assert batch.cohorts == [late] and batch.rows == 2
+    batch.step()
+    assert batch.rows == 2
+    batch.cancel(late)
+    assert batch.cohorts == [] and batch.state is None
+
+
+def test_what_does_not_fit_is_refused_not_truncated(tiny_model):
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(5)
+    batch = RunningBatch(backend)  # offline: the first cohort's maximum length is the state's capacity
+    batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=5))
+    with pytest.raises(CapacityError, match="maximum length of 9 tokens does not fit the running batch's 5"):
+        batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=9))
+    assert len(batch.cohorts) == 1  # the refused cohort left nothing behind
+    batch.run_until_empty()
+
+
+def test_a_backend_without_admit_decodes_from_empty_only(tiny_model):
+    from transduce.runtime.backends.base import Backend
+
+    class NoAdmit(TorchBackend):
+        admit = Backend.admit  # the protocol's default: cannot
+
+    backend = NoAdmit(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(6)
+    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    assert batch.can_admit()
+    first = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_b=3))
+    assert not batch.can_admit()
+    with pytest.raises(BackendUnavailable, match="cannot add sentences to a running batch"):
+        batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1))
+    out = batch.run_until_empty()
+    assert list(out) == [first] and batch.can_admit()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in power:RuntimeWarning")
+def test_a_cohort_whose_search_fails_leaves_and_the_others_go_on(tiny_model):
+    """A length penalty whose normalisation overflows fails that cohort's search (as it fails offline decoding);
+    beside others it is dropped and named in `failed`, and their results are untouched."""
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(8)
+    good_src, good_lens = _batch(cfg, [5, 7], rng)
+    good_opts = DecodingOptions(beam_size=2, max_len_b=6)
+    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    bad = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=3, length_penalty=1e300))
+    good = batch.admit(good_src, good_lens, good_opts)
+    got, failed = {}, []
+    while batch.cohorts:
+        for c, s, res in batch.step():
+            got[(c, s)] = res
+        failed += batch.failed
+    assert [(c, type(e)) for c, e in failed] == [(bad, OverflowError)]
+    assert all(c is good for c, _ in got)
+    for s, want in enumerate(decode(backend, good_src, good_lens, good_opts)):
+        _assert_same(got[(good, s)], want)

@@ -1,0 +1,98 @@
+"""Fixtures of the server's tests: an artifact whose forced decodes take long enough to be caught under way, and
+real `transduce serve` processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from tests.conftest import TINY, saved_model_dir, seeded_model  # noqa: E402
+
+KEY = "s3cret-key-for-tests"
+# a forced decode of 500 tokens for every row of a full batch: long enough (about a second or more on 2 cores)
+# to be under way when the test acts on it
+SLOW = {"min_length": 501, "max_len_a": 0, "max_len_b": 500, "beam_size": 8}
+
+
+@pytest.fixture(scope="session")
+def long_artifact_dir(tmp_path_factory, tiny_tokenizer):
+    """The tiny model's shape with 512 positions, seeded and exported (fp32)."""
+    from transduce.exporter.onnx_export import export_artifact
+
+    model = seeded_model(tiny_tokenizer, 1, **{**TINY, "max_positions": 512})
+    model_dir = saved_model_dir(tmp_path_factory, "long", model, tiny_tokenizer)
+    path = tmp_path_factory.mktemp("long-artifact") / "artifact"
+    export_artifact(model_dir, path)
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `transduce serve` process; its output goes to `log`."""
+
+    def __init__(self, artifact: str, tmp_path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / f"server-{self.port}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "transduce.cli", "serve", artifact, "--port",
+                                          str(self.port), "--threads", "1", *args],
+                                         stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, headers=None, timeout: float = 90.0) -> None:
+        import httpx
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/readyz", headers=headers, timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"the server did not get ready:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(long_artifact_dir, tmp_path_factory):
+    """One server for the module: bearer auth, a queue of 4, 64 rows, 8 sentences and 4 KiB per request."""
+    tmp = tmp_path_factory.mktemp("server")
+    key = tmp / "key"
+    key.write_text(KEY + "\n")
+    s = Server(long_artifact_dir, tmp, "--api-key-file", str(key), "--max-queue", "4", "--max-rows", "64",
+               "--max-sentences", "8", "--max-body-bytes", "4096", "--beam", "2")
+    try:
+        s.wait_ready(headers={"Authorization": f"Bearer {KEY}"})
+        yield s
+    finally:
+        s.stop()

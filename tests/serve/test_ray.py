@@ -1,0 +1,125 @@
+"""The Ray Serve deployment on a real local Ray instance: two replicas of the tiny model answer concurrent requests
+with offline decoding's translations, and a killed replica is replaced while requests go on being answered."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+httpx = pytest.importorskip("httpx")
+
+from tests.serve.conftest import KEY, free_port  # noqa: E402
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+TEXTS = ["one two three", "four hundred and five", "twelve", "seven thousand and one", "nine", "eighty"]
+
+
+@pytest.fixture(scope="module")
+def ray_url(tiny_artifact_dir, tmp_path_factory):
+    from transduce.serve.ray import build_app
+    from transduce.serve.service import ServiceOptions
+
+    key = tmp_path_factory.mktemp("ray") / "key"
+    key.write_text(KEY)
+
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # ray.init sets its own
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(tiny_artifact_dir, threads=1, replicas=2, num_cpus=0.5,
+                            options=ServiceOptions(default_beam_size=2), api_key_file=str(key)),
+                  name="transduce", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for sig, handler in handlers.items():  # the tests after these see the process as it was
+            signal.signal(sig, handler)
+
+
+def _send(url: str, bodies: list[dict]) -> list[httpx.Response | Exception]:
+    async def run():
+        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/translate", json=b) for b in bodies),
+                                        return_exceptions=True)
+
+    return asyncio.run(run())
+
+
+def _replicas() -> list[str]:
+    return [name for name in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True))
+            if name.startswith("SERVE_REPLICA::") and "transduce" in name]
+
+
+def _check(answer: httpx.Response, want) -> None:
+    got = answer.json()["translations"]
+    assert [g["tokens"] for g in got] == [list(w.tokens) for w in want]
+    np.testing.assert_allclose([g["score"] for g in got], [w.score for w in want], atol=1e-5)
+
+
+def test_two_replicas_answer_concurrent_requests_as_offline_decoding(ray_url, tiny_artifact_dir):
+    from transduce.runtime.api import load
+
+    translator = load(tiny_artifact_dir, threads=1)
+    bodies = [{"text": TEXTS[i % 6:] + TEXTS[: i % 6], "beam_size": 1 + i % 3} for i in range(24)]
+    wants = [translator.translate(b["text"], beam_size=b["beam_size"]) for b in bodies]
+    answers = _send(ray_url, bodies)
+    for answer, want in zip(answers, wants, strict=True):
+        assert not isinstance(answer, Exception) and answer.status_code == 200, answer
+        _check(answer, want)
+    assert len({a.headers["x-transduce-replica"] for a in answers}) == 2  # both replicas answered
+    assert httpx.get(ray_url + "/readyz", headers=AUTH).status_code == 200
+    assert httpx.get(ray_url + "/readyz").status_code == 401  # the replicas read the key file themselves
+    assert httpx.get(ray_url + "/healthz").status_code == 200
+
+
+def test_a_killed_replica_is_replaced_and_no_answer_is_wrong(ray_url, tiny_artifact_dir):
+    """Requests sent while a replica is killed either get their own translation or fail visibly (an error
+    status or a broken connection), never another request's; Ray starts a replica in its place."""
+    from transduce.runtime.api import load
+
+    translator = load(tiny_artifact_dir, threads=1)
+    want = {t: translator.translate([t], beam_size=2)[0] for t in TEXTS}
+    before = _replicas()
+    assert len(before) == 2
+    bodies = [{"text": [TEXTS[i % 6]]} for i in range(30)]
+
+    async def run():
+        async with httpx.AsyncClient(base_url=ray_url, headers=AUTH, timeout=60) as client:
+            tasks = [asyncio.create_task(client.post("/v1/translate", json=b)) for b in bodies[:15]]
+            await asyncio.sleep(0.05)
+            ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
+            tasks += [asyncio.create_task(client.post("/v1/translate", json=b)) for b in bodies[15:]]
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+    answers = asyncio.run(run())
+    ok = 0
+    for body, answer in zip(bodies, answers, strict=True):
+        if isinstance(answer, Exception) or answer.status_code != 200:
+            continue  # failed, and the client knows it
+        _check(answer, [want[body["text"][0]]])
+        ok += 1
+    assert ok >= 15  # the surviving replica went on answering
+    end = time.monotonic() + 90
+    while not (len(_replicas()) == 2 and before[0] not in _replicas()):
+        assert time.monotonic() < end, f"the killed replica was not replaced: {_replicas()}"
+        time.sleep(0.5)
+    end = time.monotonic() + 90  # the new replica comes up and answers
+    while True:
+        answers = _send(ray_url, [{"text": [TEXTS[0]]}] * 8)
+        if all(not isinstance(a, Exception) and a.status_code == 200 for a in answers):
+            for a in answers:
+                _check(a, [want[TEXTS[0]]])
+            if len({a.headers["x-transduce-replica"] for a in answers}) == 2:
+                break
+        assert time.monotonic() < end, "the new replica never answered"
+        time.sleep(0.5)

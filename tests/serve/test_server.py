@@ -1,0 +1,221 @@
+"""`transduce serve` as a client sees it: a real uvicorn process on 127.0.0.1, real sockets (httpx)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tests.serve.conftest import KEY, SLOW, Server
+from transduce.cli import main
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+TEXTS = ["one two three", "four hundred and five", "", "twelve", "seven thousand and one", "nine"]
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", headers=AUTH).text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics:\n{text}")
+
+
+def _wait_for(check, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def _events(body: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in body.strip().split("\n\n"):
+        if block.startswith(":"):  # a keep-alive comment
+            continue
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_concurrent_requests_get_what_offline_decoding_gives(server, long_artifact_dir):
+    """Requests of different options at once, sentences of each admitted beside the others': every answer is
+    its own sentences' offline translation (tokens identical, scores within 1e-5), blank lines included."""
+    from transduce.runtime.api import load
+
+    cases = [dict(beam_size=1), dict(beam_size=3, nbest=2, length_penalty=1.0), dict(beam_size=2, min_length=4),
+             dict(beam_size=4, nbest=4, max_len_b=7)]
+    shifted = [TEXTS[j:] + TEXTS[:j] for j in range(len(cases))]  # different sentences side by side
+
+    async def send_all():
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/translate", json={"text": texts, **opts})
+                                          for texts, opts in zip(shifted, cases, strict=True)))
+
+    answers = asyncio.run(send_all())
+    translator = load(long_artifact_dir, threads=1)
+    for texts, opts, answer in zip(shifted, cases, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        got = answer.json()["translations"]
+        want = translator.translate(texts, **opts)
+        assert [[c["tokens"] for c in g["nbest"]] for g in got] == [[list(c.tokens) for c in w.nbest] for w in want]
+        assert [g["text"] for g in got] == [w.text for w in want]
+        np.testing.assert_allclose([c["score"] for g in got for c in g["nbest"]],
+                                   [c.score for w in want for c in w.nbest], atol=1e-5)
+        assert [g["empty"] for g in got] == [t == "" for t in texts]
+
+
+def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
+                   json={"text": ["one two", "three"], "beam_size": 1, "max_len_b": 5, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = _events(r.text)
+    assert events[-1][0] == "done"
+    final = events[-1][1]["translations"]
+    for i, t in enumerate(final):  # the tokens streamed for each sentence are its translation's, in order
+        assert [d["token"] for k, d in events if k == "token" and d["sentence"] == i] == t["tokens"]
+        assert [d["translation"] for k, d in events if k == "translation" and d["sentence"] == i] == [t]
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
+                   json={"text": ["one two", "three"], "beam_size": 3, "stream": True})
+    kinds = [k for k, _ in _events(r.text)]
+    assert kinds.count("translation") == 2 and "token" not in kinds and kinds[-1] == "done"
+
+
+@pytest.mark.parametrize("body, status, field, sentence, message", [
+    ({"text": ["one", 5]}, 400, "text", 2, "sentence 2 is an int (5), not a str"),
+    ({"text": ["one", "two " * 600]}, 400, "text", 2, "this model takes at most 511 (max_positions 512"),
+    ({"text": "one"}, 400, None, None, "text takes a list of sentences, not one string"),
+    ({"text": []}, 400, "text", None, "text is empty"),
+    ({"text": ["a"] * 9}, 400, "text", None, "text has 9 sentences; this server takes at most 8"),
+    ({"text": ["one"], "beam_size": 0}, 400, "beam_size", None, "beam_size must be >= 1, got 0"),
+    ({"text": ["one"], "beam_size": 2, "nbest": 3}, 400, "nbest", None, "nbest must be between 1 and beam_size"),
+    ({"text": ["one"], "max_len_a": "x"}, 400, "max_len_a", None, "max_len_a must be a finite number"),
+    ({"text": ["one"], "timeout": -1}, 400, "timeout", None, "timeout must be a number of seconds > 0"),
+    ({"text": ["one"], "length_penalty": 1e300}, 400, "length_penalty", None, "overflows the length normalisation"),
+    ({"text": ["one"], "colour": "red"}, 400, "colour", None, "unknown field 'colour'"),
+    ({"txt": ["one"]}, 400, "txt", None, "unknown field 'txt'"),
+    ({"text": ["one"], "stream": "yes"}, 400, "stream", None, "stream must be true or false"),
+    ({"text": ["x" * 5000]}, 413, None, None, "this server takes at most 4096"),
+])
+def test_bad_input_is_a_4xx_naming_the_field_and_sentence(server, body, status, field, sentence, message):
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert message in err["message"] and err.get("field") == field and err.get("sentence") == sentence
+
+
+def test_a_body_that_is_not_json_and_the_service_after_every_bad_request(server):
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, content=b"{not json", timeout=30)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, content=b"\xff\xfe", timeout=30)
+    assert r.status_code == 400
+    assert httpx.get(server.url + "/healthz").status_code == 200  # nothing reached the decode thread
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, json={"text": ["one"], "beam_size": 1}, timeout=30)
+    assert r.status_code == 200 and len(r.json()["translations"]) == 1
+
+
+def test_every_endpoint_but_healthz_needs_the_bearer_token(server):
+    assert httpx.get(server.url + "/healthz").status_code == 200
+    for method, path in (("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/translate")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = httpx.request(method, server.url + path, headers=headers, json={"text": ["one"]})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (path, headers)
+    model = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]
+    assert model["precision"] == "fp32" and model["backend"] == "onnxruntime" and len(model["manifest_sha256"]) == 64
+    assert model["contract_version"] >= 1
+    assert KEY not in server.output()
+
+
+def test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows(server):
+    """Slow requests of 64 rows: one runs, four wait (the queue holds 4), the sixth is refused. Their deadline
+    passes under way: 504, and the batch is empty again."""
+    slow = {"text": ["one two three"] * 8, **SLOW, "timeout": 1.0}
+
+    async def flood():
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+            first = asyncio.create_task(client.post("/v1/translate", json=slow))
+            await asyncio.sleep(0.3)  # it is running; the next four wait for its rows
+            waiting = [asyncio.create_task(client.post("/v1/translate", json=slow)) for _ in range(4)]
+            await asyncio.sleep(0.3)
+            refused = await client.post("/v1/translate", json=slow)
+            return refused, await first, await asyncio.gather(*waiting)
+
+    timed_out = _metric(server.url, "transduce_requests_timed_out_total")
+    refused, first, waiting = asyncio.run(flood())
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert "queue is full" in refused.json()["error"]["message"]
+    assert first.status_code == 504 and "deadline" in first.json()["error"]["message"]
+    assert {r.status_code for r in waiting} == {504}
+    assert _metric(server.url, "transduce_requests_timed_out_total") == timed_out + 5
+    _wait_for(lambda: _metric(server.url, "transduce_live_rows") == 0)
+    assert _metric(server.url, "transduce_queue_depth") == 0
+    assert _metric(server.url, "transduce_requests_rejected_total") >= 1
+
+
+def test_a_client_that_leaves_frees_its_rows(server):
+    cancelled = _metric(server.url, "transduce_requests_cancelled_total")
+    for stream in (False, True):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=0.5,
+                       json={"text": ["one two three"] * 8, **SLOW, "stream": stream})
+        _wait_for(lambda: _metric(server.url, "transduce_live_rows") == 0)
+    assert _metric(server.url, "transduce_requests_cancelled_total") == cancelled + 2
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, json={"text": ["one"]}, timeout=30)
+    assert r.status_code == 200
+
+
+def test_metrics_count_what_happened(server):
+    before = _metric(server.url, "transduce_sentences_finished_total")
+    httpx.post(server.url + "/v1/translate", headers=AUTH, json={"text": ["one", "two"], "beam_size": 1}, timeout=30)
+    assert _metric(server.url, "transduce_sentences_finished_total") == before + 2
+    for name in ("transduce_batch_rows_count", "transduce_time_to_first_token_seconds_count",
+                 "transduce_request_latency_seconds_count", "transduce_generated_tokens_total",
+                 "transduce_sentences_admitted_total"):
+        assert _metric(server.url, name) > 0, name
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig):
+    """A request under way when the signal comes is answered in full; new connections are refused; exit 0."""
+    s = Server(long_artifact_dir, tmp_path, "--grace", "30")
+    try:
+        s.wait_ready()
+
+        async def run():
+            async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+                task = asyncio.create_task(client.post("/v1/translate", json={"text": ["one two"] * 4, **SLOW}))
+                await asyncio.sleep(0.4)
+                s.proc.send_signal(sig)
+                return await task
+
+        answer = asyncio.run(run())
+        assert answer.status_code == 200 and len(answer.json()["translations"]) == 4
+        assert all(len(t["tokens"]) == 500 for t in answer.json()["translations"])
+        assert s.proc.wait(timeout=30) == 0, s.output()
+        assert "drained" in s.output()
+    finally:
+        s.stop()
+
+
+def test_loadtest_drives_a_server_and_writes_its_report(server, tmp_path):
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    out = tmp_path / "report"
+    r = CliRunner().invoke(main,
+                           ["loadtest", server.url, "--rates", "4,8", "--duration", "1", "--api-key-file", str(key),
+                            "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "loadtest.json").read_text())
+    assert [row["offered_rate"] for row in report["rows"]] == [4.0, 8.0]
+    for row in report["rows"]:
+        assert row["scheduler"] == "continuous" and row["sent"] >= 1 and row["answered"] == row["sent"]
+        assert 0 < row["ttft_p50"] <= row["latency_p50"] <= row["latency_p99"]
+    assert (out / "loadtest.png").stat().st_size > 0 and "| continuous | 4 |" in (out / "loadtest.md").read_text()
+    r = CliRunner().invoke(main, ["loadtest", server.url, "--out", str(out)])
+    assert r.exit_code == 2 and "--force" in r.stderr

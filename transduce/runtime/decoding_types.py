@@ -1,0 +1,118 @@
+"""Decoding options and results, and the maximum length formula (decoding.py has the rules)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from transduce.errors import InputError
+
+LENGTH_PENALTIES = ("gnmt", "plain", "none")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    beam_size: int = 4  # k; 1 is greedy search
+    length_penalty: float = 0.6  # alpha
+    length_penalty_form: str = "gnmt"  # "gnmt", "plain" or "none"
+    max_len_a: float = 1.0  # max length = a * source length + b
+    max_len_b: int = 50
+    min_length: int = 0  # EOS is forbidden before this many tokens (EOS included in the count)
+    nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
+
+    def __post_init__(self) -> None:
+        # messages name the parameters as Python spells them (params=: a command line spells its flags)
+        for name in ("beam_size", "nbest", "min_length", "max_len_b"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise InputError(f"{name} must be an integer, got {v!r}", params=(name,))
+        for name in ("length_penalty", "max_len_a"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
+                raise InputError(f"{name} must be a finite number, got {v!r}", params=(name,))
+            if isinstance(v, np.floating) and np.finfo(v).precision < 15:
+                # the decimal a float32 or float16 stands for (np.float32(1.1) is 1.100000024, whose
+                # maximum length for 50 source tokens would be 56, not 55)
+                object.__setattr__(self, name, float(str(v)))
+        if self.beam_size < 1:
+            raise InputError(f"beam_size must be >= 1, got {self.beam_size}", hint="1 is greedy search",
+                             params=("beam_size",))
+        if not 1 <= self.nbest <= self.beam_size:
+            raise InputError(f"nbest must be between 1 and beam_size ({self.beam_size}), got {self.nbest}",
+                             hint="a search returns at most as many hypotheses as its beam holds",
+                             params=("nbest", "beam_size"))
+        if self.length_penalty_form not in LENGTH_PENALTIES:
+            raise InputError(f"length_penalty_form must be one of {', '.join(LENGTH_PENALTIES)}, got "
+                             f"{self.length_penalty_form!r}", params=("length_penalty_form",))
+        for name in ("length_penalty", "min_length", "max_len_a", "max_len_b"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", params=(name,))
+
+    def model_warnings(self, vocab_size: int, max_positions: int) -> list[tuple[str, tuple[str, ...]]]:
+        """What these options do on a model of that vocabulary and max_positions that was likely not meant:
+        a beam wider than the vocabulary, a min_length past the maximum length of some sentences (those
+        end there, unfinished: forced() asks for exactly that). -> (message, parameters it names) each."""
+        found = []
+        if self.beam_size > vocab_size:
+            found.append((f"beam_size {self.beam_size} is wider than the vocabulary ({vocab_size} tokens): each "
+                          f"sentence carries up to {self.beam_size} hypotheses a step, {self.beam_size}x the work "
+                          "of greedy search", ("beam_size",)))
+        # each source length's maximum target length (sources of 1 .. max_positions - 1 tokens, EOS
+        # excluded): the shortest sources whose maximum is below min_length are cut there
+        sources = np.arange(1, max_positions, dtype=np.int64)
+        reach = np.flatnonzero(max_lengths(sources + 1, self, max_positions) >= self.min_length)
+        if sources.size and (not reach.size or reach[0] > 0):
+            formula = f"{self.max_len_a:g} x source tokens + {self.max_len_b}, at most {max_positions}"
+            found.append((f"min_length {self.min_length} is more than any sentence's maximum length ({formula}): "
+                          "every translation is cut there, unfinished" if not reach.size else
+                          f"min_length {self.min_length} is more than the maximum length of sentences of up to "
+                          f"{int(sources[reach[0] - 1])} source tokens ({formula}): they are cut there, unfinished",
+                          ("min_length",)))
+        return found
+
+    @classmethod
+    def forced(cls, steps: int, beam_size: int = 1, **options) -> DecodingOptions:
+        """Exactly `steps` tokens per sentence, whatever the source (EOS banned until then, and the
+        maximum length then; capped by the model's max_positions): every system compared does the same
+        work (`transduce bench`, CTranslate2's min = max decoding length)."""
+        return cls(beam_size=beam_size, min_length=steps + 1, max_len_a=0.0, max_len_b=steps, **options)
+
+    def penalty(self, length: int | np.ndarray) -> float | np.ndarray:
+        if self.length_penalty_form == "none" or self.length_penalty == 0:
+            return np.ones_like(length, dtype=np.float64) if isinstance(length, np.ndarray) else 1.0
+        if self.length_penalty_form == "gnmt":
+            return ((5.0 + length) / 6.0) ** self.length_penalty
+        if isinstance(length, np.ndarray):
+            return np.maximum(length, 1) ** self.length_penalty
+        return max(length, 1) ** self.length_penalty
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]  # generated ids, without EOS
+    score: float  # log_prob / length penalty
+    log_prob: float  # sum of token log-probs, EOS included
+    token_log_probs: tuple[float, ...]  # one per generated token, EOS included when finished
+    finished: bool  # False if cut at the maximum length
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    hypotheses: tuple[Hypothesis, ...]  # best first, at most nbest
+
+    @property
+    def best(self) -> Hypothesis:
+        return self.hypotheses[0]
+
+
+def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions: int) -> np.ndarray:
+    """Per-sentence maximum target length in tokens (EOS included); src_lengths include the source EOS."""
+    # capped at max_positions before the int64 cast: a huge a or b (meaning "as long as the model allows")
+    # would otherwise overflow to garbage, then clip to 1; b is capped first, exactly (a * (len - 1) >= 0)
+    b = float(min(options.max_len_b, max_positions))
+    x = np.minimum(options.max_len_a * (np.asarray(src_lengths, dtype=np.float64) - 1) + b, float(max_positions))
+    # less a relative 1e-9 first: 1.1 * 50 is 55.000000000000007 in floating point, whose ceiling would add a step
+    n = np.ceil(x - 1e-9 * np.maximum(1.0, np.abs(x))).astype(np.int64)
+    return np.clip(n, 1, max_positions)

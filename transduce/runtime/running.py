@@ -1,0 +1,200 @@
+"""The running batch: one backend state whose rows belong to cohorts of sentences admitted at any step
+boundary, every live row stepped once per step, finished sentences retired at once (their rows freed).
+
+Offline decoding (decoding.decode) admits a whole batch as one cohort and runs it until it is empty: the
+backend then sees the calls the search always made. A server admits each request's sentences as a cohort
+while others are decoding: their encoder runs, their rows join the state at position 0 (backend.admit)
+beside rows further on, with their own options (beam size, lengths, length penalty). One step serves all
+of them: the backend's top-k is asked for the most candidates any cohort reads, and a cohort whose
+minimum length still bans EOS while another's does not reads its candidates with EOS taken out.
+
+Capacity: a state is allocated for `capacity` positions per row (offline: the batch's longest maximum
+length); a cohort whose maximum length does not fit is refused (CapacityError), never cut short. Rows are
+the backend's to grow; the scheduler above bounds them (reserved_rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transduce.errors import BackendUnavailable, TransduceError
+from transduce.runtime.backends.base import Backend, admits_rows, renumbered_sources
+from transduce.runtime.decoding_types import DecodeResult, DecodingOptions, max_lengths
+from transduce.runtime.search import BeamCohort, Cohort, GreedyCohort, TokenListener
+
+Finished = list[tuple[Cohort, int, DecodeResult]]  # (cohort, its sentence index, result) as sentences finish
+
+
+class CapacityError(TransduceError):
+    """Sentences that the running batch cannot take now (the scheduler waits or refuses, never truncates)."""
+
+
+class RunningBatch:
+    def __init__(self, backend: Backend, capacity: int | None = None):
+        """capacity: cache positions per row of each state (None: the first cohort's longest maximum length,
+        as offline decoding allocates; a server passes the model's max_positions)."""
+        self.backend = backend
+        self.capacity = capacity
+        self.state = None
+        self.state_capacity = 0
+        self.cohorts: list[Cohort] = []  # in the state's row-block order
+        self.steps = 0  # steps run (all states)
+        self.failed: list[tuple[Cohort, Exception]] = []  # cohorts whose search failed in the last step (dropped)
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.cohorts)
+
+    def reserved_rows(self) -> int:
+        """The most rows the live cohorts can take (beam search: k per unfinished sentence)."""
+        return sum(c.reserved_rows() for c in self.cohorts)
+
+    def can_admit(self) -> bool:
+        """Whether a cohort can join now: the batch is empty or the backend admits rows into a running state."""
+        return not self.cohorts or admits_rows(self.backend)
+
+    def admit(self, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions, search: str = "auto",
+              on_tokens: TokenListener | None = None) -> Cohort:
+        """A cohort of the padded batch src_ids (B, S) / src_lengths (B,) (EOS included), decoded from the next
+        step on. search: "auto" (greedy for beam_size 1), "greedy" or "beam". on_tokens: greedy only."""
+        backend, cfg = self.backend, self.backend.config
+        greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
+        lens = max_lengths(src_lengths, options, cfg["max_positions"])
+        cohort: Cohort = GreedyCohort(lens, options, cfg, on_tokens) if greedy else BeamCohort(lens, options, cfg)
+        n = len(src_lengths)
+        if self.state is not None and not self.cohorts:
+            self._end()
+        if self.state is None:
+            encoded = backend.encode(src_ids, src_lengths)
+            self.state_capacity = self.capacity or int(lens.max())
+            self.state = backend.begin(encoded, np.arange(n), self.state_capacity)
+            cohort.src_of, cohort.src_identity = np.arange(n), True
+        else:
+            if int(lens.max()) > self.state_capacity:
+                raise CapacityError(f"a maximum length of {int(lens.max())} tokens does not fit the running batch's "
+                                    f"{self.state_capacity} positions", hint="admit it once the batch is empty")
+            if not admits_rows(backend):
+                raise BackendUnavailable(f"the {backend.name} backend cannot add sentences to a running batch",
+                                         hint="admit them once the running batch is empty (can_admit says when)")
+            encoded = backend.encode(src_ids, src_lengths)
+            kept, _ = renumbered_sources(self._row_sources())
+            backend.admit(self.state, encoded)
+            for c in self.cohorts:
+                c.src_of = np.searchsorted(kept, c.src_of)  # sentences already retired get any index
+                c.src_identity = False
+            cohort.src_of = len(kept) + np.arange(n)
+        self.cohorts.append(cohort)
+        return cohort
+
+    def _row_sources(self) -> np.ndarray:
+        """The state's source of every row, cohort after cohort."""
+        parts = [c.src_of[c.row_sent] for c in self.cohorts]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def step(self) -> Finished:
+        """One step of every live row -> the sentences that finished in it. A cohort whose search raises beside
+        others is dropped and listed in `failed` (alone, its error is raised, as offline decoding's is)."""
+        cohorts, backend = self.cohorts, self.backend
+        self.failed = []
+        if not cohorts:
+            return []
+        if len(cohorts) == 1:  # offline decoding's every step: the search's own calls, nothing around them
+            return self._step_one(cohorts[0])
+        eos, vocab = backend.config["eos_id"], backend.config["vocab_size"]
+        bans = [c.ban_eos for c in cohorts]
+        kk = max(c.kk for c in cohorts)
+        mixed = any(bans) and not all(bans)  # then EOS is taken out here, for the cohorts that ban it
+        tokens = cohorts[0].tokens if len(cohorts) == 1 else np.concatenate([c.tokens for c in cohorts])
+        vals, ids = backend.step(self.state, tokens, min(kk + mixed, vocab), ban_eos=bans[0] and not mixed)
+        self.steps += 1
+        finished: Finished = []
+        starts = []  # each cohort's first row in the state that stepped
+        changed = False
+        off = 0
+        for c, ban in zip(cohorts, bans, strict=True):
+            r = c.rows
+            v, i = (vals, ids) if len(cohorts) == 1 else (vals[off: off + r], ids[off: off + r])
+            if mixed and ban:
+                v, i = _without_eos(v, i, c.kk, eos)
+            elif v.shape[1] != c.kk:
+                v, i = v[:, : c.kk], i[:, : c.kk]
+            starts.append((off, r))
+            try:
+                c.advance(v, i)
+            except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
+                self.failed.append((c, e))
+                c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
+            changed = changed or c.moved is not None
+            if c.done:
+                finished.extend((c, s, res) for s, res in c.done)
+                c.done = []
+            off += r
+        self.cohorts = [c for c in cohorts if c.rows]
+        if not self.cohorts:
+            self._end()
+        elif changed:  # the rows that go on, cohort after cohort
+            moves = [off + (np.arange(r) if c.moved is None else c.moved)
+                     for c, (off, r) in zip(cohorts, starts, strict=True)]
+            backend.reorder(self.state, moves[0] if len(moves) == 1 else np.concatenate(moves), self._row_sources())
+        return finished
+
+    def _step_one(self, c: Cohort) -> Finished:
+        vals, ids = self.backend.step(self.state, c.tokens, c.kk, ban_eos=c.ban_eos)
+        self.steps += 1
+        c.advance(vals, ids)
+        finished: Finished = []
+        if c.done:
+            finished = [(c, s, res) for s, res in c.done]
+            c.done = []
+        if not c.rows:
+            self.cohorts = []
+            self._end()
+        elif c.moved is not None:
+            self.backend.reorder(self.state, c.moved, c.row_sent if c.src_identity else c.src_of[c.row_sent])
+        return finished
+
+    def cancel(self, cohort: Cohort) -> None:
+        """Drop a cohort's rows now (a request past its deadline, or whose client left): its results are lost."""
+        if cohort not in self.cohorts:
+            return
+        keep, off = [], 0
+        for c in self.cohorts:
+            if c is not cohort:
+                keep.append(off + np.arange(c.rows))
+            off += c.rows
+        self.cohorts = [c for c in self.cohorts if c is not cohort]
+        if not self.cohorts:
+            self._end()
+        else:
+            self.backend.reorder(self.state, np.concatenate(keep), self._row_sources())
+
+    def run_until_empty(self) -> dict[Cohort, list[tuple[int, DecodeResult]]]:
+        """Step until every cohort is done -> each cohort's (sentence, result) pairs, in finishing order."""
+        out: dict[Cohort, list[tuple[int, DecodeResult]]] = {c: [] for c in self.cohorts}
+        while self.cohorts:
+            for c, s, res in self.step():
+                out[c].append((s, res))
+        return out
+
+    def abort(self) -> list[Cohort]:
+        """After an error: every cohort dropped and the state given back (as far as the backend can) -> them."""
+        dropped, self.cohorts = self.cohorts, []
+        try:
+            self._end()
+        except Exception:  # noqa: BLE001 - the backend already failed; its state is dropped either way
+            self.state = None
+        return dropped
+
+    def _end(self) -> None:
+        if self.state is not None:
+            state, self.state = self.state, None
+            self.backend.end(state)
+
+
+def _without_eos(vals: np.ndarray, ids: np.ndarray, k: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best candidates of each row other than EOS, from a top-(k + 1) taken with EOS allowed: what a
+    step with EOS banned gives (an EOS still among the first k, on a vocabulary that small, scores -inf)."""
+    is_eos = ids == eos
+    order = np.argsort(is_eos, axis=1, kind="stable")[:, :k]
+    v, i = np.take_along_axis(vals, order, axis=1), np.take_along_axis(ids, order, axis=1)
+    return np.where(i == eos, np.float32(-np.inf), v), i

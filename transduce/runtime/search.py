@@ -1,0 +1,288 @@
+"""Greedy and beam search over one cohort: sentences admitted into a running batch together, with the same
+options, decoded in step with each other (numpy bookkeeping only; the rules are in decoding.py's docstring).
+
+A cohort does not call the backend. The running batch (running.py) steps every live row of every cohort at
+once and hands each cohort its rows' candidates; the cohort advances its search and says which of its rows
+continue (`moved`: its local rows of the state that just stepped, None while they are unchanged) and which
+of its sentences each continuing row decodes (`row_sent`), and it leaves each finished sentence's result in
+`done` until the running batch collects it. Offline decoding is one cohort admitted alone, so the backend
+sees exactly the calls that the search made before it ran in a running batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from transduce.runtime.decoding_types import DecodeResult, DecodingOptions, Hypothesis
+
+# on_tokens(sentences, tokens): after each greedy step, the cohort's sentences that stepped and their new
+# tokens (EOS included): a server streams them as they are produced
+TokenListener = Callable[[np.ndarray, np.ndarray], None]
+
+
+class Cohort:
+    """What the running batch needs of a search: rows, this step's inputs, and advance()."""
+
+    kk: int  # candidates per row this search reads each step
+    rows: int  # live rows, in the state's row order within the cohort's block
+    tokens: np.ndarray  # (rows,) the tokens the next step reads
+    row_sent: np.ndarray  # (rows,) the cohort's sentence each row decodes
+    moved: np.ndarray | None  # after advance: local rows of the last step that continue (None: all, unchanged)
+    done: list[tuple[int, DecodeResult]]  # finished sentences not collected yet
+    src_of: np.ndarray  # (sentences,) each sentence's source in the backend state (the running batch's)
+    src_identity = False  # src_of is arange(sentences): row_sent is the rows' sources as it is
+
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: dict):
+        self.max_len = max_len
+        self.options = options
+        self.eos = cfg["eos_id"]
+        self.n = len(max_len)
+        self.t = 0  # steps made
+        self.done = []
+        self.moved = None
+
+    @property
+    def ban_eos(self) -> bool:
+        return self.t + 1 < self.options.min_length
+
+    def reserved_rows(self) -> int:
+        """The most rows this cohort can take from now on."""
+        return self.rows
+
+    def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class GreedyCohort(Cohort):
+    """Greedy search; per step a handful of numpy operations on (rows,) arrays, fewer while every sentence
+    is still decoding (slices instead of fancy indexing) and before any can end."""
+
+    kk = 1
+
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: dict,
+                 on_tokens: TokenListener | None = None):
+        super().__init__(max_len, options, cfg)
+        n = self.n
+        cap = int(max_len.max())
+        self.on_tokens = on_tokens
+        self.row_sent = np.arange(n)  # sentence of each row (`live`)
+        self.rows = n
+        self.everyone = True  # row_sent is arange(n)
+        self.live_max = max_len  # max_len[row_sent]
+        self.first_end = int(max_len.min())  # no row reaches its maximum length before this step count
+        self.tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
+        self.out_tok = np.zeros((n, cap), dtype=np.int64)
+        self.out_lp = np.zeros((n, cap), dtype=np.float32)
+
+    def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
+        t, live = self.t, self.row_sent
+        self.t += 1
+        self.moved = None
+        tok = ids[:, 0]
+        if self.everyone:
+            self.out_tok[:, t] = tok
+            self.out_lp[:, t] = vals[:, 0]
+        else:
+            self.out_tok[live, t] = tok
+            self.out_lp[live, t] = vals[:, 0]
+        if self.on_tokens is not None:
+            self.on_tokens(live, tok)
+        eos = tok == self.eos
+        if t + 1 >= self.first_end:
+            done = eos | (t + 1 >= self.live_max)
+        elif eos.any():
+            done = eos
+        else:  # the common step: nobody ends
+            self.tokens = tok
+            return
+        if done.any():
+            for i, ended in zip(live[done].tolist(), eos[done].tolist(), strict=True):
+                self.done.append((i, self._result(i, t + 1, ended)))
+            keep = np.flatnonzero(~done)
+            self.row_sent, tok = live[keep], tok[keep]
+            self.everyone, self.live_max = False, self.max_len[self.row_sent]
+            self.first_end = int(self.live_max.min()) if keep.size else 0
+            self.rows = len(keep)
+            self.moved = keep
+        self.tokens = tok
+
+    def _result(self, i: int, m: int, ended: bool) -> DecodeResult:
+        raw = float(self.out_lp[i, :m].astype(np.float64).sum())
+        toks = self.out_tok[i, : m - 1] if ended else self.out_tok[i, :m]
+        hyp = Hypothesis(tuple(toks.tolist()), raw / self.options.penalty(m), raw,
+                         tuple(self.out_lp[i, :m].tolist()), ended)
+        return DecodeResult((hyp,))
+
+
+class BeamCohort(Cohort):
+    """Beam search; per step a handful of numpy operations whatever the cohort (the common step: no EOS near
+    the top, nothing finished). Histories are back-pointers, followed only for the hypotheses that finish."""
+
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: dict):
+        super().__init__(max_len, options, cfg)
+        n, k = self.n, options.beam_size
+        self.k = k
+        self.kk = min(2 * k, cfg["vocab_size"])  # candidates per row: 2k leaves k non-EOS even if k rows end
+        self.sent = np.arange(n)  # live sentences, in row-block order
+        self.nb = 1  # beams per live sentence (1 at step 0: all beams would be identical)
+        self.row_sent = self.sent
+        self.rows = n
+        self.scores = np.zeros((n, 1), dtype=np.float64)  # raw beam scores (sentences, nb)
+        self.tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
+        self.final: list[list[Hypothesis]] = [[] for _ in range(n)]
+        self.lp_max = options.penalty(max_len.astype(np.float64))
+        self.first_max = int(max_len.min())  # no sentence reaches its maximum length before this
+        self.kth = np.full(n, -np.inf)  # score of each sentence's k-th best finished hypothesis (-inf: fewer)
+        self.any_kth = False  # whether any sentence has k finished hypotheses yet
+        self.offsets: dict[tuple[int, int], np.ndarray] = {}  # (ns, w) -> (ns, 1) first flat index per sentence
+        # back-pointers: after step u, row r holds token toks[u][r] (log-prob lps[u][r]) and continues
+        # row parents[u][r] of the state after step u - 1
+        self.parents: list[np.ndarray] = []
+        self.toks: list[np.ndarray] = []
+        self.lps: list[np.ndarray] = []
+
+    def reserved_rows(self) -> int:
+        return len(self.sent) * self.k
+
+    def _finish(self, ss: np.ndarray, rows: np.ndarray, t: int, raws: np.ndarray, last_tok: np.ndarray,
+                last_lp: np.ndarray, finished: bool) -> None:
+        """New hypotheses of sentences ss: rows of the state that made step t, plus one token each."""
+        m = len(rows)
+        hist_tok = np.empty((m, t + 1), np.int64)
+        hist_lp = np.empty((m, t + 1), np.float32)
+        hist_tok[:, t], hist_lp[:, t] = last_tok, last_lp
+        for u in range(t - 1, -1, -1):  # follow the back-pointers of all of them at once
+            hist_tok[:, u], hist_lp[:, u] = self.toks[u][rows], self.lps[u][rows]
+            rows = self.parents[u][rows]
+        penalty = self.options.penalty(t + 1)
+        for i, s in enumerate(ss.tolist()):
+            ts = hist_tok[i, :t] if finished else hist_tok[i]
+            raw = float(raws[i])
+            hyps = self.final[s]
+            hyps.append(Hypothesis(tuple(ts.tolist()), raw / penalty, raw, tuple(hist_lp[i].tolist()), finished))
+            if len(hyps) >= self.k:
+                self.kth[s] = sorted((h.score for h in hyps), reverse=True)[self.k - 1]
+                self.any_kth = True
+
+    def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
+        t, kk, sent = self.t, self.kk, self.sent
+        self.t += 1
+        n_row, n_tok, n_lp, n_score, ended = _next_beams(self.scores, vals, ids, self.nb, kk, self.k, self.eos,
+                                                         self.offsets)
+        nb_next = n_row.shape[1]
+        if ended is not None:  # EOS among the k best continuations: finished hypotheses
+            fs, f, raws = ended
+            self._finish(sent[fs], f // kk, t, raws, ids.reshape(-1)[f], vals.reshape(-1)[f], True)
+        # which sentences are done: cut at the maximum length, or no live beam can beat the k-th finished
+        done = None
+        if t + 1 >= self.first_max:
+            at_max = t + 1 >= self.max_len[sent]  # (ns,)
+            fs, fj = np.nonzero(at_max[:, None] & np.isfinite(n_score))  # live beams: unfinished hypotheses
+            if fs.size:
+                self._finish(sent[fs], n_row[fs, fj], t, n_score[fs, fj], n_tok[fs, fj], n_lp[fs, fj], False)
+            done = at_max
+        if self.any_kth:
+            k_done = self.kth[sent]
+            beaten = np.isfinite(k_done) & ~(n_score[:, 0] / self.lp_max[sent] > k_done)
+            done = beaten if done is None else done | beaten
+        if done is not None and done.any():
+            for s in sent[done].tolist():
+                hyps = self.final[s]
+                hyps.sort(key=lambda h: (-h.score, not h.finished))
+                self.done.append((s, DecodeResult(tuple(hyps[: self.options.nbest]))))
+                self.final[s] = []
+            if done.all():
+                self.sent, self.rows, self.moved = sent[:0], 0, np.zeros(0, np.int64)
+                self.row_sent, self.tokens = self.sent, np.zeros(0, np.int64)
+                return
+            keep = np.flatnonzero(~done)
+            n_row, n_tok, n_lp, n_score = n_row[keep], n_tok[keep], n_lp[keep], n_score[keep]
+            sent = self.sent = sent[keep]
+        if nb_next > 1:  # beams in their parents' rows where they can be: fewer rows for reorder to move
+            perm = _stay_in_place(n_row, nb_next)
+            if perm is not None:
+                idx = perm + np.arange(0, n_row.size, nb_next)[:, None]  # flat
+                n_row, n_tok = n_row.ravel()[idx], n_tok.ravel()[idx]
+                n_lp, n_score = n_lp.ravel()[idx], n_score.ravel()[idx]
+        if self.nb != nb_next or len(self.row_sent) != n_row.size:
+            self.row_sent = np.repeat(sent, nb_next)
+        self.nb = nb_next
+        rows = n_row.reshape(-1)
+        self.tokens = n_tok.reshape(-1)
+        self.scores = n_score
+        self.parents.append(rows)
+        self.toks.append(self.tokens)
+        self.lps.append(n_lp.reshape(-1))
+        self.rows = len(rows)
+        self.moved = rows  # beam search reorders every step (the backend moves only the rows that change)
+
+
+def _next_beams(scores: np.ndarray, vals: np.ndarray, ids: np.ndarray, nb: int, kk: int, k: int, eos: int,
+                offsets: dict[tuple[int, int], np.ndarray]):
+    """The next beams of every live sentence from this step's candidates (kk per row, `vals` / `ids`) and the
+    beams' raw scores (sentences, nb): the k best continuations that do not end the sentence. -> their rows
+    of the state that just stepped, tokens, log-probs and raw scores, each (sentences, min(k, nb * kk)), and
+    the continuations among each sentence's k best that are EOS, as (sentence index, flat candidate index,
+    raw score), or None."""
+    ns = len(scores)
+    w = nb * kk
+    cand = (scores[:, :, None] + vals.reshape(ns, nb, kk)).reshape(-1)  # (ns * w,) flat
+    order = (-cand.reshape(ns, w)).argsort(axis=1, kind="stable")  # (ns, w) best first
+    if ns == 1:
+        flat = order  # flat candidate index = row * kk + j
+    else:
+        off = offsets.get((ns, w))
+        if off is None:
+            off = offsets[(ns, w)] = np.arange(0, ns * w, w)[:, None]
+        flat = order + off
+    nb_next = min(k, w)
+    ended = None
+    if (ids.reshape(-1)[flat[:, :k]] == eos).any():  # next beams skip EOS
+        c_score, c_tok = cand[flat], ids.reshape(-1)[flat]
+        is_eos = c_tok == eos
+        fs, fj = np.nonzero(is_eos[:, :k] & np.isfinite(c_score[:, :k]))
+        if fs.size:
+            ended = (fs, flat[fs, fj], c_score[fs, fj])
+        rank = np.where(is_eos, np.arange(w) + w, np.arange(w))
+        pick = np.argsort(rank, axis=1, kind="stable")[:, :nb_next]  # (ns, nb_next)
+        sel = np.take_along_axis(flat, pick, axis=1)
+        n_score = cand[sel]
+        n_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # only if fewer than k non-EOS exist
+    else:
+        sel = flat[:, :nb_next]
+        n_score = cand[sel]
+    return sel // kk, ids.reshape(-1)[sel], vals.reshape(-1)[sel], n_score, ended
+
+
+def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
+    """Slot order for each sentence's next beams: (ns, nb) parent rows -> (ns, nb) beam per slot, or None
+    where every beam keeps its slot (the order is the identity: nothing to rearrange).
+
+    Sentence i's next beams take rows i*nb .. i*nb+nb-1. The first beam continuing a parent whose row
+    is among them takes that row (its cache is already there: the backend's reorder copies nothing
+    for it); the other beams fill the remaining rows in score order. Beam order within a sentence
+    means nothing to the search (the candidates of all beams are ranked together; only exactly equal
+    scores are ordered by it, for every backend alike), so this only changes which rows a reorder
+    moves: with beam 4, from most rows to the duplicated parents' children. A Python loop: a vectorised
+    numpy version (a dozen calls) took over twice as long at 16 sentences of 4 beams.
+    """
+    perm = []
+    ident = list(range(nb))
+    same = True
+    for i, row in enumerate(parents.tolist()):
+        base = i * nb
+        slots: list[int | None] = [None] * nb
+        rest = []
+        for b, parent in enumerate(row):
+            local = parent - base
+            if 0 <= local < nb and slots[local] is None:
+                slots[local] = b
+            else:
+                rest.append(b)
+        it = iter(rest)
+        order = [b if b is not None else next(it) for b in slots]
+        same = same and order == ident
+        perm.append(order)
+    return None if same else np.array(perm, dtype=np.int64)

@@ -1,0 +1,7 @@
+"""Serving: the running batch behind an HTTP API (`transduce serve`) and as a Ray Serve deployment.
+
+service.py  the decode service: a bounded queue and one decode thread driving the running batch
+app.py      the HTTP API (FastAPI) over it
+server.py   uvicorn, signals and draining; `transduce serve`
+ray.py      the Ray Serve deployment: one service per replica
+"""

@@ -1,0 +1,137 @@
+"""`transduce serve` (click only; the work is done by transduce.serve.server.serve)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from transduce.cli_errors import QUIET_HELP, cli_errors
+from transduce.runtime.api import BACKENDS
+
+
+@click.command()
+@click.argument("artifact_dir", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; put auth or a proxy in front).")
+@click.option("--port", default=8000, show_default=True, help="TCP port to listen on.")
+@click.option("--backend", default="onnxruntime", show_default=True, type=click.Choice(BACKENDS),
+              help="onnxruntime (an exported artifact), torch (the eager model it was exported from) or tensorrt "
+                   "(an engine directory; it admits sentences only into an empty batch).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--threads", default=0, show_default=True, help="Framework threads (0: its default).")
+@click.option("--max-rows", default=256, show_default=True,
+              help="Decoding rows at once in the running batch (a beam of k takes k per sentence).")
+@click.option("--max-queue", default=64, show_default=True,
+              help="Requests waiting for rows; past it the server answers 429 with Retry-After.")
+@click.option("--max-wait-ms", default=0.0, show_default=True,
+              help="An idle batch waits this long after an arrival for others to start with it.")
+@click.option("--max-sentences", default=64, show_default=True, help="Sentences per request, at most.")
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, help="Request body size, at most (413 past it).")
+@click.option("--timeout", "request_timeout", default=60.0, show_default=True,
+              help="Seconds a request may take when it names no timeout of its own (504 past it).")
+@click.option("--beam", default=4, show_default=True, help="Beam size of requests that name none (1 = greedy).")
+@click.option("--grace", default=30.0, show_default=True,
+              help="Seconds SIGTERM or Ctrl-C lets the requests under way finish before the server exits.")
+@click.option("--api-key-file", type=click.Path(), default=None,
+              help="A file holding a bearer token: every endpoint but /healthz then needs "
+                   "'Authorization: Bearer <token>' (401 otherwise). The key is never logged.")
+@click.option("--scheduler", default="continuous", show_default=True,
+              type=click.Choice(["continuous", "static", "single"]),
+              help="continuous: admit sentences at every decoder step; static: only into an empty batch, run to "
+                   "completion (a dynamic batcher's way); single: one request at a time. The last two are for "
+                   "comparison (transduce loadtest).")
+@click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
+@click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
+@click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@cli_errors(names={"beam_size": "--beam", "default_beam_size": "--beam"})
+def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queue, max_wait_ms, max_sentences,
+          max_body_bytes, request_timeout, beam, grace, api_key_file, scheduler, use_ray, replicas, address, quiet):
+    """Serve translations over HTTP: POST /v1/translate, GET /v1/models, /healthz, /readyz, /metrics.
+
+    One process owns the backend; one decode thread runs the running batch, which admits each request's
+    sentences at the next step boundary where its rows fit and retires them as they finish. SIGTERM or
+    Ctrl-C drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
+    """
+    from transduce.serve.service import ServiceOptions
+
+    options = ServiceOptions(max_rows=max_rows, max_queue=max_queue, max_wait_ms=max_wait_ms,
+                             max_sentences=max_sentences, request_timeout=request_timeout, default_beam_size=beam,
+                             scheduler=scheduler)
+    if use_ray:
+        from transduce.serve.ray import run_ray
+
+        sys.exit(run_ray(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads,
+                         options=options, replicas=replicas, address=address, quiet=quiet, grace=grace,
+                         api_key_file=api_key_file, max_body_bytes=max_body_bytes))
+    if address or replicas != 1:
+        from transduce.errors import InputError
+
+        raise InputError("--address and --replicas are the Ray deployment's", hint="add --ray, or leave them out")
+    from transduce.serve.server import serve as run
+
+    def log(text: str) -> None:
+        click.echo(text, err=True)
+
+    sys.exit(run(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads, options=options,
+                 api_key_file=api_key_file, grace=grace, max_body_bytes=max_body_bytes, quiet=quiet, log=log))
+
+
+@click.command()
+@click.argument("urls", nargs=-1, required=True)
+@click.option("--rates", default="2,5,10,20", show_default=True,
+              help="Offered loads, requests per second (Poisson arrivals), comma-separated.")
+@click.option("--duration", default=10.0, show_default=True, help="Seconds of arrivals per rate and server.")
+@click.option("--beam", default=1, show_default=True, help="Beam size of every request (1 = greedy).")
+@click.option("--data", "data_path", default=None, type=click.Path(),
+              help="Sentences to send, one per line (a TSV's first column); default: the demo corpus's held-out "
+                   "sources.")
+@click.option("--artifact", default=None, type=click.Path(),
+              help="Also time offline decoding of the same sentences with this artifact, on this machine.")
+@click.option("--api-key-file", type=click.Path(), default=None, help="Bearer token for servers that need one.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds a request may take (client side).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the arrivals and the sentences drawn.")
+@click.option("--out", "out_dir", default="runs/loadtest", show_default=True,
+              help="Directory for loadtest.json, loadtest.md and loadtest.png.")
+@click.option("--force", is_flag=True, help="Replace an earlier report in --out.")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@cli_errors
+def loadtest(urls, rates, duration, beam, data_path, artifact, api_key_file, timeout, seed, out_dir, force, quiet):
+    """Open-loop load on running servers (URLs of `transduce serve`; several: interleaved, one window per rate
+    and server in turn): throughput, latency and time-to-first-token percentiles, rejections and timeouts.
+
+    Compare schedulers by serving the same artifact three times (--scheduler continuous, static, single) and
+    passing the three URLs. Writes loadtest.json, loadtest.md and loadtest.png (p99 latency against load).
+    """
+    import os
+
+    from transduce.errors import InputError
+    from transduce.serve.loadtest import offline_throughput, run_loadtest, sentences_from, write_report
+    from transduce.serve.server import read_api_key
+
+    try:
+        offered = [float(r) for r in rates.split(",") if r.strip()]
+    except ValueError:
+        raise InputError(f"--rates must be numbers separated by commas, got {rates!r}") from None
+    if not offered or min(offered) <= 0 or duration <= 0:
+        raise InputError("--rates and --duration must be positive")
+    if os.path.exists(os.path.join(out_dir, "loadtest.json")) and not force:
+        raise InputError(f"{out_dir} already holds a load-test report (loadtest.json)",
+                         hint="pass --force to replace it")
+
+    def log(text: str) -> None:
+        if not quiet:
+            click.echo(text, err=True)
+
+    sentences = sentences_from(data_path)
+    key = read_api_key(api_key_file) if api_key_file else None
+    report = run_loadtest(list(urls), offered, duration, sentences, {"beam_size": beam}, key, seed, timeout, log)
+    if artifact:
+        report["offline"] = offline_throughput(artifact, sentences, beam)
+        log(f"offline decode: {report['offline']['throughput']:.1f} sentences/s")
+    for path in write_report(report, out_dir):
+        log(f"wrote {path}")
+
+
+COMMANDS = [serve, loadtest]

@@ -1,0 +1,173 @@
+"""The server as a Ray Serve deployment: each replica owns one backend, its decode thread and running batch, and
+answers the same HTTP API as `transduce serve` (app.py); Ray routes requests between replicas.
+
+    serve run transduce.serve.ray:app artifact=/path/to/artifact replicas=2
+    transduce serve /path/to/artifact --ray --replicas 2 [--address ray://head:10001]
+
+Backpressure: Ray's max_ongoing_requests per replica (past it requests wait in Ray's queue) and
+max_queued_requests (past it Ray answers 503); inside a replica the service's own queue and 429 as well.
+autoscaling_config (min_replicas, max_replicas, target_ongoing_requests, ...) replaces a fixed replica count.
+check_health fails once the replica's decode thread has stopped, and Ray replaces the replica.
+
+On a cluster (`ray start --head` on one machine, `ray start --address HEAD:6379` on the others) the artifact
+directory must be at the same path on every node; give each replica a GPU (num_gpus=1) for --device cuda or the
+tensorrt backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from typing import Any
+
+from transduce.errors import BackendUnavailable
+from transduce.serve.service import ServiceOptions
+
+REPLICA_HEADER = "x-transduce-replica"  # which replica answered: host:pid
+
+
+def _import_ray():
+    try:
+        from ray import serve
+    except ImportError:
+        raise BackendUnavailable("the Ray Serve deployment needs ray[serve]",
+                                 hint="pip install 'transduce[serve]'") from None
+    return serve
+
+
+class ReplicaHeader:
+    """ASGI middleware: every HTTP answer says which replica gave it."""
+
+    def __init__(self, app, replica: str):
+        self.app, self.value = app, replica.encode()
+
+    async def __call__(self, scope, receive, send):
+        async def tagged(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (REPLICA_HEADER.encode(), self.value)]}
+            await send(message)
+
+        return await self.app(scope, receive, tagged if scope["type"] == "http" else send)
+
+
+def _deployment_class():
+    serve = _import_ray()
+
+    @serve.ingress()
+    class Translate:
+        """One replica: a decode service and the HTTP API over it (built after the constructor)."""
+
+        def __init__(self, artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
+                     options: dict | None = None, grace: float = 30.0, api_key_file: str | None = None,
+                     max_body_bytes: int = 1 << 20):
+            from transduce.serve.server import build_service, read_api_key
+
+            self.grace = grace
+            # the key is read here, on the replica's node: it never travels in Ray's deployment config
+            self.api_key = read_api_key(api_key_file) if api_key_file else None
+            self.max_body_bytes = max_body_bytes
+            self.service, self.identity = build_service(artifact, backend, device, threads,
+                                                        ServiceOptions(**(options or {})))
+            self.replica = f"{socket.gethostname()}:{os.getpid()}"
+
+        def __serve_build_asgi_app__(self):
+            from transduce.serve.app import create_app
+
+            return ReplicaHeader(create_app(self.service, self.identity, self.api_key, self.max_body_bytes),
+                                 self.replica)
+
+        def check_health(self) -> None:
+            if not self.service.alive():
+                raise RuntimeError(f"the decode thread of replica {self.replica} stopped: "
+                                   f"{self.service.thread_error!r}")
+
+        def __del__(self):
+            service = getattr(self, "service", None)
+            if service is not None:
+                service.stop(grace=self.grace)
+
+    return Translate
+
+
+def build_app(artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
+              options: ServiceOptions | None = None, replicas: int = 1, max_ongoing_requests: int = 64,
+              max_queued_requests: int = 256, autoscaling_config: dict[str, Any] | None = None,
+              num_cpus: float = 1.0, num_gpus: float = 0.0, name: str = "transduce", grace: float = 30.0,
+              api_key_file: str | None = None, max_body_bytes: int = 1 << 20):
+    """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`.
+    api_key_file: bearer auth, the file read by each replica (at the same path on every node)."""
+    serve = _import_ray()
+    scaling = {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": int(replicas)}
+    deployment = serve.deployment(_deployment_class(), name=name, max_ongoing_requests=max_ongoing_requests,
+                                  max_queued_requests=max_queued_requests, health_check_period_s=5,
+                                  ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}, **scaling)
+    return deployment.bind(os.path.abspath(artifact), backend, device, threads,
+                           dataclasses.asdict(options or ServiceOptions()), grace,
+                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes)
+
+
+def app(args: dict[str, str]):
+    """The application builder of `serve run transduce.serve.ray:app artifact=DIR [key=value ...]`: backend,
+    device, threads, replicas, max_ongoing_requests, max_queued_requests, num_cpus, num_gpus, and the service's
+    options (max_rows, max_queue, max_wait_ms, max_sentences, request_timeout, default_beam_size)."""
+    args = dict(args)
+    if "artifact" not in args:
+        raise BackendUnavailable("serve run transduce.serve.ray:app needs artifact=DIR",
+                                 hint="serve run transduce.serve.ray:app artifact=/path/to/artifact")
+    fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
+    options = ServiceOptions(**{k: (float if k in ("max_wait_ms", "request_timeout") else int)(args.pop(k))
+                                for k in list(args) if k in fields})
+    ints = ("threads", "replicas", "max_ongoing_requests", "max_queued_requests", "max_body_bytes")
+    floats = ("num_cpus", "num_gpus", "grace")
+    kwargs = {k: int(v) if k in ints else float(v) if k in floats else v for k, v in args.items() if k != "artifact"}
+    return build_app(args["artifact"], options=options, **kwargs)
+
+
+def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
+            device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None, replicas: int = 1,
+            address: str | None = None, quiet: bool = False, log=print, grace: float = 30.0,
+            api_key_file: str | None = None, max_body_bytes: int = 1 << 20) -> int:
+    """`transduce serve --ray`: the deployment on a local Ray (or the cluster at `address`) until Ctrl-C or
+    SIGTERM, then Serve shut down -> 0."""
+    import signal
+
+    serve = _import_ray()
+    import ray
+
+    class Stop:
+        """The signal handler: stop serving; the command's SIGTERM watchdog gives Serve's shutdown its time."""
+
+        until: float | None = None
+
+        def __call__(self, sig, frame) -> None:
+            self.until = time.monotonic() + 60
+
+        def term_deadline(self) -> float | None:
+            return self.until
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=not quiet)
+    stop = Stop()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        gpus = 1.0 if device.startswith("cuda") or backend == "tensorrt" else 0.0
+        if api_key_file:
+            from transduce.serve.server import read_api_key
+
+            read_api_key(api_key_file)  # refused here, before any replica starts, if it cannot be read
+        serve.run(build_app(artifact, backend, device, threads, options, replicas, num_gpus=gpus, grace=grace,
+                            api_key_file=api_key_file, max_body_bytes=max_body_bytes),
+                  name="transduce", route_prefix="/")
+        if not quiet:
+            log(f"transduce serve --ray: {replicas} replica(s) of {artifact} on http://{host}:{port}/v1/translate")
+        while stop.until is None:
+            time.sleep(0.2)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

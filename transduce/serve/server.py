@@ -1,0 +1,117 @@
+"""`transduce serve`: one process that owns a backend, its decode thread, and uvicorn in front of them.
+
+SIGTERM and Ctrl-C drain: readyz answers 503, uvicorn stops accepting connections, the requests under way
+finish within the grace period (the decode thread keeps stepping them), then the process exits 0. A second
+Ctrl-C ends it at once."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+from transduce.errors import BackendUnavailable, InputError
+from transduce.serve.service import DecodeService, ServiceOptions
+
+
+def import_serving():
+    """fastapi and uvicorn, or a BackendUnavailable saying how to get them."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise BackendUnavailable(f"transduce serve needs {e.name}", hint="pip install 'transduce[serve]'") from None
+    return uvicorn
+
+
+def read_api_key(path: str) -> str:
+    """The bearer token in `path` (surrounding whitespace dropped); refused if empty."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
+    except OSError as e:
+        raise InputError(f"cannot read --api-key-file {path!r}: {e.strerror}", params=("api_key_file",)) from None
+    if not key:
+        raise InputError(f"--api-key-file {path!r} is empty", hint="write the key on its first line",
+                         params=("api_key_file",))
+    return key
+
+
+def identity(translator, artifact_dir: str, backend: str, scheduler: str = "continuous") -> dict[str, Any]:
+    """What GET /v1/models says about the model a server decodes with."""
+    be = translator.backend
+    manifest = be.manifest or {}
+    path = os.path.join(be.artifact_dir or artifact_dir, "manifest.json")
+    digest = None
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    return {"id": os.path.basename(os.path.abspath(artifact_dir)), "object": "model", "backend": backend,
+            "scheduler": scheduler,
+            "device": str(be.device), "manifest_sha256": digest, "precision": manifest.get("precision"),
+            "contract_version": manifest.get("contract_version"), "kind": manifest.get("kind"),
+            "model": {k: be.config.get(k) for k in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                                                    "n_heads", "max_positions")}}
+
+
+def build_service(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
+                  options: ServiceOptions | None = None, metrics: bool = True) -> tuple[DecodeService, dict]:
+    """The decode service over an artifact (or engine) directory, started and warmed up -> it, its identity."""
+    from transduce.runtime.api import load
+    from transduce.serve.metrics import ServeMetrics
+
+    translator = load(artifact_dir, backend=backend, device=device, threads=threads)
+    service = DecodeService(translator, options, ServeMetrics() if metrics else None)
+    service.start()
+    return service, identity(translator, artifact_dir, backend, service.options.scheduler)
+
+
+def serve(artifact_dir: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
+          device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None,
+          api_key_file: str | None = None, grace: float = 30.0, max_body_bytes: int = 1 << 20,
+          quiet: bool = False, log=print) -> int:
+    """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0)."""
+    uvicorn = import_serving()
+    from transduce.serve.app import create_app
+
+    api_key = read_api_key(api_key_file) if api_key_file else None
+    started = time.monotonic()
+    service, ident = build_service(artifact_dir, backend, device, threads, options)
+    app = create_app(service, ident, api_key, max_body_bytes)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
+                            timeout_graceful_shutdown=grace, lifespan="off", access_log=not quiet)
+    server = _server(config, service, grace)
+    if not quiet:
+        log(f"transduce serve: {ident['id']} on {backend} ({ident['device']}), ready in "
+            f"{time.monotonic() - started:.1f} s; http://{host}:{port}/v1/translate")
+    try:
+        server.run()  # returns once the connections under way are answered, or --grace has passed
+    finally:
+        service.stop(grace=0)
+    if not quiet:
+        log("transduce serve: drained, exiting")
+    return 0
+
+
+def _server(config, service: DecodeService, grace: float):
+    """A uvicorn.Server whose signal handler starts the drain (readyz fails at once) and whose exit is 0, not
+    the signal raised again (uvicorn's own way); the handler tells the command's SIGTERM watchdog how long the
+    drain may take (term_deadline)."""
+    import uvicorn
+
+    class Handler:
+        until: float | None = None
+
+        def __call__(self, sig, frame):
+            service.draining = True
+            self.until = time.monotonic() + grace + 10
+            uvicorn.Server.handle_exit(server, sig, frame)
+            server._captured_signals.clear()  # exit 0 once drained
+
+        def term_deadline(self) -> float | None:
+            return self.until
+
+    server = uvicorn.Server(config)
+    server.handle_exit = Handler()  # what capture_signals installs for SIGINT and SIGTERM
+    return server
