@@ -1,0 +1,71 @@
+"""Tiny Hugging Face translation models built locally (no model hub): a SentencePiece model trained on the demo
+corpus with a Marian vocab.json, random MarianMTModel and FSMTForConditionalGeneration weights, saved with
+save_pretrained as the hub's directories are."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+MARIAN_SHAPE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+
+
+def demo_sentences(n: int = 300, seed: int = 11) -> list[tuple[str, str]]:
+    from transduce.models.corpus import demo_corpus
+
+    train, _ = demo_corpus(n_train=n, n_valid=10, seed=seed)
+    return train
+
+
+def train_spm(directory: str, sentences: list[str], vocab_size: int = 100) -> str:
+    """A unigram SentencePiece model trained on `sentences` (Marian's kind), as directory/spm.model."""
+    import sentencepiece as spm
+
+    text = os.path.join(directory, "spm.txt")
+    with open(text, "w", encoding="utf-8") as f:
+        f.write("\n".join(sentences) + "\n")
+    prefix = os.path.join(directory, "spm")
+    spm.SentencePieceTrainer.train(input=text, model_prefix=prefix, vocab_size=vocab_size, model_type="unigram",
+                                   character_coverage=1.0, pad_id=-1, bos_id=-1, eos_id=1, unk_id=0,
+                                   unk_piece="<unk>", eos_piece="</s>", minloglevel=2)
+    return prefix + ".model"
+
+
+def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_embedding: bool = True) -> str:
+    """A MarianMTModel directory as OPUS-MT's look: one SentencePiece model as source.spm and target.spm, vocab.json
+    (</s>=0, <unk>=1, the pieces, <pad> last), random weights with a random final_logits_bias."""
+    import shutil
+
+    from transformers import MarianConfig, MarianMTModel
+
+    os.makedirs(directory, exist_ok=True)
+    pairs = demo_sentences()
+    model_file = train_spm(directory, [s for p in pairs for s in p])
+    for name in ("source.spm", "target.spm"):
+        shutil.copy(model_file, os.path.join(directory, name))
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=model_file)
+    pieces = ["</s>", "<unk>"] + [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                                  if sp.id_to_piece(i) not in ("</s>", "<unk>")] + [">>fr<<"]
+    vocab = {p: i for i, p in enumerate(pieces + ["<pad>"])}
+    with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    pad = len(vocab) - 1
+    cfg = MarianConfig(vocab_size=len(vocab), activation_function=activation, scale_embedding=scale_embedding,
+                       pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=None,
+                       bad_words_ids=[[pad]], **MARIAN_SHAPE)
+    torch.manual_seed(seed)
+    model = MarianMTModel(cfg).eval()
+    with torch.no_grad():  # HF initializes weights at N(0, 0.02): too flat for a test; and a non-zero bias
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+        model.final_logits_bias.normal_(0.0, 0.5)
+    model.save_pretrained(directory)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"separate_vocabs": False, "source_lang": "en", "target_lang": "fr"}, f)
+    return directory

@@ -1,0 +1,40 @@
+"""Importing pretrained Transformers (Marian / OPUS-MT and FSMT in Hugging Face's format, fairseq) into model
+directories like the ones `transduce train` writes, so that export, build, decode, parity, bench, inspect and
+attention work on them unchanged.
+
+    from transduce.importers import import_model
+    import_model("marian", "opus-mt-en-de/", "models/en-de")
+
+Each family's module maps its config to a ModelConfig (its deviations from the paper are ModelConfig fields;
+anything else is refused naming the field) and its tensors to the reference model's, checked by name and
+shape; checkpoints are read without running code (importers.checkpoints). The directory is written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+
+from transduce.errors import ImportCheckpointError
+
+FAMILIES = ("marian", "fsmt")
+
+
+def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
+    """Import the checkpoint `src` of `family` (one of FAMILIES) into the model directory `out` (replacing a model
+    directory there only with force). -> out."""
+    src, out = os.fspath(src), os.fspath(out)
+    if family not in FAMILIES:
+        raise ImportCheckpointError(f"unknown model family {family!r}", hint=f"one of {', '.join(FAMILIES)}")
+    if not os.path.isdir(src):
+        raise ImportCheckpointError(f"{src!r} is not a directory", hint=f"give the {family} model's directory")
+    if os.path.realpath(src) == os.path.realpath(out):
+        raise ImportCheckpointError("the output directory is the checkpoint's own directory",
+                                    hint="choose another --out")
+    if family == "marian":
+        from transduce.importers.marian import convert
+    else:
+        from transduce.importers.fsmt import convert
+    from transduce.importers.common import write_model_dir
+
+    cfg, weights, tokenizer, imported = convert(src)
+    return write_model_dir(out, cfg, weights, tokenizer, imported, force)
