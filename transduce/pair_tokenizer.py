@@ -115,6 +115,8 @@ class _MosesBpeSide:
         return word
 
     def pieces(self, text: str) -> list[str]:
+        if self.spec.get("lower"):
+            text = text.lower()
         text = re.sub(r"．\s*", ". ", re.sub(r"。\s*", ". ", text))
         text = "".join(_UNICODE_PUNCT.get(c, c) for c in text)
         text = self.normalizer.normalize(text)

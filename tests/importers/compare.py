@@ -13,7 +13,9 @@ def teacher_forced_error(model, hf, src: list[list[int]], tgt: list[list[int]], 
         s_ids, t_in = torch.tensor([s]), torch.tensor([[start] + t[:-1]])
         with torch.no_grad():
             ours = torch.log_softmax(model(s_ids, torch.tensor([len(s)]), t_in), dim=-1)
-            theirs = torch.log_softmax(hf(input_ids=s_ids, decoder_input_ids=t_in).logits.float(), dim=-1)
+            # use_cache=False: FSMT applies no causal mask when it caches (it expects one token at a time)
+            theirs = torch.log_softmax(hf(input_ids=s_ids, decoder_input_ids=t_in, use_cache=False).logits.float(),
+                                       dim=-1)
         worst = max(worst, (ours - theirs).abs().max().item())
     return worst
 

@@ -40,3 +40,18 @@ def demo_pairs():
     from hf_models import demo_sentences
 
     return demo_sentences(12, seed=5)
+
+
+@pytest.fixture(scope="session")
+def fsmt(tmp_path_factory):
+    pytest.importorskip("sacremoses", reason="FSMT's tokenizer needs sacremoses (the import extra)")
+    from hf_models import fsmt_dir
+
+    return fsmt_dir(str(tmp_path_factory.mktemp("fsmt") / "hf"))
+
+
+@pytest.fixture(scope="session")
+def fsmt_imported(tmp_path_factory, fsmt):
+    from transduce.importers import import_model
+
+    return import_model("fsmt", fsmt, tmp_path_factory.mktemp("fsmt-import") / "model")

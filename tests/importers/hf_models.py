@@ -69,3 +69,78 @@ def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_e
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"separate_vocabs": False, "source_lang": "en", "target_lang": "fr"}, f)
     return directory
+
+
+FSMT_SHAPE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+
+
+def learn_bpe(words: dict[str, int], n_merges: int) -> list[tuple[str, str]]:
+    """subword-nmt's algorithm on word counts: repeatedly merge the most frequent adjacent pair ("</w>" ends words)."""
+    from collections import Counter
+
+    segs = {w: list(w[:-1]) + [w[-1] + "</w>"] for w in words}
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for w, s in segs.items():
+            for a, b in zip(s, s[1:]):
+                pairs[a, b] += words[w]
+        if not pairs:
+            break
+        best = max(sorted(pairs), key=pairs.__getitem__)
+        merges.append(best)
+        for w, s in segs.items():
+            out, i = [], 0
+            while i < len(s):
+                if i < len(s) - 1 and (s[i], s[i + 1]) == best:
+                    out.append(s[i] + s[i + 1])
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            segs[w] = out
+    return merges
+
+
+def fsmt_dir(directory: str, seed: int = 2) -> str:
+    """An FSMTForConditionalGeneration directory (en -> fr): Moses + BPE merges learned on the demo corpus, separate
+    source and target vocabularies (fairseq's specials first), random untied weights."""
+    from collections import Counter
+
+    import sacremoses
+    from transformers import FSMTConfig, FSMTForConditionalGeneration, FSMTTokenizer
+
+    os.makedirs(directory, exist_ok=True)
+    pairs = demo_sentences()
+    counts = {}
+    for side, lang in ((0, "en"), (1, "fr")):
+        mt = sacremoses.MosesTokenizer(lang=lang)
+        counts[lang] = Counter(t for p in pairs for t in mt.tokenize(p[side], aggressive_dash_splits=True,
+                                                                      escape=True))
+    merges = learn_bpe(counts["en"] + counts["fr"], 80)
+    with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(f"{a} {b} 1\n" for a, b in merges))
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    sizes = {}
+    for lang, name in (("en", "vocab-src.json"), ("fr", "vocab-tgt.json")):
+        symbols = sorted({c for w in counts[lang] for c in list(w[:-1]) + [w[-1] + "</w>"]} | {a + b for a, b in merges})
+        vocab = {s: i for i, s in enumerate(specials + symbols)}
+        sizes[lang] = len(vocab)
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"langs": ["en", "fr"], "do_lower_case": False, "tokenizer_class": "FSMTTokenizer"}, f)
+    cfg = FSMTConfig(langs=["en", "fr"], src_vocab_size=sizes["en"], tgt_vocab_size=sizes["fr"],
+                     forced_eos_token_id=None, **FSMT_SHAPE)
+    torch.manual_seed(seed)
+    model = FSMTForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed_positions" not in name:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(directory)
+    FSMTTokenizer(langs=["en", "fr"], src_vocab_file=os.path.join(directory, "vocab-src.json"),
+                  tgt_vocab_file=os.path.join(directory, "vocab-tgt.json"),
+                  merges_file=os.path.join(directory, "merges.txt"))  # it loads them
+    return directory

@@ -3,6 +3,7 @@ by their prefix), a config's refusals, and writing the model directory."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -19,6 +20,37 @@ ENCODER_NAMES = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "ffn
                  "norm2": "final_layer_norm"}
 DECODER_NAMES = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "cross_attn": "encoder_attn",
                  "norm2": "encoder_attn_layer_norm", "ffn.w1": "fc1", "ffn.w2": "fc2", "norm3": "final_layer_norm"}
+
+
+def read_json(path: str) -> Any:
+    if not os.path.isfile(path):
+        raise ImportCheckpointError(f"{path} is missing", hint="give the model's whole directory")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ImportCheckpointError(f"{path} cannot be read as JSON ({e})") from None
+
+
+def tied_embedding(tensors: dict, names: list[str], shape: tuple[int, int], source: str):
+    """One matrix stored under one or more of `names` (tied copies): each stored copy must be the same."""
+    present = [n for n in names if n in tensors]
+    if not present:
+        raise ImportCheckpointError(f"{source} lacks the tensor {names[0]} (shape {list(shape)})")
+    first = take(tensors, present[0], shape, source)
+    for n in present[1:]:
+        other = take(tensors, n, shape, source)
+        if not (other == first).all():
+            raise ImportCheckpointError(f"{source}: {n} differs from {present[0]}, but the config ties them")
+    return first
+
+
+def vocab_list(vocab: dict[str, int], path: str) -> list[str]:
+    """A vocabulary JSON file ({piece: id}) as a list id -> piece; the ids must be 0..n-1."""
+    pieces = sorted(vocab, key=vocab.get)
+    if [vocab[p] for p in pieces] != list(range(len(pieces))):
+        raise ImportCheckpointError(f"{path}: the ids are not 0..{len(pieces) - 1}, one each")
+    return pieces
 
 
 def activation(name: Any, field: str, source: str) -> str:

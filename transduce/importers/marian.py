@@ -11,7 +11,6 @@ drops it; keeping it keeps the log-probs HF's): decoding never generates it, as 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -23,17 +22,6 @@ from transduce.importers.checkpoints import read_tensors, refuse_extra, take
 # BART-family config fields the reference model cannot honour, and the values it refuses
 UNSUPPORTED = {"normalize_before": True, "add_final_layer_norm": True, "normalize_embedding": True,
                "layernorm_embedding": True, "static_position_embeddings": False, "add_bias_logits": True}
-
-
-def _read_json(path: str) -> Any:
-    if not os.path.isfile(path):
-        raise ImportCheckpointError(f"{path} is missing", hint="give a Hugging Face MarianMTModel directory "
-                                    "(config.json, model.safetensors, source.spm, target.spm, vocab.json)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ImportCheckpointError(f"{path} cannot be read as JSON ({e})") from None
 
 
 def model_config(hf: dict[str, Any], unk_id: int, source: str) -> ModelConfig:
@@ -58,19 +46,6 @@ def model_config(hf: dict[str, Any], unk_id: int, source: str) -> ModelConfig:
         position_layout="halves", scale_embedding=bool(hf.get("scale_embedding", False)), final_logits_bias=True)
 
 
-def _embedding(tensors: dict, names: list[str], shape: tuple[int, int], source: str):
-    """One matrix stored under one or more of `names` (tied copies): each stored copy must be the same."""
-    present = [n for n in names if n in tensors]
-    if not present:
-        raise ImportCheckpointError(f"{source} lacks the tensor {names[0]} (shape {list(shape)})")
-    first = take(tensors, present[0], shape, source)
-    for n in present[1:]:
-        other = take(tensors, n, shape, source)
-        if not (other == first).all():
-            raise ImportCheckpointError(f"{source}: {n} differs from {present[0]}, but the config ties them")
-    return first
-
-
 def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
     """Our weights from a MarianMTModel state dict; every tensor used, checked by name and shape."""
     d, v = cfg.d_model, cfg.vocab_size
@@ -78,12 +53,13 @@ def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
     if cfg.share_embeddings:
         names = ["model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
                  "lm_head.weight"]
-        out["embed.weight"] = _embedding(tensors, names, (v, d), source)
+        out["embed.weight"] = common.tied_embedding(tensors, names, (v, d), source)
     else:
         out["src_embed.weight"] = take(tensors, "model.encoder.embed_tokens.weight", (cfg.source_vocab_size, d),
                                        source)
         tied = ["lm_head.weight"] if cfg.tie_output else []
-        out["embed.weight"] = _embedding(tensors, ["model.decoder.embed_tokens.weight", *tied], (v, d), source)
+        names = ["model.decoder.embed_tokens.weight", *tied]
+        out["embed.weight"] = common.tied_embedding(tensors, names, (v, d), source)
         if not cfg.tie_output:
             out["out_proj.weight"] = take(tensors, "lm_head.weight", (v, d), source)
     if "final_logits_bias" in tensors:
@@ -100,23 +76,15 @@ def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
     return out
 
 
-def _vocab_list(vocab: dict[str, int], path: str) -> list[str]:
-    """vocab.json ({piece: id}) as a list id -> piece; the ids must be 0..n-1."""
-    pieces = sorted(vocab, key=vocab.get)
-    if [vocab[p] for p in pieces] != list(range(len(pieces))):
-        raise ImportCheckpointError(f"{path}: the ids are not 0..{len(pieces) - 1}, one each")
-    return pieces
-
-
 def tokenizer(src: str, cfg: ModelConfig, separate: bool):
     """The PairTokenizer of a Marian directory: SentencePiece segmentation, ids from vocab.json. Target text is
     decoded with source.spm unless the vocabularies are separate (what MarianTokenizer.decode does)."""
     from transduce.pair_tokenizer import PairTokenizer
 
     vpath = os.path.join(src, "vocab.json")
-    source_vocab = _vocab_list(_read_json(vpath), vpath)
+    source_vocab = common.vocab_list(common.read_json(vpath), vpath)
     tpath = os.path.join(src, "target_vocab.json")
-    target_vocab = _vocab_list(_read_json(tpath), tpath) if separate else source_vocab
+    target_vocab = common.vocab_list(common.read_json(tpath), tpath) if separate else source_vocab
     for what, vocab, size in (("source", source_vocab, cfg.source_vocab_size), ("target", target_vocab,
                                                                                   cfg.vocab_size)):
         if len(vocab) != size:
@@ -143,14 +111,17 @@ def tokenizer(src: str, cfg: ModelConfig, separate: bool):
 
 def convert(src: str) -> tuple[ModelConfig, dict[str, Any], Any, dict[str, Any]]:
     """(model config, weights, tokenizer, what was imported) of a Marian directory."""
-    hf = _read_json(os.path.join(src, "config.json"))
-    vocab = _read_json(os.path.join(src, "vocab.json"))
+    hf = common.read_json(os.path.join(src, "config.json"))
+    vocab = common.read_json(os.path.join(src, "vocab.json"))
     if "<unk>" not in vocab:
         raise ImportCheckpointError(f"{os.path.join(src, 'vocab.json')} has no <unk>")
     cfg = model_config(hf, vocab["<unk>"], os.path.join(src, "config.json"))
     tensors = read_tensors(src)
     w = weights(tensors, cfg, src)
     tok_cfg = os.path.join(src, "tokenizer_config.json")
-    separate = bool(_read_json(tok_cfg).get("separate_vocabs")) if os.path.isfile(tok_cfg) else not cfg.share_embeddings
+    if os.path.isfile(tok_cfg):
+        separate = bool(common.read_json(tok_cfg).get("separate_vocabs"))
+    else:
+        separate = not cfg.share_embeddings
     tok = tokenizer(src, cfg, separate)
     return cfg, w, tok, {"family": "marian", "source": os.path.abspath(src)}
