@@ -124,7 +124,8 @@ def fsmt_dir(directory: str, seed: int = 2) -> str:
     specials = ["<s>", "<pad>", "</s>", "<unk>"]
     sizes = {}
     for lang, name in (("en", "vocab-src.json"), ("fr", "vocab-tgt.json")):
-        symbols = sorted({c for w in counts[lang] for c in list(w[:-1]) + [w[-1] + "</w>"]} | {a + b for a, b in merges})
+        chars = {c for w in counts[lang] for c in list(w[:-1]) + [w[-1] + "</w>"]}
+        symbols = sorted(chars | {a + b for a, b in merges})
         vocab = {s: i for i, s in enumerate(specials + symbols)}
         sizes[lang] = len(vocab)
         with open(os.path.join(directory, name), "w", encoding="utf-8") as f:

@@ -25,7 +25,7 @@ def test_config_and_tokenizer_are_fsmts(fsmt, fsmt_imported, demo_pairs):
     mc = cfg["model"]
     assert mc["src_vocab_size"] != mc["vocab_size"] and not mc["share_embeddings"] and not mc["tie_output"]
     assert (mc["position_frequencies"], mc["position_offset"], mc["bos_id"]) == ("fairseq", 2, mc["eos_id"])
-    for s, t in demo_pairs + [("“Twenty-one” — 21 …", "")]:
+    for s, _ in demo_pairs + [("“Twenty-one” — 21 …", "")]:
         assert tok.encode(s) + [tok.eos_id] == hf_tok(s)["input_ids"], s
     ids = [tok.target.ids.get(p, tok.unk_id) for p in tok.target.pieces(demo_pairs[0][1])]
     assert tok.decode(ids) == hf_tok.decode(ids, skip_special_tokens=True) == demo_pairs[0][1]
