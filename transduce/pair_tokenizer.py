@@ -70,11 +70,16 @@ class _SentencePieceSide:
         return [self.ids.get(p, self.unk_id) for p in self.pieces(text)]
 
     def decode(self, pieces: list[str]) -> str:
+        if self.spec.get("join"):  # fairseq's sentencepiece decoding: the pieces joined, "▁" a space
+            return "".join(pieces).replace(" ", "").replace("\u2581", " ").strip()
         return self.sp.decode_pieces(pieces).replace("\u2581", " ").strip()
 
 
 class _MosesBpeSide:
-    """Moses normalization and tokenization, then BPE with "</w>" word ends (FSMT's tokenizer)."""
+    """Moses normalization and tokenization, then BPE with "</w>" word ends (FSMT's tokenizer); with style
+    "subword_nmt" (fairseq) the pieces are spelt as subword-nmt writes them ("hel@@ lo"), and "moses": false
+    splits on whitespace only (fairseq without --tokenizer moses), "normalize": false leaves out FSMT's
+    punctuation normalization (fairseq's Moses tokenizer has none)."""
 
     def __init__(self, spec: dict[str, Any], unk_id: int):
         try:
@@ -111,16 +116,21 @@ class _MosesBpeSide:
                     merged.append(word[i])
                     i += 1
             word = merged
+        if self.spec.get("style") == "subword_nmt":  # "lo</w>" -> "lo", a piece inside a word "hel" -> "hel@@"
+            word = [w[:-4] if w.endswith("</w>") else w + "@@" for w in word]
         self.cache[token] = word
         return word
 
     def pieces(self, text: str) -> list[str]:
         if self.spec.get("lower"):
             text = text.lower()
-        text = re.sub(r"．\s*", ". ", re.sub(r"。\s*", ". ", text))
-        text = "".join(_UNICODE_PUNCT.get(c, c) for c in text)
-        text = self.normalizer.normalize(text)
-        text = "".join(c for c in text if not unicodedata.category(c).startswith("C"))
+        if not self.spec.get("moses", True):
+            return [p for t in text.split() for p in self._bpe(t)]
+        if self.spec.get("normalize", True):  # FSMT's punctuation normalization (fairseq's moses has none)
+            text = re.sub(r"．\s*", ". ", re.sub(r"。\s*", ". ", text))
+            text = "".join(_UNICODE_PUNCT.get(c, c) for c in text)
+            text = self.normalizer.normalize(text)
+            text = "".join(c for c in text if not unicodedata.category(c).startswith("C"))
         tokens = self.tokenizer.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
         return [p for t in tokens if t for p in self._bpe(t)]
 
@@ -128,8 +138,11 @@ class _MosesBpeSide:
         return [self.ids.get(p, self.unk_id) for p in self.pieces(text)]
 
     def decode(self, pieces: list[str]) -> str:
-        words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
-        return self.detokenizer.detokenize(words)
+        if self.spec.get("style") == "subword_nmt":  # fairseq's: "@@ " joins a word's pieces
+            words = (" ".join(pieces) + " ").replace("@@ ", "").split()
+        else:
+            words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
+        return self.detokenizer.detokenize(words) if self.spec.get("moses", True) else " ".join(words)
 
 
 _SIDES = {"sentencepiece": _SentencePieceSide, "moses_bpe": _MosesBpeSide}

@@ -55,3 +55,13 @@ def fsmt_imported(tmp_path_factory, fsmt):
     from transduce.importers import import_model
 
     return import_model("fsmt", fsmt, tmp_path_factory.mktemp("fsmt-import") / "model")
+
+
+@pytest.fixture(scope="session")
+def fairseq_imported(tmp_path_factory, fsmt):
+    from hf_models import fairseq_dir_from_fsmt
+
+    from transduce.importers import import_model
+
+    src = fairseq_dir_from_fsmt(fsmt, str(tmp_path_factory.mktemp("fairseq") / "ckpt"))
+    return import_model("fairseq", src, tmp_path_factory.mktemp("fairseq-import") / "model")

@@ -145,3 +145,49 @@ def fsmt_dir(directory: str, seed: int = 2) -> str:
                   tgt_vocab_file=os.path.join(directory, "vocab-tgt.json"),
                   merges_file=os.path.join(directory, "merges.txt"))  # it loads them
     return directory
+
+
+def fairseq_dir_from_fsmt(fsmt: str, directory: str, **arg_changes) -> str:
+    """A fairseq transformer's directory holding the FSMT model's weights in fairseq's layout (FSMT is fairseq's
+    model renamed): checkpoint_best.pt ({"args": Namespace, "model": state dict}), dict.en.txt / dict.fr.txt with
+    the FSMT vocabularies' ids, and subword-nmt codes from its merges (pieces spelt "hel@@", not "lo</w>")."""
+    import argparse
+
+    from safetensors.torch import load_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(fsmt, "config.json")) as f:
+        hf = json.load(f)
+    sd = {}
+    for k, v in load_file(os.path.join(fsmt, "model.safetensors")).items():
+        if "embed_positions" not in k:
+            sd[k.removeprefix("model.")] = v
+    for stack in ("encoder", "decoder"):
+        sd[f"{stack}.embed_positions._float_tensor"] = torch.zeros(1)
+        sd[f"{stack}.version"] = torch.tensor([3.0])
+    args = argparse.Namespace(
+        arch="transformer", source_lang="en", target_lang="fr", tokenizer="moses", bpe="subword_nmt",
+        encoder_embed_dim=hf["d_model"], decoder_embed_dim=hf["d_model"], encoder_layers=hf["encoder_layers"],
+        decoder_layers=hf["decoder_layers"], encoder_attention_heads=hf["encoder_attention_heads"],
+        decoder_attention_heads=hf["decoder_attention_heads"], encoder_ffn_embed_dim=hf["encoder_ffn_dim"],
+        decoder_ffn_embed_dim=hf["decoder_ffn_dim"], activation_fn=hf["activation_function"], dropout=0.1,
+        max_source_positions=hf["max_position_embeddings"], max_target_positions=hf["max_position_embeddings"],
+        share_all_embeddings=False, share_decoder_input_output_embed=False, encoder_normalize_before=False,
+        decoder_normalize_before=False, encoder_learned_pos=False, decoder_learned_pos=False,
+        no_scale_embedding=False, layernorm_embedding=False, adaptive_softmax_cutoff=None)
+    for k, v in arg_changes.items():
+        setattr(args, k, v)
+    torch.save({"args": args, "model": sd, "optimizer_history": [], "extra_state": {"epoch": 1}},
+               os.path.join(directory, "checkpoint_best.pt"))
+    for fsmt_name, lang in (("vocab-src.json", "en"), ("vocab-tgt.json", "fr")):
+        with open(os.path.join(fsmt, fsmt_name), encoding="utf-8") as f:
+            vocab = json.load(f)
+        tokens = sorted(vocab, key=vocab.get)[4:]  # after <s> <pad> </s> <unk>
+        with open(os.path.join(directory, f"dict.{lang}.txt"), "w", encoding="utf-8") as f:
+            f.write("".join(f"{t[:-4] if t.endswith('</w>') else t + '@@'} {100 - i % 90}\n"
+                            for i, t in enumerate(tokens)))
+    with open(os.path.join(fsmt, "merges.txt"), encoding="utf-8") as f:
+        merges = f.read()
+    with open(os.path.join(directory, "bpecodes"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + merges)
+    return directory

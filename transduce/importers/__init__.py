@@ -1,5 +1,5 @@
-"""Importing pretrained Transformers (Marian / OPUS-MT and FSMT in Hugging Face's format, fairseq) into model
-directories like the ones `transduce train` writes, so that export, build, decode, parity, bench, inspect and
+"""Importing pretrained Transformers (Marian / OPUS-MT and FSMT in Hugging Face's format, fairseq checkpoints) into
+model directories like the ones `transduce train` writes, so that export, build, decode, parity, bench, inspect and
 attention work on them unchanged.
 
     from transduce.importers import import_model
@@ -16,7 +16,7 @@ import os
 
 from transduce.errors import ImportCheckpointError
 
-FAMILIES = ("marian", "fsmt")
+FAMILIES = ("marian", "fsmt", "fairseq")
 
 
 def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
@@ -32,8 +32,10 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
                                     hint="choose another --out")
     if family == "marian":
         from transduce.importers.marian import convert
-    else:
+    elif family == "fsmt":
         from transduce.importers.fsmt import convert
+    else:
+        from transduce.importers.fairseq import convert
     from transduce.importers.common import write_model_dir
 
     cfg, weights, tokenizer, imported = convert(src)
