@@ -179,3 +179,33 @@ def test_cli_import(marian_swish, tmp_path):
     assert r.exit_code == 2 and "--force" in r.output, r.output
     r = CliRunner().invoke(main, ["import", "marian", marian_swish, "--out", str(out), "--force", "--quiet"])
     assert r.exit_code == 0 and r.output == "", r.output
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.6])
+def test_beam_with_the_plain_length_penalty_is_hugging_faces_here(marian_swish, marian_swish_imported, demo_pairs,
+                                                                  alpha):
+    """Beam search with length_penalty_form "plain" (score / length^alpha) picks HF's beam-search output on these
+    sentences. Not a guarantee in general: HF stops a sentence's search by its own rule (early_stopping), which
+    can differ from transduce's when a better hypothesis could still come (docs in transduce.importers)."""
+    model, tok, _ = load_model_dir(marian_swish_imported)
+    hf, _ = _hf(marian_swish)
+    src, _ = _ids(tok, demo_pairs)
+    theirs = hf_generate(hf, src, tok.eos_id, num_beams=4, length_penalty=alpha, max_new_tokens=MAX_NEW)
+    ours = ours_decode(model, src, beam_size=4, length_penalty=alpha, length_penalty_form="plain", max_len_a=0,
+                       max_len_b=MAX_NEW)
+    assert ours == theirs
+
+
+def test_inspect_and_attention_work_on_an_imported_model(marian_swish_imported, tmp_path):
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+    from transduce.inspect.report import inspect_path
+
+    report = inspect_path(marian_swish_imported)
+    assert not report.get("problems"), report.get("problems")
+    assert report["config"]["activation"] == "swish" and report["tokenizer"]["vocab_size"] == 102
+    r = CliRunner().invoke(main, ["attention", marian_swish_imported, "three hundred and two", "--out",
+                                  str(tmp_path / "att")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "att" / "cross_layer2.png").is_file()

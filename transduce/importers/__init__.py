@@ -8,6 +8,13 @@ attention work on them unchanged.
 Each family's module maps its config to a ModelConfig (its deviations from the paper are ModelConfig fields;
 anything else is refused naming the field) and its tensors to the reference model's, checked by name and
 shape; checkpoints are read without running code (importers.checkpoints). The directory is written atomically.
+
+Decoding as the source projects do: greedy search is token for token Hugging Face's generate(num_beams=1). For
+beam search, transduce's GNMT length penalty is not Hugging Face's; length_penalty_form="plain" (score / length^alpha)
+is, and gave HF's beam output token for token on the tests' models, but HF ends a sentence's search by its own
+early_stopping rule, which can stop earlier than transduce's search (that stops when no live hypothesis can still
+beat the k-th finished one): where the two differ, the outputs may too. PAD is never generated (OPUS-MT's
+bad_words_ids ban it too).
 """
 
 from __future__ import annotations
