@@ -209,3 +209,18 @@ def test_inspect_and_attention_work_on_an_imported_model(marian_swish_imported, 
                                   str(tmp_path / "att")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "att" / "cross_layer2.png").is_file()
+
+
+def test_ctranslate2_conversion_of_an_imported_model_decodes_as_ours(marian_swish_imported, demo_pairs, tmp_path):
+    """The bench's CTranslate2 converter honours swish, the [sin | cos] table, final_logits_bias and the pad start
+    token: greedy token for token and log-probs within 1e-4 (the bench's check)."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'transduce[bench]')")
+    from transduce.bench.ct2_check import check_greedy_equality
+    from transduce.bench.ctranslate2_export import convert_to_ctranslate2, suppressed
+
+    ct2 = convert_to_ctranslate2(marian_swish_imported, tmp_path / "ct2")
+    assert suppressed(ct2) == [["<pad>"]]  # Marian's start token is its pad: nothing else is banned
+    _, tok, _ = load_model_dir(marian_swish_imported)
+    report = check_greedy_equality(marian_swish_imported, ct2, [tok.encode(s) for s, _ in demo_pairs], "marian")
+    assert report.passed, report.summary()
+    assert report.max_abs_logprob_diff < 1e-4 and report.max_abs_logprob_diff_random < 1e-4
