@@ -65,6 +65,7 @@ def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_e
             if p.dim() == 2:
                 p.normal_(0.0, 0.15)
         model.final_logits_bias.normal_(0.0, 0.5)
+        model.model.shared.weight[pad] = 0.0  # Marian's pad row is zeros (nn.Embedding's padding_idx), its start
     model.save_pretrained(directory)
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"separate_vocabs": False, "source_lang": "en", "target_lang": "fr"}, f)

@@ -224,3 +224,19 @@ def test_ctranslate2_conversion_of_an_imported_model_decodes_as_ours(marian_swis
     report = check_greedy_equality(marian_swish_imported, ct2, [tok.encode(s) for s, _ in demo_pairs], "marian")
     assert report.passed, report.summary()
     assert report.max_abs_logprob_diff < 1e-4 and report.max_abs_logprob_diff_random < 1e-4
+
+
+def test_ctranslate2s_own_converter_agrees_token_for_token(marian_swish, marian_swish_imported, demo_pairs, tmp_path):
+    """ct2-transformers-converter on the same Hugging Face directory (it drops the pad row and starts from a zero
+    embedding, which Marian's pad row is) gives our greedy output, token for token."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(marian_swish).convert(str(tmp_path / "ct2"))
+    model, tok, _ = load_model_dir(marian_swish_imported)
+    src = [tok.encode(s) + [tok.eos_id] for s, _ in demo_pairs]
+    ours = ours_decode(model, src, beam_size=1, max_len_a=0, max_len_b=MAX_NEW)
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    res = translator.translate_batch([[tok.source.vocab[i] for i in s] for s in src], beam_size=1,
+                                     max_decoding_length=MAX_NEW)
+    assert [r.hypotheses[0] for r in res] == [[tok.target.vocab[i] for i in o] for o in ours]
