@@ -43,7 +43,12 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
         from transduce.importers.fsmt import convert
     else:
         from transduce.importers.fairseq import convert
+    from transduce.formats.kinds import is_model_dir
+    from transduce.formats.paths import check_replaceable
     from transduce.importers.common import write_model_dir
 
+    # before any work: an existing output is replaced only with force, and only if it is a model directory
+    replaces = check_replaceable(out, force, is_model_dir, "a model directory", "model directories",
+                                 ImportCheckpointError, "--out")
     cfg, weights, tokenizer, imported = convert(src)
-    return write_model_dir(out, cfg, weights, tokenizer, imported, force)
+    return write_model_dir(out, cfg, weights, tokenizer, imported, replaces)

@@ -127,16 +127,13 @@ def check_positions(tensors: dict, name: str, cfg: ModelConfig, rows_before: int
 
 
 def write_model_dir(out: str, cfg: ModelConfig, weights: dict[str, Any], tokenizer, imported: dict[str, Any],
-                    force: bool) -> str:
+                    replaces: bool) -> str:
     """Build the model from `weights` (all of its tensors, strictly) and write it to `out` as transduce train
-    would, atomically; config.json's "training" records where it was imported from."""
-    from transduce.formats.kinds import is_model_dir
-    from transduce.formats.paths import check_replaceable
+    would, atomically (replacing the model directory there if `replaces`, which the caller checked may be);
+    config.json's "training" records where it was imported from."""
     from transduce.models.checkpoint import save_model_dir
     from transduce.models.transformer import Transformer
 
-    replaces = check_replaceable(out, force, is_model_dir, "a model directory", "model directories",
-                                 ImportCheckpointError, "--out")
     model = Transformer(cfg)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not missing and not unexpected, (missing, unexpected)  # the importers fill every weight by name
