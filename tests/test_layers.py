@@ -12,10 +12,11 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # the layers below it, never one above (at module level or inside a function).
 LAYERS = [
     ("formats", ("transduce", "transduce.errors", "transduce.formats", "transduce.cli_errors", "transduce._console")),
-    ("models", ("transduce.models", "transduce.tokenizer")),
+    ("models", ("transduce.models", "transduce.tokenizer", "transduce.pair_tokenizer")),
     ("runtime", ("transduce.runtime",)),
     ("verification", ("transduce.verify",)),
-    ("training, export, build", ("transduce.training", "transduce.exporter", "transduce.build")),
+    ("training, export, build", ("transduce.training", "transduce.exporter", "transduce.build",
+                                 "transduce.importers")),
     ("inspect, bench, serve", ("transduce.inspect", "transduce.bench", "transduce.demo", "transduce.serve")),
     ("cli", ("transduce.cli",)),
 ]

@@ -154,8 +154,9 @@ def _register() -> None:
     import importlib
 
     for module in ("transduce.training.commands", "transduce.exporter.commands", "transduce.build.commands",
-                   "transduce.runtime.commands", "transduce.verify.commands", "transduce.inspect.commands",
-                   "transduce.bench.commands", "transduce.demo.commands", "transduce.serve.commands"):
+                   "transduce.importers.commands", "transduce.runtime.commands", "transduce.verify.commands",
+                   "transduce.inspect.commands", "transduce.bench.commands", "transduce.demo.commands",
+                   "transduce.serve.commands"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -115,3 +115,8 @@ class TruncatedInput(TransduceWarning):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class ImportCheckpointError(TransduceError):
+    """A pretrained checkpoint (Marian, FSMT, fairseq) that cannot be imported: unsafe, incomplete, or not
+    the architecture the reference model can be."""

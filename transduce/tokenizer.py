@@ -1,4 +1,6 @@
 """The shared source/target BPE tokenizer (Hugging Face `tokenizers`), used by training and the runtime.
+(An imported model's tokenizer.json holds a source and a target tokenizer instead: Tokenizer.from_file reads
+it as a transduce.pair_tokenizer.PairTokenizer, which has the same interface.)
 
 Sentences are NFKC-normalised, every run of whitespace inside them becomes one space (older tokenizers,
 saved without that rule, keep runs as they are, and a tab there is <unk>), and they are split SentencePiece-style
@@ -57,6 +59,9 @@ class Tokenizer:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise CheckpointError(f"tokenizer file {path} is missing")
+        pair = _read_pair(path)
+        if pair is not None:  # an imported model's source and target tokenizers (transduce import)
+            return pair
         try:
             tok = HFTokenizer.from_file(path)
         except Exception as e:  # tokenizers raises plain Exception on malformed JSON
@@ -103,6 +108,23 @@ class Tokenizer:
 
     def tokens(self, text: str) -> list[str]:
         return self._tok.encode(text, add_special_tokens=False).tokens
+
+
+def _read_pair(path: str):
+    """The PairTokenizer a tokenizer file holds, or None when it is a `tokenizers` file."""
+    import json
+
+    from transduce import pair_tokenizer
+
+    with open(path, "rb") as f:
+        if not pair_tokenizer.is_pair_file(f.read(200)):
+            return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"tokenizer file {path} is corrupt ({e})") from None
+    return pair_tokenizer.PairTokenizer.from_dict(data, path)
 
 
 def _text_ids(ids: list[int]) -> list[int]:

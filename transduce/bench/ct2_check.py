@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from transduce.bench.ctranslate2_export import ct2_translate_ids, ct2_vocab, load_translator
+from transduce.bench.ctranslate2_export import ct2_translate_ids, ct2_vocab, load_translator, suppressed
 from transduce.bench.inputs import padded_sources
 
 # Log-prob agreement demanded besides token equality: loose enough for fp32 reorderings, tight enough for a
@@ -98,7 +98,8 @@ def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size
         from transduce.runtime.backends.torch_backend import TorchBackend
 
         backend = TorchBackend.from_model_dir(model_dir)
-    pair = _Pair(backend, translator or load_translator(ct2_dir, threads), ct2_vocab(ct2_dir), batch_size)
+    pair = _Pair(backend, translator or load_translator(ct2_dir, threads), ct2_vocab(ct2_dir), batch_size,
+                 suppressed(ct2_dir))
     if forced_steps is not None:
         opts = DecodingOptions.forced(forced_steps, length_penalty=0.0)
         mode = f"forced-{forced_steps}"
@@ -128,6 +129,7 @@ class _Pair:
     translator: Any
     vocab: list[str]  # CTranslate2's tokens in our id order
     batch_size: int
+    suppress: list[list[str]] | None = None  # the tokens our search never proposes (None: SUPPRESS)
 
     @property
     def cfg(self) -> dict[str, Any]:
@@ -185,7 +187,8 @@ def _greedy_outputs(pair: _Pair, sources, opts, forced_steps) -> tuple[list[int]
             # CTranslate2's min_decoding_length counts tokens before EOS, ours EOS included: natural decoding
             # allows an empty output in both (0), forced decoding bans EOS for `forced_steps` tokens
             got = ct2_translate_ids(pair.translator, pair.vocab, [sources[i] for i in chunk], beam_size=1,
-                                    max_length=cap, min_length=forced_steps if forced_steps is not None else 0)
+                                    max_length=cap, min_length=forced_steps if forced_steps is not None else 0,
+                                    suppress=pair.suppress)
             for i, g in zip(chunk, got, strict=True):
                 theirs[i] = g
     return caps, ours, theirs

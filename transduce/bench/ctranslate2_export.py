@@ -28,7 +28,13 @@ ctranslate2/converters/{opennmt_py,fairseq}.py, and ctranslate2/specs/transforme
                                          our Translator does
 
 Our backends never propose <pad> or <s>; CTranslate2 is told the same with
-suppress_sequences=[["<pad>"], ["<s>"]] (`SUPPRESS`).
+suppress_sequences=[["<pad>"], ["<s>"]] (`SUPPRESS`; an imported model's own pad and start tokens, recorded in
+SOURCE_FILE: `suppressed`).
+
+Imported models' deviations (ModelConfig): activation -> Activation.SWISH / GELU; the position table as the
+config lays it out ([sin | cos] halves, fairseq's frequencies and offset), given explicitly as ours is;
+scale_embedding -> scale_embeddings; final_logits_bias -> decoder.projection.bias; bos_id (EOS or pad) ->
+decoder_start_token. Separate source and target vocabularies are not converted here.
 
 Only numpy, safetensors and ctranslate2 are needed here (no torch).
 """
@@ -44,7 +50,7 @@ import numpy as np
 from transduce.errors import BackendUnavailable, CheckpointError, TransduceError
 
 SOURCE_FILE = "transduce_source.json"  # written beside CTranslate2's files: which weights, which converter
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: imported models' deviations, the suppressed tokens recorded
 SUPPRESS = [["<pad>"], ["<s>"]]
 
 
@@ -66,6 +72,31 @@ def sinusoidal_table_np(n_positions: int, d_model: int) -> np.ndarray:
     pe[:, 0::2] = np.sin(angle)
     pe[:, 1::2] = np.cos(angle)
     return pe.astype(np.float32)
+
+
+def position_table_np(cfg) -> np.ndarray:
+    """The model's table (transduce.models.transformer.positional_table) in numpy: float64 math, fp32 result."""
+    n, d, offset = cfg.max_positions, cfg.d_model, cfg.position_offset
+    if (cfg.position_layout, cfg.position_frequencies, offset) == ("interleaved", "paper", 0):
+        return sinusoidal_table_np(n, d)
+    half = d // 2
+    pos = np.arange(offset, offset + n, dtype=np.float64)[:, None]
+    i = np.arange(half, dtype=np.float64)
+    if cfg.position_frequencies == "fairseq":
+        angle = pos * np.exp(i * -(np.log(10000.0) / (half - 1)))
+    else:
+        angle = pos / np.power(10000.0, 2 * i / d)
+    if cfg.position_layout == "halves":
+        return np.concatenate([np.sin(angle), np.cos(angle)], axis=1).astype(np.float32)
+    pe = np.zeros((n, d), dtype=np.float64)
+    pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
+    return pe.astype(np.float32)
+
+
+def suppressed_ids(cfg) -> list[int]:
+    """The ids our search never proposes (runtime.backends.base.banned_ids without EOS): PAD, and the start token
+    unless it is PAD or EOS."""
+    return [cfg.pad_id] + ([cfg.bos_id] if cfg.bos_id not in (cfg.pad_id, cfg.eos_id) else [])
 
 
 def vocabulary(tokenizer) -> list[str]:
@@ -95,8 +126,9 @@ def build_spec(model_dir: str):
     cfg = ModelConfig.from_dict(cfg_json["model"])
     if cfg.norm_first:
         raise TransduceError("only post-norm models (norm_first=False) are converted to CTranslate2 here")
-    if not cfg.share_embeddings:
-        raise TransduceError("only models with shared embeddings are converted to CTranslate2 here")
+    if cfg.source_vocab_size != cfg.vocab_size:
+        raise TransduceError("only models with one vocabulary for source and target are converted to CTranslate2 "
+                             "here (this one has separate ones)")
     w = load_file(_verify(os.fspath(model_dir), cfg_json, WEIGHTS_FILE))
     w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
     tokenizer = load_tokenizer(model_dir)
@@ -104,7 +136,7 @@ def build_spec(model_dir: str):
 
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=False,
-        activation=common_spec.Activation.RELU,
+        activation=getattr(common_spec.Activation, {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}[cfg.activation]),
     )
 
     def linear(ls, name, with_bias=True):
@@ -124,14 +156,16 @@ def build_spec(model_dir: str):
         ns.gamma = w[f"{name}.weight"]
         ns.beta = w[f"{name}.bias"]
 
-    pe = sinusoidal_table_np(cfg.max_positions, cfg.d_model)
+    pe = position_table_np(cfg)
     emb = w["embed.weight"]
     for stack in (spec.encoder, spec.decoder):
-        stack.scale_embeddings = True
+        stack.scale_embeddings = cfg.scale_embedding
         stack.position_encodings.encodings = pe
-    spec.encoder.embeddings[0].weight = emb
+    spec.encoder.embeddings[0].weight = w.get("src_embed.weight", emb)
     spec.decoder.embeddings.weight = emb
-    spec.decoder.projection.weight = emb  # no bias: logits = x @ E^T
+    spec.decoder.projection.weight = w.get("out_proj.weight", emb)  # logits = x @ E^T (+ final_logits_bias)
+    if cfg.final_logits_bias:
+        spec.decoder.projection.bias = w["final_logits_bias"]
 
     def self_attention_and_ffn(ls, p, ffn_norm):
         """What encoder and decoder layers share: self-attention (norm1) and the FFN (ffn_norm)."""
@@ -212,6 +246,24 @@ def is_current(ct2_dir: str, model_dir: str) -> bool:
         return False
 
 
+def _suppressed_tokens(model_dir: str) -> list[str]:
+    from transduce.formats.model_dir import model_config
+    from transduce.models.checkpoint import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    return [tokenizer.id_to_token(i) for i in suppressed_ids(model_config(model_dir))]
+
+
+def suppressed(ct2_dir: str) -> list[list[str]]:
+    """The suppress_sequences of a conversion: the tokens its conversion recorded (SUPPRESS if none)."""
+    try:
+        with open(os.path.join(ct2_dir, SOURCE_FILE), encoding="utf-8") as f:
+            found = json.load(f).get("suppress")
+    except (OSError, ValueError):
+        found = None
+    return found if isinstance(found, list) and found else SUPPRESS
+
+
 def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
     """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically, under out_dir's lock (another
     conversion into it is refused at once). Reused if current."""
@@ -230,6 +282,7 @@ def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathL
             with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
                 json.dump({"model_dir": os.path.abspath(model_dir), "weights_sha256": weights_sha256(model_dir),
                            "converter_version": CONVERTER_VERSION, "ctranslate2": ct2.__version__,
+                           "suppress": [[t] for t in _suppressed_tokens(model_dir)],
                            "files": _converted_files(tmp)}, f, indent=2)
     return out_dir
 
@@ -255,12 +308,12 @@ def ct2_vocab(ct2_dir: str) -> list[str]:
 
 def ct2_translate_ids(translator, vocab: list[str], sources: list[list[int]], beam_size: int = 1,
                       max_length: int = 256, min_length: int = 0, length_penalty: float = 0.0,
-                      **options) -> list[list[int]]:
+                      suppress: list[list[str]] | None = None, **options) -> list[list[int]]:
     """Sources as our ids (without EOS: CTranslate2 appends it) -> best hypothesis ids (EOS not included)."""
     index = {t: i for i, t in enumerate(vocab)}
     results = translator.translate_batch(
         [[vocab[i] for i in src] for src in sources], beam_size=beam_size, max_decoding_length=max_length,
-        min_decoding_length=min_length, length_penalty=length_penalty, suppress_sequences=SUPPRESS,
+        min_decoding_length=min_length, length_penalty=length_penalty, suppress_sequences=suppress or SUPPRESS,
         max_batch_size=0, **options,
     )
     return [[index[t] for t in r.hypotheses[0]] for r in results]

@@ -157,9 +157,9 @@ class _CTranslate2:
     def __init__(self, path: str, threads: int, inter_threads: int = 1):
         import ctranslate2
 
-        from transduce.bench.ctranslate2_export import SUPPRESS, ct2_vocab
+        from transduce.bench.ctranslate2_export import ct2_vocab, suppressed
 
-        self.suppress = SUPPRESS
+        self.suppress = suppressed(path)
         self.inter = inter_threads
         self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32",
                                                  inter_threads=inter_threads, intra_threads=threads)

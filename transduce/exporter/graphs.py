@@ -70,14 +70,14 @@ def example_inputs(cfg: ModelConfig, precision: str) -> tuple[tuple, tuple]:
     n = trace_sizes(cfg)
     b, s, c, h, dh = n["batch"], n["src_len"], n["cache_len"], cfg.n_heads, cfg.head_dim
 
-    def ids(*shape: int) -> Tensor:
-        return torch.randint(4, cfg.vocab_size, shape, generator=g)
+    def ids(*shape: int, vocab: int = cfg.vocab_size) -> Tensor:
+        return torch.randint(4, vocab, shape, generator=g)
 
     def kv(length: int) -> list[Tensor]:
         return [torch.randn(b, h, length, dh, generator=g).to(dt) for _ in range(2 * cfg.decoder_layers)]
 
     src_lengths = torch.tensor([s] + [1] * (b - 1))
-    encoder_args = (ids(b, s), src_lengths)
+    encoder_args = (ids(b, s, vocab=cfg.source_vocab_size), src_lengths)
     step_args = (ids(b), torch.tensor([c - 1] + [0] * (b - 1)), src_lengths, kv(c), kv(s))
     return encoder_args, step_args
 

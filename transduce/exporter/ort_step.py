@@ -20,10 +20,11 @@ What it is. Per decoder layer (post-norm, fp32; `unsupported_reason` says why no
                    per reorder.
   residual + norm  Gemm (the sublayer's output projection, with its bias) + Add (the residual) +
                    LayerNormalization (not SkipLayerNormalization: docs/design/exporter.md).
-  FFN              Gemm + Relu (ONNX Runtime fuses them), Gemm, Add, LayerNormalization.
-Then logits = x E^T (or the output projection) and LogSoftmax, as in the standard graph, and the
-search's candidates: TopK(log_probs + topk_bias, topk_k), so a step needs no second kernel launch
-(and no second pass over log_probs from Python) to pick them.
+  FFN              Gemm + Relu (ONNX Runtime fuses them), Gemm, Add, LayerNormalization (gelu: Gelu;
+                   swish: Sigmoid and Mul).
+Then logits = x E^T (or the output projection, plus final_logits_bias where the model has one) and
+LogSoftmax, as in the standard graph, and the search's candidates: TopK(log_probs + topk_bias, topk_k),
+so a step needs no second kernel launch (and no second pass over log_probs from Python) to pick them.
 
 IO (contract.ort_step_inputs / ort_step_outputs): the standard step's inputs, with src_lengths and
 cross_* per source (sources = rows gives exactly the standard step), plus topk_k and topk_bias
@@ -138,7 +139,18 @@ class _Graph:
                          output, axis=-1, epsilon=self.eps)
 
 
-def _decoder_layer(g: _Graph, i: int, x: str, n_heads: int, d: int, lengths: dict[str, str]) -> str:
+def _activation(g: _Graph, activation: str, x: str, output: str) -> str:
+    """The FFN's nonlinearity (ModelConfig.activation) on `x`: Relu, Gelu (com.microsoft's, the erf form: the
+    default domain's needs opset 20) or x * Sigmoid(x)."""
+    if activation == "gelu":
+        return g.node("Gelu", [x], output, domain=CONTRIB)
+    if activation == "swish":
+        return g.node("Mul", [x, g.node("Sigmoid", [x], f"{output}_sigmoid")], output)
+    return g.node("Relu", [x], output)
+
+
+def _decoder_layer(g: _Graph, i: int, x: str, n_heads: int, d: int, lengths: dict[str, str],
+                   activation: str = "relu") -> str:
     """Decoder layer i on the rows' hidden states `x`: fused self-attention writing the cache, cross-attention
     grouped by source, FFN; -> the layer's output."""
     from onnx import helper
@@ -165,7 +177,7 @@ def _decoder_layer(g: _Graph, i: int, x: str, n_heads: int, d: int, lengths: dic
     att = g.node("Reshape", [att, lengths["rows_d"]], f"{c}.attended")
     x = g.project_add_norm(x, att, f"{c}.out_proj", f"{p}.norm2", f"{p}.x2")
 
-    hid = g.node("Relu", [g.linear(x, f"{f}.w1", f"{f}.hidden_linear")], f"{f}.hidden")
+    hid = _activation(g, activation, g.linear(x, f"{f}.w1", f"{f}.hidden_linear"), f"{f}.hidden")
     return g.project_add_norm(x, hid, f"{f}.w2", f"{p}.norm3", f"{p}.x3")
 
 
@@ -200,16 +212,18 @@ def build_ort_step(model, opset: int) -> Any:
 
     # embedding: (E * sqrt(d_model))[tokens] + PE[positions]  (rows, d); the scaled table is a second
     # initializer (E itself stays the output projection's), one Mul less per step
-    scaled = g.weight("embed.weight_scaled", g.sd["embed.weight"] * np.float32(np.sqrt(d)))
+    scale = np.float32(np.sqrt(d)) if cfg.scale_embedding else np.float32(1.0)
+    scaled = g.weight("embed.weight_scaled", g.sd["embed.weight"] * scale)
     x = g.node("Gather", [scaled, "tokens"], "embedded_scaled")
     pe = g.node("Gather", [g.weight("pe", model.pe.float().numpy()), "positions"], "positional")
     x = g.node("Add", [x, pe], "x_embed")
     lengths = _lengths(g, d)
     for i in range(n):
-        x = _decoder_layer(g, i, x, cfg.n_heads, d, lengths)
+        x = _decoder_layer(g, i, x, cfg.n_heads, d, lengths, cfg.activation)
 
-    out = "embed.weight" if cfg.share_embeddings else "out_proj.weight"
-    logits = g.node("Gemm", [x, g.weight(out, g.sd[out])], "logits", transB=1)
+    out = "embed.weight" if cfg.share_embeddings or cfg.tie_output else "out_proj.weight"
+    bias = [g.weight("final_logits_bias", g.sd["final_logits_bias"])] if cfg.final_logits_bias else []
+    logits = g.node("Gemm", [x, g.weight(out, g.sd[out]), *bias], "logits", transB=1)
     log_probs = g.node("LogSoftmax", [logits], "log_probs", axis=-1)
     # the search's candidates: top-k of log_probs + topk_bias
     biased = g.node("Add", [log_probs, "topk_bias"], "log_probs_biased")

@@ -16,6 +16,14 @@ CONFIG_FORMAT_VERSION = 1
 # 65,536-token self-attention is a 16 GB score matrix per head in fp32), so a larger value is a typo.
 MAX_POSITIONS = 65_536
 
+# Values of the string fields; anything else is refused naming the field (an imported checkpoint with another
+# value is not this model, and is never imported half-right).
+CHOICES = {
+    "activation": ("relu", "gelu", "swish"),
+    "position_layout": ("interleaved", "halves"),
+    "position_frequencies": ("paper", "fairseq"),
+}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -34,6 +42,15 @@ class ModelConfig:
     bos_id: int = 1  # begin-of-sentence, fed to the decoder at step 0
     eos_id: int = 2  # end-of-sentence, appended to sources and generated last
     unk_id: int = 3  # unknown token
+    # Deviations of imported models (Marian/OPUS-MT, FSMT, fairseq); each default is the paper's.
+    activation: str = "relu"  # FFN nonlinearity: relu (paper, fairseq, FSMT), gelu (erf), swish (x*sigmoid(x), OPUS-MT)
+    position_layout: str = "interleaved"  # sinusoid columns: interleaved sin/cos (paper) or [sin | cos] halves
+    position_frequencies: str = "paper"  # 10000^(-2i/d_model) (paper, Marian) or exp(-i*ln(10000)/(d/2-1)) (fairseq)
+    position_offset: int = 0  # position of a sequence's first token in the table (fairseq: padding_idx + 1)
+    scale_embedding: bool = True  # multiply embeddings by sqrt(d_model) (the paper; Marian's config may turn it off)
+    final_logits_bias: bool = False  # a bias on the pre-softmax projection (Marian's final_logits_bias)
+    src_vocab_size: int = 0  # source vocabulary when it is not the target's (FSMT, fairseq); 0: vocab_size
+    tie_output: bool = False  # without share_embeddings: the projection is the target embedding (else its own)
 
     def __post_init__(self) -> None:
         problems = []
@@ -41,6 +58,8 @@ class ModelConfig:
             v = getattr(self, f.name)
             if f.type == "bool":
                 ok, what, example = isinstance(v, bool), "true or false", str(f.default).lower()
+            elif f.type == "str":
+                ok, what, example = v in CHOICES[f.name], "one of " + ", ".join(CHOICES[f.name]), f.default
             else:  # int, float (an int is a float here); a bool is neither
                 ok = isinstance(v, (int, float) if f.type == "float" else int) and not isinstance(v, bool)
                 what, example = ("a number" if f.type == "float" else "an integer"), f.default
@@ -68,14 +87,38 @@ class ModelConfig:
         if not 0.0 < self.layer_norm_eps < 1.0:  # NaN fails this too
             problems.append(f"layer_norm_eps must be in (0, 1), got {self.layer_norm_eps}")
         specials = (self.pad_id, self.bos_id, self.eos_id, self.unk_id)
-        if len(set(specials)) != 4 or not all(0 <= s < self.vocab_size for s in specials):
-            problems.append(f"special ids {specials} must be distinct and < vocab_size")
+        # bos_id is the decoder's start token: an imported model may start from EOS (fairseq, FSMT) or pad (Marian)
+        if (len({self.pad_id, self.eos_id, self.unk_id}) != 3 or self.bos_id == self.unk_id
+                or not all(0 <= s < min(self.vocab_size, self.source_vocab_size) for s in specials)):
+            problems.append(f"special ids {specials} must be distinct and < vocab_size (bos_id, the decoder's "
+                            "start token, may be eos_id or pad_id)")
+        if self.src_vocab_size and self.share_embeddings and self.src_vocab_size != self.vocab_size:
+            problems.append(f"src_vocab_size ({self.src_vocab_size}) differs from vocab_size ({self.vocab_size}): "
+                            "the embeddings cannot be shared (share_embeddings must be false)")
+        if self.src_vocab_size < 0 or self.src_vocab_size >= 2**31:
+            problems.append(f"src_vocab_size must be 0 (vocab_size) or a vocabulary size, got {self.src_vocab_size}")
+        if self.tie_output and self.share_embeddings:
+            problems.append("tie_output applies only without share_embeddings (shared embeddings tie the projection)")
+        if self.position_offset < 0 or self.position_offset > MAX_POSITIONS:
+            problems.append(f"position_offset must be in [0, {MAX_POSITIONS:,}], got {self.position_offset}")
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def source_vocab_size(self) -> int:
+        """The source side's vocabulary (the target's, vocab_size, unless src_vocab_size says otherwise)."""
+        return self.src_vocab_size or self.vocab_size
+
+    def deviations(self) -> dict[str, Any]:
+        """The fields of the imported models' deviations that differ from the paper's default, {name: value}."""
+        names = ("activation", "position_layout", "position_frequencies", "position_offset", "scale_embedding",
+                 "final_logits_bias", "src_vocab_size", "tie_output")
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name in names and getattr(self, f.name) != f.default}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

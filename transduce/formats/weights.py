@@ -39,10 +39,13 @@ def _attention(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """{weight name: shape} of the model a config describes, in the model's own order."""
     d, ff, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (v, d)}
+    # the model's own parameters come first in its state_dict, then its modules'
+    shapes: dict[str, tuple[int, ...]] = {"final_logits_bias": (v,)} if cfg.final_logits_bias else {}
+    shapes["embed.weight"] = (v, d)
     if not cfg.share_embeddings:
-        shapes["src_embed.weight"] = (v, d)
-        shapes["out_proj.weight"] = (v, d)
+        shapes["src_embed.weight"] = (cfg.source_vocab_size, d)
+        if not cfg.tie_output:
+            shapes["out_proj.weight"] = (v, d)
     for stack, n, sublayers in (("encoder", cfg.encoder_layers, ("self_attn",)),
                                 ("decoder", cfg.decoder_layers, ("self_attn", "cross_attn"))):
         for i in range(n):

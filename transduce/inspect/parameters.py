@@ -40,6 +40,8 @@ def classify_parameter(name: str) -> tuple[str, str, tuple[str, int] | None]:
         return "embeddings", "embedding (target, or shared)", None
     if _names_module(name, "out_proj"):
         return "embeddings", "output projection", None
+    if _names_module(name, "final_logits_bias"):  # an imported Marian model's bias on the projection
+        return "embeddings", "output projection bias", None
     # the buffer `pe`, by its module path or as torch.export lifts it into a graph (b_pe, b_model_pe)
     if _names_module(name, "pe") or re.search(r"(?:^|[^\w])b_(?:model_)?pe\b", name):
         return "embeddings", "positional encoding table", None

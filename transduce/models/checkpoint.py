@@ -122,6 +122,10 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model config says {mcfg.vocab_size}"
         )
+    src_vocab = getattr(tokenizer, "source_vocab_size", tokenizer.vocab_size)  # an imported model's may differ
+    if src_vocab != mcfg.source_vocab_size:
+        raise CheckpointError(f"{path}: the tokenizer's source side has {src_vocab} tokens but the model config says "
+                              f"{mcfg.source_vocab_size}")
     wrong = special_id_mismatches(mcfg, tokenizer)
     if wrong:
         raise CheckpointError(f"{path}: the model's special ids are not its tokenizer's: {', '.join(wrong)}",

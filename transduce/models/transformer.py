@@ -25,6 +25,13 @@ Deviations from the paper, all of them here:
   masked row gives a uniform distribution instead of NaN, and masked keys get exactly zero weight.
 - Softmax, its masking, LayerNorm and the post-norm residual sums run in fp32 whatever the weights'
   dtype (no-ops for fp32 weights; they keep fp16/bf16 graphs from overflowing).
+
+Deviations of imported models (Marian/OPUS-MT, FSMT, fairseq), each a ModelConfig field whose default is the
+paper's: `activation` (gelu, swish), `position_layout` ([sin | cos] halves), `position_frequencies` (fairseq's
+exp(-i ln(10000) / (d/2 - 1))), `position_offset` (fairseq's padding_idx + 1), `scale_embedding` (off),
+`final_logits_bias` (a bias on the projection), `src_vocab_size` (a source vocabulary of its own), `tie_output`
+(the projection is the target embedding while the source one is separate), and `bos_id` (the decoder's start
+token: EOS for fairseq and FSMT, pad for Marian).
 """
 
 from __future__ import annotations
@@ -38,15 +45,35 @@ from torch import Tensor, nn
 from transduce.models.config import ModelConfig
 
 
-def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
-    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (P, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
-    angle = pos / torch.pow(10000.0, two_i / d_model)  # (P, D/2)
+def sinusoidal_table(n_positions: int, d_model: int, layout: str = "interleaved", frequencies: str = "paper",
+                     offset: int = 0) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)) (the paper).
+
+    layout "halves": sin in the first d/2 columns, cos in the last (Marian, fairseq); frequencies "fairseq":
+    exp(-i ln(10000) / (d/2 - 1)) instead of 10000^(-2i/d); row p is position p + offset (fairseq: pad + 1).
+    """
+    half = d_model // 2
+    pos = torch.arange(offset, offset + n_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    i = torch.arange(half, dtype=torch.float64)  # (D/2,)
+    if frequencies == "fairseq":
+        angle = pos * torch.exp(i * -(math.log(10000.0) / (half - 1)))  # (P, D/2)
+    else:
+        angle = pos / torch.pow(10000.0, 2 * i / d_model)  # (P, D/2)
+    if layout == "halves":
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).float()
     pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle)
     return pe.float()
+
+
+def positional_table(cfg: ModelConfig) -> Tensor:
+    """The model's positional table (max_positions, d_model), as its config lays it out."""
+    return sinusoidal_table(cfg.max_positions, cfg.d_model, cfg.position_layout, cfg.position_frequencies,
+                            cfg.position_offset)
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # gelu: the erf form (HF's and fairseq's "gelu")
 
 
 def length_mask(lengths: Tensor, size: int | Tensor) -> Tensor:
@@ -150,15 +177,16 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (or gelu / swish in place of max(0, .): cfg.activation)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.relu(self.w1(x)))
+        return self.w2(self.act(self.w1(x)))
 
 
 class _Block(nn.Module):
@@ -240,9 +268,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)  # target (and shared) embedding
         if not cfg.share_embeddings:
-            self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.register_buffer("pe", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+            self.src_embed = nn.Embedding(cfg.source_vocab_size, cfg.d_model)
+            if not cfg.tie_output:
+                self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.final_logits_bias:
+            self.final_logits_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.register_buffer("pe", positional_table(cfg), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -263,13 +294,20 @@ class Transformer(nn.Module):
 
     # -- pieces ---------------------------------------------------------------------------------
     def _embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids (B, T), positions (B, T) or (T,) -> Dropout(E[ids] * sqrt(d_model) + PE[positions])."""
-        x = table(ids) * math.sqrt(self.cfg.d_model) + self.pe[positions].to(table.weight.dtype)
+        """ids (B, T), positions (B, T) or (T,) -> Dropout(E[ids] * sqrt(d_model) + PE[positions])
+        (E[ids] unscaled without scale_embedding)."""
+        e = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
+        x = e + self.pe[positions].to(table.weight.dtype)
         return self.drop(x)  # (B, T, D)
 
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection's weight (V, D): the (target) embedding, or a matrix of its own."""
+        tied = self.cfg.share_embeddings or self.cfg.tie_output
+        return self.embed.weight if tied else self.out_proj.weight
+
     def _logits(self, x: Tensor) -> Tensor:
-        weight = self.embed.weight if self.cfg.share_embeddings else self.out_proj.weight
-        return F.linear(x, weight)  # (B, T, V)
+        bias = self.final_logits_bias if self.cfg.final_logits_bias else None
+        return F.linear(x, self.output_weight(), bias)  # (B, T, V)
 
     def _src_embed(self) -> nn.Embedding:
         return self.embed if self.cfg.share_embeddings else self.src_embed

@@ -211,7 +211,7 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
         table.add("decoder_step.ort", f"{case.name}, 2 beams", out, both)
     b, s = len(case.src_lengths), max(case.src_lengths)
     src_lengths = np.array(case.src_lengths, dtype=np.int64)
-    src_ids = rng.integers(4, cfg.vocab_size, (b, s), dtype=np.int64)
+    src_ids = rng.integers(4, cfg.source_vocab_size, (b, s), dtype=np.int64)
     src_ids[np.arange(s)[None, :] >= src_lengths[:, None]] = cfg.pad_id
     ref = _eager_encode(model, src_ids, src_lengths)
     table.add("encoder", case.name, runner.encode(src_ids, src_lengths), ref)

@@ -142,7 +142,11 @@ def numpy_topk(log_probs: np.ndarray, k: int, banned: list[int]) -> tuple[np.nda
 
 
 def banned_ids(config: dict[str, Any], ban_eos: bool) -> list[int]:
-    ids = [config["pad_id"], config["bos_id"]]
+    """PAD and the start token are never generated; a start token that is EOS (imported fairseq and FSMT models
+    start from EOS) stays allowed but where ban_eos asks."""
+    ids = [config["pad_id"]]
+    if config["bos_id"] not in (config["pad_id"], config["eos_id"]):
+        ids.append(config["bos_id"])
     if ban_eos:
         ids.append(config["eos_id"])
     return ids

@@ -1,0 +1,34 @@
+"""The importer's subcommand (click only; the work is done by transduce.importers)."""
+
+from __future__ import annotations
+
+import click
+
+from transduce.cli_errors import QUIET_HELP, cli_errors
+
+
+@click.command("import")
+@click.argument("family", type=click.Choice(["marian", "fsmt", "fairseq"]))
+@click.argument("src", type=click.Path())
+@click.option("--out", "out_dir", required=True, type=click.Path(), help="Model directory to write.")
+@click.option("--force", is_flag=True, help="Replace --out if it is an existing model directory.")
+@click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@cli_errors()
+def import_(family, src, out_dir, force, quiet):
+    """Import the pretrained FAMILY model in SRC into the model directory --out, as transduce train writes one:
+    then export, build, decode, parity, bench, inspect and attention work on it unchanged. SRC: a Hugging Face
+    MarianMTModel or FSMTForConditionalGeneration directory, or a fairseq transformer's directory (checkpoint,
+    dict.SRC.txt, dict.TGT.txt, bpecodes or a SentencePiece model). Tensors are checked by name and shape,
+    pickles read without running code, and nothing is written unless everything imports."""
+    from transduce.importers import import_model
+    from transduce.models.checkpoint import load_model_dir
+
+    out = import_model(family, src, out_dir, force=force)
+    if not quiet:
+        model, _, _ = load_model_dir(out)
+        dev = model.cfg.deviations()
+        click.echo(f"imported {family} {src} -> {out}: {model.num_parameters():,} parameters, vocabulary "
+                   f"{model.cfg.vocab_size}" + (f"; deviations from the paper: {dev}" if dev else ""))
+
+
+COMMANDS = [import_]

@@ -1,0 +1,142 @@
+"""What the importers share: the BART-style layer names of Hugging Face's Marian and FSMT (fairseq's differ only
+by their prefix), a config's refusals, and writing the model directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from transduce.errors import ImportCheckpointError
+from transduce.formats.model_config import ModelConfig
+from transduce.importers.checkpoints import take
+
+# Hugging Face (and fairseq) activation names -> ModelConfig.activation; others are refused
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
+
+# our sublayer -> theirs, per stack (post-norm layers: self_attn_layer_norm after attention, final_layer_norm
+# after the FFN)
+ENCODER_NAMES = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "ffn.w1": "fc1", "ffn.w2": "fc2",
+                 "norm2": "final_layer_norm"}
+DECODER_NAMES = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "cross_attn": "encoder_attn",
+                 "norm2": "encoder_attn_layer_norm", "ffn.w1": "fc1", "ffn.w2": "fc2", "norm3": "final_layer_norm"}
+
+
+def read_json(path: str) -> Any:
+    if not os.path.isfile(path):
+        raise ImportCheckpointError(f"{path} is missing", hint="give the model's whole directory")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ImportCheckpointError(f"{path} cannot be read as JSON ({e})") from None
+
+
+def tied_embedding(tensors: dict, names: list[str], shape: tuple[int, int], source: str):
+    """One matrix stored under one or more of `names` (tied copies): each stored copy must be the same."""
+    present = [n for n in names if n in tensors]
+    if not present:
+        raise ImportCheckpointError(f"{source} lacks the tensor {names[0]} (shape {list(shape)})")
+    first = take(tensors, present[0], shape, source)
+    for n in present[1:]:
+        other = take(tensors, n, shape, source)
+        if not (other == first).all():
+            raise ImportCheckpointError(f"{source}: {n} differs from {present[0]}, but the config ties them")
+    return first
+
+
+def vocab_list(vocab: dict[str, int], path: str) -> list[str]:
+    """A vocabulary JSON file ({piece: id}) as a list id -> piece; the ids must be 0..n-1."""
+    pieces = sorted(vocab, key=vocab.get)
+    if [vocab[p] for p in pieces] != list(range(len(pieces))):
+        raise ImportCheckpointError(f"{path}: the ids are not 0..{len(pieces) - 1}, one each")
+    return pieces
+
+
+def activation(name: Any, field: str, source: str) -> str:
+    if name not in ACTIVATIONS:
+        raise ImportCheckpointError(f"{source}: {field} {name!r} is not an activation the reference model has",
+                                    hint=f"supported: {', '.join(sorted(ACTIVATIONS))}")
+    return ACTIVATIONS[name]
+
+
+def refuse(config: dict[str, Any], source: str, wrong: dict[str, Any]) -> None:
+    """Refuse a checkpoint config whose field is set to what the reference model cannot be: `wrong` maps a
+    field to the value(s) it must not have (a tuple: any of them), naming the first such field."""
+    for field, bad in wrong.items():
+        values = bad if isinstance(bad, tuple) else (bad,)
+        if field in config and config[field] in values:
+            raise ImportCheckpointError(f"{source}: {field} = {config[field]!r} is not supported (the reference "
+                                        "model is post-norm, with sinusoidal positions and no embedding layer norm)",
+                                        hint="only Transformers that are the paper's but for the deviations "
+                                             "ModelConfig lists can be imported")
+
+
+def require_equal(config: dict[str, Any], source: str, *pairs: tuple[str, str]) -> None:
+    for a, b in pairs:
+        if a in config and b in config and config[a] != config[b]:
+            raise ImportCheckpointError(f"{source}: {a} ({config[a]}) differs from {b} ({config[b]}); the reference "
+                                        "model has one value for both stacks")
+
+
+def map_layers(tensors: dict, cfg: ModelConfig, prefixes: dict[str, str], source: str) -> dict[str, Any]:
+    """The encoder and decoder layers' weights under our names, taken from `tensors` with their prefixes
+    ({"encoder": "model.encoder.layers", "decoder": ...}); shapes checked."""
+    d, ff = cfg.d_model, cfg.d_ff
+    shapes = {"ffn.w1": ((ff, d), (ff,)), "ffn.w2": ((d, ff), (d,))}
+    out = {}
+    for stack, n, names in (("encoder", cfg.encoder_layers, ENCODER_NAMES),
+                            ("decoder", cfg.decoder_layers, DECODER_NAMES)):
+        for i in range(n):
+            ours, theirs = f"{stack}_layers.{i}", f"{prefixes[stack]}.{i}"
+            for sub, their_sub in names.items():
+                if sub.startswith("norm"):
+                    parts = {"weight": (d,), "bias": (d,)}
+                    pairs = [(f"{sub}.{p}", f"{their_sub}.{p}", s) for p, s in parts.items()]
+                elif sub.startswith("ffn"):
+                    (ws, bs) = shapes[sub]
+                    pairs = [(f"{sub}.weight", f"{their_sub}.weight", ws), (f"{sub}.bias", f"{their_sub}.bias", bs)]
+                else:
+                    pairs = [(f"{sub}.{proj}.{p}", f"{their_sub}.{proj}.{p}", (d, d) if p == "weight" else (d,))
+                             for proj in ("q_proj", "k_proj", "v_proj", "out_proj") for p in ("weight", "bias")]
+                for mine, their, shape in pairs:
+                    out[f"{ours}.{mine}"] = take(tensors, f"{theirs}.{their}", shape, source)
+    return out
+
+
+def check_positions(tensors: dict, name: str, cfg: ModelConfig, rows_before: int, source: str) -> None:
+    """A checkpoint's stored positional table (`name`, if stored) must be the one the config computes: rows from
+    `rows_before` on are positions 0, 1, ... (fairseq and FSMT keep padding_idx + 1 rows first, pad's zero)."""
+    import torch
+
+    from transduce.models.transformer import positional_table
+
+    if name not in tensors:
+        return
+    stored = tensors.pop(name).float()
+    ours = positional_table(cfg)
+    n = min(len(ours), stored.shape[0] - rows_before)
+    if stored.shape[1] != cfg.d_model or n < 1:
+        raise ImportCheckpointError(f"{source}: tensor {name} has shape {list(stored.shape)}, not a positional "
+                                    f"table of width {cfg.d_model}")
+    diff = (stored[rows_before:rows_before + n] - ours[:n]).abs().max().item()
+    if not diff <= 1e-4 or not torch.isfinite(stored).all():  # fp32 sin/cos of positions up to ~1e3: ~1e-5 apart
+        raise ImportCheckpointError(f"{source}: the positional table {name} is not the sinusoidal one its config "
+                                    f"describes (max difference {diff:.3g}): learned or altered positions are not "
+                                    "supported")
+
+
+def write_model_dir(out: str, cfg: ModelConfig, weights: dict[str, Any], tokenizer, imported: dict[str, Any],
+                    replaces: bool) -> str:
+    """Build the model from `weights` (all of its tensors, strictly) and write it to `out` as transduce train
+    would, atomically (replacing the model directory there if `replaces`, which the caller checked may be);
+    config.json's "training" records where it was imported from."""
+    from transduce.models.checkpoint import save_model_dir
+    from transduce.models.transformer import Transformer
+
+    model = Transformer(cfg)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)  # the importers fill every weight by name
+    model.eval()
+    save_model_dir(out, model, tokenizer, training={"imported": imported}, overwrite=replaces)
+    return os.fspath(out)

@@ -1,0 +1,229 @@
+"""The tokenizer of an imported model: a source side and a target side that may differ, as the source project
+tokenizes and detokenizes (written by `transduce import`, read wherever a tokenizer.json is read).
+
+One JSON file, tokenizer.json, with "format": PAIR_FORMAT, the specials' ids and two sides, each one of:
+  "sentencepiece"  a SentencePiece model (its serialized proto, base64) whose pieces are mapped to the model's
+                   ids by a vocabulary of its own (Marian: vocab.json; its ids are not SentencePiece's). A
+                   Marian source may start with a language code ">>xx<<", kept as one token.
+  "moses_bpe"      Moses punctuation normalization and tokenization (sacremoses, aggressive dash splits,
+                   escaped), then BPE with "</w>" word ends from its merges (FSMT, XLM-style); decoding joins
+                   the pieces and Moses-detokenizes.
+The file is self-contained, so that an export copying tokenizer.json carries the whole tokenizer.
+Unknown pieces become <unk>, as the source projects do. Needs `sentencepiece` or `sacremoses` (the
+`import` extra) for the side that uses it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import unicodedata
+from collections.abc import Sequence
+from typing import Any
+
+from transduce.errors import CheckpointError
+
+PAIR_FORMAT = "transduce-tokenizer-pair"
+PAIR_VERSION = 1
+KINDS = ("sentencepiece", "moses_bpe")
+SPECIAL_KEYS = ("pad_id", "bos_id", "eos_id", "unk_id")
+
+# Moses' replace-unicode-punctuation.perl (as FSMT's tokenizer ports it); "。" and "．" take the spaces after them
+_UNICODE_PUNCT = {
+    "，": ",", "、": ",", "”": '"', "“": '"', "∶": ":", "：": ":", "？": "?", "《": '"', "》": '"', "）": ")",
+    "！": "!", "（": "(", "；": ";", "１": "1", "」": '"', "「": '"', "０": "0", "３": "3", "２": "2", "５": "5",
+    "６": "6", "９": "9", "７": "7", "８": "8", "４": "4", "～": "~", "’": "'", "…": "...", "━": "-", "〈": "<",
+    "〉": ">", "【": "[", "】": "]", "％": "%",
+}
+
+
+def _missing(package: str) -> CheckpointError:
+    return CheckpointError(f"this model's tokenizer needs the {package} package, which is not installed",
+                           hint="pip install 'transduce[import]'")
+
+
+class _SentencePieceSide:
+    """SentencePiece segmentation, pieces mapped to ids by `vocab` (a list: id -> piece)."""
+
+    def __init__(self, spec: dict[str, Any], unk_id: int):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise _missing("sentencepiece") from None
+        self.spec = spec
+        self.sp = sentencepiece.SentencePieceProcessor()
+        self.sp.LoadFromSerializedProto(base64.b64decode(spec["model"]))
+        self.vocab: list[str] = spec["vocab"]
+        self.ids = {p: i for i, p in enumerate(self.vocab)}
+        self.unk_id = unk_id
+        self.codes = bool(spec.get("language_codes"))
+
+    def pieces(self, text: str) -> list[str]:
+        code = []
+        if self.codes and text.startswith(">>") and (end := text.find("<<")) != -1:  # Marian's ">>fr<<"
+            code, text = [text[: end + 2]], text[end + 2:]
+        return code + self.sp.encode(text, out_type=str)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.get(p, self.unk_id) for p in self.pieces(text)]
+
+    def decode(self, pieces: list[str]) -> str:
+        if self.spec.get("join"):  # fairseq's sentencepiece decoding: the pieces joined, "▁" a space
+            return "".join(pieces).replace(" ", "").replace("\u2581", " ").strip()
+        return self.sp.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+
+class _MosesBpeSide:
+    """Moses normalization and tokenization, then BPE with "</w>" word ends (FSMT's tokenizer); with style
+    "subword_nmt" (fairseq) the pieces are spelt as subword-nmt writes them ("hel@@ lo"), and "moses": false
+    splits on whitespace only (fairseq without --tokenizer moses), "normalize": false leaves out FSMT's
+    punctuation normalization (fairseq's Moses tokenizer has none)."""
+
+    def __init__(self, spec: dict[str, Any], unk_id: int):
+        try:
+            import sacremoses
+        except ImportError:
+            raise _missing("sacremoses") from None
+        self.spec = spec
+        self.lang = spec["lang"]
+        self.vocab: list[str] = spec["vocab"]
+        self.ids = {p: i for i, p in enumerate(self.vocab)}
+        self.ranks = {tuple(m.split(" ")): i for i, m in enumerate(spec["merges"])}
+        self.unk_id = unk_id
+        self.normalizer = sacremoses.MosesPunctNormalizer(lang=self.lang)
+        self.tokenizer = sacremoses.MosesTokenizer(lang=self.lang)
+        self.detokenizer = sacremoses.MosesDetokenizer(lang=self.lang)
+        self.cache: dict[str, list[str]] = {}
+
+    def _bpe(self, token: str) -> list[str]:
+        """The pieces of one Moses token, merges applied lowest rank first."""
+        if token in self.cache:
+            return self.cache[token]
+        word = list(token[:-1]) + [token[-1] + "</w>"]
+        while len(word) > 1:
+            pairs = {(a, b) for a, b in zip(word, word[1:])}
+            best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
+            if best not in self.ranks:
+                break
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and (word[i], word[i + 1]) == best:
+                    merged.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        if self.spec.get("style") == "subword_nmt":  # "lo</w>" -> "lo", a piece inside a word "hel" -> "hel@@"
+            word = [w[:-4] if w.endswith("</w>") else w + "@@" for w in word]
+        self.cache[token] = word
+        return word
+
+    def pieces(self, text: str) -> list[str]:
+        if self.spec.get("lower"):
+            text = text.lower()
+        if not self.spec.get("moses", True):
+            return [p for t in text.split() for p in self._bpe(t)]
+        if self.spec.get("normalize", True):  # FSMT's punctuation normalization (fairseq's moses has none)
+            text = re.sub(r"．\s*", ". ", re.sub(r"。\s*", ". ", text))
+            text = "".join(_UNICODE_PUNCT.get(c, c) for c in text)
+            text = self.normalizer.normalize(text)
+            text = "".join(c for c in text if not unicodedata.category(c).startswith("C"))
+        tokens = self.tokenizer.tokenize(text, aggressive_dash_splits=True, return_str=False, escape=True)
+        return [p for t in tokens if t for p in self._bpe(t)]
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.get(p, self.unk_id) for p in self.pieces(text)]
+
+    def decode(self, pieces: list[str]) -> str:
+        if self.spec.get("style") == "subword_nmt":  # fairseq's: "@@ " joins a word's pieces
+            words = (" ".join(pieces) + " ").replace("@@ ", "").split()
+        else:
+            words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
+        return self.detokenizer.detokenize(words) if self.spec.get("moses", True) else " ".join(words)
+
+
+_SIDES = {"sentencepiece": _SentencePieceSide, "moses_bpe": _MosesBpeSide}
+
+
+class PairTokenizer:
+    """Source and target tokenizers of an imported model, with the interface of transduce.tokenizer.Tokenizer:
+    encode/encode_batch take source text, decode/id_to_token read target ids; vocab_size is the target's."""
+
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        for k in SPECIAL_KEYS:
+            setattr(self, k, int(spec["specials"][k]))
+        self.family = spec.get("family", "")
+        self.source = _SIDES[spec["source"]["kind"]](spec["source"], self.unk_id)
+        self.target = _SIDES[spec["target"]["kind"]](spec["target"], self.unk_id)
+        # ids that are never text: skipped by decode, turned into <unk> by encode
+        self._specials = {self.pad_id, self.bos_id, self.eos_id, self.unk_id} | set(spec.get("control_ids", []))
+
+    @staticmethod
+    def side(kind: str, vocab: list[str], **fields: Any) -> dict[str, Any]:
+        """A side's spec: kind, its id -> piece vocabulary and the kind's fields (model bytes as `model`)."""
+        assert kind in KINDS, kind
+        if "model" in fields:
+            fields["model"] = base64.b64encode(fields["model"]).decode("ascii")
+        return {"kind": kind, "vocab": list(vocab), **fields}
+
+    @classmethod
+    def build(cls, family: str, specials: dict[str, int], source: dict[str, Any], target: dict[str, Any],
+              control_ids: Sequence[int] = ()) -> PairTokenizer:
+        return cls({"format": PAIR_FORMAT, "version": PAIR_VERSION, "family": family, "specials": dict(specials),
+                    "control_ids": sorted(set(control_ids)), "source": source, "target": target})
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str) -> PairTokenizer:
+        ok = (isinstance(d, dict) and d.get("version") == PAIR_VERSION and isinstance(d.get("specials"), dict)
+              and all(isinstance(d["specials"].get(k), int) for k in SPECIAL_KEYS)
+              and all(isinstance(d.get(s), dict) and d[s].get("kind") in KINDS for s in ("source", "target")))
+        if not ok:
+            raise CheckpointError(f"tokenizer file {path} is not a version-{PAIR_VERSION} transduce tokenizer pair",
+                                  hint="import the model again with this transduce (transduce import)")
+        try:
+            return cls(d)
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:  # sentencepiece: RuntimeError on a bad proto
+            raise CheckpointError(f"tokenizer file {path} is damaged ({type(e).__name__}: {e})") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(os.fspath(path), "w", encoding="utf-8") as f:
+            json.dump(self.spec, f, ensure_ascii=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.target.vocab)
+
+    @property
+    def source_vocab_size(self) -> int:
+        return len(self.source.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        """Source text -> ids, never EOS or PAD (a special's spelling in text is <unk>)."""
+        return [self.unk_id if i in self._specials else i for i in self.source.encode(text.strip())]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def normalize(self, text: str) -> str:
+        """What decoded text is compared with: the text itself (the source projects score detokenized text)."""
+        return text
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target ids -> detokenized text; specials are dropped."""
+        vocab = self.target.vocab
+        return self.target.decode([vocab[int(i)] for i in ids if int(i) not in self._specials and int(i) < len(vocab)])
+
+    def id_to_token(self, i: int) -> str:
+        return self.target.vocab[int(i)]
+
+    def tokens(self, text: str) -> list[str]:
+        return self.source.pieces(text.strip())
+
+
+def is_pair_file(head: bytes) -> bool:
+    """Whether a tokenizer file's first bytes are a tokenizer pair's JSON (its "format" is written first)."""
+    return PAIR_FORMAT.encode() in head[:200]
