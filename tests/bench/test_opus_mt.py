@@ -55,7 +55,7 @@ def test_opus_mt_greedy_is_ctranslate2s_token_for_token(opus_prepared):
         assert report.passed, report.summary()
 
 
-def test_opus_mt_is_reused_from_the_cache_and_remade_for_another_shape(opus_prepared):
+def test_opus_mt_is_reused_from_the_cache(opus_prepared):
     from transduce.bench.models import prepare
 
     prepared, cache, _ = opus_prepared
@@ -79,6 +79,20 @@ def test_int8_rows_are_held_against_ctranslate2s_own_int8():
     assert CT2_INT8 not in out["ratios"]
     del raw[CT2_INT8]  # without CTranslate2's int8 no int8 ratio, rather than one against its fp32
     assert "onnxruntime-int8" not in ct2_ratios(raw, list(raw))["ratios"]
+
+
+def test_the_report_names_the_int8_rows_reference():
+    from transduce.bench.ct2_settings import CT2_INT8
+    from transduce.bench.report import _Marks, _system_row
+    from transduce.bench.stats import cell_stats, ct2_ratios
+
+    raw = {"onnxruntime-int8": {"decode": [0.1, 0.1], "first": [0.02, 0.02]},
+           "ctranslate2": {"decode": [0.4, 0.4], "first": [0.05, 0.05]},
+           CT2_INT8: {"decode": [0.25, 0.3], "first": [0.04, 0.04]}}
+    cell = {"mode": "greedy", "batch": 1, "steps": 4, "systems": {n: {"stats": cell_stats(r, 1, 4), "raw": r}
+                                                                 for n, r in raw.items()}, **ct2_ratios(raw, list(raw))}
+    row = _system_row(cell, "onnxruntime-int8", cell["systems"]["onnxruntime-int8"], None, "", _Marks())
+    assert f"vs {CT2_INT8} (int8)" in row and "(fp32)" not in row
 
 
 def test_int8_run_loads_ctranslate2_with_compute_type_int8(opus_prepared):
