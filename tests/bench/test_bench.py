@@ -234,6 +234,8 @@ def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny
     for name in ct2:
         assert size["systems"][name]["status"] == "skipped"
         assert size["systems"][name]["reason"].startswith("greedy output differs from ours: demo: ")
+    # CTranslate2's int8 runs the same conversion: skipped for the same reason
+    assert size["systems"]["ct2-int8"]["reason"] == size["systems"]["ctranslate2"]["reason"]
 
 
 def test_a_conversion_ctranslate2_cannot_load_skips_it_and_times_the_rest(tmp_path, tiny_model_dir, tiny_artifact_dir,

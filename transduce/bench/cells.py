@@ -9,7 +9,7 @@ import numpy as np
 
 from transduce.bench.config import GPU_SYSTEMS, BenchConfig
 from transduce.bench.cpu import settle
-from transduce.bench.ct2_settings import ct2_cell_repeats, is_ct2
+from transduce.bench.ct2_settings import CT2_INT8, ct2_cell_repeats, is_ct2
 from transduce.bench.stats import cell_stats, ct2_ratios
 from transduce.bench.workers import Worker, WorkerError
 
@@ -31,7 +31,7 @@ def timed_cell(workers: dict[str, Worker], active: list[str], src: list[list[int
     stand_ins = {n: r for n, r in repeats.items() if "error" in raw[r]}
     # timed again: the stand-ins and the CPU systems that did not fail (the GPU ones get no ratios)
     again = [n for n in active if n not in GPU_SYSTEMS and (n in stand_ins or (n in timed and "error" not in raw[n]))]
-    if stand_ins and any(not is_ct2(n) for n in again):
+    if stand_ins and any(not is_ct2(n) and n != CT2_INT8 for n in again):
         log("timed again, " + ", ".join(f"{n} in place of {r}, which failed" for n, r in stand_ins.items()))
         raw.update(_time_cell(workers, again, src, beam, cfg, log))
         paired = again  # what failed in the first timing has no rounds paired with the second's
@@ -68,7 +68,7 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
             f = w.call({"op": "decode", "src": src, "beam": beam, "steps": 1, "min_seconds": cfg.min_seconds})
             settle(w.proc.pid)
             direct = None
-            if not is_ct2(name):
+            if not is_ct2(name) and name != CT2_INT8:  # CTranslate2 has no direct step timing
                 direct = w.call({"op": "direct", "src": src, "beam": beam, "steps": cfg.steps})
                 settle(w.proc.pid)
         except WorkerError as e:

@@ -56,7 +56,9 @@ def _check_reports(out_dir: str, force: bool) -> None:
               "random model of the demo's shape).")
 @click.option("--artifact-dir", type=click.Path(),
               help="An existing ONNX export of --model-dir (else exported once into the cache).")
-@click.option("--sizes", help="Model sizes: demo, base.  [default: demo,base; --quick: demo]")
+@click.option("--sizes", help="Model sizes: demo, base, opus-mt (an OPUS-MT-shaped Marian, imported; needs the "
+              "import extra).  "
+              "[default: demo,base; --quick: demo]")
 @click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2; on a GPU torch-cuda (tensorrt with "
               "--engine).  [default: torch,onnxruntime,ctranslate2]")
 @click.option("--batches", help="Batch sizes.  [default: 1,16; --quick: 1,4]")

@@ -76,8 +76,9 @@ class BenchConfig:
             if b not in OUR_BACKENDS + ("ctranslate2",):
                 problems.append(f"unknown backend {b!r} (torch, torch-cuda, onnxruntime, tensorrt, ctranslate2)")
         for size in self.sizes:
-            if size not in ("demo", "base"):
-                problems.append(f"unknown model size {size!r} (demo, base; --model-dir replaces the demo model)")
+            if size not in ("demo", "base", "opus-mt"):
+                problems.append(f"unknown model size {size!r} (demo, base, opus-mt; --model-dir replaces the demo "
+                                "model)")
         for s in self.ct2_settings:
             if s not in CT2_SETTINGS:
                 problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from transduce.bench.ctranslate2_export import ct2_translate_ids, ct2_vocab, load_translator, suppressed
-from transduce.bench.inputs import padded_sources
+from transduce.bench.inputs import id_limit, padded_sources
 
 # Log-prob agreement demanded besides token equality: loose enough for fp32 reorderings, tight enough for a
 # structural mistake in the conversion; what each gives: docs/design/bench.md, "The token-equality check".
@@ -237,7 +237,7 @@ def _score_random_targets(pair: _Pair, sources, diffs: _LogprobDiffs) -> float:
     max_random = 0.0
     length = max(1, min(RANDOM_TARGET_LEN, cfg["max_positions"] - 1))
     for chunk in pair.chunks(len(sources)):
-        tgt = rng.integers(4, cfg["vocab_size"], size=(len(chunk), length))
+        tgt = rng.integers(4, id_limit(cfg), size=(len(chunk), length))
         tgt_in = np.concatenate([np.full((len(chunk), 1), cfg["bos_id"]), tgt], axis=1)
         s_ids, s_lens = pair.padded([sources[i] for i in chunk])
         tf = teacher_forced_log_probs(pair.backend, s_ids, s_lens, tgt_in)  # (B, L+1, V)

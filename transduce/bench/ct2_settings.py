@@ -38,6 +38,11 @@ CT2_SETTINGS: dict[str, Ct2Setting] = {
 DEFAULT_CT2_SETTINGS = ["default", "avx2", "1thread", "nomkl", "nomkl-1thread", "inter", "nomkl-inter"]
 
 
+# CTranslate2's own int8 (compute_type int8) on the same conversion, timed beside --quantize int8 as the reference of
+# that row: not one of the fp32 settings above (is_ct2 is False for it), so it is never fp32's best
+CT2_INT8 = "ct2-int8"
+
+
 def ct2_system_name(setting: str) -> str:
     return "ctranslate2" if setting == "default" else f"ctranslate2-{setting}"
 

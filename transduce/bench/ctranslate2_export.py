@@ -255,13 +255,14 @@ def _suppressed_tokens(model_dir: str) -> list[str]:
 
 
 def suppressed(ct2_dir: str) -> list[list[str]]:
-    """The suppress_sequences of a conversion: the tokens its conversion recorded (SUPPRESS if none)."""
+    """The suppress_sequences of a conversion: the tokens its conversion recorded, [] for none to ban (SUPPRESS
+    where it recorded nothing)."""
     try:
         with open(os.path.join(ct2_dir, SOURCE_FILE), encoding="utf-8") as f:
             found = json.load(f).get("suppress")
     except (OSError, ValueError):
         found = None
-    return found if isinstance(found, list) and found else SUPPRESS
+    return found if isinstance(found, list) else SUPPRESS  # [] where the conversion has nothing to ban
 
 
 def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
@@ -313,7 +314,8 @@ def ct2_translate_ids(translator, vocab: list[str], sources: list[list[int]], be
     index = {t: i for i, t in enumerate(vocab)}
     results = translator.translate_batch(
         [[vocab[i] for i in src] for src in sources], beam_size=beam_size, max_decoding_length=max_length,
-        min_decoding_length=min_length, length_penalty=length_penalty, suppress_sequences=suppress or SUPPRESS,
+        min_decoding_length=min_length, length_penalty=length_penalty,
+        suppress_sequences=SUPPRESS if suppress is None else suppress or None,
         max_batch_size=0, **options,
     )
     return [[index[t] for t in r.hypotheses[0]] for r in results]

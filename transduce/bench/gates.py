@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from transduce.bench.config import BenchConfig
-from transduce.bench.inputs import random_sources
+from transduce.bench.inputs import id_limit, random_sources
 from transduce.errors import TransduceError
 
 # A quantized export is timed only if its BLEU on the demo task's held-out sentences (beam 4) is within
@@ -95,7 +95,7 @@ def equality_checks(prepared, cfg: BenchConfig, log) -> list[dict[str, Any]]:
                                                  f"{prepared.size}: held-out demo sentences",
                                                  translator=translator, backend=backend))
     rng = np.random.default_rng(cfg.seed + 1)
-    src = random_sources(rng, cfg.check_inputs, cfg.src_len, prepared.config["vocab_size"])
+    src = random_sources(rng, cfg.check_inputs, cfg.src_len, id_limit(prepared.config))
     reports.append(check_greedy_equality(prepared.model_dir, prepared.ct2_dir, src,
                                          f"{prepared.size}: random inputs at the benchmark's shape",
                                          forced_steps=cfg.steps, translator=translator, backend=backend))

@@ -44,6 +44,7 @@ from transduce.bench.cells import log_cell, timed_cell
 from transduce.bench.config import BenchConfig, beam_of, quantized_system
 from transduce.bench.cpu import cpu_sample, foreign_cpu_share, machine_info
 from transduce.bench.ct2_settings import (
+    CT2_INT8,
     CT2_SETTINGS,
     ct2_cpu,
     ct2_inter_threads,
@@ -54,7 +55,7 @@ from transduce.bench.ct2_settings import (
     is_ct2,
 )
 from transduce.bench.gates import divergence_text, equality_checks, quality_gate
-from transduce.bench.inputs import random_sources
+from transduce.bench.inputs import id_limit, random_sources
 from transduce.bench.workers import Worker, WorkerError
 from transduce.errors import BackendUnavailable, TransduceError
 
@@ -191,6 +192,8 @@ def _system_names(cfg: BenchConfig, ct2_missing: str | None) -> list[str]:
         names.append("tensorrt")
     if "ctranslate2" in cfg.backends and not ct2_missing:
         names += [ct2_system_name(s) for s in ct2_settings_run(cfg.ct2_settings, cfg.threads)]
+        if "int8" in cfg.quantize:
+            names.append(CT2_INT8)
     return names
 
 
@@ -270,7 +273,7 @@ def _load_systems(size: str, prepared, cfg: BenchConfig, workers: dict[str, Work
     why CTranslate2 is not timed (None: it is) -> the systems loaded."""
     active = []
     for name, w in workers.items():
-        if is_ct2(name) and ct2_skip is not None:
+        if (is_ct2(name) or name == CT2_INT8) and ct2_skip is not None:
             entry["systems"][name] = {"status": "skipped", "reason": ct2_skip}
             continue
         req, reason = _load_request(name, size, prepared, cfg, gates, entry)
@@ -295,6 +298,9 @@ def _load_request(name: str, size: str, prepared, cfg: BenchConfig, gates: dict[
         return {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir,
                 "threads": ct2_threads(ct2_setting(name), cfg.threads),
                 "inter_threads": ct2_inter_threads(ct2_setting(name), cfg.threads)}, None
+    if name == CT2_INT8:  # its default setting, with CTranslate2's int8 weights and GEMMs
+        return {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir, "threads": cfg.threads,
+                "inter_threads": 1, "compute_type": "int8"}, None
     q = quantized_system(name)
     if q:
         gate = gates.get(q)
@@ -323,7 +329,7 @@ def _time_cells(size: str, prepared, cfg: BenchConfig, workers: dict[str, Worker
     for mode in cfg.modes:
         beam = beam_of(mode)
         for batch in cfg.batches:
-            src = random_sources(rng, batch, cfg.src_len, prepared.config["vocab_size"])
+            src = random_sources(rng, batch, cfg.src_len, id_limit(prepared.config))
             # live workers only: a dead one's pid cannot be read, which would void every later cell's sample
             pids = [os.getpid()] + [w.proc.pid for w in workers.values() if w.proc.poll() is None]
             before = cpu_sample(pids)

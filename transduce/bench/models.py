@@ -6,6 +6,10 @@
   base   the paper's base shape (6+6 layers, d_model 512, 8 heads, d_ff 2048) with vocabulary 8,000:
          seeded random weights and a synthetic word-level tokenizer of exactly 8,000 entries
          (specials <pad>=0 <s>=1 </s>=2 <unk>=3, then "w4" .. "w7999").
+  opus-mt  an OPUS-MT-shaped Marian model (6+6 layers, d_model 512, 8 heads, d_ff 2048, swish, vocabulary
+         58,101) with seeded random weights, built as a Hugging Face MarianMTModel directory and imported with
+         transduce's Marian importer; CTranslate2 converts that Hugging Face directory with its own converter
+         (bench.opus). Needs the `import` extra.
   tiny   (tests) any model directory given with --model-dir, benchmarked under the name of its size.
 
 For each size: CACHE/<size>/model (unless an existing model directory is used), CACHE/<size>/artifact
@@ -25,7 +29,7 @@ from transduce.formats.artifact import quantization, read_manifest
 DEMO_MODEL_DIR = os.path.join("runs", "demo", "model")
 BASE_VOCAB = 8000
 RANDOM_DEMO_VOCAB = 400  # the stand-in demo model's BPE vocabulary (when runs/demo/model is absent)
-SIZES = ("demo", "base")
+SIZES = ("demo", "base", "opus-mt")
 
 
 @dataclass
@@ -171,6 +175,8 @@ def max_positions(size: str, model_dir: str | None = None) -> int:
         return model_config(model_dir).max_positions  # defaults filled in (a minimal config.json is valid)
     if size == "base":
         return preset("base", BASE_VOCAB).max_positions
+    if size == "opus-mt":
+        return 512  # bench.opus's max_position_embeddings
     return preset("tiny", RANDOM_DEMO_VOCAB).max_positions
 
 
@@ -213,12 +219,15 @@ def ensure_artifact(model_dir: str, candidates: list[str], log=print, quantize: 
 
 
 def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: bool = True,
-            artifact_dir: str | None = None, log=print, quantize: list[str] | tuple[str, ...] = ()) -> PreparedModel:
-    """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size."""
+            artifact_dir: str | None = None, log=print, quantize: list[str] | tuple[str, ...] = (),
+            shape: dict[str, int] | None = None) -> PreparedModel:
+    """Model directory, ONNX artifact and CTranslate2 conversion of one benchmarked size; `shape` overrides
+    the opus-mt size's (bench.opus.OPUS_SHAPE keys; the tests build it small)."""
     from transduce.formats.model_dir import model_config
 
     root = os.path.join(cache_dir, size)
     notes: list[str] = []
+    hf_dir = None  # the Hugging Face directory CTranslate2's own converter reads (opus-mt)
     if model_dir is not None:
         trained = bool(check_model_dir(model_dir).get("training", {}).get("step"))
         description = f"{model_dir}" + ("" if trained else " (untrained)")
@@ -235,6 +244,16 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     elif size == "base":
         model_dir = ensure_base_model(os.path.join(root, "model"), log=log)
         trained, description = False, "base shape, random weights, synthetic 8,000-token vocabulary"
+    elif size == "opus-mt":
+        from transduce.bench.opus import OPUS_SHAPE, ensure_opus_model
+
+        hf_dir, model_dir = ensure_opus_model(root, shape, log=log)
+        s = {**OPUS_SHAPE, **(shape or {})}
+        trained = False
+        description = (f"OPUS-MT shape ({s['encoder_layers']}+{s['decoder_layers']} layers, d_model {s['d_model']}, "
+                       f"{s['heads']} heads, d_ff {s['d_ff']}, swish, vocabulary {s['vocab_size']:,}), random "
+                       "weights, a Hugging Face MarianMTModel imported with transduce import marian")
+        notes.append(f"CTranslate2 converts the Hugging Face directory {hf_dir} with its own TransformersConverter")
     else:
         raise TransduceError(f"unknown model size {size!r}",
                              hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
@@ -245,9 +264,11 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     ct2_dir = ct2_error = None
     if with_ct2:
         from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+        from transduce.bench.opus import convert_hf_to_ctranslate2
 
         try:
-            ct2_dir = convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2"))
+            ct2_dir = (convert_hf_to_ctranslate2(hf_dir, os.path.join(root, "ctranslate2")) if hf_dir
+                       else convert_to_ctranslate2(model_dir, os.path.join(root, "ctranslate2")))
         except TransduceError as e:  # e.g. a pre-norm model: the other systems are still timed
             ct2_error = f"its conversion failed: {e}"
             log(f"CTranslate2 is NOT timed: {ct2_error}")

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from transduce.bench.config import GPU_SYSTEMS, quantized_system
-from transduce.bench.ct2_settings import ct2_setting, is_ct2
+from transduce.bench.ct2_settings import CT2_INT8, ct2_setting, is_ct2
 from transduce.bench.plot import plot
 from transduce.errors import TransduceError
 from transduce.formats.atomic import write_json_atomic, write_text_atomic
@@ -259,8 +259,8 @@ def _system_row(c: dict[str, Any], name: str, x: dict[str, Any], floor: float | 
     tps = st["tokens_per_s"]
     r = c["ratios"].get(name)
     ratio = f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}] vs {r['vs']}" if r else ""
-    if r and quantized_system(name):  # ours quantized against CTranslate2's fp32
-        ratio += " (fp32)"
+    if r and quantized_system(name):  # ours quantized against CTranslate2's own int8 (stats.ct2_ratios)
+        ratio += " (int8)" if r["vs"] == CT2_INT8 else " (fp32)"
     if r and c["systems"].get(r["vs"], {}).get("raw", {}).get("error"):
         ratio += "*"  # over the rounds that CTranslate2 setting lasted (its note says how many)
     shown = name
@@ -273,7 +273,7 @@ def _system_row(c: dict[str, Any], name: str, x: dict[str, Any], floor: float | 
                                 if name not in c.get("timed_again", [name]) else " and so is its ratio"))
     if name == c.get("ct2_best") and len(c.get("ct2_settings_ratio") or {}) > 0:
         ratio = "fastest CT2 setting"
-    if floor and quantized_system(name):  # the floors are fp32 weights' (int8 reads a quarter of the bytes)
+    if floor and (quantized_system(name) or name == CT2_INT8):  # the floors are fp32 weights' (int8: a quarter)
         pct = "n/a‡"
         marks.quantized = True
     elif name in GPU_SYSTEMS:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from transduce.bench.config import GPU_SYSTEMS
-from transduce.bench.ct2_settings import is_ct2
+from transduce.bench.config import GPU_SYSTEMS, quantized_system
+from transduce.bench.ct2_settings import CT2_INT8, is_ct2
 
 
 def summary(values: list[float]) -> dict[str, float] | None:
@@ -31,7 +31,8 @@ def ct2_ratios(raw: dict[str, dict[str, list]], active: list[str]) -> dict[str, 
     """One cell's ratios to CTranslate2 (its fastest setting there): {"ratios": {system: ...}} for our CPU
     systems (the GPU ones get none: CTranslate2 runs on the CPU here), plus "ct2_best" and, with several
     settings timed, "ct2_settings_ratio" (the fastest's throughput over each other's); {"ratios": {}}
-    when no CTranslate2 setting was timed."""
+    when no CTranslate2 setting was timed. An int8 row is held against CTranslate2's own int8 (CT2_INT8), never
+    its fp32: no ratio where that was not timed."""
     out: dict[str, Any] = {"ratios": {}}
     ct2_names = [n for n in active if is_ct2(n) and raw[n]["decode"]]
     if not ct2_names:
@@ -39,10 +40,15 @@ def ct2_ratios(raw: dict[str, dict[str, list]], active: list[str]) -> dict[str, 
     best = min(ct2_names, key=lambda n: statistics.median(raw[n]["decode"]))
     out["ct2_best"] = best
     for n in active:
-        if not is_ct2(n) and n not in GPU_SYSTEMS:
-            r = throughput_ratios(raw[n]["decode"], raw[best]["decode"])
+        if not is_ct2(n) and n not in GPU_SYSTEMS and n != CT2_INT8:
+            vs = best
+            if quantized_system(n) == "int8":
+                if CT2_INT8 not in active or not raw[CT2_INT8]["decode"]:
+                    continue
+                vs = CT2_INT8
+            r = throughput_ratios(raw[n]["decode"], raw[vs]["decode"])
             if r:
-                out["ratios"][n] = {"vs": best, **r}
+                out["ratios"][n] = {"vs": vs, **r}
     if len(ct2_names) > 1:
         out["ct2_settings_ratio"] = {n: throughput_ratios(raw[best]["decode"], raw[n]["decode"])
                                      for n in ct2_names if n != best}

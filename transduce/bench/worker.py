@@ -154,14 +154,14 @@ class _Ours:
 
 
 class _CTranslate2:
-    def __init__(self, path: str, threads: int, inter_threads: int = 1):
+    def __init__(self, path: str, threads: int, inter_threads: int = 1, compute_type: str = "float32"):
         import ctranslate2
 
         from transduce.bench.ctranslate2_export import ct2_vocab, suppressed
 
         self.suppress = suppressed(path)
         self.inter = inter_threads
-        self.translator = ctranslate2.Translator(path, device="cpu", compute_type="float32",
+        self.translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
                                                  inter_threads=inter_threads, intra_threads=threads)
         self.vocab = ct2_vocab(path)
         self.info = {"ctranslate2": ctranslate2.__version__, "intra_threads": threads, "inter_threads": inter_threads,
@@ -176,7 +176,7 @@ class _CTranslate2:
         parts = math.ceil(len(tokens) / self.inter) if self.inter > 1 else 0
         results = self.translator.translate_batch(
             tokens, beam_size=beam, max_decoding_length=steps, min_decoding_length=steps,
-            suppress_sequences=self.suppress, max_batch_size=parts)
+            suppress_sequences=self.suppress or None, max_batch_size=parts)
         seconds = time.perf_counter() - t
         lengths = [len(r.hypotheses[0]) for r in results]
         if any(n != steps for n in lengths):
@@ -187,7 +187,8 @@ class _CTranslate2:
 def _load(req: dict[str, Any]):
     system = req["system"]
     if system == "ctranslate2":
-        return _CTranslate2(req["path"], int(req["threads"]), int(req.get("inter_threads", 1)))
+        return _CTranslate2(req["path"], int(req["threads"]), int(req.get("inter_threads", 1)),
+                            req.get("compute_type", "float32"))
     return _Ours(system, req["path"], req.get("model_dir"), int(req["threads"]))
 
 
