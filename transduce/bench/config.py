@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from transduce.bench.ct2_settings import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
+from transduce.bench.models import SIZES
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
@@ -76,8 +77,8 @@ class BenchConfig:
             if b not in OUR_BACKENDS + ("ctranslate2",):
                 problems.append(f"unknown backend {b!r} (torch, torch-cuda, onnxruntime, tensorrt, ctranslate2)")
         for size in self.sizes:
-            if size not in ("demo", "base", "opus-mt"):
-                problems.append(f"unknown model size {size!r} (demo, base, opus-mt; --model-dir replaces the demo "
+            if size not in SIZES:
+                problems.append(f"unknown model size {size!r} ({', '.join(SIZES)}; --model-dir replaces the demo "
                                 "model)")
         for s in self.ct2_settings:
             if s not in CT2_SETTINGS:
