@@ -44,3 +44,32 @@ def test_unsupported_arguments_are_refused(fsmt, tmp_path, arg, value, match):
     with pytest.raises(ImportCheckpointError, match=match):
         import_model("fairseq", src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_fairseq_model_with_a_sentencepiece_model_encodes_as_fairseq_does(fsmt, tmp_path, demo_pairs):
+    """fairseq with --bpe sentencepiece: no subword-nmt codes, a *.model beside dict.SRC/TGT.txt (listing the pieces);
+    a sentence's ids are its SentencePiece pieces looked up in the dictionary (after fairseq's 4 specials), EOS
+    last, and decoding joins the pieces back into the sentence."""
+    import os
+
+    import sentencepiece as spm
+    from hf_models import fairseq_dir_from_fsmt, train_spm
+
+    from transduce.importers import import_model
+
+    src = fairseq_dir_from_fsmt(fsmt, str(tmp_path / "ckpt"), bpe="sentencepiece")
+    os.remove(os.path.join(src, "bpecodes"))
+    model_file = train_spm(str(tmp_path), [s for p in demo_pairs for s in p], vocab_size=40)
+    os.rename(model_file, os.path.join(src, "sentencepiece.bpe.model"))
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(src, "sentencepiece.bpe.model"))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.id_to_piece(i) not in ("<unk>", "</s>")]
+    for lang in ("en", "fr"):
+        with open(os.path.join(src, f"dict.{lang}.txt"), "w", encoding="utf-8") as f:
+            f.write("".join(f"{p} {100 - i}\n" for i, p in enumerate(pieces)))
+    _, tok, _ = load_model_dir(import_model("fairseq", src, tmp_path / "model"))
+    index = {p: i + 4 for i, p in enumerate(pieces)}  # fairseq's <s> <pad> </s> <unk> come first
+    for s, t in demo_pairs:
+        assert tok.encode(s) + [tok.eos_id] == [index[p] for p in sp.encode_as_pieces(s)] + [2]
+        ids = [index[p] for p in sp.encode_as_pieces(t)]
+        assert tok.target.encode(t) == ids
+        assert tok.decode(ids) == t
