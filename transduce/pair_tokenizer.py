@@ -44,6 +44,19 @@ def _missing(package: str) -> CheckpointError:
                            hint="pip install 'transduce[import]'")
 
 
+def merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
+    """`symbols` with each non-overlapping `pair`, left to right, joined into one symbol (a BPE merge)."""
+    merged, i = [], 0
+    while i < len(symbols):
+        if i < len(symbols) - 1 and (symbols[i], symbols[i + 1]) == pair:
+            merged.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            merged.append(symbols[i])
+            i += 1
+    return merged
+
+
 class _SentencePieceSide:
     """SentencePiece segmentation, pieces mapped to ids by `vocab` (a list: id -> piece)."""
 
@@ -107,15 +120,7 @@ class _MosesBpeSide:
             best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
             if best not in self.ranks:
                 break
-            merged, i = [], 0
-            while i < len(word):
-                if i < len(word) - 1 and (word[i], word[i + 1]) == best:
-                    merged.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    merged.append(word[i])
-                    i += 1
-            word = merged
+            word = merge_pair(word, best)
         if self.spec.get("style") == "subword_nmt":  # "lo</w>" -> "lo", a piece inside a word "hel" -> "hel@@"
             word = [w[:-4] if w.endswith("</w>") else w + "@@" for w in word]
         self.cache[token] = word

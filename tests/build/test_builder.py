@@ -16,6 +16,7 @@ import time
 
 import pytest
 import tensorrt_fake as fake
+from artifact_edits import edit_json
 from click.testing import CliRunner
 
 from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere
@@ -253,12 +254,7 @@ def test_refuses_hand_edited_entries(tmp_path, artifact):
         (lambda m: m["profiles"].__setitem__("decoder_step", []), "records no encoder or no decoder step profiles"),
     ]):
         d = _hand_made_engine_dir(tmp_path / f"e{i}", artifact)
-        path = os.path.join(d, ENGINE_MANIFEST_FILE)
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-        edit(meta)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(meta, f)
+        edit_json(d, ENGINE_MANIFEST_FILE, edit)
         assert says in _refusal(d)
 
 

@@ -80,6 +80,8 @@ def learn_bpe(words: dict[str, int], n_merges: int) -> list[tuple[str, str]]:
     """subword-nmt's algorithm on word counts: repeatedly merge the most frequent adjacent pair ("</w>" ends words)."""
     from collections import Counter
 
+    from transduce.pair_tokenizer import merge_pair
+
     segs = {w: list(w[:-1]) + [w[-1] + "</w>"] for w in words}
     merges = []
     for _ in range(n_merges):
@@ -92,15 +94,7 @@ def learn_bpe(words: dict[str, int], n_merges: int) -> list[tuple[str, str]]:
         best = max(sorted(pairs), key=pairs.__getitem__)
         merges.append(best)
         for w, s in segs.items():
-            out, i = [], 0
-            while i < len(s):
-                if i < len(s) - 1 and (s[i], s[i + 1]) == best:
-                    out.append(s[i] + s[i + 1])
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            segs[w] = out
+            segs[w] = merge_pair(s, best)
     return merges
 
 
