@@ -4,6 +4,7 @@ corpus read whole, batched deterministically per (seed, epoch, window), and trai
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -75,8 +76,6 @@ def test_training_on_a_streamed_corpus_resumes_as_if_uninterrupted(tmp_path, sma
     args = dict(data=str(tmp_path / "c.tsv"), valid_size=10, **QUIET)
     summary = train_from_files(str(tmp_path / "straight"), cfg, **args)
     assert summary["step"] == 8
-    from dataclasses import replace
-
     train_from_files(str(tmp_path / "resumed"), replace(cfg, max_steps=5), **args)
     train_from_files(str(tmp_path / "resumed"), cfg, resume=True, **args)
     sa, sb = (json.loads((tmp_path / d / "training" / "state.json").read_text()) for d in ("straight", "resumed"))
@@ -88,3 +87,17 @@ def test_training_on_a_streamed_corpus_resumes_as_if_uninterrupted(tmp_path, sma
     assert sa["history"][-1]["step"] == 8
     with pytest.raises(Exception, match="stream"):
         train_from_files(str(tmp_path / "x"), cfg, **QUIET)  # the embedded corpus is made in memory
+
+
+def test_held_out_pairs_that_a_streamed_corpus_trains_on_are_reported(tmp_path, small_corpus):
+    from transduce.training.train import train_from_files
+
+    train_pairs, valid_pairs = small_corpus
+    write_tsv(tmp_path / "c.tsv", train_pairs[:60])
+    write_tsv(tmp_path / "v.tsv", train_pairs[:2] + valid_pairs[:3])
+    cfg = TrainConfig(vocab_size=200, max_steps=1, warmup=4, max_tokens=800, eval_every=1, save_every=1,
+                      eval_sentences=2, stream=True, stream_window=25, threads=1)
+    args = dict(data=str(tmp_path / "c.tsv"), valid=str(tmp_path / "v.tsv"), **QUIET)
+    for resume in (False, True):
+        with pytest.warns(UserWarning, match="2 of the 5 held-out pairs are also training pairs"):
+            train_from_files(str(tmp_path / "m"), replace(cfg, max_steps=1 + resume), resume=resume, **args)

@@ -67,14 +67,13 @@ def _prepared(data, valid_pairs, train_cfg: TrainConfig, tokenizer=None):
 
 
 def _fingerprint(data, valid_pairs) -> str:
-    """The training pairs' fingerprint; a streamed corpus's is computed by a pass over it, which also counts the
-    held-out pairs among them (warned about)."""
+    """The training pairs' fingerprint; a streamed corpus's comes from a pass over it (the tokenizer's, if one was
+    trained on it), which also counts the held-out pairs among them, warned about here (a corpus held in memory
+    is checked as it is read: corpus.read_corpus)."""
     if isinstance(data, list):
         return pairs_sha256(data)
-    done = data.sha256 is not None
     sha256 = data.fingerprint(valid_pairs)
-    if not done:
-        warn_overlap(data.overlap, len(valid_pairs))
+    warn_overlap(data.overlap, len(valid_pairs))
     return sha256
 
 
@@ -140,9 +139,9 @@ def load_or_start(data, valid_pairs, train_cfg: TrainConfig, out_dir: str, resum
     from transduce.models.transformer import Transformer
 
     if not resume:
-        data_sha256 = _fingerprint(data, valid_pairs) if isinstance(data, list) else ""
-        tokenizer, mcfg, source, valid_ex, valid_pairs, dropped = _prepared(data, valid_pairs, train_cfg)
-        data_sha256 = data_sha256 or _fingerprint(data, valid_pairs)  # a stream's: its tokenizer's pass made it
+        held = valid_pairs
+        tokenizer, mcfg, source, valid_ex, valid_pairs, dropped = _prepared(data, held, train_cfg)
+        data_sha256 = _fingerprint(data, held)  # a stream's: the tokenizer's pass over it computed it
         torch.manual_seed(train_cfg.seed)
         model = Transformer(mcfg)
         state = {"step": 0, "epoch": 0, "window": 0, "batch": 0, "tokens": 0, "history": []}
