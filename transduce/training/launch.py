@@ -74,8 +74,8 @@ def launch(args: Sequence[str], nproc: int, device: str = "cpu", threads: int = 
 
 
 def _wait(procs: list[subprocess.Popen], timeout_s: float, forwarded: list[int], log) -> int:
-    """Wait for every rank; a rank that failed is reported, and the others ended once they outlive it by more than
-    `timeout_s` (they give up on it themselves by then), or KILL_AFTER_S after a forwarded signal."""
+    """Wait for every rank; a rank that failed is reported. Once a rank failed or a signal was forwarded, ranks still
+    running after `timeout_s` (they give up on a lost rank themselves by then) plus KILL_AFTER_S are killed."""
     failed_at = signalled_at = None
     reported: set[int] = set()
     while any(p.poll() is None for p in procs):
@@ -92,9 +92,8 @@ def _wait(procs: list[subprocess.Popen], timeout_s: float, forwarded: list[int],
                         "stop at their next exchange with it")
         if forwarded and signalled_at is None:
             signalled_at = now
-        late = ((failed_at is not None and now - failed_at > timeout_s + KILL_AFTER_S)
-                or (signalled_at is not None and now - signalled_at > KILL_AFTER_S + timeout_s))
-        if late:
+        since = min((t for t in (failed_at, signalled_at) if t is not None), default=now)
+        if now - since > timeout_s + KILL_AFTER_S:
             for rank, p in enumerate(procs):
                 if p.poll() is None:
                     log(f"error: rank {rank} (pid {p.pid}) did not end in time: killed")

@@ -181,18 +181,31 @@ class _Run:
         """Stop a run whose loss or gradients are no longer finite, before they reach the weights (every rank sees
         the same loss and gradients, so all stop here together)."""
         self.close_bar()
-        kept = (f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept" if self.saved_step
-                else "nothing was saved")
-        error = TrainingDiverged(f"{what} at step {self.step}: training diverged; {kept}",
+        error = TrainingDiverged(f"{what} at step {self.step}: training diverged; {self.kept()}",
                                  hint="lower --lr-scale or raise --warmup, and check any --set overrides")
         error.mirrored = self.world.rank != 0  # rank 0's copy is printed
         raise error
 
-    def lost_contact(self, e: BaseException) -> DistributedError:
-        """The error of a rank whose collective failed (distributed.comm_failure)."""
-        kept = (f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept" if self.saved_step
+    def kept(self) -> str:
+        """What a run that stops now leaves on disk."""
+        return (f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept" if self.saved_step
                 else "nothing was saved")
-        return lost_contact(self.world, e, f"at step {self.step}; {kept}")
+
+
+# where a run that loses contact before its first step is (lost_contact)
+STARTING = "while starting; nothing was saved"
+
+
+@contextlib.contextmanager
+def _collectives(world: World, where: Callable[[], str]):
+    """A collective that failed (distributed.comm_failure) inside, as this rank's lost_contact error, saying
+    `where()` the run was; other errors pass."""
+    try:
+        yield
+    except RuntimeError as e:
+        if world.size > 1 and comm_failure(e):
+            raise lost_contact(world, e, where()) from None
+        raise
 
 
 def lost_contact(world: World, e: BaseException, where: str) -> DistributedError:
@@ -241,12 +254,8 @@ def _one_writer(out_dir: str):
 def _rank0_writes(world: World, out_dir: str):
     """_one_writer, held by rank 0 alone (the only rank that writes `out_dir`); a refusal is every rank's error."""
     with contextlib.ExitStack() as stack:
-        try:
+        with _collectives(world, lambda: STARTING):
             world.from_rank0(lambda: stack.enter_context(_one_writer(out_dir)), share=lambda _: None)
-        except RuntimeError as e:
-            if world.size > 1 and comm_failure(e):
-                raise lost_contact(world, e, "while starting; nothing was saved") from None
-            raise
         yield
 
 
@@ -262,7 +271,7 @@ def _train(train_pairs, valid_pairs, out_dir: str, train_cfg: TrainConfig, resum
     if world.rank:
         log, progress = _silent, False
     run = None
-    try:
+    with _collectives(world, lambda: f"at step {run.step}; {run.kept()}" if run is not None else STARTING):
         run = _start(train_pairs, valid_pairs, out_dir, train_cfg, resume, log, force, world)
         wait_s = train_cfg.collective_timeout if world.size > 1 else 0.0
         with stop_after_the_step(run.save_bytes, wait_s, notify=world.rank == 0) as stopper:
@@ -271,11 +280,6 @@ def _train(train_pairs, valid_pairs, out_dir: str, train_cfg: TrainConfig, resum
                 _train_loop(run, stopper, log)
             finally:
                 run.close_bar()
-    except RuntimeError as e:
-        if world.size > 1 and comm_failure(e):
-            raise (run.lost_contact(e) if run is not None
-                   else lost_contact(world, e, "while starting; nothing was saved")) from None
-        raise
     return {"step": run.step, "train_seconds": round(run.train_seconds, 1), "tokens": run.total_tokens,
             "parameters": run.model.num_parameters(), **run.last_metrics}
 
@@ -415,10 +419,6 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
         raise ConfigError("--source and --target go together")
     # the lock before reading the corpus: a second run into out_dir is refused at once
     with joined(train_cfg.device, train_cfg.collective_timeout) as world, _rank0_writes(world, out_dir):
-        try:
+        with _collectives(world, lambda: STARTING):
             pairs, valid_pairs = read_corpus(world, train_cfg, data, source, target, valid, valid_size)
-        except RuntimeError as e:
-            if world.size > 1 and comm_failure(e):
-                raise lost_contact(world, e, "while starting; nothing was saved") from None
-            raise
         return _train(pairs, valid_pairs, out_dir, train_cfg, resume, progress, log, force, world=world)
