@@ -22,7 +22,8 @@ from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_l
 
 
 def _available():
-    out = ["torch", "onnxruntime"]
+    # torch-graph: the CUDA-graph backend, on the CPU with the capture double; torch-cuda-graph: on a GPU
+    out = ["torch", "torch-graph", "onnxruntime", pytest.param("torch-cuda-graph", marks=pytest.mark.gpu)]
     if importlib.util.find_spec("tensorrt") is not None and torch.cuda.is_available():
         out.append("tensorrt")
     return out
@@ -42,9 +43,19 @@ def _batch(cfg, seed=0):
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def backend(request, tiny_artifact_dir):
+def backend(request, tiny_artifact_dir, tiny_model_dir):
     if request.param == "tensorrt":
         pytest.skip("the tensorrt backend runs from an engine directory: see tests/runtime/test_tensorrt_backend.py")
+    if request.param == "torch-graph":
+        from cuda_graph_fake import HostCapturer
+
+        from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
+
+        return TorchGraphBackend.from_model_dir(tiny_model_dir, "cpu", _capturer=HostCapturer())
+    if request.param == "torch-cuda-graph":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU available to PyTorch")
+        return make_backend(tiny_artifact_dir, "torch", "cuda", cuda_graph=True)
     return make_backend(tiny_artifact_dir, request.param)
 
 
@@ -125,7 +136,7 @@ def _copy(src, dst):
 def test_the_torch_backend_refuses_options_it_would_ignore(tiny_artifact_dir):
     from transduce.errors import BackendUnavailable
 
-    with pytest.raises(BackendUnavailable, match="torch backend takes no options, got fused, provider"):
+    with pytest.raises(BackendUnavailable, match="torch backend takes no option fused, provider"):
         make_backend(tiny_artifact_dir, "torch", fused=False, provider="cpu")
 
 
@@ -349,7 +360,8 @@ def test_the_protocol_declares_every_optional_member_with_a_default(tiny_model, 
 
     eager = TorchBackend(tiny_model)
     assert Backend in TorchBackend.__mro__ and eager.artifact_dir is None and eager.manifest is None
-    assert eager.shards(16, 4) is None and eager.step_graphs() == [] and eager.tuning() == {}
+    assert eager.shards(16, 4) is None and eager.step_graphs() == []
+    assert eager.tuning() == {"precision": "fp32", "cuda_graph": False}
     state = eager.begin(eager.encode(np.array([[5, 2]]), np.array([2])), np.arange(1), 2)
     eager.end(state)  # nothing to hand back
     with eager.only_step_graph(None):

@@ -71,6 +71,26 @@ def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, sm
     assert (rep["candidate"], rep["reference"]) == ("onnxruntime:cpu (fp32)", "torch:cpu")
 
 
+def test_eager_pytorch_at_reduced_precision_decodes_and_is_held_to_its_policy(tiny_artifact_dir, tiny_model_dir,
+                                                                              small_corpus, tmp_path):
+    from transduce.formats.parallel import write_tsv
+
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--backend", "torch", "--precision", "bf16",
+                                  "--beam", "2", "--max-len-b", "4"], input="two hundred\nforty one\n")
+    assert r.exit_code == 0, r.output
+    assert len(r.stdout.splitlines()) == 2
+    _, valid = small_corpus
+    data = tmp_path / "valid.tsv"
+    write_tsv(data, valid[:8])
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--model", tiny_model_dir, "--data", str(data),
+                                  "--backend", "torch", "--precision", "bf16", "--out", str(report)])
+    rep = json.loads(report.read_text())
+    assert (rep["candidate"], rep["precision"]) == ("torch:cpu (bf16)", "bf16"), r.output
+    lp = [s for s in rep["teacher_forced"] if s["name"].startswith("log_probs")]
+    assert lp and lp[0]["max_abs"] > 0  # bf16 weights really ran (fp32 would be exact on the same CPU)
+
+
 @pytest.mark.gpu
 def test_parity_of_eager_pytorch_on_the_gpu_against_the_cpu(tiny_artifact_dir, tiny_model_dir, small_corpus, tmp_path):
     import torch
@@ -194,6 +214,9 @@ def test_parity_input_errors_come_before_the_run(tiny_artifact_dir, tiny_model_d
                            "give either --data"),
                           (["--backend", "torch"], "eager PyTorch with itself"),
                           (["--backend", "torch", "--device", "cpu:0"], "eager PyTorch with itself"),
+                          (["--cuda-graph"], "--cuda-graph: the onnxruntime backend does not capture"),
+                          (["--precision", "bf16"], "--precision bf16: the onnxruntime backend runs the precision"),
+                          (["--backend", "torch", "--cuda-graph"], "CUDA graphs need a CUDA device"),
                           (["--reference-device", "gpu"],
                            "--reference-device 'gpu': eager PyTorch runs on cpu or cuda"),
                           (["--reference-device", "cuda:7"], "--reference-device cuda:7: "),  # no such GPU here

@@ -63,10 +63,17 @@ def _assert_same(got, want):
     np.testing.assert_allclose([h.log_prob for h in got.hypotheses], [h.log_prob for h in want.hypotheses], atol=1e-5)
 
 
-@pytest.fixture(scope="module", params=["torch", "onnxruntime", "onnxruntime-standard-step"])
+@pytest.fixture(scope="module", params=["torch", "torch-graph", "onnxruntime", "onnxruntime-standard-step"])
 def backend(request, tiny_model, tiny_artifact_dir):
     if request.param == "torch":
         yield TorchBackend(tiny_model)
+        return
+    if request.param == "torch-graph":  # static slabs and their graphs, replayed on the CPU by the double
+        from cuda_graph_fake import HostCapturer
+
+        from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
+
+        yield TorchGraphBackend(tiny_model, "cpu", _capturer=HostCapturer())
         return
     from transduce.formats import contract
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend

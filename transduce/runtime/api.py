@@ -11,6 +11,7 @@ from transduce.runtime.backends.base import Backend
 from transduce.runtime.checks import check_artifact
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
+TORCH_OPTIONS = ("cuda_graph", "precision")  # what the torch backend takes besides device and threads
 
 
 def source_model_dir(artifact_dir: str, manifest: dict, model_dir: str | None = None) -> str:
@@ -58,6 +59,24 @@ def _full_config(model: object) -> dict | None:
         return None
 
 
+def backend_options(backend: str, cuda_graph: bool = False, precision: str | None = None) -> dict:
+    """The options `--cuda-graph` and `--precision` give make_backend, refused where the backend has no use for
+    them (an exported graph's precision was fixed by `transduce export`)."""
+    options: dict = {}
+    if cuda_graph:
+        if backend not in ("torch", "tensorrt"):
+            raise InputError(f"--cuda-graph: the {backend} backend does not capture CUDA graphs",
+                             hint="--backend torch --device cuda, or --backend tensorrt")
+        options["cuda_graph"] = True
+    if precision is not None:
+        if backend != "torch":
+            raise InputError(f"--precision {precision}: the {backend} backend runs the precision its artifact was "
+                             "exported with", hint="export at that precision (transduce export --precision), or "
+                                                   "give --precision with --backend torch only")
+        options["precision"] = precision
+    return options
+
+
 def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
                  model_dir: str | None = None, **options) -> Backend:
     """Build one backend over an artifact. torch uses the source model the manifest names (or model_dir)."""
@@ -75,17 +94,25 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
 
         return TensorRTBackend(artifact_dir, device="cuda" if index is None else f"cuda:{index}", **options)
     if backend == "torch":
-        from transduce.runtime.backends.torch_backend import TorchBackend
-
         manifest = check_artifact(artifact_dir)  # the onnxruntime backend checks it itself (verify option)
-        if options:  # onnxruntime's or tensorrt's: silently dropped, they would change nothing
-            raise BackendUnavailable(f"the torch backend takes no options, got {', '.join(sorted(options))}",
-                                     hint="those are the onnxruntime or tensorrt backend's; leave them out for torch")
+        unknown = sorted(set(options) - set(TORCH_OPTIONS))
+        if unknown:  # onnxruntime's or tensorrt's: silently dropped, they would change nothing
+            raise BackendUnavailable(f"the torch backend takes no option {', '.join(unknown)}",
+                                     hint=f"those are the onnxruntime or tensorrt backend's; torch takes "
+                                          f"{' and '.join(TORCH_OPTIONS)}")
         if threads:  # torch's thread count is process-wide: it holds for every torch model in this process
             import torch
 
             torch.set_num_threads(threads)
-        return TorchBackend.from_model_dir(source_model_dir(artifact_dir, manifest, model_dir), device=device)
+        model_path = source_model_dir(artifact_dir, manifest, model_dir)
+        precision = options.get("precision") or "fp32"
+        if options.get("cuda_graph"):
+            from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
+
+            return TorchGraphBackend.from_model_dir(model_path, device=device, precision=precision)
+        from transduce.runtime.backends.torch_backend import TorchBackend
+
+        return TorchBackend.from_model_dir(model_path, device=device, precision=precision)
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 
     provider = options.pop("provider", None) or kind

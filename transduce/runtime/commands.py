@@ -18,6 +18,19 @@ from transduce.runtime.api import BACKENDS
 BACKEND_CHOICE = click.Choice(BACKENDS)
 BACKEND_HELP = ("onnxruntime (an exported artifact), torch (the eager model it was exported from) or tensorrt "
                 "(an engine directory, transduce build).")
+PRECISION_HELP = ("torch only: the eager model's weights in fp32, fp16 or bf16 (softmax, LayerNorm and "
+                  "log-softmax stay fp32); other backends run the precision of their export.  [default: fp32]")
+CUDA_GRAPH_HELP = ("Replay each decoder step (and the encoder) from a captured CUDA graph: --backend torch "
+                   "--device cuda, or tensorrt.")
+
+
+def gpu_options(command):
+    """--precision and --cuda-graph, for every command that loads a backend (runtime.api.backend_options)."""
+    command = click.option("--cuda-graph", is_flag=True, help=CUDA_GRAPH_HELP)(command)
+    return click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+                        help=PRECISION_HELP)(command)
+
+
 LOG_EVERY_S = 30.0  # stderr not a terminal (a log file, a CI job): a progress line this often
 # the library's parameters that decode names otherwise than by their own name (see cli_errors.command_names)
 DECODE_NAMES = {"beam_size": "--beam", "max_batch_tokens": "--batch-tokens"}
@@ -153,9 +166,11 @@ class _LineWarnings:
 @click.option("--chunk-lines", default=0, show_default=True,
               help="Decode the input this many lines at a time, each part's output written as soon as it is done "
                    "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
+@gpu_options
 @cli_errors(names=DECODE_NAMES)
 def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend, device, beam, nbest, length_penalty,
-           length_penalty_form, max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir, chunk_lines):
+           length_penalty_form, max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir, chunk_lines,
+           precision, cuda_graph):
     """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
 
     The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'); stdout holds the
@@ -166,9 +181,10 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend
     import warnings
 
     from transduce.formats.text import iter_lines
-    from transduce.runtime.api import load
+    from transduce.runtime.api import backend_options, load
     from transduce.runtime.decoding import DecodingOptions
 
+    loading = backend_options(backend, cuda_graph, precision)
     out_path = renamed(out_path, old_output, "--out", "--output")
     out_path = "-" if out_path is None else out_path
     _check_counts(chunk_lines, threads, batch_tokens)
@@ -184,7 +200,7 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend
     # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
     first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
     translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
-                      max_batch_tokens=batch_tokens)
+                      max_batch_tokens=batch_tokens, **loading)
     part = chunk_lines or max(len(first), 1)
     progress = None if quiet else Progress(None if chunk_lines else len(first))
     finished = False

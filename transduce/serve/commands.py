@@ -8,6 +8,7 @@ import click
 
 from transduce.cli_errors import QUIET_HELP, cli_errors
 from transduce.runtime.api import BACKENDS
+from transduce.runtime.commands import gpu_options
 
 
 @click.command()
@@ -45,17 +46,21 @@ from transduce.runtime.api import BACKENDS
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@gpu_options
 @cli_errors(names={"beam_size": "--beam", "default_beam_size": "--beam"})
 def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queue, max_wait_ms, max_sentences,
-          max_body_bytes, request_timeout, beam, grace, api_key_file, scheduler, use_ray, replicas, address, quiet):
+          max_body_bytes, request_timeout, beam, grace, api_key_file, scheduler, use_ray, replicas, address, quiet,
+          precision, cuda_graph):
     """Serve translations over HTTP: POST /v1/translate, GET /v1/models, /healthz, /readyz, /metrics.
 
     One process owns the backend; one decode thread runs the running batch, which admits each request's
     sentences at the next step boundary where its rows fit and retires them as they finish. SIGTERM or
     Ctrl-C drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
     """
+    from transduce.runtime.api import backend_options
     from transduce.serve.service import ServiceOptions
 
+    loading = backend_options(backend, cuda_graph, precision)
     options = ServiceOptions(max_rows=max_rows, max_queue=max_queue, max_wait_ms=max_wait_ms,
                              max_sentences=max_sentences, request_timeout=request_timeout, default_beam_size=beam,
                              scheduler=scheduler)
@@ -64,7 +69,7 @@ def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queu
 
         sys.exit(run_ray(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads,
                          options=options, replicas=replicas, address=address, quiet=quiet, grace=grace,
-                         api_key_file=api_key_file, max_body_bytes=max_body_bytes))
+                         api_key_file=api_key_file, max_body_bytes=max_body_bytes, backend_options=loading))
     if address or replicas != 1:
         from transduce.errors import InputError
 
@@ -75,7 +80,8 @@ def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queu
         click.echo(text, err=True)
 
     sys.exit(run(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads, options=options,
-                 api_key_file=api_key_file, grace=grace, max_body_bytes=max_body_bytes, quiet=quiet, log=log))
+                 api_key_file=api_key_file, grace=grace, max_body_bytes=max_body_bytes, quiet=quiet, log=log,
+                 backend_options=loading))
 
 
 @click.command()

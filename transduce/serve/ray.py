@@ -62,7 +62,7 @@ def _deployment_class():
 
         def __init__(self, artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
                      options: dict | None = None, grace: float = 30.0, api_key_file: str | None = None,
-                     max_body_bytes: int = 1 << 20):
+                     max_body_bytes: int = 1 << 20, backend_options: dict | None = None):
             from transduce.serve.server import build_service, read_api_key
 
             self.grace = grace
@@ -70,7 +70,8 @@ def _deployment_class():
             self.api_key = read_api_key(api_key_file) if api_key_file else None
             self.max_body_bytes = max_body_bytes
             self.service, self.identity = build_service(artifact, backend, device, threads,
-                                                        ServiceOptions(**(options or {})))
+                                                        ServiceOptions(**(options or {})),
+                                                        backend_options=backend_options)
             self.replica = f"{socket.gethostname()}:{os.getpid()}"
 
         def __serve_build_asgi_app__(self):
@@ -96,7 +97,7 @@ def build_app(artifact: str, backend: str = "onnxruntime", device: str = "cpu", 
               options: ServiceOptions | None = None, replicas: int = 1, max_ongoing_requests: int = 64,
               max_queued_requests: int = 256, autoscaling_config: dict[str, Any] | None = None,
               num_cpus: float = 1.0, num_gpus: float = 0.0, name: str = "transduce", grace: float = 30.0,
-              api_key_file: str | None = None, max_body_bytes: int = 1 << 20):
+              api_key_file: str | None = None, max_body_bytes: int = 1 << 20, backend_options: dict | None = None):
     """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`.
     api_key_file: bearer auth, the file read by each replica (at the same path on every node)."""
     serve = _import_ray()
@@ -106,7 +107,8 @@ def build_app(artifact: str, backend: str = "onnxruntime", device: str = "cpu", 
                                   ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}, **scaling)
     return deployment.bind(os.path.abspath(artifact), backend, device, threads,
                            dataclasses.asdict(options or ServiceOptions()), grace,
-                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes)
+                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes,
+                           dict(backend_options or {}))
 
 
 def app(args: dict[str, str]):
@@ -129,7 +131,7 @@ def app(args: dict[str, str]):
 def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
             device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None, replicas: int = 1,
             address: str | None = None, quiet: bool = False, log=print, grace: float = 30.0,
-            api_key_file: str | None = None, max_body_bytes: int = 1 << 20) -> int:
+            api_key_file: str | None = None, max_body_bytes: int = 1 << 20, backend_options: dict | None = None) -> int:
     """`transduce serve --ray`: the deployment on a local Ray (or the cluster at `address`) until Ctrl-C or
     SIGTERM, then Serve shut down -> 0."""
     import signal
@@ -159,7 +161,8 @@ def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: s
 
             read_api_key(api_key_file)  # refused here, before any replica starts, if it cannot be read
         serve.run(build_app(artifact, backend, device, threads, options, replicas, num_gpus=gpus, grace=grace,
-                            api_key_file=api_key_file, max_body_bytes=max_body_bytes),
+                            api_key_file=api_key_file, max_body_bytes=max_body_bytes,
+                            backend_options=backend_options),
                   name="transduce", route_prefix="/")
         if not quiet:
             log(f"transduce serve --ray: {replicas} replica(s) of {artifact} on http://{host}:{port}/v1/translate")

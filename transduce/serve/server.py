@@ -56,12 +56,14 @@ def identity(translator, artifact_dir: str, backend: str, scheduler: str = "cont
 
 
 def build_service(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
-                  options: ServiceOptions | None = None, metrics: bool = True) -> tuple[DecodeService, dict]:
-    """The decode service over an artifact (or engine) directory, started and warmed up -> it, its identity."""
+                  options: ServiceOptions | None = None, metrics: bool = True,
+                  backend_options: dict | None = None) -> tuple[DecodeService, dict]:
+    """The decode service over an artifact (or engine) directory, started and warmed up -> it, its identity.
+    backend_options: the backend's own (runtime.api.backend_options: cuda_graph, precision)."""
     from transduce.runtime.api import load
     from transduce.serve.metrics import ServeMetrics
 
-    translator = load(artifact_dir, backend=backend, device=device, threads=threads)
+    translator = load(artifact_dir, backend=backend, device=device, threads=threads, **(backend_options or {}))
     service = DecodeService(translator, options, ServeMetrics() if metrics else None)
     service.start()
     return service, identity(translator, artifact_dir, backend, service.options.scheduler)
@@ -70,14 +72,14 @@ def build_service(artifact_dir: str, backend: str = "onnxruntime", device: str =
 def serve(artifact_dir: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
           device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None,
           api_key_file: str | None = None, grace: float = 30.0, max_body_bytes: int = 1 << 20,
-          quiet: bool = False, log=print) -> int:
+          quiet: bool = False, log=print, backend_options: dict | None = None) -> int:
     """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0)."""
     uvicorn = import_serving()
     from transduce.serve.app import create_app
 
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
-    service, ident = build_service(artifact_dir, backend, device, threads, options)
+    service, ident = build_service(artifact_dir, backend, device, threads, options, backend_options=backend_options)
     app = create_app(service, ident, api_key, max_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
                             timeout_graceful_shutdown=grace, lifespan="off", access_log=not quiet)

@@ -8,7 +8,7 @@ import click
 
 from transduce.cli_errors import QUIET_HELP, cli_errors, renamed
 from transduce.formats.paths import check_output, write_error
-from transduce.runtime.commands import BACKEND_CHOICE, BACKEND_HELP
+from transduce.runtime.commands import BACKEND_CHOICE, BACKEND_HELP, gpu_options
 
 
 @click.command()
@@ -33,21 +33,24 @@ from transduce.runtime.commands import BACKEND_CHOICE, BACKEND_HELP
 @click.option("--json", "old_json", type=click.Path(), hidden=True, help="Deprecated spelling of --out.")
 @click.option("--force", is_flag=True, help="Replace an existing --out file.")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
+@gpu_options
 @cli_errors(names={"beam_size": "--beam"})
 def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, reference_device, beam, nbest,
-           out_path, old_json, force, quiet):
+           out_path, old_json, force, quiet, precision, cuda_graph):
     """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
 
     The report goes to stdout (and, as JSON, to --out). Exits 1 when parity fails, so it can gate CI.
     """
+    from transduce.runtime.api import backend_options
     from transduce.verify.parity import parity_for_artifact
 
+    options = backend_options(backend, cuda_graph, precision)
     out_path = renamed(out_path, old_json, "--out", "--json")
     if out_path is not None:
         check_output(out_path, "--out", force, stdout=False)  # before the run, not after it
     report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
                                  sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest,
-                                 reference_device=reference_device)
+                                 reference_device=reference_device, **options)
     report.print()
     if out_path is not None:
         from transduce.formats.atomic import write_json_atomic

@@ -368,9 +368,10 @@ def _check_quantized_graphs(art_dir: str, method: str) -> None:
 def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
                         input_path: str | None = None, sentences: int = 200, backend: str = "onnxruntime",
                         device: str = "cpu", beam: int = 4, nbest: int = 1,
-                        reference_device: str = "cpu") -> ParityReport:
+                        reference_device: str = "cpu", **options) -> ParityReport:
     """`transduce parity`: load both backends and the sample, run `run_parity`. The reference is the eager
-    model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record)."""
+    model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record).
+    options: the candidate's (runtime.api.backend_options); a torch candidate is held to its precision's policy."""
     from transduce.runtime.api import make_backend, source_model_dir
     from transduce.runtime.backends.torch_backend import TorchBackend
     from transduce.runtime.devices import torch_device
@@ -383,11 +384,12 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     reference_device = torch_device(reference_device, "--reference-device")
     if backend == "torch":
         device = torch_device(device, "--device")
-    if backend == "torch" and reference_device == device:
+    same_model = options.get("precision", "fp32") == "fp32" and not options.get("cuda_graph")
+    if backend == "torch" and reference_device == device and same_model:
         raise InputError(f"parity --backend torch on {device} would compare eager PyTorch with itself (the reference "
                          f"runs on --reference-device {reference_device})",
-                         hint="check an exported backend (--backend onnxruntime or tensorrt), or eager PyTorch on "
-                              "another device: --device cuda --reference-device cpu")
+                         hint="check an exported backend (--backend onnxruntime or tensorrt), eager PyTorch on "
+                              "another device (--device cuda --reference-device cpu) or at another --precision")
     targets = None
     if data:
         from transduce.formats.parallel import read_parallel
@@ -405,16 +407,16 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
 
         _, valid = demo_corpus(n_train=0, n_valid=sentences)
         sources, targets = [s for s, _ in valid], [t for _, t in valid]
-    candidate = make_backend(artifact_dir, backend, device, model_dir=model_dir)
+    candidate = make_backend(artifact_dir, backend, device, model_dir=model_dir, **options)
     art_dir = candidate.artifact_dir or artifact_dir  # the eager model's backend loaded no artifact
     manifest = read_manifest(art_dir, verify_hashes=False)
     reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
     tokenizer = Tokenizer.from_file(os.path.join(art_dir, TOKENIZER_FILE))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime, TensorRT
     # engines (built from unquantized exports only) to their precision's, and eager PyTorch, which runs
-    # the fp32 source model whatever the artifact's precision, to fp32's
+    # the source model at its own --precision whatever the artifact's, to that one's
     quantized = quantization(manifest) if backend == "onnxruntime" else None
-    precision = "fp32" if backend == "torch" else quantized or manifest["precision"]
+    precision = options.get("precision", "fp32") if backend == "torch" else quantized or manifest["precision"]
     if precision not in POLICIES:
         raise ArtifactError(f"{art_dir}: its manifest says {'quantization' if quantized else 'precision'} "
                             f"{precision!r}, which parity has no tolerances for (it knows {', '.join(POLICIES)})",
@@ -423,6 +425,6 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
         _check_quantized_graphs(art_dir, quantized)
     if backend == "tensorrt":
         device = str(candidate.device)  # TensorRT runs on a GPU whatever --device said
-    name = f"{backend}:{device} ({precision})"
+    name = f"{backend}:{device} ({precision}{', CUDA graphs' if options.get('cuda_graph') else ''})"
     return run_parity(reference, candidate, tokenizer, sources, targets, precision=precision,
                       beam_size=beam, nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}")

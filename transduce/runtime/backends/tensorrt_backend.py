@@ -18,7 +18,8 @@ or cache longer than the engines were built for is an EngineError naming the `tr
 
 CUDA graphs (cuda_graph=True): a step run in one chunk is captured per (profile, shapes, addresses) right
 after a normal run with those shapes, and replayed while they hold (rows, capacity, source length and
-buffers unchanged). A failed capture switches graphs off for the backend, with a warning.
+buffers unchanged). A failed capture switches graphs off for the backend, with a warning. The bookkeeping
+is cuda_graphs.GraphSet's, shared with the eager backend's CUDA graphs.
 
 The tests run it against a test double of TensorRT on the CPU, and for real on a GPU
 (tests/runtime/test_tensorrt_backend.py).
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +39,9 @@ from transduce.formats import engine as engine_format
 from transduce.formats.profiles import choose_chunks, plan_from_meta
 from transduce.runtime.backends import tensorrt_support as trt_support
 from transduce.runtime.backends.base import Backend, banned_ids, move_rows_torch
+from transduce.runtime.backends.cuda_graphs import CudaCapturer, GraphSet, GraphStats
 from transduce.runtime.backends.tensorrt_runner import ALIGN, EngineRunner, freeze
 from transduce.runtime.checks import check_engine_dir
-
-MAX_GRAPHS_PER_RUN = 16  # captured step graphs kept per decoding run (each is a few kernels' worth of host memory)
 
 
 def _torch():
@@ -79,7 +78,7 @@ class _State:
     cross: dict[str, Any] = field(default_factory=dict)  # bound cross K/V + "src_lengths": enc's or gathered
     cross_buf: dict[str, Any] | None = None  # gather destinations (row_cap rows), allocated when first needed
     position: int = 0
-    graphs: dict[tuple, Any] = field(default_factory=dict)
+    graphs: GraphSet | None = None  # the step's graphs over this run's buffers (cuda_graph=True)
 
 
 class TensorRTBackend(Backend):
@@ -128,16 +127,14 @@ class TensorRTBackend(Backend):
         self.cache_names = [f"past_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.new_names = [f"new_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.cross_names = [f"cross_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
-        self.cuda_graph = bool(cuda_graph) and self.on_cuda
-        self.graph_captures = 0
-        self.graph_replays = 0
-        self.graph_error: str | None = None
+        self.graph_stats = GraphStats(enabled=bool(cuda_graph) and self.on_cuda)
         if self.on_cuda:
             torch.cuda.set_device(self.device)
             self.stream = torch.cuda.Stream(device=self.device)
             self.stream_handle = int(self.stream.cuda_stream)
+            self._capturer = CudaCapturer(torch, self.stream)
         else:
-            self.stream, self.stream_handle = None, 0
+            self.stream, self.stream_handle, self._capturer = None, 0, None
         rebuild = engine_format.rebuild_command(self.engine_dir, self.meta)
         self._logger = trt_support.make_logger(trt, self._log)
         self._runtime = trt.Runtime(self._logger.ilogger)
@@ -287,7 +284,8 @@ class TensorRTBackend(Backend):
         state.cross_buf = None  # gathered cross K/V must be gathered again into buffers of the new size
         state.row_src = np.array([-1])
         state.row_cap = rows
-        state.graphs.clear()
+        if self.cuda_graph:  # new buffers: the graphs of the old ones must not be replayed
+            state.graphs = GraphSet(self._capturer, self.graph_stats, "TensorRT step")
 
     def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
         """Bind the encoder's cross K/V for rows decoding sources row_src: as they are for the identity
@@ -333,59 +331,33 @@ class TensorRTBackend(Backend):
         return shapes, addresses, out_shapes, keep, copy_back
 
     def _launch(self, state: _State, prof: int, shapes, addresses, out_shapes, single_chunk: bool) -> None:
-        """Run the step engine once: a captured CUDA graph where one is valid, else execute_async_v3."""
-        runner = self._step
-        if not (self.cuda_graph and single_chunk):
-            runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
-            return
-        c = runner.context(prof, self.stream_handle)
-        skey = freeze(shapes)
-        key = (prof, skey, freeze(addresses))
-        graph = state.graphs.get(key)
-        if graph is not None and c.last_run_shapes == skey:
-            graph.replay()
-            self.graph_replays += 1
-            return
-        if graph is None and c.last_run_shapes == skey:  # warm: the last run of this context had these shapes
-            torch = self.torch
-            runner.set_io(c, shapes, addresses, out_shapes)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                ok = self._capture(graph, c.ctx)
-                if not ok:
-                    raise EngineError(f"execute_async_v3 failed under capture: {self._logger.recent()}")
-            except Exception as e:  # noqa: BLE001 - any capture failure means: run without graphs
-                self.cuda_graph = False
-                self.graph_error = f"{type(e).__name__}: {e}"
-                warnings.warn(f"TensorRT step could not be captured in a CUDA graph ({self.graph_error}); "
-                              "continuing without CUDA graphs", stacklevel=3)
-                runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
-                return
-            if len(state.graphs) >= MAX_GRAPHS_PER_RUN:
-                state.graphs.pop(next(iter(state.graphs)))
-            state.graphs[key] = graph
-            self.graph_captures += 1
-            graph.replay()
-            self.graph_replays += 1
-            return
-        runner.run(prof, shapes, addresses, out_shapes, self.stream_handle)
+        """Run the step engine once: replayed from a captured CUDA graph where one is valid, else
+        execute_async_v3 (cuda_graphs.GraphSet decides; only a run bound in place in one chunk is captured)."""
 
-    def _capture(self, graph, ctx) -> bool:
-        """Capture one execute_async_v3 of `ctx` into `graph` on the backend's stream; -> its status.
+        def body():
+            self._step.run(prof, shapes, addresses, out_shapes, self.stream_handle)
 
-        Not `with torch.cuda.graph(...)`: its entry synchronizes the device and empties torch's caching
-        allocator (torch.cuda.empty_cache) on every capture, and a decode captures again whenever its rows or
-        buffers change (a sentence ends, a beam regathers), so every later allocation would go back to
-        cudaMalloc. "thread_local": CUDA calls of other threads (another backend, a data loader) during the
-        capture neither fail it nor are captured."""
-        self.stream.synchronize()  # the graph starts from finished work, as the context's warm run left it
-        with self.torch.cuda.stream(self.stream):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                ok = ctx.execute_async_v3(self.stream_handle)
-            finally:
-                graph.capture_end()
-        return bool(ok)
+        if not self.cuda_graph:
+            body()
+            return
+        state.graphs.run((prof, freeze(shapes), freeze(addresses)), body, capturable=single_chunk)
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether steps are captured: asked for, on a GPU, and no capture has failed."""
+        return self.graph_stats.enabled
+
+    @property
+    def graph_captures(self) -> int:
+        return self.graph_stats.captures
+
+    @property
+    def graph_replays(self) -> int:
+        return self.graph_stats.replays
+
+    @property
+    def graph_error(self) -> str | None:
+        return self.graph_stats.error
 
     def _run(self, state: _State, tokens: np.ndarray) -> None:
         p = state.position

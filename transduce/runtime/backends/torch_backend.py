@@ -6,6 +6,7 @@ admits rows into a running batch (their own positions; cross K/V padded to the w
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,26 +37,49 @@ class _State:
     row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (admit)
 
 
+def merge_padded(a, keep, b, dim: int):
+    """Rows `keep` of a (an index tensor) then every row of b, along axis 0, both zero-padded along `dim`
+    to the wider of the two (an admitted batch's encoder results beside the running ones)."""
+    import torch
+
+    width = max(a.shape[dim], b.shape[dim])
+    pad = [0, 0] * (a.dim() - 1 - dim)
+    a = torch.nn.functional.pad(a.index_select(0, keep), pad + [0, width - a.shape[dim]])
+    return torch.cat([a, torch.nn.functional.pad(b, pad + [0, width - b.shape[dim]])])
+
+
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, model, device: str = "cpu"):
+    def __init__(self, model, device: str = "cpu", precision: str = "fp32"):
+        """precision: the weights' dtype, fp32, fp16 or bf16 (the model keeps softmax, LayerNorm, the residual
+        sums and the log-softmax in fp32); another than the model's own runs on a copy of it."""
         import torch
 
+        from transduce.formats.dtypes import PRECISION_DTYPES
         from transduce.runtime.devices import torch_device
 
+        if precision not in PRECISION_DTYPES:
+            raise BackendUnavailable(f"the torch backend has no precision {precision!r}",
+                                     hint=f"one of {', '.join(PRECISION_DTYPES)}")
         self.torch = torch
         self.device = torch.device(torch_device(device, unavailable=BackendUnavailable))
+        self.precision = precision
+        self.dtype = getattr(torch, PRECISION_DTYPES[precision])
+        if next(model.parameters()).dtype != self.dtype:  # the caller's model keeps its weights
+            model = copy.deepcopy(model).to(self.dtype)
         self.model = model.to(self.device).eval()
         self.config = model.cfg.to_dict()
-        self.dtype = next(model.parameters()).dtype
 
     @classmethod
-    def from_model_dir(cls, path: str, device: str = "cpu") -> TorchBackend:
+    def from_model_dir(cls, path: str, device: str = "cpu", precision: str = "fp32", **options) -> TorchBackend:
         from transduce.models.checkpoint import load_model_dir
 
         model, _, _ = load_model_dir(path, device="cpu")
-        return cls(model, device)
+        return cls(model, device, precision, **options)
+
+    def tuning(self) -> dict[str, Any]:
+        return {"precision": self.precision, "cuda_graph": False}
 
     def _long(self, a: np.ndarray):
         return self.torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
@@ -158,18 +182,11 @@ class TorchBackend(Backend):
         torch = self.torch
         kept, inverse = renumbered_sources(state.row_src)
         old, n_new = state.enc, len(enc.src_lengths)
-        width = max(old.memory.shape[1], enc.memory.shape[1])
         keep = self._long(kept)
-
-        def merged(a, b, dim: int):
-            pad = [0, 0] * (a.dim() - 1 - dim)
-            a = torch.nn.functional.pad(a.index_select(0, keep), pad + [0, width - a.shape[dim]])
-            return torch.cat([a, torch.nn.functional.pad(b, pad + [0, width - b.shape[dim]])])
-
         with torch.inference_mode():
-            state.enc = _Encoded(merged(old.memory, enc.memory, 1),
-                                 [merged(a, b, 2) for a, b in zip(old.cross_k, enc.cross_k, strict=True)],
-                                 [merged(a, b, 2) for a, b in zip(old.cross_v, enc.cross_v, strict=True)],
+            state.enc = _Encoded(merge_padded(old.memory, keep, enc.memory, 1),
+                                 [merge_padded(a, keep, b, 2) for a, b in zip(old.cross_k, enc.cross_k, strict=True)],
+                                 [merge_padded(a, keep, b, 2) for a, b in zip(old.cross_v, enc.cross_v, strict=True)],
                                  torch.cat([old.src_lengths.index_select(0, keep), enc.src_lengths]))
             p = state.position
             for cache in (state.cache_k, state.cache_v):
