@@ -128,6 +128,7 @@ def test_every_endpoint_but_healthz_needs_the_bearer_token(server):
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (path, headers)
     model = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]
     assert model["precision"] == "fp32" and model["backend"] == "onnxruntime" and len(model["manifest_sha256"]) == 64
+    assert model["cuda_graph"] is False
     assert model["contract_version"] >= 1
     assert KEY not in server.output()
 

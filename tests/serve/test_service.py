@@ -30,3 +30,42 @@ def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, schedu
     finally:
         service.stop()
     assert not service.alive()
+
+
+def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_model):
+    """Concurrent clients on the CUDA-graph backend (its capture double on the CPU): each gets offline
+    decoding's translations while the running batch admits and retires rows in its slabs."""
+    import os
+
+    from cuda_graph_fake import HostCapturer
+
+    from transduce.runtime.api import load
+    from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
+    from transduce.runtime.translator import Translator
+    from transduce.serve.service import DecodeService, ServiceOptions
+    from transduce.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_file(os.path.join(tiny_artifact_dir, "tokenizer.json"))
+    backend = TorchGraphBackend(tiny_model, "cpu", _capturer=HostCapturer())
+    service = DecodeService(Translator(backend, tokenizer), ServiceOptions(max_rows=32))
+    service.start()
+    try:
+        cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + j % 3}) for j in range(6)]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        offline = load(tiny_artifact_dir, backend="torch")
+        for (texts, opts), got in zip(cases, answers, strict=True):
+            want = offline.translate(texts, **opts)
+            assert [g.tokens for g in got] == [w.tokens for w in want]
+            np.testing.assert_allclose([g.score for g in got], [w.score for w in want], atol=1e-4)
+    finally:
+        service.stop()
+    assert backend.stats.replays > backend.stats.captures > 0
+
+
+def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir):
+    from transduce.serve.server import build_service
+
+    service, ident = build_service(tiny_artifact_dir, "torch", threads=1, backend_options={"precision": "bf16"})
+    service.stop()
+    assert (ident["backend"], ident["precision"], ident["cuda_graph"]) == ("torch", "bf16", False)

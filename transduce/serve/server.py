@@ -49,7 +49,10 @@ def identity(translator, artifact_dir: str, backend: str, scheduler: str = "cont
             digest = hashlib.sha256(f.read()).hexdigest()
     return {"id": os.path.basename(os.path.abspath(artifact_dir)), "object": "model", "backend": backend,
             "scheduler": scheduler,
-            "device": str(be.device), "manifest_sha256": digest, "precision": manifest.get("precision"),
+            "device": str(be.device), "manifest_sha256": digest,
+            # the torch backend's own precision (--precision), an exported backend's from its manifest
+            "precision": getattr(be, "precision", None) or manifest.get("precision"),
+            "cuda_graph": bool(getattr(be, "cuda_graph", False)),
             "contract_version": manifest.get("contract_version"), "kind": manifest.get("kind"),
             "model": {k: be.config.get(k) for k in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
                                                     "n_heads", "max_positions")}}

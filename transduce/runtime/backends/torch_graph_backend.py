@@ -128,6 +128,11 @@ class TorchGraphBackend(TorchBackend):
     def _zeros(self, shape, dtype=None):
         return self.torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
 
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether runs are captured (no capture has failed)."""
+        return self.stats.enabled
+
     def tuning(self) -> dict[str, Any]:
         idle = sum(1 for s in self._slabs if not _busy(s))
         return {"precision": self.precision, **self.stats.to_dict(), "step_slabs": len(self._slabs),
@@ -172,10 +177,11 @@ class TorchGraphBackend(TorchBackend):
 
     def encoder_outputs(self, enc: _Encoded) -> dict[str, np.ndarray]:
         s = enc.src_len
-        out = {"memory": enc.memory[:, :s].float().cpu().numpy()}
-        for i in range(self.layers):
-            out[f"cross_key_{i}"] = enc.cross[:, 2 * i, :, :s].float().cpu().numpy()
-            out[f"cross_value_{i}"] = enc.cross[:, 2 * i + 1, :, :s].float().cpu().numpy()
+        with self._work():  # read on the stream that wrote them
+            out = {"memory": enc.memory[:, :s].float().cpu().numpy()}
+            for i in range(self.layers):
+                out[f"cross_key_{i}"] = enc.cross[:, 2 * i, :, :s].float().cpu().numpy()
+                out[f"cross_value_{i}"] = enc.cross[:, 2 * i + 1, :, :s].float().cpu().numpy()
         return out
 
     # -- slabs ------------------------------------------------------------------------------------
