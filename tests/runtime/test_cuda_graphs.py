@@ -57,8 +57,8 @@ def test_a_key_runs_normally_once_then_is_captured_and_replayed():
     graphs = GraphSet(capturer, stats, "step")
     for key in ["a", "a", "a", "b", "b", "a"]:
         graphs.run(key, lambda key=key: ran.append(key))
-    # a: normal, captured (recorded, not run) + replayed, replayed; b: normal, captured + replayed; a: replayed
-    assert ran == ["a", "a", "a", "b", "b", "a"]
+    # a: normal, captured (the double's dry run) + replayed, replayed; b: normal, captured + replayed; a: replayed
+    assert ran == ["a", "a", "a", "a", "b", "b", "b", "a"]
     assert capturer.log == ["capture", "replay", "replay", "capture", "replay", "replay"]
     assert (stats.captures, stats.replays) == (2, 4)
 
@@ -298,3 +298,16 @@ def test_gpu_reduced_precision_passes_parity_on_the_demo_model(demo_artifact_dir
     report = parity_for_artifact(demo_artifact_dir, sentences=40, backend="torch", device="cuda", beam=4,
                                  precision=precision, cuda_graph=True)
     assert report.passed, report.to_dict()
+
+
+def test_the_capture_double_refuses_what_a_graph_cannot_hold():
+    """An op that needs its data on the host fails the (double's) capture, so it fails in CI, not on a GPU."""
+    capturer = HostCapturer()
+    flags = torch.tensor([1, 0, 1])
+    with pytest.raises(Exception, match="nonzero|dynamic"):
+        capturer.capture(lambda: flags.nonzero())
+    with pytest.raises(Exception, match="item|local_scalar|[Dd]ata.dependent"):
+        capturer.capture(lambda: flags.sum().item())
+    out = torch.zeros(3)
+    capturer.capture(lambda: out.copy_(flags * 2.0))  # recorded, not run
+    assert out.tolist() == [0.0, 0.0, 0.0]
