@@ -311,3 +311,17 @@ def test_the_capture_double_refuses_what_a_graph_cannot_hold():
     out = torch.zeros(3)
     capturer.capture(lambda: out.copy_(flags * 2.0))  # recorded, not run
     assert out.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_idle_slabs_are_bounded_in_memory(graphed, monkeypatch):
+    from transduce.runtime.backends import torch_graph_backend
+
+    opts = DecodingOptions(beam_size=2, max_len_b=6)
+    for n in (1, 3, 9):  # three row buckets
+        decode(graphed, *_batch(graphed.config, n, n), opts)
+    before = graphed.tuning()["idle_step_slabs"]
+    assert before >= 3
+    monkeypatch.setattr(torch_graph_backend, "MAX_FREE_BYTES", 1)
+    decode(graphed, *_batch(graphed.config, 17, 4), opts)  # each slab taken drops every idle one
+    # what is left: the slabs this run handed back after its last take (17 rows, 34 with beams, then fewer)
+    assert graphed.tuning()["idle_step_slabs"] <= 2 < before

@@ -15,7 +15,8 @@ addresses it was captured with, so this backend decodes in static buffers:
 - Rows that outgrow a slab, or shrink to a quarter of it, move to a slab of their bucket (the filled cache
   slots are copied); a beam reorder within a slab moves only the rows whose history changed, in place.
 - Slabs are pooled on the backend across runs (`end` hands one back; a state dropped without `end` frees
-  its slab too); at most MAX_FREE_SLABS idle ones are kept, the least recently used dropped with its graphs.
+  its slab too); at most MAX_FREE_SLABS idle ones (and MAX_FREE_BYTES in them) are kept, the least recently
+  used dropped with its graphs.
 - The encoder runs in slabs of (batch, source length) buckets too; its outputs are copied out, so a later
   encode cannot overwrite a batch still decoding.
 
@@ -44,6 +45,7 @@ from transduce.runtime.backends.torch_backend import TorchBackend, merge_padded
 SRC_STEP = 16  # source lengths are captured in multiples of this many positions
 CAPACITY_STEP = 32  # and cache capacities in multiples of this many slots
 MAX_FREE_SLABS = 8  # idle step slabs kept for later runs (each holds a cache and its graphs)
+MAX_FREE_BYTES = 2 << 30  # and at most this much memory in them (a base-sized slab of 64 rows is ~0.4 GB)
 MAX_ENCODER_SLABS = 8
 
 
@@ -206,8 +208,8 @@ class TorchGraphBackend(TorchBackend):
         slab.owner = weakref.ref(state)
         self._slabs.append(slab)
         idle = [s for s in self._slabs if not _busy(s)]
-        for s in idle[: max(0, len(idle) - MAX_FREE_SLABS)]:
-            self._slabs.remove(s)
+        while idle and (len(idle) > MAX_FREE_SLABS or sum(_bytes(s) for s in idle) > MAX_FREE_BYTES):
+            self._slabs.remove(idle.pop(0))
         return slab
 
     def _new_slab(self, key: tuple[int, int, int]) -> _Slab:
@@ -346,6 +348,10 @@ class TorchGraphBackend(TorchBackend):
 def _interleaved(keys: list, values: list) -> list:
     """[k0, v0, k1, v1, ...]: the layout of a slab's cache and cross buffers."""
     return [t for pair in zip(keys, values, strict=True) for t in pair]
+
+
+def _bytes(slab: _Slab) -> int:
+    return sum(t.numel() * t.element_size() for t in (slab.cache, slab.cross, slab.log_probs))
 
 
 def _busy(slab: _Slab) -> bool:
