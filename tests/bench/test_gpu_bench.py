@@ -139,9 +139,11 @@ def test_the_report_holds_gpu_rows_to_the_gpu_floor_of_their_precision():
     rows = _rows(text)
     floors = result["sizes"][0]["cells"][0]["gpu_floors"]
     assert rows["torch"][10] == "50%"  # the CPU row against the CPU floor
-    assert rows["torch-cuda"][10] == f"{100 * floors['fp32']['decode_ms'] / 150.0:.0f}%"
-    assert rows["torch-cuda-fp16"][10] == f"{100 * floors['fp16']['decode_ms'] / 140.0:.0f}%"
-    assert rows["torch-cuda-graph-fp16"][10] == f"{100 * floors['fp16']['decode_ms'] / 14.0:.0f}%"
+    # one decimal below 10%: these floors are a small share of eager decoding's time
+    assert rows["torch-cuda"][10] == f"{100 * floors['fp32']['decode_ms'] / 150.0:.1f}%"
+    assert rows["torch-cuda-fp16"][10] == f"{100 * floors['fp16']['decode_ms'] / 140.0:.1f}%"
+    assert rows["torch-cuda-graph-fp16"][10] == f"{100 * floors['fp16']['decode_ms'] / 14.0:.1f}%"
+    assert float(rows["torch-cuda"][10][:-1]) > 0 and float(rows["torch-cuda-fp16"][10][:-1]) > 0
     assert rows["tensorrt"][10] == "GPU§"  # its engine's precision is not known: no floor at all
     assert all(rows[n][11] == "GPU§" for n in ("torch-cuda", "torch-cuda-graph-fp16", "tensorrt"))
     assert "*GPU floor fp16*" in rows and "*GPU floor fp32*" in rows and "*floor*" in rows

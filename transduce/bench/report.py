@@ -286,7 +286,7 @@ def _system_row(c: dict[str, Any], name: str, x: dict[str, Any], floor: float | 
         marks.gpu = True
         gpu_floor = gpu_row_floor(c, name)  # the GPU's floor at the row's precision, never the CPU's
         if gpu_floor:
-            pct = _floor_pct(gpu_floor, st["decode_ms"]["median"], marks)
+            pct = _floor_pct(gpu_floor, st["decode_ms"]["median"], marks, fine=True)
             marks.gpu_floor = True
     else:
         pct = _floor_pct(floor, st["decode_ms"]["median"], marks) if floor else "–"
@@ -296,9 +296,11 @@ def _system_row(c: dict[str, Any], name: str, x: dict[str, Any], floor: float | 
             f"{_ms(st.get('first_ms'), 2)} | {pct} | {ratio} | {other} |")
 
 
-def _floor_pct(floor: float, decode_ms: float, marks: _Marks) -> str:
-    """floor ÷ measured decode time, daggered (and marked) where the measurement beat the floor."""
-    pct = f"{100 * floor / decode_ms:.0f}%"
+def _floor_pct(floor: float, decode_ms: float, marks: _Marks, fine: bool = False) -> str:
+    """floor ÷ measured decode time, daggered (and marked) where the measurement beat the floor; `fine`: one
+    decimal below 10% (a GPU's floor is often a small share of eager decoding's time)."""
+    share = 100 * floor / decode_ms
+    pct = f"{share:.1f}%" if fine and share < 10 else f"{share:.0f}%"
     if floor > decode_ms:
         pct += "†"
         marks.over = True
