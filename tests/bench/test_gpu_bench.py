@@ -198,3 +198,23 @@ def test_a_run_without_cuda_skips_the_graph_systems_and_times_the_cpu_ones(tmp_p
     md = (out / "bench.md").read_text(encoding="utf-8")
     skipped = [line for line in md.splitlines() if line.startswith("- torch-cuda-graph not timed: ")]
     assert len(skipped) == 1 and "sees no usable CUDA GPU" in skipped[0], skipped
+
+
+def test_the_worker_passes_only_the_options_that_differ_from_the_torch_backends_defaults(monkeypatch):
+    """Plain torch-cuda loads with no options (a backend without cuda_graph/precision still takes it); without
+    CUDA every torch-cuda system is refused by the same device check, before any option."""
+    import torch
+
+    from transduce.bench.worker import _torch_cuda_options
+    from transduce.errors import BackendUnavailable
+    from transduce.runtime import devices
+
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailable, match="sees no usable CUDA GPU"):
+            _torch_cuda_options(True, "fp16")
+    monkeypatch.setattr(devices, "torch_device", lambda *a, **k: "cuda:0")
+    assert _torch_cuda_options(*torch_cuda_system("torch-cuda")) == {}
+    assert _torch_cuda_options(*torch_cuda_system("torch-cuda-bf16")) == {"precision": "bf16"}
+    assert _torch_cuda_options(*torch_cuda_system("torch-cuda-graph")) == {"cuda_graph": True}
+    assert _torch_cuda_options(*torch_cuda_system("torch-cuda-graph-fp16")) == {"cuda_graph": True,
+                                                                               "precision": "fp16"}
