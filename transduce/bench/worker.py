@@ -129,8 +129,8 @@ class _Ours:
                 self.info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(self.backend.device),
                                  cuda_graph=on_cuda[0], precision=on_cuda[1])
                 tuning = getattr(self.backend, "tuning", None)
-                if tuning is not None:
-                    self.info["tuning"] = tuning()
+                if tuning is not None:  # JSON-safe: a value json cannot write would fail the whole load reply
+                    self.info["tuning"] = json.loads(json.dumps(tuning(), default=str))
         elif system == "onnxruntime":
             import onnxruntime
 
