@@ -46,15 +46,18 @@ skipped() {  # skipped NAME GATING WHY: a step that cannot run here, listed with
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
     EXTRAS=gpu,dev bash scripts/setup.sh || { echo "setup failed" >&2; exit 1; }
 fi
-# "yes" where torch sees a GPU, else why not (the GPU steps are then listed as skipped with that reason)
+# "yes" where torch sees a GPU, else why not in a few words (the GPU steps' reason in the table; the hint on stderr)
 CUDA=$("$PY" - <<'EOF'
+import sys
 import torch
-print("yes" if torch.cuda.is_available() else
-      f"PyTorch {torch.__version__} sees no CUDA GPU: install a CUDA build of torch (TORCH_VERSION=... with the "
-      "CUDA index) and check nvidia-smi")
+if torch.cuda.is_available():
+    print("yes")
+else:
+    print(f"no CUDA GPU (torch {torch.__version__})")
+    print(f"PyTorch {torch.__version__} sees no CUDA GPU, the GPU steps are skipped: install a CUDA build of torch "
+          "(TORCH_VERSION=... with the CUDA index) and check nvidia-smi", file=sys.stderr)
 EOF
 ) || { echo "$PY cannot import torch" >&2; exit 1; }
-[ "$CUDA" = yes ] || echo "no CUDA here, the GPU steps are skipped: $CUDA" >&2
 # "yes" where TensorRT imports, else why not (without CUDA: why there is none); the GPU's description on stderr
 TRT=$CUDA
 if [ "$CUDA" = yes ]; then
