@@ -174,10 +174,13 @@ results, workdir = sys.argv[1], sys.argv[2]
 console = Console()
 ok = True
 t = Table(title=f"GPU check ({workdir})")
-for col in ("step", "gating", "result", "seconds", "details"):
+lines = open(os.path.join(results, "steps.tsv")).read().splitlines()
+# the step names whole (parity-torch-cuda-graph-bf16 ...): the details column wraps instead
+t.add_column("step", min_width=max([len(line.split("\t")[0]) for line in lines] + [4]), no_wrap=True)
+for col in ("gating", "result", "seconds", "details"):
     t.add_column(col)
-for line in open(os.path.join(results, "steps.tsv")):
-    name, gating, rc, secs, *why = line.rstrip("\n").split("\t")
+for line in lines:
+    name, gating, rc, secs, *why = line.split("\t")
     details = why[0] if why else ""  # a skipped step's reason
     if rc == "skipped":
         pass
@@ -186,8 +189,10 @@ for line in open(os.path.join(results, "steps.tsv")):
         if os.path.isfile(path):
             r = json.load(open(path))
             seqs = ", ".join(f"{s['mode']} {s['identical']}/{s['sentences']}" for s in r.get("sequences", []))
-            lp = [s for s in r.get("teacher_forced", []) if s.get("name") == "log_probs"]
-            details = seqs + (f", log_probs max abs {lp[0]['max_abs']:.1e}" if lp else "")
+            # "log_probs", or one per graph ("log_probs [decoder_step.onnx]"): the largest
+            lp = [s["max_abs"] for s in r.get("teacher_forced", []) if s.get("name", "").startswith("log_probs")]
+            details = (f"{r['precision']} policy: " if r.get("precision") else "") + seqs
+            details += f", log_probs max abs {max(lp):.1e}" if lp else ""
     elif name.startswith("build-"):
         path = os.path.join(workdir, f"engine-{name.split('-')[1]}", "engine.json")
         if os.path.isfile(path):
