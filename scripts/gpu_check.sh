@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The whole GPU path on a machine with an NVIDIA GPU, end to end, with one summary table at the end:
 #   install the gpu extra -> demo model (trained on the GPU once, then reused) -> fp32 and fp16 artifacts ->
-#   eager PyTorch on CUDA checked against the CPU -> TensorRT engines -> decode smoke test -> parity against
-#   eager PyTorch (fp32: identical greedy and beam tokens; fp16: >= 99% identical, the parity policy) ->
-#   pytest -m gpu -> transduce bench (torch on the CPU and CUDA, ONNX Runtime, TensorRT).
-# Without TensorRT its steps are listed as skipped and the rest runs: CUDA eager, the GPU tests (those of the
-# TensorRT backend run against its test double on the GPU), the benchmark.
+#   eager PyTorch on CUDA checked against the CPU -> the same with its step in CUDA graphs at fp32, fp16 and
+#   bf16 (each held to its precision's parity policy) and a decode smoke test of it -> TensorRT engines ->
+#   decode smoke test -> parity against eager PyTorch (fp32: identical greedy and beam tokens; fp16: >= 99%
+#   identical, the parity policy) -> the CUDA-graph bookkeeping tests -> pytest -m gpu -> transduce bench (torch
+#   on the CPU, eager and CUDA-graph torch on CUDA at fp32/fp16/bf16, ONNX Runtime, TensorRT).
+# Without TensorRT its steps are listed as skipped and the rest runs: CUDA eager and graphs, the GPU tests (those
+# of the TensorRT backend run against its test double on the GPU), the benchmark.
+# Without CUDA every GPU step is listed as skipped with the reason, and what runs on a CPU still runs: the demo
+# model (trained on the CPU), the exports, the CUDA-graph bookkeeping tests, the summary table.
 # Exit status: 0 when every gating check that ran passed, 1 otherwise (the table says which).
 #
 # Environment: WORKDIR (default runs/demo), SENTENCES (parity sample, default 200), SKIP_SETUP=1 to use the
 # Python environment as it is, PYTHON (default .venv/bin/python) and TRANSDUCE (default .venv/bin/transduce)
-# to use another one, SKIP_PYTEST=1 to skip the GPU test suite, SKIP_BENCH=1 to skip the benchmark.
+# to use another one, SKIP_PYTEST=1 to skip the test suites, SKIP_BENCH=1 to skip the benchmark, DEMO_STEPS
+# (training steps of a demo model trained here; default: the demo's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORKDIR=${WORKDIR:-runs/demo}
@@ -41,13 +46,24 @@ skipped() {  # skipped NAME GATING WHY: a step that cannot run here, listed with
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
     EXTRAS=gpu,dev bash scripts/setup.sh || { echo "setup failed" >&2; exit 1; }
 fi
-# "yes" where TensorRT imports, else why not; the GPU's description on stderr
+# "yes" where torch sees a GPU, else why not in a few words (the GPU steps' reason in the table; the hint on stderr)
+CUDA=$("$PY" - <<'EOF'
+import sys
+import torch
+if torch.cuda.is_available():
+    print("yes")
+else:
+    print(f"no CUDA GPU (torch {torch.__version__})")
+    print(f"PyTorch {torch.__version__} sees no CUDA GPU, the GPU steps are skipped: install a CUDA build of torch "
+          "(TORCH_VERSION=... with the CUDA index) and check nvidia-smi", file=sys.stderr)
+EOF
+) || { echo "$PY cannot import torch" >&2; exit 1; }
+# "yes" where TensorRT imports, else why not (without CUDA: why there is none); the GPU's description on stderr
+TRT=$CUDA
+if [ "$CUDA" = yes ]; then
 TRT=$("$PY" - <<'EOF'
 import sys
 import torch
-if not torch.cuda.is_available():
-    sys.exit(f"PyTorch {torch.__version__} sees no CUDA GPU: install a CUDA build of torch (TORCH_VERSION=... "
-             "with the CUDA index) and check nvidia-smi")
 p = torch.cuda.get_device_properties(0)
 try:
     import tensorrt
@@ -59,18 +75,40 @@ print(f"GPU {p.name} (sm {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB),
 print("yes" if trt.startswith("TensorRT") else trt)
 EOF
 ) || exit 1
+fi
+
+gpu_step() {  # gpu_step NAME GATING COMMAND...: a step that needs CUDA, listed as skipped where it is missing
+    if [ "$CUDA" = yes ]; then
+        step "$@"
+    else
+        skipped "$1" "$2" "$CUDA"
+    fi
+}
 
 MODEL="$WORKDIR/model"
 if [ ! -f "$MODEL/config.json" ]; then
-    step demo 1 "$T" demo --workdir "$WORKDIR" --show 0 --device cuda || exit 1
+    DEVICE=cpu
+    [ "$CUDA" = yes ] && DEVICE=cuda
+    step demo 1 "$T" demo --workdir "$WORKDIR" --show 0 --device "$DEVICE" ${DEMO_STEPS:+--steps "$DEMO_STEPS"} \
+        || exit 1
 fi
 
 for p in fp32 fp16; do
     step "export-$p" 1 "$T" export "$MODEL" --out "$WORKDIR/artifact-$p" --precision "$p" --force
 done
 # eager PyTorch on the GPU against itself on the CPU (fp32 weights: the fp32 parity policy)
-step parity-torch-cuda 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda --beam 4 \
+gpu_step parity-torch-cuda 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda --beam 4 \
     -n "$SENTENCES" --out "$RESULTS/parity-torch-cuda.json" --force
+# its step in CUDA graphs, at each precision: the torch backend runs the source model at --precision, so the
+# fp32 artifact serves all three, each held to its precision's parity policy (fp32: identical)
+for p in fp32 fp16 bf16; do
+    gpu_step "parity-torch-cuda-graph-$p" 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda \
+        --cuda-graph --precision "$p" --beam 4 -n "$SENTENCES" --out "$RESULTS/parity-torch-cuda-graph-$p.json" \
+        --force
+done
+gpu_step decode-torch-cuda-graph 1 bash -c "printf 'three hundred and twelve\nforty-one\n' | '$T' decode \
+    '$WORKDIR/artifact-fp32' --backend torch --device cuda --cuda-graph --precision fp16 --beam 4 \
+    > '$RESULTS/decode-torch-cuda-graph.txt'"
 for p in fp32 fp16; do
     if [ "$TRT" != yes ]; then
         for s in build decode parity-trt; do skipped "$s-$p" 1 "$TRT"; done
@@ -83,7 +121,9 @@ for p in fp32 fp16; do
             -n "$SENTENCES" --out "$RESULTS/parity-trt-$p.json" --force
     fi
     # informational: the same artifact through ONNX Runtime's CUDA execution provider (onnxruntime-gpu)
-    if "$PY" -c "import onnxruntime, sys; sys.exit('CUDAExecutionProvider' not in onnxruntime.get_available_providers())"; then
+    if [ "$CUDA" != yes ]; then
+        skipped "parity-ort-cuda-$p" 0 "$CUDA"
+    elif "$PY" -c "import onnxruntime, sys; sys.exit('CUDAExecutionProvider' not in onnxruntime.get_available_providers())"; then
         step "parity-ort-cuda-$p" 0 "$T" parity "$WORKDIR/artifact-$p" --backend onnxruntime --device cuda --beam 4 \
             -n "$SENTENCES" --out "$RESULTS/parity-ort-cuda-$p.json" --force
     else
@@ -92,16 +132,33 @@ for p in fp32 fp16; do
 done
 
 if [ "${SKIP_PYTEST:-0}" != 1 ]; then
-    step pytest-gpu 1 "$PY" -m pytest -q -m gpu -rs tests
+    # the CUDA-graph bookkeeping and the bench's GPU side, checked on the CPU: they run with or without a GPU
+    # (those of these files that exist here)
+    TESTS=()
+    for f in tests/runtime/test_cuda_graphs.py tests/runtime/test_backends.py tests/bench; do
+        [ -e "$f" ] && TESTS+=("$f")
+    done
+    if [ ${#TESTS[@]} -gt 0 ]; then
+        step pytest-cuda-graph 1 "$PY" -m pytest -q -m "not slow" "${TESTS[@]}"
+    else
+        skipped pytest-cuda-graph 1 "none of its test files is here"
+    fi
+    gpu_step pytest-gpu 1 "$PY" -m pytest -q -m gpu -rs tests
+else
+    skipped pytest-cuda-graph 1 "SKIP_PYTEST=1"
+    skipped pytest-gpu 1 "SKIP_PYTEST=1"
 fi
 
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    # the trained demo model and its fp32 export, and the base shape: every system side by side
-    BACKENDS=torch,torch-cuda,onnxruntime
+if [ "${SKIP_BENCH:-0}" = 1 ]; then
+    skipped bench 0 "SKIP_BENCH=1"
+else
+    # the trained demo model and its fp32 export, and the base shape: every system side by side, eager and
+    # CUDA-graph torch on the GPU at fp32 and the half precisions
+    BACKENDS=torch,torch-cuda,torch-cuda-fp16,torch-cuda-graph,torch-cuda-graph-fp16,torch-cuda-graph-bf16,onnxruntime
     "$PY" -c "import ctranslate2" 2>/dev/null && BACKENDS=$BACKENDS,ctranslate2
     ENGINES=()
     [ "$TRT" = yes ] && ENGINES=(--engine "demo=$WORKDIR/engine-fp32")
-    step bench 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
+    gpu_step bench 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
         --backends "$BACKENDS" ${ENGINES[@]+"${ENGINES[@]}"} --out "$RESULTS/bench" --force
 fi
 
@@ -117,10 +174,13 @@ results, workdir = sys.argv[1], sys.argv[2]
 console = Console()
 ok = True
 t = Table(title=f"GPU check ({workdir})")
-for col in ("step", "gating", "result", "seconds", "details"):
+lines = open(os.path.join(results, "steps.tsv")).read().splitlines()
+# the step names whole (parity-torch-cuda-graph-bf16 ...): the details column wraps instead
+t.add_column("step", min_width=max([len(line.split("\t")[0]) for line in lines] + [4]), no_wrap=True)
+for col in ("gating", "result", "seconds", "details"):
     t.add_column(col)
-for line in open(os.path.join(results, "steps.tsv")):
-    name, gating, rc, secs, *why = line.rstrip("\n").split("\t")
+for line in lines:
+    name, gating, rc, secs, *why = line.split("\t")
     details = why[0] if why else ""  # a skipped step's reason
     if rc == "skipped":
         pass
@@ -128,9 +188,11 @@ for line in open(os.path.join(results, "steps.tsv")):
         path = os.path.join(results, f"{name}.json")
         if os.path.isfile(path):
             r = json.load(open(path))
-            seqs = ", ".join(f"{s['mode']} {s['identical']}/{s['sentences']}" for s in r["sequences"])
-            lp = [s for s in r["teacher_forced"] if s["name"] == "log_probs"]
-            details = seqs + (f", log_probs max abs {lp[0]['max_abs']:.1e}" if lp else "")
+            seqs = ", ".join(f"{s['mode']} {s['identical']}/{s['sentences']}" for s in r.get("sequences", []))
+            # "log_probs", or one per graph ("log_probs [decoder_step.onnx]"): the largest
+            lp = [s["max_abs"] for s in r.get("teacher_forced", []) if s.get("name", "").startswith("log_probs")]
+            details = (f"{r['precision']} policy: " if r.get("precision") else "") + seqs
+            details += f", log_probs max abs {max(lp):.1e}" if lp else ""
     elif name.startswith("build-"):
         path = os.path.join(workdir, f"engine-{name.split('-')[1]}", "engine.json")
         if os.path.isfile(path):

@@ -15,6 +15,7 @@ Floors (a lower bound on a step's time; no real implementation reaches it):
 - floor = max(bytes / bandwidth, FLOPs / matmul rate). At batch 1 the bytes term dominates (a step is a
   matrix-vector product); at batch 16 x beam 4 the FLOPs term can.
 The encoder floor is 2 x encoder weights x source tokens FLOPs (and its weights read once).
+The GPU's ceilings and floors (gpu_ceilings.py) reuse this accounting at 2 bytes per element for fp16/bf16.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def numpy_matmul_gflops(threads: int, n: int, repeats: int) -> float | None:
 
 # -- model arithmetic -------------------------------------------------------------------------------
 def decoder_step_weights(cfg: dict[str, Any]) -> int:
-    """Weight elements one decoder step reads (fp32 each): not the cross K/V projections (once per source)."""
+    """Weight elements one decoder step reads: not the cross K/V projections (computed once per source)."""
     d, f, v, n = cfg["d_model"], cfg["d_ff"], cfg["vocab_size"], cfg["decoder_layers"]
     per_layer = (4 * d * d + 4 * d)  # self-attention q, k, v, out (+ biases)
     per_layer += 2 * d * d + 2 * d  # cross-attention q, out
@@ -131,12 +132,14 @@ def encoder_weights(cfg: dict[str, Any]) -> int:
     return n * per_layer + cross_kv
 
 
-def step_floor(cfg: dict[str, Any], ceilings: Ceilings, rows: int, src_len: int, position: int) -> dict[str, float]:
-    """Lower bound on one decoder step's seconds at `rows` rows, `position` cached target tokens."""
+def step_floor(cfg: dict[str, Any], ceilings: Ceilings, rows: int, src_len: int, position: int,
+               bytes_per_element: int = FP32) -> dict[str, float]:
+    """Lower bound on one decoder step's seconds at `rows` rows, `position` cached target tokens; weights and
+    caches held at `bytes_per_element` (fp32 4, fp16/bf16 2), FLOPs at the ceilings' matmul rate."""
     d, n = cfg["d_model"], cfg["decoder_layers"]
     w = decoder_step_weights(cfg)
     cache = n * rows * 2 * d * (position + src_len)  # self K/V up to position + cross K/V
-    nbytes = FP32 * (w + cache)
+    nbytes = bytes_per_element * (w + cache)
     flops = 2 * w * rows + n * rows * 4 * d * (position + 1 + src_len)
     t_bytes = nbytes / (ceilings.bandwidth_gbs * 1e9)
     t_flops = flops / (ceilings.matmul_gflops * 1e9)
@@ -145,12 +148,14 @@ def step_floor(cfg: dict[str, Any], ceilings: Ceilings, rows: int, src_len: int,
 
 
 def decode_floor(cfg: dict[str, Any], ceilings: Ceilings, batch: int, beam: int, src_len: int,
-                 steps: int) -> dict[str, float]:
-    """Lower bound on a whole forced-length decode: the encoder once, then `steps` steps at batch x beam rows."""
+                 steps: int, bytes_per_element: int = FP32) -> dict[str, float]:
+    """Lower bound on a whole forced-length decode: the encoder once, then `steps` steps at batch x beam rows
+    (`ceilings`: the CPU's, or the GPU's at one precision with its bytes per element)."""
     we = encoder_weights(cfg)
-    enc = max(FP32 * we / (ceilings.bandwidth_gbs * 1e9), 2 * we * batch * src_len / (ceilings.matmul_gflops * 1e9))
+    enc = max(bytes_per_element * we / (ceilings.bandwidth_gbs * 1e9),
+              2 * we * batch * src_len / (ceilings.matmul_gflops * 1e9))
     rows = batch * beam
-    mid = step_floor(cfg, ceilings, rows, src_len, steps // 2)
-    first = step_floor(cfg, ceilings, batch, src_len, 0)  # step 0 runs on one beam per sentence
+    mid = step_floor(cfg, ceilings, rows, src_len, steps // 2, bytes_per_element)
+    first = step_floor(cfg, ceilings, batch, src_len, 0, bytes_per_element)  # step 0 runs on one beam per sentence
     total = enc + first["seconds"] + (steps - 1) * mid["seconds"]
     return {"seconds": total, "encoder_seconds": enc, "step_seconds": mid["seconds"], "step_bound": mid["bound"]}

@@ -59,8 +59,10 @@ def _check_reports(out_dir: str, force: bool) -> None:
 @click.option("--sizes", help="Model sizes: demo, base, opus-mt (an OPUS-MT-shaped Marian, imported; needs the "
               "import extra).  "
               "[default: demo,base; --quick: demo]")
-@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2; on a GPU torch-cuda (tensorrt with "
-              "--engine).  [default: torch,onnxruntime,ctranslate2]")
+@click.option("--backends", help="Systems: torch, onnxruntime, ctranslate2; on a GPU torch-cuda (eager PyTorch), "
+              "torch-cuda-graph (its step in CUDA graphs), each also at -fp16 or -bf16 (torch-cuda-graph-fp16 ...), "
+              "and tensorrt (with --engine); the GPU ones are skipped with the reason where CUDA is missing.  "
+              "[default: torch,onnxruntime,ctranslate2]")
 @click.option("--batches", help="Batch sizes.  [default: 1,16; --quick: 1,4]")
 @click.option("--modes", help="greedy and/or beamN.  [default: greedy,beam4; --quick: greedy,beam2]")
 @click.option("--repeats", type=int, help="Timed rounds per cell after the warm-up.  [default: 5; --quick: 2]")
@@ -83,7 +85,8 @@ def _check_reports(out_dir: str, force: bool) -> None:
                    "BLEU on the demo data is within 0.5 of fp32's. Repeatable.")
 @click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check and "
               "the --quantize BLEU gate.  [default: 100]")
-@click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate (no floors).")
+@click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate, the CPU's and "
+              "the GPU's (no floors).")
 @click.option("--cache-dir", type=click.Path(),
               help="Where prepared models, exports and conversions go.  [default: OUT/models]")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(),

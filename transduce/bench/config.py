@@ -11,10 +11,14 @@ from transduce.bench.models import SIZES
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
-OUR_BACKENDS = ("torch", "torch-cuda", "onnxruntime", "tensorrt")
+# eager PyTorch on CUDA: "torch-cuda", with CUDA graphs "torch-cuda-graph", each at fp32 or with a precision suffix
+TORCH_CUDA_PRECISIONS = ("fp32", "fp16", "bf16")
+TORCH_CUDA_SYSTEMS = tuple(f"torch-cuda{g}{'' if p == 'fp32' else '-' + p}"
+                           for g in ("", "-graph") for p in TORCH_CUDA_PRECISIONS)
+OUR_BACKENDS = ("torch", *TORCH_CUDA_SYSTEMS, "onnxruntime", "tensorrt")
 # on the GPU (skipped with the reason where CUDA is missing): CTranslate2 runs on the CPU here, so these get no
-# ratio to it and no CPU floor
-GPU_SYSTEMS = ("torch-cuda", "tensorrt")
+# ratio to it and no CPU floor (the torch-cuda ones get the GPU's floor at their precision)
+GPU_SYSTEMS = (*TORCH_CUDA_SYSTEMS, "tensorrt")
 
 MAX_BATCH = 4096  # sentences per benchmarked batch: beyond it the inputs alone are of no machine's size
 
@@ -74,8 +78,13 @@ class BenchConfig:
             except ValueError:
                 problems.append(f"unknown mode {m!r} (greedy, or beamN such as beam4)")
         for b in self.backends:
+            try:
+                torch_cuda_system(b)
+            except TransduceError as e:
+                problems.append(e.args[0])
+                continue
             if b not in OUR_BACKENDS + ("ctranslate2",):
-                problems.append(f"unknown backend {b!r} (torch, torch-cuda, onnxruntime, tensorrt, ctranslate2)")
+                problems.append(f"unknown backend {b!r} ({', '.join(OUR_BACKENDS + ('ctranslate2',))})")
         for size in self.sizes:
             if size not in SIZES:
                 problems.append(f"unknown model size {size!r} ({', '.join(SIZES)}; --model-dir replaces the demo "
@@ -135,3 +144,17 @@ def quantized_system(name: str) -> str | None:
     """The quantization of an ONNX Runtime system name ("onnxruntime-int8" -> "int8"), else None."""
     head, _, tail = name.partition("-")
     return tail if head == "onnxruntime" and tail in QUANTIZE_METHODS else None
+
+
+def torch_cuda_system(name: str) -> tuple[bool, str] | None:
+    """What a torch-cuda system name asks for: "torch-cuda-graph-fp16" -> (cuda_graph True, "fp16"),
+    "torch-cuda" -> (False, "fp32"); None for a name outside the torch-cuda family; a TransduceError for a
+    torch-cuda name this bench does not know (a misspelt precision would otherwise be "an unknown backend")."""
+    if name != "torch-cuda" and not name.startswith("torch-cuda-"):
+        return None
+    if name not in TORCH_CUDA_SYSTEMS:
+        raise TransduceError(f"unknown torch-cuda system {name!r} (valid: {', '.join(TORCH_CUDA_SYSTEMS)})",
+                             hint="torch-cuda[-graph][-fp16|-bf16]: eager PyTorch on CUDA, with CUDA graphs, at "
+                                  "fp32 unless a precision is named")
+    last = name.rsplit("-", 1)[1]
+    return name.startswith("torch-cuda-graph"), last if last in TORCH_CUDA_PRECISIONS else "fp32"

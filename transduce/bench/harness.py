@@ -25,7 +25,7 @@ Per model size:
     median decode time in that cell), from the same round; the median over rounds and its min and max.
 
 Every system lives in its own worker process (workers.py, worker.py); the machine's ceilings (ceilings.py) are
-measured at the start and at the end of the run.
+measured at the start and at the end of the run, and the GPU's (gpu_ceilings.py) at the end where a GPU system ran.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from transduce.bench.cells import log_cell, timed_cell
-from transduce.bench.config import BenchConfig, beam_of, quantized_system
+from transduce.bench.config import TORCH_CUDA_SYSTEMS, BenchConfig, beam_of, quantized_system
 from transduce.bench.cpu import cpu_sample, foreign_cpu_share, machine_info
 from transduce.bench.ct2_settings import (
     CT2_INT8,
@@ -55,6 +55,7 @@ from transduce.bench.ct2_settings import (
     is_ct2,
 )
 from transduce.bench.gates import divergence_text, equality_checks, quality_gate
+from transduce.bench.gpu_ceilings import add_gpu_ceilings
 from transduce.bench.inputs import id_limit, random_sources
 from transduce.bench.workers import Worker, WorkerError
 from transduce.errors import BackendUnavailable, TransduceError
@@ -161,6 +162,8 @@ def _run(cfg: BenchConfig, cache: str, log: Callable[[str], None]) -> dict[str, 
     measure_ceilings("end")
     if cfg.ceilings:
         _add_floors(result, cfg, ceilings_runs)
+        # the GPU's own, once its systems' workers are gone (nothing else on the GPU); only where one ran
+        add_gpu_ceilings(result, cfg.src_len, cfg.steps, cfg.quick, log)
     result["seconds"] = round(time.time() - started, 1)
     return result
 
@@ -186,7 +189,7 @@ def _missing_packages(cfg: BenchConfig, log) -> str | None:
 
 def _system_names(cfg: BenchConfig, ct2_missing: str | None) -> list[str]:
     """The run's systems, one worker each: ours, the quantized rows, TensorRT, CTranslate2's settings."""
-    names = [b for b in cfg.backends if b in ("torch", "torch-cuda", "onnxruntime")]
+    names = [b for b in cfg.backends if b in ("torch", "onnxruntime") or b in TORCH_CUDA_SYSTEMS]
     names += [f"onnxruntime-{q}" for q in cfg.quantize]
     if "tensorrt" in cfg.backends or cfg.engines:
         names.append("tensorrt")

@@ -9,6 +9,7 @@ from typing import Any
 from transduce.bench.config import GPU_SYSTEMS, quantized_system
 from transduce.bench.ct2_settings import CT2_INT8, ct2_setting, is_ct2
 from transduce.bench.plot import plot
+from transduce.bench.report_gpu import gpu_ceilings_section, gpu_floor_rows, gpu_row_floor, graph_speedup_table
 from transduce.errors import TransduceError
 from transduce.formats.atomic import write_json_atomic, write_text_atomic
 
@@ -34,6 +35,8 @@ def markdown(result: dict[str, Any]) -> str:
     c = result.get("ceilings")
     if c:
         lines += _ceilings_section(c)
+    if result.get("gpu_ceilings"):
+        lines += gpu_ceilings_section(result["gpu_ceilings"])
     for s in result["sizes"]:
         lines += _size_section(s, cfg)
     return "\n".join(lines) + "\n"
@@ -166,6 +169,7 @@ def _size_section(s: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     lines += _cells_table(s["cells"], marks)
     lines += _cell_notes(s["cells"], marks)
     lines += _ct2_settings_table(s["cells"])
+    lines += graph_speedup_table(s["cells"])
     lines += _direct_table(s["cells"], cfg)
     return lines
 
@@ -223,7 +227,7 @@ class _Marks:
     that failed after some rounds (their figures are over those rounds only)."""
 
     def __init__(self) -> None:
-        self.over = self.quantized = self.gpu = False
+        self.over = self.quantized = self.gpu = self.gpu_floor = False
         self.partial: list[str] = []
 
 
@@ -244,6 +248,7 @@ def _cells_table(cells: list[dict[str, Any]], marks: _Marks) -> list[str]:
             lines.append(f"| {c['mode']} | {c['batch']} | *floor* | {fl['decode_ms']:.2f} | "
                          f"{c['batch'] * c['steps'] / fl['seconds']:.0f} | | {fl['step_seconds'] * 1e3:.2f} "
                          f"({fl['step_bound']}) | {fl['encoder_seconds'] * 1e3:.2f} | | | | |")
+        lines += gpu_floor_rows(c)
     lines.append("")
     return lines
 
@@ -279,15 +284,27 @@ def _system_row(c: dict[str, Any], name: str, x: dict[str, Any], floor: float | 
     elif name in GPU_SYSTEMS:
         pct, ratio = "GPU§", "GPU§"
         marks.gpu = True
+        gpu_floor = gpu_row_floor(c, name)  # the GPU's floor at the row's precision, never the CPU's
+        if gpu_floor:
+            pct = _floor_pct(gpu_floor, st["decode_ms"]["median"], marks, fine=True)
+            marks.gpu_floor = True
     else:
-        pct = f"{100 * floor / st['decode_ms']['median']:.0f}%" if floor else "–"
-        if floor and floor > st["decode_ms"]["median"]:
-            pct += "†"
-            marks.over = True
+        pct = _floor_pct(floor, st["decode_ms"]["median"], marks) if floor else "–"
     return (f"| {c['mode']} | {c['batch']} | {shown} | {_ms(st['decode_ms'], d)} | "
             f"{tps['median']:.0f} [{tps['min']:.0f}–{tps['max']:.0f}] | {st['sentences_per_s']['median']:.2f} | "
             f"{_num(st.get('step_ms_derived'), '{:.2f}')} | {_num(st.get('encoder_ms_derived'), '{:.2f}')} | "
             f"{_ms(st.get('first_ms'), 2)} | {pct} | {ratio} | {other} |")
+
+
+def _floor_pct(floor: float, decode_ms: float, marks: _Marks, fine: bool = False) -> str:
+    """floor ÷ measured decode time, daggered (and marked) where the measurement beat the floor; `fine`: one
+    decimal below 10% (a GPU's floor is often a small share of eager decoding's time)."""
+    share = 100 * floor / decode_ms
+    pct = f"{share:.1f}%" if fine and share < 10 else f"{share:.0f}%"
+    if floor > decode_ms:
+        pct += "†"
+        marks.over = True
+    return pct
 
 
 def _cell_notes(cells: list[dict[str, Any]], marks: _Marks) -> list[str]:
@@ -315,7 +332,12 @@ def _cell_notes(cells: list[dict[str, Any]], marks: _Marks) -> list[str]:
         lines.append("† measured faster than the floor: the ceilings were under-measured (other processes were "
                      "running while they were taken), so the floors of this run are too high.")
         lines.append("")
-    if marks.gpu:
+    if marks.gpu and marks.gpu_floor:
+        lines.append("§ on the GPU: CTranslate2 ran on the CPU, so no ratio to it applies; a GPU row's floor% is "
+                     "against the GPU floor of its precision (*GPU floor* rows), and where it has none (TensorRT, "
+                     "whose engine's precision the bench does not know) neither floor applies.")
+        lines.append("")
+    elif marks.gpu:
         lines.append("§ on the GPU: the floors are this CPU's, and CTranslate2 ran on the CPU, so neither applies.")
         lines.append("")
     if marks.quantized:

@@ -1,6 +1,6 @@
 """One benchmarked system in its own process: `python -m transduce.bench.worker`.
 
-Every system (torch, torch-cuda, onnxruntime, tensorrt, and CTranslate2 under each setting) runs in a
+Every system (torch, the torch-cuda family, onnxruntime, tensorrt, and CTranslate2 under each setting) runs in a
 process of its own, so that
 - environment settings that must precede a library's loading (ONEDNN_MAX_CPU_ISA for CTranslate2's
   oneDNN) differ between systems of one run;
@@ -11,8 +11,8 @@ process of its own, so that
 
 Protocol: one JSON object per line on stdin, one JSON reply per line on the original stdout (fd 1 is
 pointed at stderr, so anything a library prints cannot corrupt the protocol):
-  {"op": "load", "system": "torch"|"torch-cuda"|"onnxruntime"|"tensorrt"|"ctranslate2", "path": DIR,
-   "model_dir": DIR, "threads": N, "inter_threads": M}   -> {"ok": true, "info": {...}}
+  {"op": "load", "system": "torch"|"torch-cuda[-graph][-fp16|-bf16]"|"onnxruntime"|"tensorrt"|"ctranslate2",
+   "path": DIR, "model_dir": DIR, "threads": N, "inter_threads": M}   -> {"ok": true, "info": {...}}
       (inter_threads: CTranslate2 only, 1 if absent; a batch is then decoded in M sub-batches at once)
   {"op": "decode", "src": [[id, ...], ...], "beam": K, "steps": N, "min_seconds": T}
       a forced-length decode: exactly N tokens per sentence (EOS banned), source ids given without EOS
@@ -83,27 +83,54 @@ def ort_info(tuning: dict[str, Any], threads: int) -> dict[str, Any]:
             "step_graph": tuning["step_graph"], "pool_spin_us": tuning["pool_spin_us"]}
 
 
+def _torch_cuda_options(cuda_graph: bool, precision: str) -> dict[str, Any]:
+    """make_backend's options for a torch-cuda system: only those that differ from the torch backend's defaults
+    (fp32, no graphs), so plain torch-cuda loads on a backend that takes no options. A machine without CUDA is
+    refused here, before any option, so every torch-cuda system is skipped for the same reason."""
+    from transduce.errors import BackendUnavailable
+    from transduce.runtime.devices import torch_device
+
+    torch_device("cuda", unavailable=BackendUnavailable)  # the torch backend's own check and words
+    options: dict[str, Any] = {}
+    if cuda_graph:
+        options["cuda_graph"] = True
+    if precision != "fp32":
+        options["precision"] = precision
+    return options
+
+
 class _Ours:
     """A transduce backend, driven by transduce.runtime.decoding."""
 
     def __init__(self, system: str, path: str, model_dir: str | None, threads: int):
-        self.cuda = system in ("torch-cuda", "tensorrt")  # device work to wait for before reading a clock
+        from transduce.bench.config import torch_cuda_system
+
+        on_cuda = torch_cuda_system(system)  # (cuda_graph, precision) for the torch-cuda family, else None
+        self.cuda = on_cuda is not None or system == "tensorrt"  # device work to wait for before reading a clock
         if system.startswith("torch"):
             import torch
 
             torch.set_num_threads(threads)
         from transduce.runtime.api import make_backend
 
-        backend, device = ("torch", "cuda") if system == "torch-cuda" else (system, "cpu")
-        self.backend = make_backend(path, backend=backend, device=device, threads=threads, model_dir=model_dir)
+        backend, device, options = system, "cpu", {}
+        if on_cuda is not None:
+            backend, device = "torch", "cuda"
+            options = _torch_cuda_options(*on_cuda)
+        self.backend = make_backend(path, backend=backend, device=device, threads=threads, model_dir=model_dir,
+                                    **options)
         self.cfg = self.backend.config
         self.info: dict[str, Any] = {"threads": threads}
         if system.startswith("torch"):
             import torch
 
             self.info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
-            if system == "torch-cuda":
-                self.info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(self.backend.device))
+            if on_cuda is not None:
+                self.info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(self.backend.device),
+                                 cuda_graph=on_cuda[0], precision=on_cuda[1])
+                tuning = getattr(self.backend, "tuning", None)
+                if tuning is not None:  # JSON-safe: a value json cannot write would fail the whole load reply
+                    self.info["tuning"] = json.loads(json.dumps(tuning(), default=str))
         elif system == "onnxruntime":
             import onnxruntime
 
