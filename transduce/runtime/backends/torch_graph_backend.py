@@ -11,7 +11,8 @@ addresses it was captured with, so this backend decodes in static buffers:
   to it: a slab's buffers never move, so a graph of it stays valid for the slab's life.
 - Rows, capacity and source length are rounded up (cuda_graphs.row_bucket, length_bucket): steps whose rows
   change (beams finishing, a running batch admitting or retiring) and batches of other shapes replay the
-  same graphs. Padding rows decode PAD at position 0 against a 1-token source; nobody reads them.
+  same graphs. Padding rows decode PAD at position 0 against a 1-token source; nobody reads them. A run
+  also takes an idle slab of up to twice its capacity and source width (the extra slots are masked).
 - Rows that outgrow a slab, or shrink to a quarter of it, move to a slab of their bucket (the filled cache
   slots are copied); a beam reorder within a slab moves only the rows whose history changed, in place.
 - Slabs are pooled on the backend across runs (`end` hands one back; a state dropped without `end` frees
@@ -192,25 +193,31 @@ class TorchGraphBackend(TorchBackend):
         return row_bucket(rows), cap, int(state.enc.cross.shape[3])
 
     def _fits(self, slab: _Slab, rows: int, state: _State) -> bool:
-        """Whether `rows` rows of `state` stay in `slab`: same capacity and source buckets, and rows within
-        its own, but not shrunk to a quarter of a large one (each padding row costs work every step)."""
+        """Whether `rows` rows of `state` stay in `slab`: capacity and source width at least the state's, and
+        rows within its own, but not shrunk to a quarter of a large one (each padding row costs work every step)."""
         want = self._key(rows, state)
         r = slab.key[0]
-        return slab.key[1:] == want[1:] and rows <= r and (rows > r // 4 or r <= 8)
+        return _holds(slab.key, want) and rows <= r and (rows > r // 4 or r <= 8)
 
     def _take(self, key: tuple[int, int, int], state: _State) -> _Slab:
-        """An idle slab of `key` (or a new one) for `state`; idle slabs beyond MAX_FREE_SLABS are dropped."""
-        slab = next((s for s in self._slabs if s.key == key and not _busy(s)), None)
+        """An idle slab for `key` (or a new one) for `state`: of its rows, with the capacity and source width
+        or up to twice them (masked slots cost less than a capture), the smallest such."""
+        fits = [s for s in self._slabs if not _busy(s) and s.key[0] == key[0] and _holds(s.key, key, 2)]
+        slab = min(fits, key=_bytes, default=None)
         if slab is None:
             slab = self._new_slab(key)
         else:
             self._slabs.remove(slab)
         slab.owner = weakref.ref(state)
         self._slabs.append(slab)
+        self._trim()
+        return slab
+
+    def _trim(self) -> None:
+        """Drop the least recently taken idle slabs beyond MAX_FREE_SLABS or MAX_FREE_BYTES (their graphs too)."""
         idle = [s for s in self._slabs if not _busy(s)]
         while idle and (len(idle) > MAX_FREE_SLABS or sum(_bytes(s) for s in idle) > MAX_FREE_BYTES):
             self._slabs.remove(idle.pop(0))
-        return slab
 
     def _new_slab(self, key: tuple[int, int, int]) -> _Slab:
         torch = self.torch
@@ -236,6 +243,7 @@ class TorchGraphBackend(TorchBackend):
                     moved = old.cache[:, :, :, :p].index_select(1, self._long(src_rows))
                     slab.cache[:, : len(src_rows), :, :p].copy_(moved)
             old.owner = None
+            self._trim()
         state.slab, state.row_src = slab, np.array([-1])
 
     def _gather(self, state: _State, row_src: np.ndarray) -> None:
@@ -243,10 +251,11 @@ class TorchGraphBackend(TorchBackend):
         row_src = np.asarray(row_src, np.int64)
         if np.array_equal(row_src, state.row_src):
             return
-        slab, enc, n = state.slab, state.enc, len(row_src)
+        slab, enc, n, width = state.slab, state.enc, len(row_src), state.enc.cross.shape[3]
         with self._work():
             idx = self._long(row_src)
-            slab.cross[:, :n].copy_(enc.cross.index_select(0, idx).transpose(0, 1))
+            # a wider slab's positions past the sources keep what they held: finite, and masked by src_lengths
+            slab.cross[:, :n, :, :width].copy_(enc.cross.index_select(0, idx).transpose(0, 1))
             slab.src_lengths[:n].copy_(enc.src_lengths.index_select(0, idx))
             slab.src_lengths[n:].fill_(1)
         state.row_src = row_src.copy()
@@ -263,6 +272,7 @@ class TorchGraphBackend(TorchBackend):
         if state.slab is not None:
             state.slab.owner = None
             state.slab = None
+            self._trim()
 
     def _run(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False) -> None:
         r, slab = state.rows, state.slab
@@ -348,6 +358,12 @@ class TorchGraphBackend(TorchBackend):
 def _interleaved(keys: list, values: list) -> list:
     """[k0, v0, k1, v1, ...]: the layout of a slab's cache and cross buffers."""
     return [t for pair in zip(keys, values, strict=True) for t in pair]
+
+
+def _holds(have: tuple[int, int, int], want: tuple[int, int, int], most: int = 0) -> bool:
+    """Whether a slab of key `have` takes a state of key `want`: capacity and source width at least want's
+    (and at most `most` times them, when given)."""
+    return all(w <= h and (not most or h <= most * w) for h, w in zip(have[1:], want[1:], strict=True))
 
 
 def _bytes(slab: _Slab) -> int:
