@@ -324,3 +324,17 @@ def test_idle_slabs_are_bounded_in_memory(graphed, monkeypatch):
     monkeypatch.setattr(torch_graph_backend, "MAX_FREE_BYTES", 1)
     decode(graphed, *_batch(graphed.config, 17, 4), opts)  # each slab taken drops every idle one
     assert graphed.tuning()["idle_step_slabs"] == 0 < before  # each handed back is dropped at once
+
+
+def test_a_shorter_batch_reuses_a_wider_idle_slab_and_its_graphs(graphed, tiny_model):
+    """Capacity and source width up to twice a run's are taken as they are (the extra slots are masked)."""
+    opts = DecodingOptions(beam_size=1, max_len_b=10)
+    reference = TorchBackend(tiny_model)
+    wide = _batch(graphed.config, 3, 11, longest=20)  # source bucket 32, capacity bucket 32
+    for _ in range(2):
+        decode(graphed, *wide, opts)
+    slabs, captures = graphed.tuning()["step_slabs"], graphed.stats.captures
+    short = _batch(graphed.config, 3, 12, longest=12)  # source bucket 16: the idle 32-wide slab serves it
+    _same(decode(graphed, *short, opts), decode(reference, *short, opts))
+    assert graphed.tuning()["step_slabs"] == slabs
+    assert graphed.stats.captures == captures  # the step replayed; the encoder's new bucket ran its first, normal run
