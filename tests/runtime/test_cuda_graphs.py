@@ -104,25 +104,33 @@ def test_a_failed_capture_turns_graphs_off_and_the_run_goes_on():
 
 def test_cuda_capture_keeps_the_allocator_cache_and_ends_a_failed_capture():
     """The capture is made on the backend's stream in thread_local mode, into its pool, without
-    torch.cuda.graph's device-wide synchronize and empty_cache, and is ended even when the work raises
-    (a capture left open would poison the stream)."""
+    torch.cuda.graph's device-wide synchronize and empty_cache; it is ended even when the work raises (a
+    capture left open would poison the stream), and the work's error is the one raised. A capture_end that
+    raises (an invalidated capture) also tells the allocator the capture is over."""
     calls = []
-    stream = types.SimpleNamespace(synchronize=lambda: calls.append("stream.synchronize"))
+    stream = types.SimpleNamespace(synchronize=lambda: calls.append("stream.synchronize"),
+                                   device=types.SimpleNamespace(index=3))
 
     def on_stream(s):
         assert s is stream
         return contextlib.nullcontext()
 
     class Graph:
+        end_fails = False
+
         def capture_begin(self, pool=None, capture_error_mode="global"):
             calls.append(f"begin {pool} {capture_error_mode}")
 
         def capture_end(self):
             calls.append("end")
+            if Graph.end_fails:
+                raise RuntimeError("operation failed due to a previous error during capture")
 
     cuda = types.SimpleNamespace(stream=on_stream, CUDAGraph=Graph, empty_cache=lambda: calls.append("empty_cache"),
                                  synchronize=lambda: calls.append("device synchronize"))
-    capturer = CudaCapturer(types.SimpleNamespace(cuda=cuda), stream, pool="pool")
+    c = types.SimpleNamespace(_cuda_endAllocateToPool=lambda device, pool: calls.append(f"end allocating {device} "
+                                                                                        f"{pool}"))
+    capturer = CudaCapturer(types.SimpleNamespace(cuda=cuda, _C=c), stream, pool="pool")
     assert isinstance(capturer.capture(lambda: calls.append("work")), Graph)
     assert calls == ["stream.synchronize", "begin pool thread_local", "work", "end"]
     calls.clear()
@@ -133,6 +141,12 @@ def test_cuda_capture_keeps_the_allocator_cache_and_ends_a_failed_capture():
     with pytest.raises(RuntimeError, match="boom"):
         capturer.capture(boom)
     assert calls[-1] == "end" and "empty_cache" not in calls and "device synchronize" not in calls
+    Graph.end_fails = True
+    with pytest.raises(RuntimeError, match="boom"):  # the first cause, not capture_end's
+        capturer.capture(boom)
+    assert calls[-2:] == ["end", "end allocating 3 pool"]
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        capturer.capture(lambda: None)
 
 
 # -- the eager backend under graphs, on the CPU --------------------------------------------------
@@ -338,3 +352,21 @@ def test_a_shorter_batch_reuses_a_wider_idle_slab_and_its_graphs(graphed, tiny_m
     _same(decode(graphed, *short, opts), decode(reference, *short, opts))
     assert graphed.tuning()["step_slabs"] == slabs
     assert graphed.stats.captures == captures  # the step replayed; the encoder's new bucket ran its first, normal run
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_graphs_capture_again_after_every_graph_was_dropped(tiny_model, monkeypatch):
+    """The backend's memory pool outlives its graphs: with every idle slab dropped at once, later batches
+    still capture (a pool without an owner would be released, and the next capture into it fail)."""
+    import copy
+
+    from transduce.runtime.backends import torch_graph_backend
+
+    monkeypatch.setattr(torch_graph_backend, "MAX_FREE_BYTES", 1)
+    graphed = TorchGraphBackend(copy.deepcopy(tiny_model), "cuda")
+    opts = DecodingOptions(beam_size=1, max_len_b=8)
+    for seed in range(3):
+        decode(graphed, *_batch(graphed.config, 3, seed), opts)
+    t = graphed.tuning()
+    assert t["graph_error"] is None and t["cuda_graph"] and t["graph_captures"] > 0

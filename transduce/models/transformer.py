@@ -316,15 +316,18 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     # -- full (teacher-forced) passes -----------------------------------------------------------
-    def encode_memory(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """src_ids (B, S), src_lengths (B,) -> memory (B, S, D) and each layer's attention weights."""
+    def encode_memory(self, src_ids: Tensor, src_lengths: Tensor,
+                      keep_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
+        """src_ids (B, S), src_lengths (B,) -> memory (B, S, D) and each layer's attention weights (none
+        unless keep_weights: each layer's (B, H, S, S) would otherwise live until the stack is done)."""
         s = src_ids.shape[1]
         x = self._embed(self._src_embed(), src_ids, torch.arange(s, device=src_ids.device))
         src_mask = length_mask(src_lengths, s)[:, None, None, :]  # (B, 1, 1, S)
         weights = []
         for layer in self.encoder_layers:
             x, w = layer(x, src_mask)
-            weights.append(w)
+            if keep_weights:
+                weights.append(w)
         if self.cfg.norm_first:
             x = self.encoder_norm(x)
         return x, weights
@@ -365,7 +368,7 @@ class Transformer(nn.Module):
     # -- incremental decoding (what the exporter traces) ----------------------------------------
     def encode(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Once per source: memory (B, S, D) and per decoder layer cross K, V (B, H, S, Dh)."""
-        memory, _ = self.encode_memory(src_ids, src_lengths)
+        memory, _ = self.encode_memory(src_ids, src_lengths, keep_weights=False)
         cross_k, cross_v = self.cross_key_values(memory)
         return memory, cross_k, cross_v
 

@@ -128,9 +128,10 @@ class GraphSet:
 
 
 class CudaCapturer:
-    """Captures on `stream` (a torch.cuda.Stream), into `pool` (torch.cuda.graph_pool_handle(), shared by a
-    backend's graphs: their intermediates die within the graph, so graphs that never run at the same time
-    can share the memory; None: each graph its own pool).
+    """Captures on `stream` (a torch.cuda.Stream), into `pool` (the id of a torch.cuda.MemPool the backend
+    keeps alive, shared by its graphs: their intermediates die within the graph, so graphs that never run at
+    the same time can share the memory; None: each graph its own pool). A bare graph_pool_handle() would
+    not do: once every graph of it is gone its pool is released, and the next capture into it fails.
 
     Not `with torch.cuda.graph(...)`: its entry synchronizes the device and empties torch's caching allocator
     (torch.cuda.empty_cache) on every capture, and backends capture again whenever a bucket is new, so every
@@ -144,10 +145,29 @@ class CudaCapturer:
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
         self.stream.synchronize()  # the graph starts from finished work, as the warm run left it
+        error: BaseException | None = None
         with torch.cuda.stream(self.stream):
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
                 body()
-            finally:
+            except BaseException as e:  # noqa: BLE001 - raised below, once the capture is ended
+                error = e
+            try:
                 graph.capture_end()
+            except BaseException as e:  # noqa: BLE001 - an invalidated capture: the first cause is the one to tell
+                self._end_allocating(graph)
+                error = error or e
+        if error is not None:
+            raise error
         return graph
+
+    def _end_allocating(self, graph) -> None:
+        """After a capture_end that raised, tell torch's allocator the capture is over: it would otherwise go on
+        counting it as under way, and its next empty_cache (or out-of-memory retry) fails an internal assert."""
+        end = getattr(self.torch._C, "_cuda_endAllocateToPool", None)
+        if end is None:
+            return
+        try:
+            end(self.stream.device.index, self.pool if self.pool is not None else graph.pool())
+        except Exception:  # noqa: BLE001 - best effort: the capture's own error is what gets raised
+            pass

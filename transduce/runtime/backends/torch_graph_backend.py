@@ -105,7 +105,11 @@ class TorchGraphBackend(TorchBackend):
         torch = self.torch
         if self.device.type == "cuda":
             self.stream = torch.cuda.Stream(device=self.device)
-            self.capturer = CudaCapturer(torch, self.stream, torch.cuda.graph_pool_handle())
+            # the weights may still be in flight on the default stream (a model given on the GPU, cast to a copy)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.device(self.device):
+                self._pool = torch.cuda.MemPool()  # held for the backend's life: its graphs' one memory pool
+            self.capturer = CudaCapturer(torch, self.stream, self._pool.id)
         elif _capturer is not None:
             self.stream, self.capturer = None, _capturer
         else:
