@@ -201,8 +201,8 @@ def test_a_run_without_cuda_skips_the_graph_systems_and_times_the_cpu_ones(tmp_p
 
 
 def test_the_worker_passes_only_the_options_that_differ_from_the_torch_backends_defaults(monkeypatch):
-    """Plain torch-cuda loads with no options (a backend without cuda_graph/precision still takes it); without
-    CUDA every torch-cuda system is refused by the same device check, before any option."""
+    """Plain torch-cuda loads with no options (the torch backend's defaults); without CUDA every torch-cuda
+    system is refused by the same device check, before any option."""
     import torch
 
     from transduce.bench.worker import _torch_cuda_options

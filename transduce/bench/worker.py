@@ -84,19 +84,15 @@ def ort_info(tuning: dict[str, Any], threads: int) -> dict[str, Any]:
 
 
 def _torch_cuda_options(cuda_graph: bool, precision: str) -> dict[str, Any]:
-    """make_backend's options for a torch-cuda system: only those that differ from the torch backend's defaults
-    (fp32, no graphs), so plain torch-cuda loads on a backend that takes no options. A machine without CUDA is
-    refused here, before any option, so every torch-cuda system is skipped for the same reason."""
+    """make_backend's options for a torch-cuda system (runtime.api.backend_options, as the CLI's flags give
+    them), fp32 left as the torch backend's default. A machine without CUDA is refused here, before any
+    option, so every torch-cuda system is skipped for the same reason."""
     from transduce.errors import BackendUnavailable
+    from transduce.runtime.api import backend_options
     from transduce.runtime.devices import torch_device
 
     torch_device("cuda", unavailable=BackendUnavailable)  # the torch backend's own check and words
-    options: dict[str, Any] = {}
-    if cuda_graph:
-        options["cuda_graph"] = True
-    if precision != "fp32":
-        options["precision"] = precision
-    return options
+    return backend_options("torch", cuda_graph, None if precision == "fp32" else precision)
 
 
 class _Ours:
