@@ -85,11 +85,6 @@ class GraphSet:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def clear(self) -> None:
-        """Drop every graph (their buffers changed: a graph would write to memory that is no longer theirs)."""
-        self._graphs.clear()
-        self._warm.clear()
-
     def run(self, key: Hashable, body: Callable[[], Any], capturable: bool = True) -> None:
         """Issue `body`'s work: replayed from the graph of `key`, captured now, or run as it is."""
         stats = self.stats

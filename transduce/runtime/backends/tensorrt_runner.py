@@ -25,7 +25,6 @@ class ExecContext:
     ctx: Any  # trt.IExecutionContext bound to one profile
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input shapes last set (host side)
     addresses: dict[str, int] = field(default_factory=dict)  # tensor addresses last set
-    last_run_shapes: tuple | None = None  # shapes of the last execution (normal or replayed graph)
 
 
 class EngineRunner:
@@ -103,5 +102,4 @@ class EngineRunner:
         self.set_io(c, shapes, addresses, out_shapes)
         if not c.ctx.execute_async_v3(stream_handle):
             raise EngineError(f"{self.graph}: TensorRT execution failed: {self.logger.recent() or 'no error reported'}")
-        c.last_run_shapes = freeze(shapes)
         return c
