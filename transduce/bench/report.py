@@ -9,7 +9,13 @@ from typing import Any
 from transduce.bench.config import GPU_SYSTEMS, quantized_system
 from transduce.bench.ct2_settings import CT2_INT8, ct2_setting, is_ct2
 from transduce.bench.plot import plot
-from transduce.bench.report_gpu import gpu_ceilings_section, gpu_floor_rows, gpu_row_floor, graph_speedup_table
+from transduce.bench.report_gpu import (
+    floor_row,
+    gpu_ceilings_section,
+    gpu_floor_rows,
+    gpu_row_floor,
+    graph_speedup_table,
+)
 from transduce.errors import TransduceError
 from transduce.formats.atomic import write_json_atomic, write_text_atomic
 
@@ -245,9 +251,7 @@ def _cells_table(cells: list[dict[str, Any]], marks: _Marks) -> list[str]:
             lines.append(_system_row(c, name, x, floor, other, marks))
         if floor:
             fl = c["floor"]
-            lines.append(f"| {c['mode']} | {c['batch']} | *floor* | {fl['decode_ms']:.2f} | "
-                         f"{c['batch'] * c['steps'] / fl['seconds']:.0f} | | {fl['step_seconds'] * 1e3:.2f} "
-                         f"({fl['step_bound']}) | {fl['encoder_seconds'] * 1e3:.2f} | | | | |")
+            lines.append(floor_row(c, "floor", fl, 2, 2))
         lines += gpu_floor_rows(c)
     lines.append("")
     return lines

@@ -43,14 +43,16 @@ def gpu_row_floor(c: dict[str, Any], name: str) -> float | None:
     return floor["decode_ms"] if floor else None
 
 
+def floor_row(c: dict[str, Any], label: str, fl: dict[str, Any], decode_digits: int, step_digits: int) -> str:
+    """One floor's row in a cell's table (the CPU's, or the GPU's at one precision, finer: it is a few µs)."""
+    return (f"| {c['mode']} | {c['batch']} | *{label}* | {fl['decode_ms']:.{decode_digits}f} | "
+            f"{c['batch'] * c['steps'] / fl['seconds']:.0f} | | {fl['step_seconds'] * 1e3:.{step_digits}f} "
+            f"({fl['step_bound']}) | {fl['encoder_seconds'] * 1e3:.{step_digits}f} | | | | |")
+
+
 def gpu_floor_rows(c: dict[str, Any]) -> list[str]:
     """A cell's GPU floors as table rows, one per precision."""
-    rows = []
-    for p, fl in (c.get("gpu_floors") or {}).items():
-        rows.append(f"| {c['mode']} | {c['batch']} | *GPU floor {p}* | {fl['decode_ms']:.3f} | "
-                    f"{c['batch'] * c['steps'] / fl['seconds']:.0f} | | {fl['step_seconds'] * 1e3:.4f} "
-                    f"({fl['step_bound']}) | {fl['encoder_seconds'] * 1e3:.4f} | | | | |")
-    return rows
+    return [floor_row(c, f"GPU floor {p}", fl, 3, 4) for p, fl in (c.get("gpu_floors") or {}).items()]
 
 
 def _step_ms(x: dict[str, Any]) -> float | None:
