@@ -1,5 +1,5 @@
 """Where one decode's time goes: the encoder, the step runs, the backend's work around them, the
-beam reorders (of which the cache moves) and the search's own bookkeeping (transduce/runtime/decoding.py).
+beam reorders (of which the cache moves) and the search's own bookkeeping (transduce/runtime/decoding/offline.py).
 
     python scripts/decode_breakdown.py ARTIFACT [--backend onnxruntime] [--batch 1] [--beam 1]
         [--steps 32] [--src-len 32] [--threads 2] [--repeats 20]
@@ -15,7 +15,7 @@ by wrapping the backend's methods with perf_counter:
     run            the step sessions' run_with_iobinding: the graph itself
     around         the rest of step(): filling inputs, bindings, the cache slot write, the top-k copy
   reorder        backend.reorder, of which (ONNX Runtime on CPU only) `moves`, the cache rows moved
-  search         everything else: decoding.py's numpy bookkeeping between the steps
+  search         everything else: the search's numpy bookkeeping between the steps
 
 A profiler: it wraps the ONNX Runtime backend's sessions and memory, internals no other caller reads. Each
 wrapper adds about a microsecond per call. The decodes run back to back (as in the bench), after
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.batch, args.beam, args.steps, args.repeats) < 1 or args.src_len < 2:
         ap.error("--batch, --beam, --steps and --repeats must be >= 1, --src-len >= 2")
 
-    from transduce.runtime import decoding
     from transduce.runtime.api import make_backend
     from transduce.runtime.decoding import DecodingOptions, decode
+    from transduce.runtime.decoding import offline as decoding
 
     options = {"shards": False} if args.whole and args.backend == "onnxruntime" else {}
     be = make_backend(args.artifact, backend=args.backend, device=args.device, threads=args.threads, **options)

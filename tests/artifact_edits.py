@@ -18,7 +18,7 @@ def perturb_one_weight(artifact_dir: str, out_dir, delta: float = 0.1) -> str:
     import onnx
     from onnx import numpy_helper
 
-    from transduce.formats.files import file_entry
+    from transduce.io.files import file_entry
 
     shutil.copytree(artifact_dir, out_dir)
     art = str(out_dir)
@@ -67,7 +67,7 @@ def edit_json(directory: str, name: str, edit: Callable[[Any], None]) -> None:
 
 def rehash(directory: str, *names: str) -> None:
     """Record the files `names` in the manifest as they are now: a change only the runtime's other checks see."""
-    from transduce.formats.files import file_entry
+    from transduce.io.files import file_entry
 
     edit_json(directory, "manifest.json",
               lambda m: m["files"].update({n: file_entry(os.path.join(directory, n)) for n in names}))

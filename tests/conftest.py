@@ -24,7 +24,7 @@ def small_corpus():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(small_corpus):
-    from transduce.tokenizer import Tokenizer
+    from transduce.models.tokenizer import Tokenizer
 
     train, _ = small_corpus
     return Tokenizer.train((s for p in train for s in p), vocab_size=200)

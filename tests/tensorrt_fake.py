@@ -30,8 +30,8 @@ import os
 
 import numpy as np
 
-from transduce.formats.files import sha256_file
 from transduce.formats.kinds import ARTIFACT_KIND, MANIFEST_FILE
+from transduce.io.files import sha256_file
 
 __version__ = "10.99.0"
 

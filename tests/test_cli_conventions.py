@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from transduce.cli import main
-from transduce.cli_errors import cli_errors, command_names
+from transduce.cli.errors import cli_errors, command_names
 from transduce.errors import InputError
 
 # a command that writes without --out: demo's --workdir is a workspace it reuses (--retrain starts again)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transduce.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from transduce.models.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 
 
 def test_special_spellings_in_text_are_text(tiny_tokenizer, tmp_path):

@@ -25,14 +25,14 @@ def _ct2():
 @pytest.fixture(scope="module")
 def tiny_ct2_dir(tmp_path_factory, tiny_model_dir):
     _ct2()
-    from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
 
     return convert_to_ctranslate2(tiny_model_dir, str(tmp_path_factory.mktemp("ct2") / "tiny"))
 
 
 # -- the CTranslate2 conversion --------------------------------------------------------------------
 def test_ct2_greedy_equals_ours_token_for_token(tiny_model_dir, tiny_ct2_dir, tiny_tokenizer, small_corpus):
-    from transduce.bench.ct2_check import check_greedy_equality
+    from transduce.bench.ctranslate2.check import check_greedy_equality
 
     _, valid = small_corpus
     sources = [tiny_tokenizer.encode(s) for s, _ in valid[:12]]
@@ -54,8 +54,8 @@ def test_ct2_check_at_the_edges(tiny_model_dir, tiny_ct2_dir, tmp_path):
     and a model whose greedy output is empty (CTranslate2 must be allowed to end at once, as ours is)."""
     import torch
 
-    from transduce.bench.ct2_check import check_greedy_equality
-    from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+    from transduce.bench.ctranslate2.check import check_greedy_equality
+    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
     from transduce.models.checkpoint import load_model_dir, save_model_dir
 
     model, tok, cfg = load_model_dir(tiny_model_dir)
@@ -74,7 +74,7 @@ def test_ct2_check_at_the_edges(tiny_model_dir, tiny_ct2_dir, tmp_path):
 
 
 def test_ct2_conversion_is_reused_while_the_weights_match(tiny_model_dir, tiny_ct2_dir):
-    from transduce.bench.ctranslate2_export import SOURCE_FILE, convert_to_ctranslate2, is_current
+    from transduce.bench.ctranslate2.convert import SOURCE_FILE, convert_to_ctranslate2, is_current
 
     assert is_current(tiny_ct2_dir, tiny_model_dir)
     before = os.path.getmtime(os.path.join(tiny_ct2_dir, SOURCE_FILE))
@@ -83,7 +83,7 @@ def test_ct2_conversion_is_reused_while_the_weights_match(tiny_model_dir, tiny_c
 
 
 def test_ct2_vocabulary_is_ours_in_id_order(tiny_ct2_dir, tiny_tokenizer):
-    from transduce.bench.ctranslate2_export import ct2_vocab
+    from transduce.bench.ctranslate2.convert import ct2_vocab
 
     vocab = ct2_vocab(tiny_ct2_dir)
     assert vocab[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
@@ -95,8 +95,8 @@ def test_check_reports_where_other_weights_diverge(tmp_path, tiny_model, tiny_to
     _ct2()
     import torch
 
-    from transduce.bench.ct2_check import check_greedy_equality
-    from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+    from transduce.bench.ctranslate2.check import check_greedy_equality
+    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
     from transduce.models.checkpoint import save_model_dir
 
     other = copy.deepcopy(tiny_model)
@@ -117,8 +117,8 @@ def test_check_reports_where_other_weights_diverge(tmp_path, tiny_model, tiny_to
 def test_check_catches_a_shifted_position_table(tmp_path, tiny_model_dir, tiny_tokenizer, small_corpus, monkeypatch):
     """Fairseq's sinusoidal table starts at offset padding_idx + 1; given that table, the check must fail."""
     _ct2()
-    from transduce.bench import ctranslate2_export as ce
-    from transduce.bench.ct2_check import check_greedy_equality
+    from transduce.bench.ctranslate2 import convert as ce
+    from transduce.bench.ctranslate2.check import check_greedy_equality
 
     ours = ce.sinusoidal_table_np
     monkeypatch.setattr(ce, "sinusoidal_table_np", lambda n, d: ours(n + 2, d)[2:])
@@ -314,7 +314,7 @@ def test_ratios_to_ctranslate2_are_for_our_cpu_systems_only():
 def test_ctranslate2_settings_within_the_thread_budget():
     """1thread runs CTranslate2 on one of the budget's threads; a setting that would repeat another's
     configuration (1thread at --threads 1 is the default) is not timed twice."""
-    from transduce.bench.ct2_settings import ct2_setting, ct2_settings_run, ct2_threads
+    from transduce.bench.ctranslate2.settings import ct2_setting, ct2_settings_run, ct2_threads
 
     assert ct2_setting("ctranslate2") == "default" and ct2_setting("ctranslate2-1thread") == "1thread"
     assert [ct2_threads(s, 2) for s in ("default", "avx2", "1thread")] == [2, 2, 1]
@@ -331,7 +331,7 @@ def test_ctranslate2_inter_settings_decode_a_batch_in_parts():
     """inter: CTranslate2 decodes a batch as --threads sub-batches at once, one thread each (our ONNX Runtime
     backend decodes a small model's batch in parts too); the worker asks for that many sub-batches, and the
     output is CTranslate2's forced decode all the same."""
-    from transduce.bench.ct2_settings import ct2_inter_threads, ct2_threads
+    from transduce.bench.ctranslate2.settings import ct2_inter_threads, ct2_threads
 
     assert [ct2_inter_threads(s, 2) for s in ("default", "1thread", "inter", "nomkl-inter")] == [1, 1, 2, 2]
     assert ct2_threads("inter", 2) == ct2_threads("nomkl-inter", 4) == 1
@@ -340,7 +340,7 @@ def test_ctranslate2_inter_settings_decode_a_batch_in_parts():
 def test_an_inter_setting_at_batch_1_repeats_its_one_thread_setting():
     """One sentence is one sub-batch on one thread: in a batch-1 cell inter is 1thread (and nomkl-inter
     nomkl-1thread), so only the first of each is timed there; from batch 2 on they differ."""
-    from transduce.bench.ct2_settings import ct2_cell_repeats, ct2_sub_batches
+    from transduce.bench.ctranslate2.settings import ct2_cell_repeats, ct2_sub_batches
 
     assert [ct2_sub_batches("inter", 2, b) for b in (1, 2, 3, 16)] == [1, 2, 2, 2]
     assert ct2_sub_batches("inter", 4, 5) == 3 and ct2_sub_batches("default", 2, 16) == 1  # parts of 2: 2, 2, 1
@@ -396,7 +396,12 @@ def test_ctranslate2_worker_with_inter_threads_splits_the_batch(tiny_ct2_dir, mo
 def test_ctranslate2_settings_resolve_mkl_as_ctranslate2_does():
     """Without CT2_USE_MKL CTranslate2 uses MKL on Intel CPUs only: there nomkl is a setting of its own
     (MKL on two threads was 4-10x slower than oneDNN on an Intel Xeon), elsewhere it repeats the default."""
-    from transduce.bench.ct2_settings import DEFAULT_CT2_SETTINGS, ct2_effective_env, ct2_setting, ct2_settings_run
+    from transduce.bench.ctranslate2.settings import (
+        DEFAULT_CT2_SETTINGS,
+        ct2_effective_env,
+        ct2_setting,
+        ct2_settings_run,
+    )
 
     assert ct2_setting("ctranslate2-nomkl-1thread") == "nomkl-1thread"
     assert ct2_effective_env("default", intel=True)["CT2_USE_MKL"] == "1"
@@ -418,7 +423,8 @@ def test_cpu_facts_from_proc_cpuinfo(monkeypatch, tmp_path):
     are timed) possibly above AVX2."""
     import builtins
 
-    from transduce.bench import cpu, ct2_settings
+    from transduce.bench import cpu
+    from transduce.bench.ctranslate2 import settings as ct2_settings
 
     text = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R)\nflags\t\t: fpu avx avx2 fma "
             "avx512f avx512bw\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: fpu\n")
@@ -448,7 +454,7 @@ def test_bench_help_names_every_ctranslate2_setting_and_the_default():
     """--ct2-settings' help lists every setting the harness knows, and the default it really uses."""
     from click.testing import CliRunner
 
-    from transduce.bench.ct2_settings import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
+    from transduce.bench.ctranslate2.settings import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
     from transduce.cli import main
 
     res = CliRunner().invoke(main, ["bench", "--help"], terminal_width=10_000)
@@ -805,7 +811,8 @@ def test_prepare_fills_the_config_in_and_survives_a_refused_conversion(tmp_path,
                                                                        edited_copy, monkeypatch):
     """A config.json without its defaulted fields is read whole (the report and floors read them all); a
     model CTranslate2's converter refuses (pre-norm, ...) is still prepared, CTranslate2 then not timed."""
-    from transduce.bench import ctranslate2_export, models
+    from transduce.bench import models
+    from transduce.bench.ctranslate2 import convert as ctranslate2_export
 
     m = edited_copy(tiny_model_dir, "m", "config.json", lambda cfg: cfg["model"].pop("pad_id"))
 
@@ -923,7 +930,7 @@ def test_a_logs_entry_that_is_a_file_is_a_clear_error(tmp_path, tiny_model_dir):
 def test_a_conversion_by_another_ctranslate2_is_not_current(tmp_path, tiny_model_dir, tiny_ct2_dir):
     import shutil
 
-    from transduce.bench.ctranslate2_export import SOURCE_FILE, is_current
+    from transduce.bench.ctranslate2.convert import SOURCE_FILE, is_current
 
     copy_dir = tmp_path / "ct2"
     shutil.copytree(tiny_ct2_dir, copy_dir)
@@ -946,7 +953,7 @@ def test_tokens_per_second_is_the_rate_at_the_median_time():
 def test_ct2_conversion_is_redone_when_a_file_is_damaged(tmp_path, tiny_model_dir, tiny_ct2_dir):
     import shutil
 
-    from transduce.bench.ctranslate2_export import is_current
+    from transduce.bench.ctranslate2.convert import is_current
 
     for damage in ("truncate", "delete"):
         copy_dir = tmp_path / damage

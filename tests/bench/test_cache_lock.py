@@ -12,7 +12,7 @@ import pytest
 from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere
 from transduce.bench.config import BenchConfig
 from transduce.errors import TransduceError
-from transduce.formats.reaping import tmp_prefix
+from transduce.io.reaping import tmp_prefix
 
 
 def _must_not(*args, **kwargs):
@@ -46,7 +46,7 @@ def test_a_cached_conversion_is_written_under_its_lock(tmp_path, tiny_model_dir)
     """A conversion into a directory another process converts into is refused; the next one removes the copy a
     killed conversion left (recent, of a live-looking PID)."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'transduce[bench]')")
-    from transduce.bench.ctranslate2_export import convert_to_ctranslate2, is_current
+    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2, is_current
 
     out = tmp_path / "ctranslate2"
     with lock_held_elsewhere(out) as pid:

@@ -38,13 +38,13 @@ def test_opus_mt_prepares_an_imported_marian_with_ctranslate2s_own_conversion(op
     source = json.loads(open(os.path.join(prepared.ct2_dir, "transduce_source.json")).read())
     assert source["converter"] == "ctranslate2.converters.TransformersConverter"
     assert source["hf_dir"] == os.path.abspath(hf) and prepared.ct2_error is None
-    from transduce.bench.ctranslate2_export import ct2_vocab
+    from transduce.bench.ctranslate2.convert import ct2_vocab
 
     assert len(ct2_vocab(prepared.ct2_dir)) == 1499  # its converter drops Marian's pad row
 
 
 def test_opus_mt_greedy_is_ctranslate2s_token_for_token(opus_prepared):
-    from transduce.bench.ct2_check import check_greedy_equality
+    from transduce.bench.ctranslate2.check import check_greedy_equality
     from transduce.bench.inputs import id_limit, random_sources
 
     prepared, _, _ = opus_prepared
@@ -66,7 +66,7 @@ def test_opus_mt_is_reused_from_the_cache(opus_prepared):
 
 
 def test_int8_rows_are_held_against_ctranslate2s_own_int8():
-    from transduce.bench.ct2_settings import CT2_INT8
+    from transduce.bench.ctranslate2.settings import CT2_INT8
     from transduce.bench.stats import ct2_ratios
 
     raw = {"onnxruntime": {"decode": [0.2, 0.2]}, "onnxruntime-int8": {"decode": [0.1, 0.1]},
@@ -82,7 +82,7 @@ def test_int8_rows_are_held_against_ctranslate2s_own_int8():
 
 
 def test_the_report_names_the_int8_rows_reference():
-    from transduce.bench.ct2_settings import CT2_INT8
+    from transduce.bench.ctranslate2.settings import CT2_INT8
     from transduce.bench.report import _Marks, _system_row
     from transduce.bench.stats import cell_stats, ct2_ratios
 
@@ -98,7 +98,7 @@ def test_the_report_names_the_int8_rows_reference():
 def test_int8_run_loads_ctranslate2_with_compute_type_int8(opus_prepared):
     from transduce.bench import harness
     from transduce.bench.config import BenchConfig
-    from transduce.bench.ct2_settings import CT2_INT8
+    from transduce.bench.ctranslate2.settings import CT2_INT8
     from transduce.bench.worker import _load
 
     prepared, _, _ = opus_prepared

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere
 from transduce.build import builder
 from transduce.build.builder import build_engines, parser_errors
-from transduce.build.commands import build as build_cmd
 from transduce.build.progress import make_progress_monitor
+from transduce.cli.build import build as build_cmd
 from transduce.errors import ArtifactError, BackendUnavailable, EngineError
 from transduce.formats import contract
 from transduce.formats.artifact import read_manifest
@@ -35,7 +35,6 @@ from transduce.formats.engine import (
     compatibility_problems,
     read_engine_manifest,
 )
-from transduce.formats.files import file_entries
 from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND
 from transduce.formats.profiles import (
     SPLIT_MIN_BATCH,
@@ -47,7 +46,8 @@ from transduce.formats.profiles import (
     plan_from_meta,
     profile_shapes,
 )
-from transduce.formats.reaping import tmp_prefix
+from transduce.io.files import file_entries
+from transduce.io.reaping import tmp_prefix
 from transduce.runtime.backends.tensorrt_support import (
     check_engine,
     device_index,
@@ -448,7 +448,7 @@ def test_a_second_build_into_one_out_is_refused_at_once(tmp_path, artifact, monk
 def test_a_build_the_disk_has_no_room_for_is_refused_before_tensorrt(tmp_path, tiny_model_dir, monkeypatch):
     """The plans take about their graphs' bytes (the weights), and the artifact's files are hard-linked beside
     them on the same file system."""
-    from transduce.formats import paths
+    from transduce.io import paths
 
     art = fake.make_artifact(str(tmp_path / "art"), tiny_model_dir, encoder_bytes=b"e" * 3_000_000,
                              step_bytes=b"s" * 2_000_000)

@@ -13,8 +13,8 @@ import pytest
 from transduce.errors import ArtifactError
 from transduce.formats import contract
 from transduce.formats.artifact import read_manifest
-from transduce.formats.files import sha256_file
 from transduce.formats.kinds import ARTIFACT_KIND
+from transduce.io.files import sha256_file
 
 
 def test_export_copies_the_config_and_tokenizer_it_loaded(tiny_model_dir, tmp_path):

@@ -1,5 +1,5 @@
 """Before an export does any work: OUT_DIR's lock (a second export into it is refused at once), what killed exports
-left beside it removed, and the disk space it needs (formats.locks, formats.paths)."""
+left beside it removed, and the disk space it needs (io.locks, io.paths)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere, other_host_prefix
 from transduce.errors import CheckpointError, ExportError
 from transduce.exporter import onnx_export
-from transduce.formats.reaping import interrupted_replace_hint, tmp_prefix
+from transduce.io.reaping import interrupted_replace_hint, tmp_prefix
 
 
 def _must_not_load(model_dir):
@@ -58,7 +58,7 @@ def test_an_export_removes_what_killed_exports_left_when_it_starts(tiny_model_di
 
 
 def test_an_export_the_disk_has_no_room_for_is_refused_before_loading(tiny_model_dir, tmp_path, monkeypatch):
-    from transduce.formats import paths
+    from transduce.io import paths
 
     monkeypatch.setattr(paths, "free_bytes", lambda path: 123_456)
     monkeypatch.setattr(onnx_export, "load_model", _must_not_load)

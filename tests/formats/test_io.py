@@ -1,4 +1,4 @@
-"""transduce.formats.atomic (and paths, reaping, text): atomic single-file writes (decode --output,
+"""transduce.io.atomic (and paths, reaping, text): atomic single-file writes (decode --output,
 parity --json, engine plans, the timing cache)."""
 
 import os
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from transduce.formats.atomic import atomic_file, write_bytes_atomic, write_text_atomic
 from transduce.formats.kinds import is_artifact_dir as _is_artifact
-from transduce.formats.reaping import tmp_prefix as _tmp_prefix
-from transduce.formats.text import iter_lines
+from transduce.io.atomic import atomic_file, write_bytes_atomic, write_text_atomic
+from transduce.io.reaping import tmp_prefix as _tmp_prefix
+from transduce.io.text import iter_lines
 
 
 def _dead_pid() -> int:
@@ -21,7 +21,7 @@ def _dead_pid() -> int:
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
-    import transduce.formats.atomic as io
+    import transduce.io.atomic as io
 
     path = tmp_path / "out.txt"
     path.write_text("old")
@@ -70,7 +70,7 @@ class _Mine(Exception):
 def test_atomic_file_maps_only_its_own_errors(tmp_path, monkeypatch):
     """error=: what atomic_file's own OSErrors become (creating, closing, renaming); an exception of the
     block, an OSError included, passes through unchanged, and no temporary stays either way."""
-    import transduce.formats.atomic as io
+    import transduce.io.atomic as io
 
     path = tmp_path / "out.txt"
     path.write_text("old")
@@ -124,7 +124,7 @@ def test_written_in_place_when_not_a_regular_file(tmp_path):
 
 def test_long_names_get_short_temporaries(tmp_path):
     """A legal 240-character name: its temporary copies' names stay under 255 bytes."""
-    from transduce.formats.atomic import atomic_directory
+    from transduce.io.atomic import atomic_directory
 
     name = "x" * 240
     write_text_atomic(tmp_path / f"{name}.txt", "ok")
@@ -139,7 +139,7 @@ def test_long_names_get_short_temporaries(tmp_path):
 
 
 def test_a_symlinked_directory_is_replaced_where_it_points(tmp_path):
-    from transduce.formats.atomic import atomic_directory
+    from transduce.io.atomic import atomic_directory
 
     real = tmp_path / "real"
     real.mkdir()
@@ -154,7 +154,7 @@ def test_a_symlinked_directory_is_replaced_where_it_points(tmp_path):
 
 def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
     from transduce.errors import TransduceError
-    from transduce.formats.paths import check_replaceable
+    from transduce.io.paths import check_replaceable
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
@@ -166,8 +166,8 @@ def test_what_force_cannot_replace_is_said_before_asking_for_force(tmp_path):
 def test_an_empty_directory_is_written_without_force(tmp_path):
     """mkdir -p before a command: nothing to lose, so no --force; a directory with a file still needs it."""
     from transduce.errors import TransduceError
-    from transduce.formats.atomic import atomic_directory
-    from transduce.formats.paths import check_replaceable
+    from transduce.io.atomic import atomic_directory
+    from transduce.io.paths import check_replaceable
 
     out = tmp_path / "out"
     out.mkdir()
@@ -187,7 +187,7 @@ def test_an_empty_directory_is_written_without_force(tmp_path):
 def test_an_empty_directory_written_to_meanwhile_is_left_alone(tmp_path):
     """Accepted because it was empty; at the end it is replaced only if it still is (one rename)."""
     from transduce.errors import TransduceError
-    from transduce.formats.atomic import atomic_directory
+    from transduce.io.atomic import atomic_directory
 
     for made_before in (True, False):
         out = tmp_path / f"out-{made_before}"
@@ -208,7 +208,7 @@ def test_a_failed_final_rename_keeps_the_old_directory(tmp_path, monkeypatch):
     import errno
 
     from transduce.errors import TransduceError
-    from transduce.formats import atomic as _io
+    from transduce.io import atomic as _io
 
     out = tmp_path / "out"
     out.mkdir()
@@ -250,8 +250,8 @@ def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, m
     are the same."""
     import time
 
-    from transduce.formats import atomic as _io
-    from transduce.formats import reaping
+    from transduce.io import atomic as _io
+    from transduce.io import reaping
 
     long_a, long_b = "a" * 120 + "x", "a" * 120 + "y"
     assert (reaping.short_base(long_a) != reaping.short_base(long_b)
@@ -286,7 +286,7 @@ def test_previous_copies_that_killed_writers_moved_aside_are_removed(tmp_path, m
 def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
     """atomic_directory replaces a link's target: the previous copy is moved aside beside the target, and
     the hint for the missing output names it there."""
-    from transduce.formats import reaping
+    from transduce.io import reaping
 
     (tmp_path / "real").mkdir()
     link = tmp_path / "out"
@@ -301,7 +301,7 @@ def test_the_restore_hint_follows_a_link_to_the_output(tmp_path):
 def test_what_is_published_is_on_disk_first(tmp_path, monkeypatch):
     """A replacement syncs every file of the new copy before the rename that publishes it, and the
     directory after it, before the previous copy goes (a power loss leaves one complete copy)."""
-    from transduce.formats import atomic as _io
+    from transduce.io import atomic as _io
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -327,7 +327,7 @@ def test_what_is_published_is_on_disk_first(tmp_path, monkeypatch):
 def test_a_file_system_that_cannot_sync_is_no_error_but_an_io_error_is(tmp_path, monkeypatch):
     import errno
 
-    from transduce.formats import atomic as _io
+    from transduce.io import atomic as _io
 
     def fsync_fails(code):
         def fsync(fd):
@@ -348,7 +348,7 @@ def test_a_file_system_that_cannot_sync_is_no_error_but_an_io_error_is(tmp_path,
 
 def test_mount_points_and_unreadable_directories_are_named(tmp_path, monkeypatch):
     from transduce.errors import TransduceError
-    from transduce.formats import paths as _io
+    from transduce.io import paths as _io
 
     out = tmp_path / "out"
     out.mkdir()

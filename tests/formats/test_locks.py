@@ -1,4 +1,4 @@
-"""One writer per output (formats.locks.output_lock): a second writer is refused at once, naming the holder; the
+"""One writer per output (io.locks.output_lock): a second writer is refused at once, naming the holder; the
 lock file goes with its writer; holding the lock removes what killed writers of this host left beside the output.
 
 `lock_held_elsewhere` is the other process the exporter, builder and bench tests hold an output's lock with."""
@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import pytest
 
 from transduce.errors import ExportError, TransduceError
-from transduce.formats import locks
-from transduce.formats.locks import lock_path, output_lock
-from transduce.formats.reaping import tmp_prefix
+from transduce.io import locks
+from transduce.io.locks import lock_path, output_lock
+from transduce.io.reaping import tmp_prefix
 
 _HOLDER = """import sys
-from transduce.formats.locks import output_lock
+from transduce.io.locks import output_lock
 with output_lock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()  # until the test closes its end
@@ -28,7 +28,7 @@ with output_lock(sys.argv[1]):
 
 _TRY = """import sys
 from transduce.errors import TransduceError
-from transduce.formats.locks import output_lock
+from transduce.io.locks import output_lock
 try:
     with output_lock(sys.argv[1]):
         print("taken")

@@ -80,7 +80,7 @@ def learn_bpe(words: dict[str, int], n_merges: int) -> list[tuple[str, str]]:
     """subword-nmt's algorithm on word counts: repeatedly merge the most frequent adjacent pair ("</w>" ends words)."""
     from collections import Counter
 
-    from transduce.pair_tokenizer import merge_pair
+    from transduce.models.pair_tokenizer import merge_pair
 
     segs = {w: list(w[:-1]) + [w[-1] + "</w>"] for w in words}
     merges = []

@@ -215,8 +215,8 @@ def test_ctranslate2_conversion_of_an_imported_model_decodes_as_ours(marian_swis
     """The bench's CTranslate2 converter honours swish, the [sin | cos] table, final_logits_bias and the pad start
     token: greedy token for token and log-probs within 1e-4 (the bench's check)."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'transduce[bench]')")
-    from transduce.bench.ct2_check import check_greedy_equality
-    from transduce.bench.ctranslate2_export import convert_to_ctranslate2, suppressed
+    from transduce.bench.ctranslate2.check import check_greedy_equality
+    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2, suppressed
 
     ct2 = convert_to_ctranslate2(marian_swish_imported, tmp_path / "ct2")
     assert suppressed(ct2) == [["<pad>"]]  # Marian's start token is its pad: nothing else is banned

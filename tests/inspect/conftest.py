@@ -22,7 +22,7 @@ OPAQUE_WEIGHT = "onnx::MatMul_7"
 
 
 def _file_entries(directory: str, names: list[str]) -> dict:
-    from transduce.formats.files import sha256_file
+    from transduce.io.files import sha256_file
 
     return {n: {"sha256": sha256_file(os.path.join(directory, n)), "bytes": os.path.getsize(os.path.join(directory, n))}
             for n in names}

@@ -221,7 +221,7 @@ def test_artifact_of_another_contract_version_is_still_shown(artifact_dir):
 
 
 def test_runtime_checks_that_could_not_run_do_not_fail_inspect():
-    from transduce.inspect.commands import runtime_accepts
+    from transduce.cli.inspect import runtime_accepts
 
     assert runtime_accepts({"runtime_check": "ok"}) and runtime_accepts({"kind": "model"})
     assert runtime_accepts({"runtime_check": "not checked (No module named 'tensorrt')"})

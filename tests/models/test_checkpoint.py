@@ -102,7 +102,7 @@ def test_weights_saved_without_their_config_still_load(damaged, tiny_model):
     """Weights written before the config went into their metadata carry none: loaded as they are."""
     from safetensors.torch import load_file, save_file
 
-    from transduce.formats.files import file_entry
+    from transduce.io.files import file_entry
 
     w = damaged / "model.safetensors"
     save_file(load_file(w), w, metadata={"format": "transduce-model"})
@@ -185,7 +185,7 @@ def test_modes_of_hard_linked_files_are_left_alone(tmp_path):
     """An engine directory hard-links its artifact's files: setting modes there must not touch the artifact."""
     import stat
 
-    from transduce.formats.atomic import atomic_directory
+    from transduce.io.atomic import atomic_directory
 
     src = tmp_path / "artifact.onnx"
     src.write_text("x")
@@ -205,7 +205,7 @@ def test_a_replacement_killed_between_its_renames_says_how_to_restore(tmp_path, 
                                                                       monkeypatch):
     """atomic_directory moves the old copy aside, then the new one into place: a kill in between leaves
     neither at the path; the error names the complete old copy and the command that restores it."""
-    import transduce.formats.atomic as io
+    import transduce.io.atomic as io
 
     path = tmp_path / "m"
     save_model_dir(path, tiny_model, tiny_tokenizer)
@@ -235,7 +235,7 @@ def test_temporary_copies_of_killed_writers_are_removed(tmp_path, tiny_model, ti
     import subprocess
     import sys
 
-    from transduce.formats.reaping import tmp_prefix as _tmp_prefix
+    from transduce.io.reaping import tmp_prefix as _tmp_prefix
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(gone.stdout)

@@ -14,8 +14,8 @@ from artifact_edits import REFUSALS, perturb_one_weight, refused_copy
 
 from transduce.errors import ArtifactError
 from transduce.formats.artifact import read_manifest
-from transduce.formats.files import file_entry, listed_file_problem
 from transduce.formats.kinds import ENGINE_MANIFEST_FILE
+from transduce.io.files import file_entry, listed_file_problem
 from transduce.runtime.api import load, make_backend
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
@@ -165,7 +165,7 @@ def test_tampered_or_missing_artifact_files_are_refused(tiny_artifact_dir, tmp_p
 
 def test_parity_passes_on_good_and_fails_on_perturbed(demo_artifact_dir, demo_model_dir, tmp_path):
     from transduce.models.corpus import demo_corpus
-    from transduce.tokenizer import Tokenizer
+    from transduce.models.tokenizer import Tokenizer
     from transduce.verify.parity import run_parity
 
     _, valid = demo_corpus(n_train=0, n_valid=24, seed=3)
@@ -276,7 +276,7 @@ def test_graph_headers_are_read_as_onnx_reads_them(tiny_artifact_dir, tmp_path):
 
 
 def test_listed_files_stay_inside_and_unreadable_ones_are_named(tmp_path, monkeypatch):
-    from transduce.formats import files
+    from transduce.io import files
 
     (tmp_path / "a.bin").write_bytes(b"abc")
     good = file_entry(tmp_path / "a.bin")

@@ -52,7 +52,7 @@ def test_decode_errors_are_one_line(tiny_artifact_dir, tmp_path):
 
 
 def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, small_corpus, tmp_path):
-    from transduce.formats.parallel import write_tsv
+    from transduce.io.parallel import write_tsv
 
     _, valid = small_corpus
     data = tmp_path / "valid.tsv"
@@ -73,7 +73,7 @@ def test_parity_cli_passes_and_writes_json(tiny_artifact_dir, tiny_model_dir, sm
 
 def test_eager_pytorch_at_reduced_precision_decodes_and_is_held_to_its_policy(tiny_artifact_dir, tiny_model_dir,
                                                                               small_corpus, tmp_path):
-    from transduce.formats.parallel import write_tsv
+    from transduce.io.parallel import write_tsv
 
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--backend", "torch", "--precision", "bf16",
                                   "--beam", "2", "--max-len-b", "4"], input="two hundred\nforty one\n")
@@ -97,7 +97,7 @@ def test_parity_of_eager_pytorch_on_the_gpu_against_the_cpu(tiny_artifact_dir, t
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU available to PyTorch")
-    from transduce.formats.parallel import write_tsv
+    from transduce.io.parallel import write_tsv
 
     _, valid = small_corpus
     data = tmp_path / "valid.tsv"
@@ -414,7 +414,7 @@ def test_decode_output_is_the_deprecated_spelling_of_out(tiny_artifact_dir, tmp_
 def test_decode_progress_lines_when_stderr_is_not_a_terminal(tiny_artifact_dir, monkeypatch):
     """Not on a terminal: '[decode] ...' lines every LOG_EVERY_S (here every batch) and one at the end;
     stdout holds the translations alone; --quiet prints none."""
-    from transduce.runtime import commands
+    from transduce.cli import decode as commands
 
     monkeypatch.setattr(commands, "LOG_EVERY_S", 0.0)
     text = "two hundred\n\nthree\n" * 10
@@ -437,7 +437,7 @@ def test_decode_progress_bar_on_a_terminal():
     """On a terminal: a bar with sentences/s and tokens/s, cleared for a line written meanwhile."""
     import io
 
-    from transduce.runtime.commands import Progress
+    from transduce.cli.decode import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -492,7 +492,7 @@ def test_decode_names_a_directory_that_cannot_hold_files(tiny_artifact_dir, monk
 def test_an_output_write_error_is_named_by_its_cause(tmp_path):
     import errno
 
-    from transduce.formats.paths import write_error
+    from transduce.io.paths import write_error
 
     path = str(tmp_path / "out.txt")
     gone = write_error("--out", path, FileNotFoundError(errno.ENOENT, "No such file or directory", path + ".tmp"))

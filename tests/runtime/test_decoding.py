@@ -197,7 +197,7 @@ def test_a_huge_max_length_is_the_models_cap():
 def test_stay_in_place_keeps_first_children_in_their_parents_rows():
     """Each sentence's slot order is a permutation; the first child of every parent whose row is in the
     sentence's block keeps that row, so a reorder moves only the other children (the minimum)."""
-    from transduce.runtime.decoding import _stay_in_place
+    from transduce.runtime.decoding.search import _stay_in_place
 
     rng = np.random.default_rng(0)
     nones = 0
@@ -300,7 +300,7 @@ def test_parts_are_submitted_before_another_decode_can_replace_the_pool(tiny_mod
     import concurrent.futures
     import threading
 
-    from transduce.runtime import decoding
+    from transduce.runtime.decoding import offline as decoding
 
     class ReplaceOnRelease:
         def __init__(self):
@@ -336,7 +336,7 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
     import sys
     import textwrap
 
-    from transduce.runtime import decoding
+    from transduce.runtime.decoding import offline as decoding
 
     def one(backend, src_ids, src_lengths, options, search):  # each sentence's "result": its first id
         return src_ids[:, 0].tolist()
@@ -357,7 +357,7 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
     script = textwrap.dedent("""
         import atexit
         import numpy as np
-        from transduce.runtime import decoding
+        from transduce.runtime.decoding import offline as decoding
         def one(backend, src_ids, src_lengths, options, search):
             return src_ids[:, 0].tolist()
         decoding._decode_one = one

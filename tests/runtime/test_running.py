@@ -9,7 +9,7 @@ import pytest
 from transduce.errors import BackendUnavailable
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode
-from transduce.runtime.running import CapacityError, RunningBatch
+from transduce.runtime.decoding.running import CapacityError, RunningBatch
 
 OPTIONS = [DecodingOptions(beam_size=1, max_len_b=12),
            DecodingOptions(beam_size=3, nbest=2, max_len_b=9, length_penalty=1.0, length_penalty_form="plain"),

@@ -38,7 +38,7 @@ def test_backend_module_imports_no_framework():
     import subprocess
 
     code = ("import sys, transduce.runtime.backends.tensorrt_backend, transduce.build.builder, "
-            "transduce.build.commands;"
+            "transduce.cli.build;"
             "bad=[m for m in ('torch','onnxruntime','tensorrt','onnx') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from transduce.errors import InputError, TruncatedInput
-from transduce.formats.files import file_entry
+from transduce.io.files import file_entry
 from transduce.runtime.translator import Translator
 
 

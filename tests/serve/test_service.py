@@ -39,11 +39,11 @@ def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_
 
     from cuda_graph_fake import HostCapturer
 
+    from transduce.models.tokenizer import Tokenizer
     from transduce.runtime.api import load
     from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
     from transduce.runtime.translator import Translator
     from transduce.serve.service import DecodeService, ServiceOptions
-    from transduce.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(os.path.join(tiny_artifact_dir, "tokenizer.json"))
     backend = TorchGraphBackend(tiny_model, "cpu", _capturer=HostCapturer())

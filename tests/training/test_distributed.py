@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from transduce.formats.parallel import write_tsv
+from transduce.io.parallel import write_tsv
 from transduce.training.config import TrainConfig
 from transduce.training.distributed import part_weight, rank_seed, split_batch
 from transduce.training.launch import exit_status

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from transduce.errors import DataError
-from transduce.formats.parallel import index_parallel, read_pairs, read_parallel, write_tsv
+from transduce.io.parallel import index_parallel, read_pairs, read_parallel, write_tsv
 from transduce.training.config import TrainConfig
 from transduce.training.stream import StreamBatches, StreamedCorpus
 

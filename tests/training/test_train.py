@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from transduce.errors import DataError
-from transduce.formats.parallel import read_parallel
+from transduce.io.parallel import read_parallel
 from transduce.training.config import TrainConfig
 from transduce.training.data import Example, make_batches
 from transduce.training.train import label_smoothed_loss, learning_rate, train
@@ -215,7 +215,7 @@ def test_runs_that_would_lose_their_work_stop_before_it(tmp_path, small_corpus, 
     """A resume into a directory whose parent cannot be written stops before training (its checkpoints go
     beside it: a link's target); held-out pairs that all exceed max_positions are an error, not a
     validation loss of 0; a loss or gradients that turn NaN stop the run and keep the last checkpoint."""
-    import transduce.formats.paths as io
+    import transduce.io.paths as io
     from transduce.errors import TrainingDiverged
 
     train_pairs, valid_pairs = small_corpus
@@ -280,9 +280,9 @@ def test_training_options_are_checked():
 
 
 def test_model_overrides_are_typed(small_corpus):
+    from transduce.cli.train import _parse_overrides
     from transduce.errors import ConfigError
     from transduce.models.config import preset
-    from transduce.training.commands import _parse_overrides
     from transduce.training.train import prepare
 
     assert _parse_overrides(("norm_first=False", "d_model=64", "dropout=0.2")) == {
@@ -346,7 +346,7 @@ def test_a_failed_save_is_one_error_and_keeps_the_last_checkpoint(tmp_path, smal
 
 
 def _listdir(path) -> list[str]:
-    """What is in `path`, but the lock files of the model directories trained there (formats.locks)."""
+    """What is in `path`, but the lock files of the model directories trained there (io.locks)."""
     return sorted(n for n in os.listdir(path) if not (n.startswith(".") and n.endswith(".lock")))
 
 
@@ -501,7 +501,7 @@ def test_a_schedule_that_never_leaves_its_warmup_is_reported(tmp_path, small_cor
 def test_a_disk_without_room_for_a_checkpoint_is_refused_before_training(tmp_path, small_corpus, monkeypatch):
     """The estimate (weights, Adam's two moments, the tokenizer) is checked against the free space before the first
     step, both figures named; it covers what a checkpoint writes."""
-    import transduce.formats.paths as paths
+    import transduce.io.paths as paths
     from transduce.errors import ConfigError
 
     train_pairs, valid_pairs = small_corpus

@@ -9,7 +9,7 @@ import numpy as np
 
 from transduce.bench.config import GPU_SYSTEMS, BenchConfig
 from transduce.bench.cpu import settle
-from transduce.bench.ct2_settings import CT2_INT8, ct2_cell_repeats, is_ct2
+from transduce.bench.ctranslate2.settings import CT2_INT8, ct2_cell_repeats, is_ct2
 from transduce.bench.stats import cell_stats, ct2_ratios
 from transduce.bench.workers import Worker, WorkerError
 

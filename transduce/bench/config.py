@@ -6,7 +6,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from transduce.bench.ct2_settings import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
+from transduce.bench.ctranslate2.settings import CT2_SETTINGS, DEFAULT_CT2_SETTINGS
 from transduce.bench.models import SIZES
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS

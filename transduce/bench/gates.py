@@ -23,7 +23,7 @@ def held_out_pairs(prepared, n: int) -> list[tuple[str, str]]:
     """The demo task's first n held-out (source, reference) sentence pairs."""
     valid_tsv = os.path.join(os.path.dirname(prepared.model_dir), "data", "valid.tsv")
     if os.path.isfile(valid_tsv):
-        from transduce.formats.parallel import read_parallel
+        from transduce.io.parallel import read_parallel
 
         return read_parallel(valid_tsv)[:n]
     from transduce.models.corpus import demo_corpus
@@ -81,8 +81,8 @@ def quality_gate(prepared, method: str, cfg: BenchConfig, log) -> dict[str, Any]
 def equality_checks(prepared, cfg: BenchConfig, log) -> list[dict[str, Any]]:
     """CTranslate2's greedy output against ours: the demo size's held-out sentences (natural stopping), and
     random inputs at the benchmark's shape (forced length) -> the reports, as dicts."""
-    from transduce.bench.ct2_check import check_greedy_equality
-    from transduce.bench.ctranslate2_export import load_translator
+    from transduce.bench.ctranslate2.check import check_greedy_equality
+    from transduce.bench.ctranslate2.convert import load_translator
     from transduce.runtime.backends.torch_backend import TorchBackend
 
     backend = TorchBackend.from_model_dir(prepared.model_dir)

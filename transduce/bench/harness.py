@@ -43,7 +43,7 @@ import numpy as np
 from transduce.bench.cells import log_cell, timed_cell
 from transduce.bench.config import TORCH_CUDA_SYSTEMS, BenchConfig, beam_of, quantized_system
 from transduce.bench.cpu import cpu_sample, foreign_cpu_share, machine_info
-from transduce.bench.ct2_settings import (
+from transduce.bench.ctranslate2.settings import (
     CT2_INT8,
     CT2_SETTINGS,
     ct2_cpu,
@@ -65,7 +65,7 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
     """Before any work: the output and cache directories can be written and do not overlap wrongly, a
     given --model-dir is a model, and --src-len and --steps fit every size's model. -> the cache dir."""
     from transduce.bench import models
-    from transduce.formats.paths import make_writable_dir
+    from transduce.io.paths import make_writable_dir
 
     cache = cfg.cache_dir or os.path.join(cfg.out_dir, "models")
     real_out, real_cache = os.path.realpath(cfg.out_dir), os.path.realpath(cache)
@@ -107,11 +107,11 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole run: every size, cell by cell, and the machine's ceilings around them -> bench.json's content.
 
-    One bench per cache directory: its lock (formats.locks) is held for the whole run, since what it prepares
+    One bench per cache directory: its lock (io.locks) is held for the whole run, since what it prepares
     there (each size's model, exports and conversion, which go together) is read until the run ends, not only
     while it is written; a second bench sharing the cache is refused at once, naming the process (two benches
     at once would skew each other's timings anyway)."""
-    from transduce.formats.locks import output_lock
+    from transduce.io.locks import output_lock
 
     cache = check_paths_and_lengths(cfg)
     with output_lock(cache, "the bench's cache of prepared models (--cache-dir)"):

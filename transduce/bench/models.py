@@ -52,7 +52,7 @@ def synthetic_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from transduce.tokenizer import SPECIALS, Tokenizer
+    from transduce.models.tokenizer import SPECIALS, Tokenizer
 
     vocab = {s: i for i, s in enumerate(SPECIALS)}
     vocab.update({f"w{i}": i for i in range(len(SPECIALS), vocab_size)})
@@ -122,7 +122,7 @@ def _own_model(path: str, make, log) -> str:
     """The bench's own model in the cache: made once, remade when it is incomplete or corrupt; a directory
     there that the bench did not make (a --cache-dir that holds a trained model) is never replaced. Under its
     lock, as every writer of a cached item (what a killed bench left half-written there goes then)."""
-    from transduce.formats.locks import output_lock
+    from transduce.io.locks import output_lock
 
     with output_lock(path, "the bench's random model"):
         if os.path.isdir(path):
@@ -147,7 +147,7 @@ def ensure_random_demo_model(path: str, log=print) -> str:
     """A model of the demo's shape (tiny preset) with random weights and a BPE tokenizer like the demo's."""
     def make(p: str) -> None:
         from transduce.models.corpus import demo_corpus
-        from transduce.tokenizer import Tokenizer
+        from transduce.models.tokenizer import Tokenizer
 
         train, _ = demo_corpus(n_train=3000, n_valid=10, seed=1234)
         tok = Tokenizer.train((s for pair in train for s in pair), vocab_size=RANDOM_DEMO_VOCAB)
@@ -263,7 +263,7 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     artifact = ensure_artifact(model_dir, candidates, log=log)
     ct2_dir = ct2_error = None
     if with_ct2:
-        from transduce.bench.ctranslate2_export import convert_to_ctranslate2
+        from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
         from transduce.bench.opus import convert_hf_to_ctranslate2
 
         try:

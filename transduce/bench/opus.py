@@ -110,9 +110,9 @@ def ensure_opus_model(root: str, shape: dict[str, int] | None = None, log=print)
     complete and of this shape -> (hf_dir, model_dir). Under root's lock."""
     import shutil
 
-    from transduce.formats.locks import output_lock
     from transduce.formats.model_dir import verify_model_dir, weights_sha256
     from transduce.importers import import_model
+    from transduce.io.locks import output_lock
 
     s = {**OPUS_SHAPE, **(shape or {})}
     hf, model = os.path.join(root, "hf"), os.path.join(root, "model")
@@ -143,16 +143,16 @@ def ensure_opus_model(root: str, shape: dict[str, int] | None = None, log=print)
 def convert_hf_to_ctranslate2(hf_dir: str, out_dir: str) -> str:
     """CTranslate2's own converter (TransformersConverter, fp32) on the Hugging Face directory, into out_dir
     atomically; reused while the Hugging Face weights are the same. Records what the bench's checks need
-    (ctranslate2_export.SOURCE_FILE): the tokens to suppress (none: the converter drops the pad row).
+    (ctranslate2.convert.SOURCE_FILE): the tokens to suppress (none: the converter drops the pad row).
 
     One setting of its config.json is changed: add_source_eos true. The converter leaves appending </s> to
     MarianTokenizer; the bench hands CTranslate2 sources without it (as to every conversion), so CTranslate2
     appends it, which gives it the same source the tokenizer would."""
     import hashlib
 
-    from transduce.bench.ctranslate2_export import SOURCE_FILE, import_ctranslate2
-    from transduce.formats.atomic import atomic_directory
-    from transduce.formats.locks import output_lock
+    from transduce.bench.ctranslate2.convert import SOURCE_FILE, import_ctranslate2
+    from transduce.io.atomic import atomic_directory
+    from transduce.io.locks import output_lock
 
     with open(os.path.join(hf_dir, "model.safetensors"), "rb") as f:
         sha = hashlib.file_digest(f, "sha256").hexdigest()

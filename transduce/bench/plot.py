@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transduce.formats.atomic import write_png_atomic
+from transduce.io.atomic import write_png_atomic
 
 
 def plot(result: dict[str, Any], path: str) -> None:

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from transduce.bench.config import GPU_SYSTEMS, quantized_system
-from transduce.bench.ct2_settings import CT2_INT8, ct2_setting, is_ct2
+from transduce.bench.ctranslate2.settings import CT2_INT8, ct2_setting, is_ct2
 from transduce.bench.plot import plot
 from transduce.bench.report_gpu import (
     floor_row,
@@ -17,7 +17,7 @@ from transduce.bench.report_gpu import (
     graph_speedup_table,
 )
 from transduce.errors import TransduceError
-from transduce.formats.atomic import write_json_atomic, write_text_atomic
+from transduce.io.atomic import write_json_atomic, write_text_atomic
 
 
 def _ms(s: dict[str, float] | None, digits: int = 1) -> str:

@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from transduce.bench.config import GPU_SYSTEMS, quantized_system
-from transduce.bench.ct2_settings import CT2_INT8, is_ct2
+from transduce.bench.ctranslate2.settings import CT2_INT8, is_ct2
 
 
 def summary(values: list[float]) -> dict[str, float] | None:

@@ -180,7 +180,7 @@ class _CTranslate2:
     def __init__(self, path: str, threads: int, inter_threads: int = 1, compute_type: str = "float32"):
         import ctranslate2
 
-        from transduce.bench.ctranslate2_export import ct2_vocab, suppressed
+        from transduce.bench.ctranslate2.convert import ct2_vocab, suppressed
 
         self.suppress = suppressed(path)
         self.inter = inter_threads

@@ -28,7 +28,7 @@ engine.json: transduce.formats.engine). Needs TensorRT >= 10 and a CUDA GPU.
   against the contract and the derived profiles before anything is written in place;
 - everything is written under `atomic_output`: a failed build leaves no engine directory, and an
   existing one is replaced only with force=True (and only if it is an engine directory);
-- one build into an --out at a time: its lock (transduce.formats.locks) is taken before the artifact is read,
+- one build into an --out at a time: its lock (transduce.io.locks) is taken before the artifact is read,
   and a second build into it is refused at once, naming the process; so is a build the disk has no room for
   (`engine_bytes`). The timing cache is locked only while it is written back: builds of other engines share
   one cache file, and a save that finds another build saving it leaves the file to that one.
@@ -48,7 +48,6 @@ from typing import Any
 from transduce.build.progress import make_progress_monitor
 from transduce.errors import BackendUnavailable, EngineError, TransduceError
 from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
-from transduce.formats.atomic import atomic_output, write_bytes_atomic
 from transduce.formats.contract import io_mismatches
 from transduce.formats.dtypes import tensorrt_type
 from transduce.formats.engine import (
@@ -59,10 +58,7 @@ from transduce.formats.engine import (
     engine_manifest,
     write_engine_manifest,
 )
-from transduce.formats.files import file_entries
 from transduce.formats.kinds import MANIFEST_FILE, is_engine_dir
-from transduce.formats.locks import output_lock
-from transduce.formats.paths import check_creatable, check_free_space, check_replaceable
 from transduce.formats.profiles import (
     DEFAULT_BEAM,
     DEFAULT_MAX_BATCH,
@@ -72,6 +68,10 @@ from transduce.formats.profiles import (
     graph_outputs,
     profile_shapes,
 )
+from transduce.io.atomic import atomic_output, write_bytes_atomic
+from transduce.io.files import file_entries
+from transduce.io.locks import output_lock
+from transduce.io.paths import check_creatable, check_free_space, check_replaceable
 from transduce.runtime.backends.tensorrt_support import (
     GPU_HINT,
     TrtLog,

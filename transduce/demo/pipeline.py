@@ -28,7 +28,7 @@ DEMO_VALID_PAIRS = 300
 
 def demo_data(workdir: str, log=print) -> tuple[list, list]:
     """The demo's corpus in workdir/data, generated there unless it is already (and readably) there."""
-    from transduce.formats.parallel import read_parallel, write_tsv
+    from transduce.io.parallel import read_parallel, write_tsv
     from transduce.models.corpus import demo_corpus
 
     data_dir = os.path.join(workdir, "data")
@@ -49,7 +49,7 @@ def demo_data(workdir: str, log=print) -> tuple[list, list]:
 
 def check_demo_options(workdir: str, steps: int | None, show: int, device: str = "cpu") -> None:
     """Before any work: the options make sense and the workdir can hold the data, model and artifact."""
-    from transduce.formats.paths import make_writable_dir
+    from transduce.io.paths import make_writable_dir
     from transduce.training.checks import training_device
 
     if steps is not None and steps < 1:

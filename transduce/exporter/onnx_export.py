@@ -47,8 +47,6 @@ from typing import Any
 from transduce.errors import CheckpointError, ExportError, TransduceError
 from transduce.formats import contract
 from transduce.formats.artifact import PRECISIONS, artifact_manifest, quantization, read_manifest, write_manifest
-from transduce.formats.atomic import atomic_output
-from transduce.formats.files import file_entries
 from transduce.formats.kinds import (
     ENGINE_MANIFEST_FILE,
     MANIFEST_FILE,
@@ -56,11 +54,13 @@ from transduce.formats.kinds import (
     WEIGHTS_FILE,
     is_artifact_dir,
 )
-from transduce.formats.locks import output_lock
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import TOKENIZER_FILE, model_config, weights_sha256
-from transduce.formats.paths import check_free_space, check_replaceable
 from transduce.formats.weights import weight_shapes
+from transduce.io.atomic import atomic_output
+from transduce.io.files import file_entries
+from transduce.io.locks import output_lock
+from transduce.io.paths import check_free_space, check_replaceable
 
 DEFAULT_OPSET = 18
 MIN_OPSET, MAX_OPSET = 17, 23
@@ -329,7 +329,7 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     exists, unwritable, tracing failed, a check or the numeric validation failed); nothing is left
     at OUT_DIR then (an existing artifact is kept unless the new one is complete).
 
-    One export into OUT_DIR at a time: OUT_DIR's lock (formats.locks) is taken before the model is loaded, and
+    One export into OUT_DIR at a time: OUT_DIR's lock (io.locks) is taken before the model is loaded, and
     another export into it is refused at once, naming the process. So is an export the disk has no room for
     (export_bytes).
     """

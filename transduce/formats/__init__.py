@@ -1,4 +1,5 @@
-"""On-disk formats, the bottom layer: every file transduce writes or reads is defined, written and read here.
+"""On-disk formats: every file transduce writes or reads is defined, written and read here (the filesystem
+work they share, atomic writes, locks and paths, is transduce.io's, one layer below).
 
   contract      the IO contract of the exported graphs: tensor names, axes, dtypes, contract version
   artifact      an export's manifest.json: read and verify it, the command that rebuilds it
@@ -9,12 +10,6 @@
   profiles      the optimization profiles of a TensorRT build, and how a batch is split over them
   kinds         detect_kind(path): model, artifact or engine directory, recognised one way everywhere
   dtypes        the one table of dtype names (ONNX, ONNX Runtime, TensorRT, safetensors -> numpy's names)
-  files         sha256 and size of files, the {sha256, bytes} record every manifest keeps, JSON reading
-  parallel      parallel corpora on disk: TSV or two aligned text files
-  text          UTF-8 text input, line by line
-  paths         checks on output paths before a long job; which directories --force may replace
-  atomic        atomic writes: a file or directory is whole or not there
-  reaping       temporary copies that killed writers left behind
 
 Nothing here imports an ML framework (torch, onnx, onnxruntime, tensorrt, tokenizers); a test enforces it.
 """

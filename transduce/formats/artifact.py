@@ -27,7 +27,6 @@ import os
 from typing import Any
 
 from transduce.errors import ArtifactError, ConfigError
-from transduce.formats.atomic import write_json
 from transduce.formats.contract import (
     CONTRACT_VERSION,
     ENCODER_FILE,
@@ -36,11 +35,12 @@ from transduce.formats.contract import (
     dynamic_axis_ranges,
     static_axis_sizes,
 )
-from transduce.formats.files import listed_file_problem, read_json
 from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, MODEL_CONFIG_FILE, is_model_dir
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import TOKENIZER_FILE
-from transduce.formats.paths import require_directory
+from transduce.io.atomic import write_json
+from transduce.io.files import listed_file_problem, read_json
+from transduce.io.paths import require_directory
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 QUANTIZATION_METHODS = ("int8",)  # export --quantize (transduce/exporter/quantize.py)

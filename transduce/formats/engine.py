@@ -30,12 +30,12 @@ from typing import Any
 
 from transduce.errors import ArtifactError, EngineError
 from transduce.formats.artifact import read_manifest
-from transduce.formats.atomic import write_json
 from transduce.formats.contract import CONTRACT_VERSION, ENCODER_FILE, STEP_FILE
-from transduce.formats.files import listed_file_problem, read_json
 from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, is_model_dir
-from transduce.formats.paths import require_directory
 from transduce.formats.profiles import EnginePlan, plan_from_meta
+from transduce.io.atomic import write_json
+from transduce.io.files import listed_file_problem, read_json
+from transduce.io.paths import require_directory
 
 ENGINE_FORMAT_VERSION = 1
 STEP_PLAN = "decoder_step.plan"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from transduce.formats.contract import ENCODER_FILE
-from transduce.formats.paths import marked_as
+from transduce.io.paths import marked_as
 
 MODEL_CONFIG_FILE = "config.json"  # a model directory's description (transduce.formats.model_dir)
 MODEL_FORMAT = "transduce-model"  # its "format" (also in an artifact's copy of it)

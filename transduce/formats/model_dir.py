@@ -21,12 +21,12 @@ import os
 from typing import Any
 
 from transduce.errors import CheckpointError, ConfigError
-from transduce.formats.atomic import write_json
-from transduce.formats.files import listed_file_problem, read_json_object
 from transduce.formats.kinds import MANIFEST_FILE, MODEL_CONFIG_FILE, MODEL_FORMAT, WEIGHTS_FILE
 from transduce.formats.model_config import CONFIG_FORMAT_VERSION, ModelConfig
-from transduce.formats.paths import require_directory
 from transduce.formats.weights import WEIGHTS_LAYOUT_VERSION
+from transduce.io.atomic import write_json
+from transduce.io.files import listed_file_problem, read_json_object
+from transduce.io.paths import require_directory
 
 FORMAT = MODEL_FORMAT
 TOKENIZER_FILE = "tokenizer.json"

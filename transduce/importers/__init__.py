@@ -44,8 +44,8 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
     else:
         from transduce.importers.fairseq import convert
     from transduce.formats.kinds import is_model_dir
-    from transduce.formats.paths import check_replaceable
     from transduce.importers.common import write_model_dir
+    from transduce.io.paths import check_replaceable
 
     # before any work: an existing output is replaced only with force, and only if it is a model directory
     replaces = check_replaceable(out, force, is_model_dir, "a model directory", "model directories",

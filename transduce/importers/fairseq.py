@@ -118,7 +118,7 @@ def read_dictionary(path: str, size: int) -> list[str]:
 
 
 def _bpe_side(src: str, vocab: list[str], lang: str, args: dict[str, Any]) -> dict[str, Any]:
-    from transduce.pair_tokenizer import PairTokenizer
+    from transduce.models.pair_tokenizer import PairTokenizer
 
     codes = next((os.path.join(src, n) for n in ("bpecodes", "code", "codes")
                   if os.path.isfile(os.path.join(src, n))), None)
@@ -138,7 +138,7 @@ def _bpe_side(src: str, vocab: list[str], lang: str, args: dict[str, Any]) -> di
 
 def convert(src: str) -> tuple[ModelConfig, dict[str, Any], Any, dict[str, Any]]:
     """(model config, weights, tokenizer, what was imported) of a fairseq model directory."""
-    from transduce.pair_tokenizer import PairTokenizer
+    from transduce.models.pair_tokenizer import PairTokenizer
 
     args, tensors = read_checkpoint(src)
     cfg = model_config(args, tensors, src)

@@ -6,7 +6,7 @@ positions ([sin | cos] halves, frequencies exp(-i ln(10000) / (d/2 - 1)), the fi
 FSMT stores the table, which is checked against the computed one); the embedding scale of `scale_embedding`;
 separate source and target vocabularies and embeddings, the projection tied to the target embedding where
 `tie_word_embeddings` says so; decoding starts from `decoder_start_token_id` (EOS). Tokenizer: Moses and BPE
-with "</w>" word ends (transduce.pair_tokenizer's moses_bpe), as FSMTTokenizer.
+with "</w>" word ends (transduce.models.pair_tokenizer's moses_bpe), as FSMTTokenizer.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
 
 def tokenizer(src: str, cfg: ModelConfig):
     """The PairTokenizer of an FSMT directory: Moses + BPE per language, ids from vocab-src.json and vocab-tgt.json."""
-    from transduce.pair_tokenizer import PairTokenizer
+    from transduce.models.pair_tokenizer import PairTokenizer
 
     tok_cfg = common.read_json(os.path.join(src, "tokenizer_config.json"))
     langs = tok_cfg.get("langs")

@@ -79,7 +79,7 @@ def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
 def tokenizer(src: str, cfg: ModelConfig, separate: bool):
     """The PairTokenizer of a Marian directory: SentencePiece segmentation, ids from vocab.json. Target text is
     decoded with source.spm unless the vocabularies are separate (what MarianTokenizer.decode does)."""
-    from transduce.pair_tokenizer import PairTokenizer
+    from transduce.models.pair_tokenizer import PairTokenizer
 
     vpath = os.path.join(src, "vocab.json")
     source_vocab = common.vocab_list(common.read_json(vpath), vpath)

@@ -7,7 +7,7 @@
   transduce.inspect.graphs      the ONNX graphs' part of it: inputs and outputs, opsets, op histograms
   transduce.inspect.parameters  parameter counts by component, layer kind and layer, from tensor names
   transduce.inspect.render      the report as rich tables (render_report)
-  transduce.inspect.commands    the `transduce attention` and `transduce inspect` subcommands
+  transduce.cli.inspect    the `transduce attention` and `transduce inspect` subcommands
 
 Importing this package (or its commands) imports no framework (torch, matplotlib, onnx, rich); each function
 imports its own.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transduce.errors import InputError, TransduceError
-from transduce.formats.paths import make_writable_dir
+from transduce.io.paths import make_writable_dir
 
 ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
 KIND_TITLES = {
@@ -362,7 +362,7 @@ def plot_token_lines(weights: np.ndarray, query_labels: Sequence[str], key_label
 
 def _save(fig, path: str, dpi: int) -> str:
     """The figure as a PNG at `path`, whole or not at all."""
-    from transduce.formats.atomic import write_png_atomic
+    from transduce.io.atomic import write_png_atomic
 
     try:
         write_png_atomic(fig, path, dpi, facecolor="white")

@@ -13,8 +13,8 @@ from typing import Any
 
 from transduce.formats.contract import ENCODER_FILE, STEP_FILE
 from transduce.formats.dtypes import onnx_type
-from transduce.formats.files import inside_name
 from transduce.inspect.parameters import classify_parameter, count_parameters
+from transduce.io.files import inside_name
 
 GRAPH_ORDER = {ENCODER_FILE: 0, STEP_FILE: 1}  # the contract's graphs first, the others by name
 

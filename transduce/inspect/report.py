@@ -35,7 +35,6 @@ from typing import Any
 
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
 from transduce.formats.contract import ENCODER_FILE, STEP_FILE
-from transduce.formats.files import inside_name, read_json_object, sha256_file
 from transduce.formats.kinds import (
     ARTIFACT_KIND,
     DESCRIPTION_FILES,
@@ -50,6 +49,7 @@ from transduce.formats.model_dir import TOKENIZER_FILE, WEIGHTS_CONFIG_KEY, read
 from transduce.formats.weights import layout_mismatches, read_safetensors_header
 from transduce.inspect.graphs import graphs_report
 from transduce.inspect.parameters import count_parameters
+from transduce.io.files import inside_name, read_json_object, sha256_file
 from transduce.runtime.checks import check_artifact, check_engine_dir
 
 # engine.json keys naming what an engine was built for, first match wins (searched two levels deep)
@@ -116,7 +116,7 @@ def inspect_path(path: str | os.PathLike, verify: bool | None = None) -> dict[st
 
 def tokenizer_report(path: str, problems: list[str]) -> dict[str, Any] | None:
     """Vocabulary size of the tokenizer.json in `path`, if there is one (problems noted, not raised)."""
-    from transduce.tokenizer import Tokenizer
+    from transduce.models.tokenizer import Tokenizer
 
     fpath = os.path.join(path, TOKENIZER_FILE)
     if not os.path.isfile(fpath):

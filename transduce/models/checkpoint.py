@@ -12,8 +12,6 @@ import os
 from typing import Any
 
 from transduce.errors import CheckpointError, ConfigError
-from transduce.formats.atomic import atomic_directory, write_json
-from transduce.formats.files import file_entry, read_json
 from transduce.formats.kinds import WEIGHTS_FILE
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import (
@@ -30,7 +28,9 @@ from transduce.formats.model_dir import (
     write_config,
 )
 from transduce.formats.weights import layout_mismatches
-from transduce.tokenizer import Tokenizer
+from transduce.io.atomic import atomic_directory, write_json
+from transduce.io.files import file_entry, read_json
+from transduce.models.tokenizer import Tokenizer
 
 
 def special_id_mismatches(mcfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:
@@ -39,7 +39,7 @@ def special_id_mismatches(mcfg: ModelConfig, tokenizer: Tokenizer) -> list[str]:
     if not all(hasattr(tokenizer, k) for k in ("pad_id", "bos_id", "eos_id", "unk_id")):  # a raw tokenizers.Tokenizer
         raise ConfigError(f"the tokenizer is a {type(tokenizer).__module__}.{type(tokenizer).__name__}, "
                           "not transduce's",
-                          hint="wrap it: transduce.tokenizer.Tokenizer(tok) (it checks the special ids)")
+                          hint="wrap it: transduce.models.tokenizer.Tokenizer(tok) (it checks the special ids)")
     fixed = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id,
              "unk_id": tokenizer.unk_id}
     return [f"{k} {getattr(mcfg, k)} (the tokenizer's is {v})" for k, v in fixed.items() if getattr(mcfg, k) != v]
@@ -56,7 +56,7 @@ def save_model_dir(
     rng_states: dict[str, Any] | None = None,
 ) -> None:
     """Write a model directory atomically (replacing an existing one; callers check that it may be).
-    Without `overwrite` only a new or empty directory is written (see formats.atomic.atomic_directory).
+    Without `overwrite` only a new or empty directory is written (see io.atomic.atomic_directory).
     With a training state, this process's RNG states are saved, and `rng_states` beside them (the other
     processes' of a run on several: {"torch.1": ..., "cuda.1": ...}).
 

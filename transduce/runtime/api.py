@@ -124,8 +124,8 @@ def make_backend(artifact_dir: str, backend: str = "onnxruntime", device: str = 
 def load(artifact_dir: str | os.PathLike, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
          model_dir: str | None = None, max_batch_tokens: int = 4096, **options):
     """A Translator over an exported artifact (or, for backend="tensorrt", an engine directory)."""
+    from transduce.models.tokenizer import Tokenizer
     from transduce.runtime.translator import Translator
-    from transduce.tokenizer import Tokenizer
 
     artifact_dir = os.fspath(artifact_dir)
     be = make_backend(artifact_dir, backend, device, threads, model_dir, **options)

@@ -28,7 +28,7 @@ import numpy as np
 
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.decoding import DecodingOptions
-from transduce.runtime.running import RunningBatch
+from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Translation, Translator, _sentences
 
 Listener = Callable[[str, Any], None]

@@ -10,7 +10,7 @@ from typing import Any
 
 from transduce.errors import ConfigError, TransduceWarning
 from transduce.formats.kinds import is_model_dir
-from transduce.formats.paths import check_replaceable
+from transduce.io.paths import check_replaceable
 from transduce.training.config import TrainConfig
 
 

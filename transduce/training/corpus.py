@@ -46,7 +46,7 @@ def _held_out_split(pairs: int, valid_size: int) -> int:
 def _in_memory(data, source, target, valid, valid_size: int, warn: bool) -> tuple[list, list]:
     """The training and held-out pairs; with `warn`, the held-out ones that are also training pairs are counted in a
     warning, and a corpus big enough to stream in another."""
-    from transduce.formats.parallel import read_parallel
+    from transduce.io.parallel import read_parallel
     from transduce.models.corpus import demo_corpus
 
     if data or source:
@@ -79,8 +79,8 @@ def _warn_large(*paths: str | None) -> None:
 
 
 def _indexed(train_cfg: TrainConfig, data, source, target, valid, valid_size: int):
-    """The corpus indexed for streaming (formats.parallel.index_parallel), and its held-out pairs."""
-    from transduce.formats.parallel import index_parallel, read_pairs, read_parallel
+    """The corpus indexed for streaming (io.parallel.index_parallel), and its held-out pairs."""
+    from transduce.io.parallel import index_parallel, read_pairs, read_parallel
     from transduce.training.stream import StreamedCorpus
 
     index = index_parallel(data or source, None if data else target, train_cfg.stream_window)

@@ -1,4 +1,4 @@
-"""Token-count batching of a parallel corpus (read by transduce.formats.parallel) for training.
+"""Token-count batching of a parallel corpus (read by transduce.io.parallel) for training.
 
 Batches are built the paper's way: sentence pairs sorted by length into buckets, each batch filled up to a token
 budget; the batch order is shuffled per epoch from (seed, epoch), so a resumed run replays the same

@@ -18,7 +18,7 @@ def model_config(sentences: Callable[[], Iterable[str]], train_cfg: TrainConfig,
     """The tokenizer (trained on `sentences()` unless given) and the model config for it."""
     from transduce.models.checkpoint import special_id_mismatches
     from transduce.models.config import preset
-    from transduce.tokenizer import Tokenizer
+    from transduce.models.tokenizer import Tokenizer
 
     if tokenizer is None:
         tokenizer = Tokenizer.train(sentences(), train_cfg.vocab_size)
@@ -109,8 +109,8 @@ def started_elsewhere(shared: dict[str, Any], data, train_cfg: TrainConfig, rank
     resume, else seeded from (seed, rank) (distributed.rank_seed)."""
     import torch
 
+    from transduce.models.tokenizer import Tokenizer
     from transduce.models.transformer import Transformer
-    from transduce.tokenizer import Tokenizer
     from transduce.training.distributed import rank_rng_state, rank_seed
 
     tokenizer, mcfg = Tokenizer.from_json(shared["tokenizer"]), shared["model"]

@@ -4,7 +4,7 @@ each window sorted by length and cut into token-budget batches as a corpus held 
 Epoch e visits the windows in the order epoch_order(windows, seed, e), and a window's batches in an order drawn
 from (seed, e, window): a position (epoch, window, batch) is all a checkpoint needs to continue exactly, and every
 rank, reading and encoding each window itself, cuts the same global batches. What memory holds: one window's pairs
-and token ids per rank, the held-out pairs, and the index (a byte offset per window, formats.parallel). Pairs of
+and token ids per rank, the held-out pairs, and the index (a byte offset per window, io.parallel). Pairs of
 two windows never share a batch, so the batches are not those of the same corpus held whole.
 """
 
@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterator
 
 from transduce.errors import DataError
-from transduce.formats.parallel import CorpusIndex, read_pairs
+from transduce.io.parallel import CorpusIndex, read_pairs
 from transduce.training.checks import add_to_fingerprint
 from transduce.training.data import Example, encode_pairs, epoch_order, make_batches
 

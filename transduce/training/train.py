@@ -6,7 +6,7 @@ length-sorted buckets (training.data; from disk, window by window: training.stre
 clipping. Validation loss, greedy exact match and BLEU (sacrebleu) at intervals; a checkpoint every `save_every`
 steps, at the end, and on Ctrl-C or SIGTERM (stopping). `resume` restores the model, optimizer, step, epoch
 position and RNG state, and continues as if uninterrupted. One run at a time writes a model directory
-(formats.locks).
+(io.locks).
 
 Under torchrun (or `transduce train --nproc N`) the run is data parallel (training.distributed): every rank takes
 its share of each global batch, rank 0 alone validates, logs and writes checkpoints, which hold every rank's RNG.
@@ -243,9 +243,9 @@ def train(
 
 
 def _one_writer(out_dir: str):
-    """The lock of `out_dir` (formats.locks), held for the whole run: taken before anything else is done (its
+    """The lock of `out_dir` (io.locks), held for the whole run: taken before anything else is done (its
     parent checked writable, as every checkpoint is written beside it and renamed into place)."""
-    from transduce.formats.locks import output_lock
+    from transduce.io.locks import output_lock
 
     return output_lock(out_dir, "the model directory", ConfigError)
 
@@ -290,7 +290,7 @@ def _start(train_pairs, valid_pairs, out_dir: str, train_cfg: TrainConfig, resum
     the free space checked; on the others the same run built from what rank 0 sends (start.started_elsewhere)."""
     import torch
 
-    from transduce.formats.paths import check_free_space
+    from transduce.io.paths import check_free_space
     from transduce.training.distributed import rank_device
     from transduce.training.start import load_or_start, on_device, started_elsewhere
 

@@ -372,10 +372,10 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
     """`transduce parity`: load both backends and the sample, run `run_parity`. The reference is the eager
     model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record).
     options: the candidate's (runtime.api.backend_options); a torch candidate is held to its precision's policy."""
+    from transduce.models.tokenizer import Tokenizer
     from transduce.runtime.api import make_backend, source_model_dir
     from transduce.runtime.backends.torch_backend import TorchBackend
     from transduce.runtime.devices import torch_device
-    from transduce.tokenizer import Tokenizer
 
     if sentences < 1:
         raise InputError(f"sentences must be >= 1, got {sentences}", params=("sentences",))
@@ -392,12 +392,12 @@ def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: s
                               "another device (--device cuda --reference-device cpu) or at another --precision")
     targets = None
     if data:
-        from transduce.formats.parallel import read_parallel
+        from transduce.io.parallel import read_parallel
 
         pairs = read_parallel(data)[:sentences]
         sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
     elif input_path:
-        from transduce.formats.text import read_lines
+        from transduce.io.text import read_lines
 
         sources = [line.strip() for line in read_lines(input_path, InputError) if line.strip()][:sentences]
         if not sources:

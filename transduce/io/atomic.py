@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from transduce.errors import TransduceError
-from transduce.formats.paths import check_parent_writable, is_empty_dir, written_in_place
-from transduce.formats.reaping import remove, remove_abandoned, tmp_prefix
+from transduce.io.paths import check_parent_writable, is_empty_dir, written_in_place
+from transduce.io.reaping import remove, remove_abandoned, tmp_prefix
 
 
 def _umask() -> int:

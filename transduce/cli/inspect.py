@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors
+from transduce.cli.errors import QUIET_HELP, cli_errors
 from transduce.errors import InputError, TransduceError
 
 MIN_DPI, MAX_DPI = 20, 1200  # a heatmap grid at 30,000 dpi ran out of memory

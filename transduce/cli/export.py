@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors, log_lines, renamed
+from transduce.cli.errors import QUIET_HELP, cli_errors, log_lines, renamed
 from transduce.exporter.onnx_export import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET  # no framework imported
 from transduce.formats.artifact import PRECISIONS
 from transduce.formats.artifact import QUANTIZATION_METHODS as QUANTIZE_METHODS

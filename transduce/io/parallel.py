@@ -1,5 +1,5 @@
 """Parallel corpora on disk: a TSV file (source<TAB>target per line) or two aligned text files (UTF-8, lines
-split as transduce.formats.text reads them), read whole (read_parallel) or, for a corpus too big to hold, indexed
+split as transduce.io.text reads them), read whole (read_parallel) or, for a corpus too big to hold, indexed
 once (index_parallel) and read window by window from its byte offsets (read_pairs)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from transduce.errors import DataError
-from transduce.formats.text import iter_lines_at
+from transduce.io.text import iter_lines_at
 
 
 def read_parallel(source: str | os.PathLike, target: str | os.PathLike | None = None) -> list[tuple[str, str]]:

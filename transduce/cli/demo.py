@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from transduce.cli_errors import cli_errors
+from transduce.cli.errors import cli_errors
 
 
 @click.command()

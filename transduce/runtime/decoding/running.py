@@ -19,8 +19,8 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable, TransduceError
 from transduce.runtime.backends.base import Backend, admits_rows, renumbered_sources
-from transduce.runtime.decoding_types import DecodeResult, DecodingOptions, max_lengths
-from transduce.runtime.search import BeamCohort, Cohort, GreedyCohort, TokenListener
+from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, max_lengths
+from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
 
 Finished = list[tuple[Cohort, int, DecodeResult]]  # (cohort, its sentence index, result) as sentences finish
 

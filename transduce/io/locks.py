@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterator
 
 from transduce.errors import TransduceError
-from transduce.formats.paths import check_parent_writable
-from transduce.formats.reaping import remove_abandoned, short_base
+from transduce.io.paths import check_parent_writable
+from transduce.io.reaping import remove_abandoned, short_base
 
 
 def lock_path(final: str | os.PathLike) -> str:

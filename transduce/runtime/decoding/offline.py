@@ -30,15 +30,8 @@ import numpy as np
 
 from transduce.errors import InputError
 from transduce.runtime.backends.base import Backend, usable_cpus
-from transduce.runtime.decoding_types import (  # noqa: F401 - the public names are decoding's
-    LENGTH_PENALTIES,
-    DecodeResult,
-    DecodingOptions,
-    Hypothesis,
-    max_lengths,
-)
-from transduce.runtime.running import RunningBatch
-from transduce.runtime.search import _stay_in_place  # noqa: F401 - decoding's before it moved
+from transduce.runtime.decoding.options import DecodeResult, DecodingOptions
+from transduce.runtime.decoding.running import RunningBatch
 
 
 def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,

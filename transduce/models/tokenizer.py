@@ -1,6 +1,6 @@
 """The shared source/target BPE tokenizer (Hugging Face `tokenizers`), used by training and the runtime.
 (An imported model's tokenizer.json holds a source and a target tokenizer instead: Tokenizer.from_file reads
-it as a transduce.pair_tokenizer.PairTokenizer, which has the same interface.)
+it as a transduce.models.pair_tokenizer.PairTokenizer, which has the same interface.)
 
 Sentences are NFKC-normalised, every run of whitespace inside them becomes one space (older tokenizers,
 saved without that rule, keep runs as they are, and a tab there is <unk>), and they are split SentencePiece-style
@@ -114,7 +114,7 @@ def _read_pair(path: str):
     """The PairTokenizer a tokenizer file holds, or None when it is a `tokenizers` file."""
     import json
 
-    from transduce import pair_tokenizer
+    from transduce.models import pair_tokenizer
 
     with open(path, "rb") as f:
         if not pair_tokenizer.is_pair_file(f.read(200)):

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 
 from transduce.errors import InputError, TransduceError
-from transduce.formats.files import read_json
-from transduce.formats.reaping import interrupted_replace_hint, tmp_prefix
+from transduce.io.files import read_json
+from transduce.io.reaping import interrupted_replace_hint, tmp_prefix
 
 
 def check_parent_writable(final: str, error: type[TransduceError] = TransduceError) -> str:

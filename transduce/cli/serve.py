@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors
+from transduce.cli.decode import gpu_options
+from transduce.cli.errors import QUIET_HELP, cli_errors
 from transduce.runtime.api import BACKENDS
-from transduce.runtime.commands import gpu_options
 
 
 @click.command()

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from transduce.cli_errors import cli_errors, deprecated
+from transduce.cli.errors import cli_errors, deprecated
 from transduce.errors import TransduceError
 
 

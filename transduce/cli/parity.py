@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors, renamed
-from transduce.formats.paths import check_output, write_error
-from transduce.runtime.commands import BACKEND_CHOICE, BACKEND_HELP, gpu_options
+from transduce.cli.decode import BACKEND_CHOICE, BACKEND_HELP, gpu_options
+from transduce.cli.errors import QUIET_HELP, cli_errors, renamed
+from transduce.io.paths import check_output, write_error
 
 
 @click.command()
@@ -53,7 +53,7 @@ def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device
                                  reference_device=reference_device, **options)
     report.print()
     if out_path is not None:
-        from transduce.formats.atomic import write_json_atomic
+        from transduce.io.atomic import write_json_atomic
 
         try:
             write_json_atomic(out_path, report.to_dict())

@@ -7,8 +7,8 @@ import os
 
 import click
 
-from transduce.bench.ct2_settings import DEFAULT_CT2_SETTINGS
-from transduce.cli_errors import QUIET_HELP, cli_errors
+from transduce.bench.ctranslate2.settings import DEFAULT_CT2_SETTINGS
+from transduce.cli.errors import QUIET_HELP, cli_errors
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 

@@ -10,9 +10,9 @@ import time
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors, command_names, renamed, warning_text
+from transduce.cli.errors import QUIET_HELP, cli_errors, command_names, renamed, warning_text
 from transduce.errors import InputError, TruncatedInput
-from transduce.formats.paths import check_output, write_error, written_in_place
+from transduce.io.paths import check_output, write_error, written_in_place
 from transduce.runtime.api import BACKENDS
 
 BACKEND_CHOICE = click.Choice(BACKENDS)
@@ -180,7 +180,7 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend
     import itertools
     import warnings
 
-    from transduce.formats.text import iter_lines
+    from transduce.io.text import iter_lines
     from transduce.runtime.api import backend_options, load
     from transduce.runtime.decoding import DecodingOptions
 
@@ -251,7 +251,7 @@ def _write_output(out_path: str, results, said: _LineWarnings, nbest: int, score
 
         _write_translations(results, said, nbest, scores, part, write)
         return
-    from transduce.formats.atomic import atomic_file
+    from transduce.io.atomic import atomic_file
 
     def cannot_write(e: OSError) -> InputError:  # an OSError from decoding is not one of these
         return write_error("--out", out_path, e)

@@ -6,7 +6,7 @@ import contextlib
 
 import click
 
-from transduce.cli_errors import cli_errors, cli_messages
+from transduce.cli.errors import cli_errors, cli_messages
 
 __all__ = ["main", "cli_errors"]
 
@@ -150,13 +150,13 @@ def main() -> None:
 
 
 def _register() -> None:
-    """Each component defines its subcommands in its own `commands` module (click only, no heavy imports)."""
+    """Each command group's click code is a module of this package (click only, no heavy imports)."""
     import importlib
 
-    for module in ("transduce.training.commands", "transduce.exporter.commands", "transduce.build.commands",
-                   "transduce.importers.commands", "transduce.runtime.commands", "transduce.verify.commands",
-                   "transduce.inspect.commands", "transduce.bench.commands", "transduce.demo.commands",
-                   "transduce.serve.commands"):
+    for module in ("transduce.cli.train", "transduce.cli.export", "transduce.cli.build",
+                   "transduce.cli.import_", "transduce.cli.decode", "transduce.cli.parity",
+                   "transduce.cli.inspect", "transduce.cli.bench", "transduce.cli.demo",
+                   "transduce.cli.serve"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors, log_lines
+from transduce.cli.errors import QUIET_HELP, cli_errors, log_lines
 from transduce.formats.profiles import PROFILE_MODES
 
 

@@ -1,4 +1,4 @@
-"""The token-equality check: CTranslate2's greedy output on its conversion (ctranslate2_export.py) must equal
+"""The token-equality check: CTranslate2's greedy output on its conversion (convert.py) must equal
 ours token for token, and its log-probs ours within a tolerance, before CTranslate2 is timed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from transduce.bench.ctranslate2_export import ct2_translate_ids, ct2_vocab, load_translator, suppressed
+from transduce.bench.ctranslate2.convert import ct2_translate_ids, ct2_vocab, load_translator, suppressed
 from transduce.bench.inputs import id_limit, padded_sources
 
 # Log-prob agreement demanded besides token equality: loose enough for fp32 reorderings, tight enough for a

@@ -154,7 +154,7 @@ _SIDES = {"sentencepiece": _SentencePieceSide, "moses_bpe": _MosesBpeSide}
 
 
 class PairTokenizer:
-    """Source and target tokenizers of an imported model, with the interface of transduce.tokenizer.Tokenizer:
+    """Source and target tokenizers of an imported model, with the interface of transduce.models.tokenizer.Tokenizer:
     encode/encode_batch take source text, decode/id_to_token read target ids; vocab_size is the target's."""
 
     def __init__(self, spec: dict[str, Any]):

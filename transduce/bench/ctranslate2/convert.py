@@ -1,5 +1,5 @@
 """A transduce model directory -> a CTranslate2 model directory with the same weights, and decoding our ids
-with it (the check that it decodes exactly like we do is ct2_check.py).
+with it (the check that it decodes exactly like we do is check.py).
 
 The mapping (checked against CTranslate2 4.x's own OpenNMT-py and Fairseq converters,
 ctranslate2/converters/{opennmt_py,fairseq}.py, and ctranslate2/specs/transformer_spec.py):
@@ -218,7 +218,7 @@ def _converter_class():
 
 def _converted_files(ct2_dir: str) -> dict[str, dict[str, Any]]:
     """Size and sha256 of every file CTranslate2 wrote (model.bin, the vocabulary, config.json)."""
-    from transduce.formats.files import file_entry
+    from transduce.io.files import file_entry
 
     return {name: file_entry(os.path.join(ct2_dir, name)) for name in sorted(os.listdir(ct2_dir))
             if name != SOURCE_FILE and os.path.isfile(os.path.join(ct2_dir, name))}
@@ -268,9 +268,9 @@ def suppressed(ct2_dir: str) -> list[list[str]]:
 def convert_to_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike, force: bool = False) -> str:
     """Write a CTranslate2 (fp32) model of `model_dir` into `out_dir`, atomically, under out_dir's lock (another
     conversion into it is refused at once). Reused if current."""
-    from transduce.formats.atomic import atomic_directory
-    from transduce.formats.locks import output_lock
     from transduce.formats.model_dir import weights_sha256
+    from transduce.io.atomic import atomic_directory
+    from transduce.io.locks import output_lock
 
     model_dir, out_dir = os.fspath(model_dir), os.fspath(out_dir)
     with output_lock(out_dir, "the CTranslate2 conversion"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from transduce.cli_errors import QUIET_HELP, cli_errors
+from transduce.cli.errors import QUIET_HELP, cli_errors
 
 
 @click.command("import")

@@ -35,7 +35,7 @@ def warning_text(message: Warning | str, names: Mapping[str, str] | None = None)
     return message.spelled(names or {}) if isinstance(message, TransduceWarning) else str(message)
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # transduce/
 
 
 def _warning_printer(names: Mapping[str, str]):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from transduce.runtime.decoding_types import DecodeResult, DecodingOptions, Hypothesis
+from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, Hypothesis
 
 # on_tokens(sentences, tokens): after each greedy step, the cohort's sentences that stepped and their new
 # tokens (EOS included): a server streams them as they are produced
