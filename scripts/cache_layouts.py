@@ -84,7 +84,7 @@ def export_both(name: str, workdir: str) -> tuple[str, str, dict]:
     cfg = ModelConfig(**MODELS[name])
     ours, concat = os.path.join(workdir, f"{name}_ours.onnx"), os.path.join(workdir, f"{name}_concat.onnx")
     if os.path.exists(ours) and os.path.exists(concat):
-        return ours, concat, cfg.to_dict()
+        return ours, concat, cfg
     os.makedirs(workdir, exist_ok=True)
     torch.manual_seed(0)
     model = Transformer(cfg).eval()
@@ -99,7 +99,7 @@ def export_both(name: str, workdir: str) -> tuple[str, str, dict]:
     present = [o.replace("new_", "present_") for o in outs]
     print(f"exporting {name}: concat", flush=True)
     export_graph(concat_step_graph(model), step_args, concat_shapes, ins, present, concat, DEFAULT_OPSET)
-    return ours, concat, cfg.to_dict()
+    return ours, concat, cfg
 
 
 def session(path: str, threads: int):
@@ -112,19 +112,19 @@ def session(path: str, threads: int):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def fixed_feeds(cfg: dict, batch: int, rng) -> dict[str, np.ndarray]:
-    h, dh = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+def fixed_feeds(cfg, batch: int, rng) -> dict[str, np.ndarray]:
+    h, dh = cfg.n_heads, cfg.head_dim
     feeds = {"src_lengths": np.full(batch, SRC_LEN, np.int64)}
-    for i in range(cfg["decoder_layers"]):
+    for i in range(cfg.decoder_layers):
         for kv in ("key", "value"):
             feeds[f"cross_{kv}_{i}"] = rng.standard_normal((batch, h, SRC_LEN, dh), dtype=np.float32)
     return feeds
 
 
-def run_ours(sess, cfg: dict, feeds: dict, tokens: np.ndarray, capacity: int) -> float:
+def run_ours(sess, cfg, feeds: dict, tokens: np.ndarray, capacity: int) -> float:
     """STEPS steps with a preallocated cache; -> seconds."""
-    b, n = tokens.shape[0], cfg["decoder_layers"]
-    h, dh = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    b, n = tokens.shape[0], cfg.decoder_layers
+    h, dh = cfg.n_heads, cfg.head_dim
     names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
     cache = {f"past_{nm}": np.zeros((b, h, capacity, dh), np.float32) for nm in names}
     out_names = ["log_probs"] + [f"new_{nm}" for nm in names]
@@ -136,10 +136,10 @@ def run_ours(sess, cfg: dict, feeds: dict, tokens: np.ndarray, capacity: int) ->
     return time.perf_counter() - t0
 
 
-def run_concat(sess, cfg: dict, feeds: dict, tokens: np.ndarray) -> float:
+def run_concat(sess, cfg, feeds: dict, tokens: np.ndarray) -> float:
     """STEPS steps feeding each step's presents back as the next past; -> seconds."""
-    b, n = tokens.shape[0], cfg["decoder_layers"]
-    h, dh = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    b, n = tokens.shape[0], cfg.decoder_layers
+    h, dh = cfg.n_heads, cfg.head_dim
     names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
     past = {f"past_{nm}": np.zeros((b, h, 0, dh), np.float32) for nm in names}
     out_names = ["log_probs"] + [f"present_{nm}" for nm in names]
@@ -150,12 +150,12 @@ def run_concat(sess, cfg: dict, feeds: dict, tokens: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def check_same(ours, concat, cfg: dict, rng) -> float:
+def check_same(ours, concat, cfg, rng) -> float:
     """Both designs give the same log_probs over STEPS steps (max abs difference)."""
     feeds = fixed_feeds(cfg, 2, rng)
-    tokens = rng.integers(4, cfg["vocab_size"], (2, STEPS))
-    b, n = 2, cfg["decoder_layers"]
-    h, dh = cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    tokens = rng.integers(4, cfg.vocab_size, (2, STEPS))
+    b, n = 2, cfg.decoder_layers
+    h, dh = cfg.n_heads, cfg.head_dim
     names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
     cache = {f"past_{nm}": np.zeros((b, h, STEPS, dh), np.float32) for nm in names}
     past = {f"past_{nm}": np.zeros((b, h, 0, dh), np.float32) for nm in names}
@@ -171,10 +171,10 @@ def check_same(ours, concat, cfg: dict, rng) -> float:
     return worst
 
 
-def measure(ours, concat, cfg: dict, batch: int, repeats: int, rng) -> dict[str, list[float]]:
+def measure(ours, concat, cfg, batch: int, repeats: int, rng) -> dict[str, list[float]]:
     """ms/step of each variant, `repeats` times, interleaved in alternating order after one warm-up."""
     feeds = fixed_feeds(cfg, batch, rng)
-    tokens = rng.integers(4, cfg["vocab_size"], (batch, STEPS))
+    tokens = rng.integers(4, cfg.vocab_size, (batch, STEPS))
     runs = {
         f"ours C={STEPS}": lambda: run_ours(ours, cfg, feeds, tokens, STEPS),
         f"ours C={2 * STEPS}": lambda: run_ours(ours, cfg, feeds, tokens, 2 * STEPS),

@@ -94,16 +94,20 @@ def main(argv: list[str] | None = None) -> None:
     if min(args.batch, args.beam, args.steps, args.repeats) < 1 or args.src_len < 2:
         ap.error("--batch, --beam, --steps and --repeats must be >= 1, --src-len >= 2")
 
-    from transduce.runtime.api import make_backend
+    from transduce.runtime.api import open_backend
+    from transduce.runtime.backends.base import Shards
+    from transduce.runtime.backends.registry import OnnxRuntimeOptions
     from transduce.runtime.decoding import DecodingOptions, decode
     from transduce.runtime.decoding import offline as decoding
+    from transduce.runtime.spec import BackendSpec
 
-    options = {"shards": False} if args.whole and args.backend == "onnxruntime" else {}
-    be = make_backend(args.artifact, backend=args.backend, device=args.device, threads=args.threads, **options)
+    options = OnnxRuntimeOptions(shards=False) if args.whole and args.backend == "onnxruntime" else None
+    be = open_backend(args.artifact, BackendSpec(args.backend, device=args.device, threads=args.threads,
+                                                 options=options))
     cfg = be.config
     rng = np.random.default_rng(0)
-    src = rng.integers(4, cfg["vocab_size"], size=(args.batch, args.src_len - 1))
-    ids = np.concatenate([src, np.full((args.batch, 1), cfg["eos_id"])], axis=1).astype(np.int64)
+    src = rng.integers(4, cfg.vocab_size, size=(args.batch, args.src_len - 1))
+    ids = np.concatenate([src, np.full((args.batch, 1), cfg.eos_id)], axis=1).astype(np.int64)
     lens = np.full(args.batch, args.src_len, np.int64)
     opts = DecodingOptions.forced(args.steps, beam_size=args.beam)
 
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         def sync():
             torch.cuda.synchronize(gpu)
     timer = Timer(sync)
-    views = be.shards(args.batch, args.beam) or [be]  # the backends the batch's parts run on
+    views = (be.shards(args.batch, args.beam) if isinstance(be, Shards) else None) or [be]  # the parts' backends
     for view in views:
         for name, part in (("encode", "encoder"), ("begin", "begin / end"), ("end", "begin / end"),
                            ("step", "step"), ("reorder", "reorder")):

@@ -31,6 +31,7 @@ import os
 import numpy as np
 
 from transduce.formats.kinds import ARTIFACT_KIND, MANIFEST_FILE
+from transduce.formats.model_config import ModelConfig
 from transduce.io.files import sha256_file
 
 __version__ = "10.99.0"
@@ -184,7 +185,7 @@ class OnnxParser:
         n = cfg["decoder_layers"]
         ins = contract.encoder_inputs() if graph == "encoder" else contract.step_inputs(n)
         outs = contract.encoder_outputs(n) if graph == "encoder" else contract.step_outputs(n)
-        fixed = contract.static_axis_sizes(cfg)
+        fixed = contract.static_axis_sizes(ModelConfig.from_dict(cfg))
         for specs, dest in ((ins, self.network.inputs), (outs, self.network.outputs)):
             for s in specs:
                 shape = tuple(fixed.get(a, -1) for a in s.axes)

@@ -81,6 +81,42 @@ def test_errors_speak_in_the_commands_flags():
     assert names["max_len_b"] == "--max-len-b" and names["model_dir"] == "--model" and names["beam_size"] == "--beam"
 
 
+def test_flags_are_the_librarys_parameters_and_old_spellings_still_work(tmp_path):
+    """decode's, parity's, serve's and loadtest's flags for DecodingOptions, ServiceOptions and the BackendSpec are
+    derived from their fields (beam_size is --beam-size); an old spelling is a hidden alias that warns; both at
+    once is a usage error."""
+    import dataclasses
+
+    from transduce.runtime.decoding import DecodingOptions
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.service import ServiceOptions
+
+    def flags(command):
+        return {o for p in main.commands[command].params if isinstance(p, click.Option) and not p.hidden
+                for o in p.opts}
+
+    decoding = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(DecodingOptions)}
+    spec = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(BackendSpec)} - {"--verify", "--options",
+                                                                                        "--model-dir"} | {"--model"}
+    assert decoding | spec <= flags("decode") and {"--beam-size", "--nbest"} | spec <= flags("parity")
+    service = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(ServiceOptions)}
+    assert service | spec - {"--model"} <= flags("serve") and "--beam-size" in flags("loadtest")
+    for command in ("decode", "parity", "serve", "loadtest"):  # the old spellings work, unlisted
+        shown = CliRunner().invoke(main, [command, "--help"]).output.split()
+        assert "--beam" not in flags(command) and "--beam" not in shown
+    missing = str(tmp_path / "nope")
+    for args, old, new in ((["decode", missing, "--beam", "0"], "--beam", "--beam-size"),
+                           (["decode", missing, "--batch-tokens", "0"], "--batch-tokens", "--max-batch-tokens"),
+                           (["parity", missing, "--beam", "2"], "--beam", "--beam-size"),
+                           (["serve", missing, "--beam", "0"], "--beam", "--default-beam-size"),
+                           (["serve", missing, "--timeout", "-1"], "--timeout", "--request-timeout")):
+        r = CliRunner().invoke(main, args, input="one\n")
+        assert r.exit_code == 2 and r.stderr.startswith(f"warning: {old} is deprecated: use {new}\n"), (args, r.stderr)
+        assert "error: " in r.stderr and "beam_size" not in r.stderr and "request_timeout" not in r.stderr
+    r = CliRunner().invoke(main, ["decode", missing, "--beam", "2", "--beam-size", "3"])
+    assert r.exit_code == 2 and "--beam is the deprecated spelling of --beam-size: give --beam-size alone" in r.stderr
+
+
 def test_export_out_dir_as_an_argument_is_deprecated(tmp_path):
     missing = str(tmp_path / "no-model")
     r = CliRunner().invoke(main, ["export", missing, str(tmp_path / "art"), "--quiet"])

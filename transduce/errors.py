@@ -14,11 +14,13 @@ from collections.abc import Iterable, Mapping
 
 def spell(text: str, params: Iterable[str], names: Mapping[str, str]) -> str:
     """`text` with each of `params` that `names` has written as `names` says, as a whole word ("min_length"
-    in "min_length must be", not in "min_lengths"); the others as they are."""
+    in "min_length must be", not in "min_lengths"), where it first appears: a message names a parameter once,
+    and a later use of the word is prose ("precision fp16: ... runs the precision of its export"); the others
+    as they are."""
     for param in params:
         if param in names:
             pattern = re.compile(r"(?<![\w.-])" + re.escape(param) + r"(?![\w=])")
-            text = pattern.sub(lambda _, new=names[param]: new, text)
+            text = pattern.sub(lambda _, new=names[param]: new, text, count=1)
     return text
 
 

@@ -823,7 +823,7 @@ def test_prepare_fills_the_config_in_and_survives_a_refused_conversion(tmp_path,
     logged = []
     p = models.prepare("demo", str(tmp_path / "cache"), model_dir=str(m), artifact_dir=tiny_artifact_dir,
                        log=logged.append)
-    assert p.config["pad_id"] == 0 and p.config["max_positions"] > 0
+    assert p.config.pad_id == 0 and p.config.max_positions > 0
     assert p.ct2_dir is None and "only post-norm models" in p.ct2_error
     assert any("CTranslate2 is NOT timed" in line for line in logged)
 

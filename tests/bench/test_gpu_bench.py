@@ -11,25 +11,30 @@ from dataclasses import asdict
 import pytest
 
 from transduce.bench import ceilings
-from transduce.bench.config import TORCH_CUDA_SYSTEMS, BenchConfig, torch_cuda_system
+from transduce.bench.config import TORCH_CUDA_SYSTEMS, BenchConfig, system_spec
 from transduce.bench.gpu_ceilings import GpuCeilings, add_gpu_ceilings, gpu_floor, measure_gpu_ceilings
 from transduce.errors import TransduceError
 
 BASE = {"encoder_layers": 6, "decoder_layers": 6, "d_model": 512, "n_heads": 8, "d_ff": 2048, "vocab_size": 8000}
 
 
-def test_torch_cuda_system_names_parse_into_graph_and_precision():
-    assert torch_cuda_system("torch-cuda") == (False, "fp32")
-    assert torch_cuda_system("torch-cuda-fp16") == (False, "fp16")
-    assert torch_cuda_system("torch-cuda-bf16") == (False, "bf16")
-    assert torch_cuda_system("torch-cuda-graph") == (True, "fp32")
-    assert torch_cuda_system("torch-cuda-graph-fp16") == (True, "fp16")
-    assert torch_cuda_system("torch-cuda-graph-bf16") == (True, "bf16")
-    for other in ("torch", "onnxruntime", "tensorrt", "ctranslate2-avx2", "onnxruntime-int8"):
-        assert torch_cuda_system(other) is None
-    for bad in ("torch-cuda-fp32", "torch-cuda-graph-int8", "torch-cuda-fp8", "torch-cuda-graphs"):
-        with pytest.raises(TransduceError, match="valid: torch-cuda, torch-cuda-fp16"):
-            torch_cuda_system(bad)
+def test_torch_cuda_system_names_are_the_names_of_their_backend_specs():
+    def parsed(name):
+        spec = system_spec(name)
+        return (spec.backend, spec.device, spec.cuda_graph, spec.precision or "fp32")
+
+    assert parsed("torch-cuda") == ("torch", "cuda", False, "fp32")
+    assert parsed("torch-cuda-fp16") == ("torch", "cuda", False, "fp16")
+    assert parsed("torch-cuda-bf16") == ("torch", "cuda", False, "bf16")
+    assert parsed("torch-cuda-graph") == ("torch", "cuda", True, "fp32")
+    assert parsed("torch-cuda-graph-fp16") == ("torch", "cuda", True, "fp16")
+    assert parsed("torch-cuda-graph-bf16") == ("torch", "cuda", True, "bf16")
+    assert [system_spec(n).name for n in TORCH_CUDA_SYSTEMS] == list(TORCH_CUDA_SYSTEMS)
+    assert parsed("torch") == ("torch", "cpu", False, "fp32") and parsed("tensorrt")[0] == "tensorrt"
+    assert system_spec("onnxruntime-int8").name == "onnxruntime"  # the onnxruntime system on the quantized export
+    for bad in ("torch-cuda-fp32", "torch-cuda-graph-int8", "torch-cuda-fp8", "torch-cuda-graphs", "ctranslate2"):
+        with pytest.raises(TransduceError, match="unknown backend name"):
+            system_spec(bad)
 
 
 def test_config_accepts_the_torch_cuda_systems_and_refuses_unknown_ones():
@@ -38,7 +43,7 @@ def test_config_accepts_the_torch_cuda_systems_and_refuses_unknown_ones():
     with pytest.raises(TransduceError) as e:
         BenchConfig(backends=["torch", "torch-cuda-graph-fp8", "cuda-graph"])
     text = str(e.value)
-    assert "unknown torch-cuda system 'torch-cuda-graph-fp8'" in text and "torch-cuda-graph-bf16" in text
+    assert "unknown backend 'torch-cuda-graph-fp8'" in text and "torch-cuda-graph-bf16" in text
     assert "unknown backend 'cuda-graph'" in text
 
 
@@ -200,21 +205,25 @@ def test_a_run_without_cuda_skips_the_graph_systems_and_times_the_cpu_ones(tmp_p
     assert len(skipped) == 1 and "sees no usable CUDA GPU" in skipped[0], skipped
 
 
-def test_the_worker_passes_only_the_options_that_differ_from_the_torch_backends_defaults(monkeypatch):
-    """Plain torch-cuda loads with no options (the torch backend's defaults); without CUDA every torch-cuda
-    system is refused by the same device check, before any option."""
+def test_the_worker_opens_the_spec_of_its_system_name(monkeypatch):
+    """A torch-cuda system opens the BackendSpec its name stands for (fp32 left as the torch backend's default);
+    without CUDA every torch-cuda system is refused by the same device check, before anything loads."""
     import torch
 
-    from transduce.bench.worker import _torch_cuda_options
+    from transduce.bench import worker
     from transduce.errors import BackendUnavailable
-    from transduce.runtime import devices
+    from transduce.runtime import api
 
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailable, match="sees no usable CUDA GPU"):
-            _torch_cuda_options(True, "fp16")
-    monkeypatch.setattr(devices, "torch_device", lambda *a, **k: "cuda:0")
-    assert _torch_cuda_options(*torch_cuda_system("torch-cuda")) == {}
-    assert _torch_cuda_options(*torch_cuda_system("torch-cuda-bf16")) == {"precision": "bf16"}
-    assert _torch_cuda_options(*torch_cuda_system("torch-cuda-graph")) == {"cuda_graph": True}
-    assert _torch_cuda_options(*torch_cuda_system("torch-cuda-graph-fp16")) == {"cuda_graph": True,
-                                                                               "precision": "fp16"}
+            worker._Ours("torch-cuda-graph-fp16", "nowhere", None, 1)
+    opened = []
+    monkeypatch.setattr("transduce.runtime.devices.torch_device", lambda *a, **k: "cuda:0")
+    monkeypatch.setattr(api, "open_backend", lambda path, spec: opened.append(spec) or (_ for _ in ()).throw(
+        RuntimeError("stop here")))
+    for name in ("torch-cuda", "torch-cuda-bf16", "torch-cuda-graph", "torch-cuda-graph-fp16"):
+        with pytest.raises(RuntimeError, match="stop here"):
+            worker._Ours(name, "nowhere", "model", 1)
+    assert [(s.device, s.cuda_graph, s.precision, s.threads, s.model_dir) for s in opened] == [
+        ("cuda", False, None, 1, "model"), ("cuda", False, "bf16", 1, "model"), ("cuda", True, None, 1, "model"),
+        ("cuda", True, "fp16", 1, "model")]

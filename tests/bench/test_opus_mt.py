@@ -32,7 +32,7 @@ def test_opus_mt_prepares_an_imported_marian_with_ctranslate2s_own_conversion(op
     vocab = json.loads(open(os.path.join(hf, "vocab.json")).read())
     assert len(vocab) == 1500 and vocab["<pad>"] == 1499 and "<placeholder_0>" in vocab  # padded to the size
     c = prepared.config
-    assert (c["vocab_size"], c["d_model"], c["encoder_layers"], c["activation"], c["position_layout"]) == (
+    assert (c.vocab_size, c.d_model, c.encoder_layers, c.activation, c.position_layout) == (
         1500, 32, 2, "swish", "halves")
     assert os.path.isfile(os.path.join(prepared.artifact_dir, "manifest.json"))
     source = json.loads(open(os.path.join(prepared.ct2_dir, "transduce_source.json")).read())

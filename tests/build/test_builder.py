@@ -36,6 +36,7 @@ from transduce.formats.engine import (
     read_engine_manifest,
 )
 from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND
+from transduce.formats.model_config import ModelConfig
 from transduce.formats.profiles import (
     SPLIT_MIN_BATCH,
     AxisRange,
@@ -56,7 +57,7 @@ from transduce.runtime.backends.tensorrt_support import (
     make_logger,
 )
 
-CFG = {"max_positions": 256, "decoder_layers": 2, "n_heads": 4, "d_model": 32, "vocab_size": 100}
+CFG = ModelConfig(max_positions=256, decoder_layers=2, n_heads=4, d_model=32, vocab_size=100)
 
 
 # -- profiles -------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_profiles_cover_every_batch_once(max_batch, beam):
 
 
 def test_small_model_limits_default_to_max_positions():
-    plan = derive_profiles({**CFG, "max_positions": 64}, max_batch=2, beam=1)
+    plan = derive_profiles(CFG.replace(max_positions=64), max_batch=2, beam=1)
     assert plan.limits["max_src_len"] == 64 and plan.limits["max_tgt_len"] == 64
     assert plan.decoder_step[0].cache_len == AxisRange(1, 32, 64)
 
@@ -170,7 +171,7 @@ def _hand_made_engine_dir(path, artifact_dir, runtime=None):
             "contract_version": contract.CONTRACT_VERSION, "precision": "fp32",
             "tensorrt": {"version": runtime.tensorrt_version},
             "gpu": {"name": runtime.gpu_name, "compute_capability": runtime.compute_capability, "index": 0},
-            "profiles": derive_profiles(manifest["model"], max_batch=2).to_dict(),
+            "profiles": derive_profiles(ModelConfig.from_dict(manifest["model"]), max_batch=2).to_dict(),
             "artifact": {"path": artifact_dir},
             "sources": {n: files[n] for n in (contract.ENCODER_FILE, contract.STEP_FILE)},
             "files": files}
@@ -343,15 +344,15 @@ def test_an_engine_whose_output_shapes_are_not_the_contracts_is_refused(tmp_path
     meta, _ = _build(artifact, str(tmp_path / "e"), max_batch=2)
     with open(tmp_path / "e" / ENCODER_PLAN, "rb") as f:
         plan = json.loads(f.read())
-    config = read_manifest(artifact)["model"]
+    config = ModelConfig.from_dict(read_manifest(artifact)["model"])
     profiles = plan_from_meta(meta).encoder
     assert check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles) == []
     for out in plan["outputs"]:
         if out[0] == "memory":
             out[2] = out[2][:-1] + [out[2][-1] * 2]
     problems = check_engine(fake, fake.ICudaEngine(plan), "encoder", config, "fp32", profiles)
-    assert problems == [f"encoder engine output memory has dims [-1, -1, {2 * config['d_model']}], the contract says "
-                        f"['batch', 'src_len', {config['d_model']}]"]
+    assert problems == [f"encoder engine output memory has dims [-1, -1, {2 * config.d_model}], the contract says "
+                        f"['batch', 'src_len', {config.d_model}]"]
 
 
 def test_build_survives_a_foreign_timing_cache(tmp_path, artifact):
@@ -433,7 +434,7 @@ def test_a_second_build_into_one_out_is_refused_at_once(tmp_path, artifact, monk
     def must_not_read(*args, **kwargs):
         raise AssertionError("the artifact was read")
 
-    monkeypatch.setattr(builder, "read_manifest", must_not_read)
+    monkeypatch.setattr(builder.Artifact, "load", must_not_read)
     fake.CALLS.clear()
     out = tmp_path / "e"
     with lock_held_elsewhere(out) as pid:

@@ -14,6 +14,7 @@ from transduce.errors import ArtifactError
 from transduce.formats import contract
 from transduce.formats.artifact import read_manifest
 from transduce.formats.kinds import ARTIFACT_KIND
+from transduce.formats.model_config import ModelConfig
 from transduce.io.files import sha256_file
 
 
@@ -21,19 +22,23 @@ def test_export_copies_the_config_and_tokenizer_it_loaded(tiny_model_dir, tmp_pa
     """The artifact's config.json and tokenizer.json are the bytes the model was loaded with, read at
     once: a model directory that changes meanwhile (a checkpoint saved into it) is an error."""
     from transduce.errors import CheckpointError
-    from transduce.exporter.onnx_export import load_model, read_copied_files
+    from transduce.exporter.onnx_export import load_model, load_source, read_copied_files
+    from transduce.io.atomic import atomic_directory
 
     model_dir = tmp_path / "m"
     shutil.copytree(tiny_model_dir, model_dir)
-    _, _, cfg = load_model(str(model_dir))
-    copied = read_copied_files(str(model_dir), cfg)
-    assert copied["tokenizer.json"] == (model_dir / "tokenizer.json").read_bytes()
-    (model_dir / "tokenizer.json").write_bytes(copied["tokenizer.json"].replace(b'"<unk>"', b'"<UNK>"'))
+    source = load_source(str(model_dir))
+    load_model(source)
+    copied = read_copied_files(source)
+    tokenizer = (model_dir / "tokenizer.json").read_bytes()
+    assert copied["tokenizer.json"] == tokenizer
+    with atomic_directory(str(model_dir)) as tmp:  # a checkpoint saved over it: another copy, renamed into place
+        shutil.copytree(tiny_model_dir, tmp, dirs_exist_ok=True)
+        open(os.path.join(tmp, "tokenizer.json"), "wb").write(tokenizer.replace(b'"<unk>"', b'"<UNK>"'))
+    assert read_copied_files(source) == copied  # the copy the model was loaded from, held open
+    # a tokenizer.json that is not the one config.json records (a file rewritten in place meanwhile)
     with pytest.raises(CheckpointError, match="changed while it was being read"):
-        read_copied_files(str(model_dir), cfg)
-    (model_dir / "tokenizer.json").unlink()
-    with pytest.raises(CheckpointError, match="cannot read the model directory"):
-        read_copied_files(str(model_dir), cfg)
+        read_copied_files(load_source(str(model_dir)))
 
 
 def test_export_writes_an_artifact(artifact_fp32):
@@ -135,15 +140,15 @@ def test_graphs_follow_the_contract(artifact_fp32):
 
     from transduce.verify.graph_checks import contract_problems
 
-    cfg = artifact_fp32.manifest["model"]
-    n = cfg["decoder_layers"]
+    cfg = ModelConfig.from_dict(artifact_fp32.manifest["model"])
+    n = cfg.decoder_layers
     enc = onnx.load(os.path.join(artifact_fp32.path, "encoder.onnx"))
     step = onnx.load(os.path.join(artifact_fp32.path, "decoder_step.onnx"))
     assert contract_problems(enc, contract.encoder_inputs(), contract.encoder_outputs(n), cfg, "fp32") == []
     assert contract_problems(step, contract.step_inputs(n), contract.step_outputs(n), cfg, "fp32") == []
     past = next(v for v in step.graph.input if v.name == "past_key_0")
     dims = [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim]
-    assert dims == ["batch", cfg["n_heads"], "cache_len", cfg["d_model"] // cfg["n_heads"]]
+    assert dims == ["batch", cfg.n_heads, "cache_len", cfg.head_dim]
     # and a graph that breaks it is caught
     assert contract_problems(enc, contract.encoder_inputs(), contract.encoder_outputs(n), cfg, "fp16")
     assert contract_problems(step, contract.encoder_inputs(), contract.encoder_outputs(n), cfg, "fp32")

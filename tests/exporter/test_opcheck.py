@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from transduce.errors import ExportError
+from transduce.formats.model_config import ModelConfig
 from transduce.verify import opcheck
 
 
@@ -82,10 +83,10 @@ def test_export_checks_fail_on_an_unsupported_op(artifact_fp32, monkeypatch):
 
     ops = opcheck.supported_ops() - {"LogSoftmax"}
     monkeypatch.setattr(opcheck, "supported_ops", lambda path=opcheck.OPS_FILE: ops)
-    m = artifact_fp32.manifest
-    graph_checks.check_graph(os.path.join(artifact_fp32.path, "encoder.onnx"), "encoder", m["model"], "fp32", 18)
+    config = ModelConfig.from_dict(artifact_fp32.manifest["model"])
+    graph_checks.check_graph(os.path.join(artifact_fp32.path, "encoder.onnx"), "encoder", config, "fp32", 18)
     with pytest.raises(ExportError, match="LogSoftmax"):
-        graph_checks.check_graph(os.path.join(artifact_fp32.path, "decoder_step.onnx"), "decoder_step", m["model"],
+        graph_checks.check_graph(os.path.join(artifact_fp32.path, "decoder_step.onnx"), "decoder_step", config,
                                  "fp32", 18)
 
 
@@ -97,4 +98,5 @@ def test_checker_failure_is_an_export_error(artifact_fp32, tmp_path):
     bad = tmp_path / "encoder.onnx"
     bad.write_bytes(open(src, "rb").read()[:5000])
     with pytest.raises(ExportError, match="fails the ONNX checker"):
-        graph_checks.check_graph(str(bad), "encoder", artifact_fp32.manifest["model"], "fp32", 18)
+        graph_checks.check_graph(str(bad), "encoder", ModelConfig.from_dict(artifact_fp32.manifest["model"]), "fp32",
+                                 18)

@@ -96,16 +96,16 @@ def test_a_step_that_changes_another_cache_slot_fails_the_validation(artifact_fp
 def test_not_built_for_reduced_precision_or_pre_norm(artifact_fp16, tiny_model):
     assert contract.ORT_STEP_FILE not in os.listdir(artifact_fp16.path)
     assert contract.ORT_STEP_FILE not in artifact_fp16.manifest["graphs"]
-    cfg = tiny_model.cfg.to_dict()
+    cfg = tiny_model.cfg
     assert ort_step.unsupported_reason(cfg, "fp32") is None
     assert "fp32" in ort_step.unsupported_reason(cfg, "fp16")
-    assert "post-norm" in ort_step.unsupported_reason({**cfg, "norm_first": True}, "fp32")
+    assert "post-norm" in ort_step.unsupported_reason(cfg.replace(norm_first=True), "fp32")
     # onnxruntime's attention kernels refuse a head size that is not a multiple of 8 when they run
     assert "head size that is a multiple of 8, and this model's is 6" in ort_step.unsupported_reason(
-        {**cfg, "d_model": 24, "n_heads": 4}, "fp32")
-    base = {**cfg, "d_model": 512, "d_ff": 2048, "decoder_layers": 6, "vocab_size": 8000}
+        cfg.replace(d_model=24, n_heads=4), "fp32")
+    base = cfg.replace(d_model=512, d_ff=2048, decoder_layers=6, vocab_size=8000)
     assert ort_step.unsupported_reason(base, "fp32") is None  # built at every size that fits one ONNX file
-    huge = {**base, "d_model": 4096, "d_ff": 16384, "decoder_layers": 24, "vocab_size": 32000}
+    huge = base.replace(d_model=4096, d_ff=16384, decoder_layers=24, vocab_size=32000)
     assert "2 GB" in ort_step.unsupported_reason(huge, "fp32")
 
 
@@ -155,7 +155,7 @@ def test_no_ort_step_leaves_the_graph_out(artifact_fp32, tiny_model_dir, tmp_pat
     assert rebuild_hint(str(out), manifest).endswith("--force --no-ort-step")  # a rebuild keeps it out
     slim, full = make_backend(out, "onnxruntime"), make_backend(artifact_fp32.path, "onnxruntime")
     assert not slim.fused and slim.step_graphs() == [contract.STEP_FILE]
-    src = np.array([[5, 6, 7, slim.config["eos_id"]]], np.int64)
+    src = np.array([[5, 6, 7, slim.config.eos_id]], np.int64)
     opts = DecodingOptions(beam_size=2, max_len_a=0.0, max_len_b=6)
     with full.only_step_graph(contract.STEP_FILE):
         want = decode(full, src, np.array([4]), opts)

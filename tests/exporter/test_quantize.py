@@ -65,11 +65,11 @@ def test_int8_artifact_steps_close_to_eager(artifact_int8, tiny_model):
     be = make_backend(artifact_int8[0], "onnxruntime")
     assert be.fused
     rng = np.random.default_rng(4)
-    v = be.config["vocab_size"]
+    v = be.config.vocab_size
     src = rng.integers(4, v, size=(6, 9)).astype(np.int64)
-    src[:, -1] = be.config["eos_id"]
+    src[:, -1] = be.config.eos_id
     lens = np.full(6, 9, np.int64)
-    prefix = np.concatenate([np.full((6, 1), be.config["bos_id"]), rng.integers(4, v, size=(6, 7))], axis=1)
+    prefix = np.concatenate([np.full((6, 1), be.config.bos_id), rng.integers(4, v, size=(6, 7))], axis=1)
     got = teacher_forced_log_probs(be, src, lens, prefix)
     want = teacher_forced_log_probs(TorchBackend(tiny_model), src, lens, prefix)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -87,10 +87,10 @@ def test_cli_export_quantize_prints_the_int8_errors(tiny_model_dir, tmp_path, co
 
 
 def test_quantize_needs_fp32_and_the_onnx_runtime_step_graph(tiny_model, tiny_model_dir, tmp_path):
-    cfg = tiny_model.cfg.to_dict()
+    cfg = tiny_model.cfg
     assert quantize.unsupported_reason("int8", cfg, "fp32") is None
     assert "fp32" in quantize.unsupported_reason("int8", cfg, "fp16")
-    assert "post-norm" in quantize.unsupported_reason("int8", {**cfg, "norm_first": True}, "fp32")
+    assert "post-norm" in quantize.unsupported_reason("int8", cfg.replace(norm_first=True), "fp32")
     assert "unknown quantization" in quantize.unsupported_reason("int4", cfg, "fp32")
     with pytest.raises(ExportError, match="cannot quantize"):
         export_artifact(tiny_model_dir, tmp_path / "fp16", precision="fp16", quantize="int8")
@@ -104,14 +104,16 @@ def test_quantize_refuses_an_encoder_torch_onnx_writes_external_data_for(artifac
     import onnx
     from onnx import numpy_helper
 
-    big = {**artifact_fp32.manifest["model"], "vocab_size": 8000, "d_model": 1024, "n_heads": 16, "d_ff": 4096,
-           "encoder_layers": 40, "decoder_layers": 1}
+    from transduce.formats.model_config import ModelConfig
+
+    config = ModelConfig.from_dict(artifact_fp32.manifest["model"])
+    big = config.replace(vocab_size=8000, d_model=1024, n_heads=16, d_ff=4096, encoder_layers=40, decoder_layers=1)
     assert "encoder.onnx's weights (at least 1.9 GiB) pass the 1.5 GiB" in quantize.unsupported_reason(
         "int8", big, "fp32")
-    assert quantize.unsupported_reason("int8", {**big, "encoder_layers": 24}, "fp32") is None
+    assert quantize.unsupported_reason("int8", big.replace(encoder_layers=24), "fp32") is None
     graph = onnx.load(os.path.join(artifact_fp32.path, "encoder.onnx")).graph
     stored = sum(numpy_helper.to_array(t).nbytes for t in graph.initializer)
-    assert quantize.encoder_weight_bytes(artifact_fp32.manifest["model"]) <= stored
+    assert quantize.encoder_weight_bytes(config) <= stored
 
 
 def test_int8_validation_fails_a_wrong_tensor_and_leaves_nothing(tiny_model_dir, tmp_path, copied_graphs, monkeypatch):
@@ -174,7 +176,7 @@ def test_gpu_paths_refuse_an_int8_artifact(artifact_int8, tmp_path, monkeypatch)
 def test_parity_holds_an_int8_artifact_to_the_int8_policy(artifact_int8):
     from transduce.verify.parity import parity_for_artifact
 
-    report = parity_for_artifact(artifact_int8[0], sentences=12, beam=2)
+    report = parity_for_artifact(artifact_int8[0], sentences=12, beam_size=2)
     assert report.precision == "int8" and "(int8)" in report.candidate
     log_probs = next(s for s in report.teacher_forced if s.name.startswith("log_probs"))
     assert log_probs.atol == 1.0 and log_probs.max_abs > 1e-4  # int8's tolerance, and really int8 errors
@@ -186,6 +188,6 @@ def test_an_int8_export_of_a_trained_model_passes_the_int8_policy(demo_model_dir
     from transduce.verify.parity import parity_for_artifact
 
     export_artifact(demo_model_dir, tmp_path / "int8", quantize="int8")
-    report = parity_for_artifact(str(tmp_path / "int8"), sentences=24, beam=4)
+    report = parity_for_artifact(str(tmp_path / "int8"), sentences=24, beam_size=4)
     assert report.precision == "int8" and report.passed, report.to_dict()
     assert report.sequences[0].identical >= 23  # greedy: what the policy's comment says of the demo model

@@ -124,7 +124,7 @@ def test_the_dtype_table_agrees_with_the_tools():
 
 
 def test_io_check_of_a_graph_and_of_an_engine():
-    config = ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1).to_dict()
+    config = ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1)
     specs = contract.encoder_outputs(1)
     good = [(s.name, contract.resolve_dtype(s, "fp16"), contract.axis_dims(s, config)) for s in specs]
     assert contract.io_mismatches("output", good, specs, "fp16", config, exact=True) == []

@@ -45,13 +45,15 @@ def test_teacher_forced_log_probs_and_greedy_match_hugging_face(fsmt, fsmt_impor
 
 def test_imported_fsmt_exports_with_full_parity(fsmt_imported, demo_pairs, tmp_path):
     from transduce.exporter.onnx_export import export_artifact
+    from transduce.runtime.spec import BackendSpec
     from transduce.verify.parity import parity_for_artifact
 
     art = tmp_path / "artifact"
     export_artifact(fsmt_imported, art)
     src = tmp_path / "src.txt"
     src.write_text("\n".join(s for s, _ in demo_pairs[:8]) + "\n")
-    report = parity_for_artifact(str(art), model_dir=fsmt_imported, input_path=str(src), sentences=8, beam=4)
+    report = parity_for_artifact(str(art), BackendSpec(model_dir=fsmt_imported), input_path=str(src), sentences=8,
+                                 beam_size=4)
     assert report.passed, report.to_dict()
     assert [(c.mode, c.identical) for c in report.sequences] == [("greedy", 8), ("beam4", 8)]
 

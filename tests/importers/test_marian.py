@@ -69,6 +69,7 @@ def test_greedy_is_hugging_faces_token_for_token(marian_swish, marian_swish_impo
 
 def test_imported_model_exports_with_full_parity(marian_swish_imported, demo_pairs, tmp_path):
     from transduce.exporter.onnx_export import export_artifact
+    from transduce.runtime.spec import BackendSpec
     from transduce.verify.parity import parity_for_artifact
 
     art = tmp_path / "artifact"
@@ -76,7 +77,8 @@ def test_imported_model_exports_with_full_parity(marian_swish_imported, demo_pai
     assert "decoder_step.ort.onnx" in manifest["files"]  # the ONNX Runtime step graph honours swish and the bias
     src = tmp_path / "src.txt"
     src.write_text("\n".join(s for s, _ in demo_pairs) + "\n")
-    report = parity_for_artifact(str(art), model_dir=marian_swish_imported, input_path=str(src), sentences=12, beam=4)
+    report = parity_for_artifact(str(art), BackendSpec(model_dir=marian_swish_imported), input_path=str(src),
+                                 sentences=12, beam_size=4)
     assert report.passed, report.to_dict()
     assert [(c.mode, c.identical) for c in report.sequences] == [("greedy", 12), ("beam4", 12)]
 

@@ -372,7 +372,7 @@ def test_artifact_from_the_exporter(tiny_artifact_dir, tiny_model):
     report = inspect_path(tiny_artifact_dir, verify=True)
     assert report["problems"] == [] and report["runtime_check"] == "ok"
     assert report["config"] == cfg.to_dict() and report["tokenizer"]["vocab_size"] == cfg.vocab_size
-    sizes = contract.static_axis_sizes(cfg.to_dict())
+    sizes = contract.static_axis_sizes(cfg)
     expected = {
         "encoder.onnx": (contract.encoder_inputs(), contract.encoder_outputs(cfg.decoder_layers)),
         "decoder_step.onnx": (contract.step_inputs(cfg.decoder_layers), contract.step_outputs(cfg.decoder_layers)),

@@ -13,12 +13,13 @@ import torch
 from artifact_edits import REFUSALS, perturb_one_weight, refused_copy
 
 from transduce.errors import ArtifactError
-from transduce.formats.artifact import read_manifest
+from transduce.formats.artifact import Artifact, read_manifest
 from transduce.formats.kinds import ENGINE_MANIFEST_FILE
 from transduce.io.files import file_entry, listed_file_problem
 from transduce.runtime.api import load, make_backend
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+from transduce.runtime.spec import BackendSpec
 
 
 def _available():
@@ -37,8 +38,8 @@ def _batch(cfg, seed=0):
     lens = np.array([9, 1, 5, 9, 3])
     src = np.zeros((5, 9), dtype=np.int64)
     for i, n in enumerate(lens):
-        src[i, : n - 1] = rng.integers(4, cfg["vocab_size"], n - 1)
-        src[i, n - 1] = cfg["eos_id"]
+        src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
+        src[i, n - 1] = cfg.eos_id
     return src, lens
 
 
@@ -77,10 +78,10 @@ def test_encoder_outputs_match_eager(backend, reference):
 
 
 def test_stepped_log_probs_match_full_forward(backend, tiny_model):
-    cfg = tiny_model.cfg.to_dict()
+    cfg = tiny_model.cfg
     src, lens = _batch(cfg, seed=1)
-    tgt = np.random.default_rng(2).integers(4, cfg["vocab_size"], (5, 7))
-    tgt[:, 0] = cfg["bos_id"]
+    tgt = np.random.default_rng(2).integers(4, cfg.vocab_size, (5, 7))
+    tgt[:, 0] = cfg.bos_id
     got = teacher_forced_log_probs(backend, src, lens, tgt)
     with torch.no_grad():
         want = torch.log_softmax(tiny_model(torch.from_numpy(src), torch.from_numpy(lens), torch.from_numpy(tgt)), -1)
@@ -92,8 +93,8 @@ def test_reorder_keeps_the_selected_rows(backend, reference):
     cfg = reference.config
     src, lens = _batch(cfg, seed=3)
     rng = np.random.default_rng(4)
-    prefix = rng.integers(4, cfg["vocab_size"], (5, 4))
-    prefix[:, 0] = cfg["bos_id"]
+    prefix = rng.integers(4, cfg.vocab_size, (5, 4))
+    prefix[:, 0] = cfg.bos_id
     enc = backend.encode(src, lens)
     state = backend.begin(enc, np.arange(5), 8)
     for t in range(3):
@@ -227,9 +228,13 @@ def test_eager_parity_is_held_to_fp32_whatever_the_artifact(tiny_artifact_dir, t
     seen = {}
     monkeypatch.setattr(parity, "run_parity", lambda *a, **k: seen.update(k))
     monkeypatch.setattr(devices, "torch_device", lambda name, *a, **k: "cuda:0" if name == "cuda" else "cpu")
-    monkeypatch.setattr("transduce.runtime.api.make_backend",
-                        lambda *a, **k: TorchBackend.from_model_dir(tiny_model_dir))
-    parity.parity_for_artifact(str(art), model_dir=tiny_model_dir, backend="torch", device="cuda", sentences=2)
+    def candidate(path, spec):  # the eager model on the CPU, standing in for one on the GPU
+        backend = TorchBackend.from_model_dir(tiny_model_dir)
+        backend.artifact = Artifact.load(path, verify_hashes=False)
+        return backend
+
+    monkeypatch.setattr("transduce.runtime.api.open_backend", candidate)
+    parity.parity_for_artifact(str(art), BackendSpec("torch", device="cuda", model_dir=tiny_model_dir), sentences=2)
     assert seen["precision"] == "fp32" and seen["candidate_name"] == "torch:cuda:0 (fp32)"
 
 
@@ -352,24 +357,28 @@ def test_an_artifact_must_list_its_tokenizer(tiny_artifact_dir, edited_copy):
         read_manifest(art)
 
 
-def test_the_protocol_declares_every_optional_member_with_a_default(tiny_model, tiny_artifact_dir):
-    """Callers use a backend's optional members directly: the eager model keeps the protocol's defaults, the ONNX
-    Runtime backend overrides them (its step graphs, parts and load-time choices)."""
+def test_the_core_protocol_and_the_capabilities_are_declared_apart(tiny_model, tiny_artifact_dir):
+    """Every backend has the core (what the search calls); the optional capabilities are protocols of their own,
+    asked with isinstance: the eager model admits rows and gives full outputs, but has no parts nor step graphs;
+    the ONNX Runtime backend has them all (its step graphs, parts and load-time choices)."""
     from transduce.formats import contract
-    from transduce.runtime.backends.base import Backend
+    from transduce.runtime.backends import base
+    from transduce.runtime.backends.base import AdmitsRows, Backend, FullOutputs, Shards, StepGraphs, Tuned
 
     eager = TorchBackend(tiny_model)
-    assert Backend in TorchBackend.__mro__ and eager.artifact_dir is None and eager.manifest is None
-    assert eager.shards(16, 4) is None and eager.step_graphs() == []
+    assert Backend in TorchBackend.__mro__ and eager.artifact is None and not base.missing_members(eager)
+    assert base.capabilities(eager) == ["AdmitsRows", "FullOutputs", "Tuned"]
+    assert not isinstance(eager, Shards) and base.step_graphs(eager) == []
     assert eager.tuning() == {"precision": "fp32", "cuda_graph": False}
     state = eager.begin(eager.encode(np.array([[5, 2]]), np.array([2])), np.arange(1), 2)
     eager.end(state)  # nothing to hand back
-    with eager.only_step_graph(None):
+    with base.only_step_graph(eager, None):
         pass
-    with pytest.raises(ValueError, match="not one of this backend's step graphs"), eager.only_step_graph("x.onnx"):
+    with pytest.raises(ValueError, match="not one of this backend's step graphs"), base.only_step_graph(eager, "x"):
         pass
     ort = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="rows")
-    assert ort.artifact_dir == tiny_artifact_dir and ort.manifest["model"] == ort.config and ort.device == "cpu"
+    assert ort.artifact.path == tiny_artifact_dir and ort.artifact.config == ort.config and ort.device == "cpu"
+    assert all(isinstance(ort, c) for c in (AdmitsRows, FullOutputs, Shards, StepGraphs, Tuned))
     tuning = ort.tuning()
     assert json.loads(json.dumps(tuning)) == tuning  # JSON-ready, for reports
     assert tuning["step_threads"] == 1 and tuning["wide_session"] and tuning["shard_count"] == 2

@@ -11,11 +11,10 @@ from click.testing import CliRunner
 
 from transduce.cli import main
 from transduce.errors import CheckpointError
-from transduce.formats.artifact import read_manifest
 
 
 def test_decode_stdin_to_stdout(tiny_artifact_dir):
-    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "2", "--max-len-b", "4"],
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "2", "--max-len-b", "4"],
                            input="two hundred\n\nthree\n")
     assert r.exit_code == 0, r.output
     lines = r.stdout.split("\n")[:-1]
@@ -27,7 +26,7 @@ def test_decode_nbest_and_scores(tiny_artifact_dir, tmp_path):
     src.write_text("two hundred\nthree\n")
     out = tmp_path / "out.txt"
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--out", str(out),
-                                  "--beam", "3", "--nbest", "3", "--max-len-b", "4"])
+                                  "--beam-size", "3", "--nbest", "3", "--max-len-b", "4"])
     assert r.exit_code == 0, r.output
     rows = [line.split(" ||| ") for line in out.read_text().splitlines()]
     assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1]
@@ -43,7 +42,8 @@ def test_decode_errors_are_one_line(tiny_artifact_dir, tmp_path):
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir], input=" ".join(["nine"] * 200) + "\n")
     assert r.exit_code == 2 and "input line 1 has" in r.stderr and "pass --truncate to keep" in r.stderr
     assert "truncate=True" not in r.stderr  # the library's spelling, for Python
-    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"], input="two 日本\n")
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2"],
+                           input="two 日本\n")
     assert r.exit_code == 0 and "unknown to the tokenizer" in r.stderr
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe\x00bad")
@@ -76,7 +76,7 @@ def test_eager_pytorch_at_reduced_precision_decodes_and_is_held_to_its_policy(ti
     from transduce.io.parallel import write_tsv
 
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--backend", "torch", "--precision", "bf16",
-                                  "--beam", "2", "--max-len-b", "4"], input="two hundred\nforty one\n")
+                                  "--beam-size", "2", "--max-len-b", "4"], input="two hundred\nforty one\n")
     assert r.exit_code == 0, r.output
     assert len(r.stdout.splitlines()) == 2
     _, valid = small_corpus
@@ -130,14 +130,16 @@ def test_parity_needs_the_model_when_the_manifest_path_is_gone(tiny_artifact_dir
 def test_decode_keeps_one_output_line_per_input_line(tiny_artifact_dir, tmp_path):
     """Lines end at "\\n" only: Unicode's other line breaks stay in their line; a BOM is not text."""
     text = "\ufefftwo\nsix\u2028seven\neight\x0cnine\r\nten\x85eleven\n\ntwelve"
-    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"], input=text.encode())
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2"],
+                           input=text.encode())
     assert r.exit_code == 0, r.output
     assert len(r.stdout.split("\n")[:-1]) == 6
-    alone = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"], input="two\n")
+    alone = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2"],
+                               input="two\n")
     assert r.stdout.split("\n")[0] == alone.stdout.split("\n")[0]  # the BOM changed nothing
     src = tmp_path / "in.txt"
     src.write_bytes(text.encode())
-    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--beam", "3", "--nbest", "2",
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--beam-size", "3", "--nbest", "2",
                                   "--max-len-b", "2"])
     assert r.exit_code == 0, r.output
     ids = [int(line.split(" ||| ")[0]) for line in r.stdout.splitlines()]
@@ -183,7 +185,7 @@ def test_decode_refuses_to_overwrite_its_input_while_reading_it(tiny_artifact_di
     src = tmp_path / "in.txt"
     src.write_text("two hundred\nthree\none\n")
     os.symlink(src, tmp_path / "out.txt")
-    args = ["decode", tiny_artifact_dir, "--input", str(src), "--out", str(tmp_path / "out.txt"), "--beam", "1",
+    args = ["decode", tiny_artifact_dir, "--input", str(src), "--out", str(tmp_path / "out.txt"), "--beam-size", "1",
             "--max-len-b", "3"]
     r = CliRunner().invoke(main, [*args, "--chunk-lines", "1", "--force"])
     assert r.exit_code == 2 and "leads to the file the input is read from" in r.stderr, r.output
@@ -194,7 +196,7 @@ def test_decode_refuses_to_overwrite_its_input_while_reading_it(tiny_artifact_di
 
     with open(src, "rb") as stdin:
         done = subprocess.run([sys.executable, "-m", "transduce.cli", *args[:2], "--out", str(tmp_path / "out.txt"),
-                               "--chunk-lines", "1", "--beam", "1"], stdin=stdin, capture_output=True, text=True)
+                               "--chunk-lines", "1", "--beam-size", "1"], stdin=stdin, capture_output=True, text=True)
     assert done.returncode == 2 and "leads to the file the input is read from" in done.stderr, done.stderr
     assert src.read_text() == "two hundred\nthree\none\n"
     r = CliRunner().invoke(main, args)
@@ -233,7 +235,7 @@ def test_decode_output_to_a_device_or_an_existing_file(tiny_artifact_dir, tmp_pa
     """/dev/null is written in place (not replaced by a file), without --force; an existing file is replaced
     only with --force (refused before the model loads), and keeps its mode; an empty one (mktemp's) needs
     no --force."""
-    args = ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"]
+    args = ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2"]
     r = CliRunner().invoke(main, [*args, "--out", os.devnull], input="two\n")
     assert r.exit_code == 0, r.output
     assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
@@ -271,26 +273,27 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
     cfg["model"]["n_heads"] *= 2
     del cfg["model"]["layer_norm_eps"], cfg["model"]["share_embeddings"]
     (model / "config.json").write_text(json.dumps(cfg))
-    from transduce.runtime.api import source_model_dir
+    from transduce.formats.artifact import Artifact
+    from transduce.runtime.backends.torch_backend import source_model
 
-    assert source_model_dir(tiny_artifact_dir, read_manifest(tiny_artifact_dir), str(model)) == str(model)
+    assert source_model(Artifact.load(tiny_artifact_dir), str(model)).path == str(model)
     del cfg["files"]["model.safetensors"]  # the same weights, unrecorded: said so, not "other weights"
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="does not record model.safetensors"):
-        source_model_dir(tiny_artifact_dir, read_manifest(tiny_artifact_dir), str(model))
+        source_model(Artifact.load(tiny_artifact_dir), str(model))
 
 
 def test_decode_checks_its_options_before_reading_input_or_loading(tmp_path):
     """An option error comes first: before the input is read (a pipe may take long to end) and before the
     model loads (here there is none, and the input is not UTF-8: neither is reached)."""
     missing = str(tmp_path / "nope")
-    for args, message in ((["--beam", "0"], "error: --beam must be >= 1, got 0"),
-                          (["--nbest", "5"], "error: --nbest must be between 1 and --beam (4), got 5"),
+    for args, message in ((["--beam-size", "0"], "error: --beam-size must be >= 1, got 0"),
+                          (["--nbest", "5"], "error: --nbest must be between 1 and --beam-size (4), got 5"),
                           (["--length-penalty", "-1"], "error: --length-penalty must be >= 0, got -1.0"),
                           (["--length-penalty", "nan"], "error: --length-penalty must be a finite number, got nan"),
                           (["--min-length", "-1"], "error: --min-length must be >= 0, got -1"),
                           (["--max-len-b", "-1"], "error: --max-len-b must be >= 0, got -1"),
-                          (["--batch-tokens", "0"], "error: --batch-tokens must be >= 1, got 0")):
+                          (["--max-batch-tokens", "0"], "error: --max-batch-tokens must be >= 1, got 0")):
         r = CliRunner().invoke(main, ["decode", missing, *args], input=b"\xff\xfe bad\n")
         assert r.exit_code == 2 and message in r.stderr and "does not exist" not in r.stderr, (args, r.output)
         # the command line speaks in its flags: none of the library's parameter names
@@ -299,7 +302,7 @@ def test_decode_checks_its_options_before_reading_input_or_loading(tmp_path):
 
 
 def test_decode_takes_a_huge_max_len_b_as_the_models_cap(tiny_artifact_dir):
-    args = ["decode", tiny_artifact_dir, "--beam", "1", "--scores"]
+    args = ["decode", tiny_artifact_dir, "--beam-size", "1", "--scores"]
     capped = CliRunner().invoke(main, [*args, "--max-len-b", "1000"], input="two hundred\n")
     huge = CliRunner().invoke(main, [*args, "--max-len-b", str(10**30)], input="two hundred\n")
     assert capped.exit_code == 0 and huge.exit_code == 0 and huge.stdout == capped.stdout, huge.output
@@ -311,7 +314,7 @@ def test_parity_warnings_are_one_line(tiny_artifact_dir, tmp_path):
     with a source line."""
     src = tmp_path / "in.txt"
     src.write_text(" ".join(["nine"] * 300) + "\nseven\n")
-    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--input", str(src), "-n", "2", "--beam", "2"])
+    r = CliRunner().invoke(main, ["parity", tiny_artifact_dir, "--input", str(src), "-n", "2", "--beam-size", "2"])
     assert r.exit_code in (0, 1), r.output
     assert "warning: parity: 1 source(s) longer than" in r.stderr
     assert "UserWarning" not in r.stderr and "warnings.warn" not in r.stderr
@@ -320,7 +323,7 @@ def test_parity_warnings_are_one_line(tiny_artifact_dir, tmp_path):
 def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
     """--chunk-lines N: the same output as the whole input at once, each part written when it is done; an
     error in a later part leaves a file --out as it was (and no temporary), stdout with the parts before."""
-    args = ["decode", tiny_artifact_dir, "--beam", "2", "--max-len-b", "3"]
+    args = ["decode", tiny_artifact_dir, "--beam-size", "2", "--max-len-b", "3"]
     text = "one\ntwo hundred\n\nseven\nnine\n"
     whole = CliRunner().invoke(main, args, input=text)
     assert whole.exit_code == 0, whole.output
@@ -343,11 +346,11 @@ def test_decode_in_chunks(tiny_artifact_dir, tmp_path):
     (tmp_path / "target.txt").write_text("precious\n")
     os.symlink(tmp_path / "target.txt", tmp_path / "link.txt")
     for extra, stdin in ((["--chunk-lines", "0"], bad), (["--chunk-lines", "3"], "one\n" + bad[len(text):] + text),
-                         (["--beam", "0"], "one\n")):
+                         (["--beam-size", "0"], "one\n")):
         r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "link.txt"), "--force", *extra], input=stdin)
         assert r.exit_code == 2 and (tmp_path / "target.txt").read_text() == "precious\n", (extra, r.output)
     r = CliRunner().invoke(main, [*args, "--nbest", "5"], input="")
-    assert r.exit_code == 2 and "--nbest must be between 1 and --beam (2)" in r.stderr
+    assert r.exit_code == 2 and "--nbest must be between 1 and --beam-size (2)" in r.stderr
 
 
 def test_decode_warnings_come_in_line_order(tiny_artifact_dir):
@@ -356,7 +359,7 @@ def test_decode_warnings_come_in_line_order(tiny_artifact_dir):
     long = " ".join(["seven hundred"] * 100)
     text = f"two 日本 three\n{long}\none\n{long}\n"
     for chunk in ("0", "2"):
-        r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2", "--truncate",
+        r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2", "--truncate",
                                       "--chunk-lines", chunk], input=text)
         assert r.exit_code == 0, r.output
         lines = [line.split(":")[1].strip() for line in r.stderr.splitlines() if line.startswith("warning:")]
@@ -377,14 +380,14 @@ def test_decode_an_error_from_decoding_is_not_called_a_write_error(tiny_artifact
 
     monkeypatch.setattr(Translator, "_translate", failing)
     out = tmp_path / "out.txt"
-    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2", "--chunk-lines", "1",
-                                  "--out", str(out)], input="one\ntwo\n")
+    r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2",
+                                  "--chunk-lines", "1", "--out", str(out)], input="one\ntwo\n")
     assert isinstance(r.exception, OSError) and "cannot write" not in r.output
     assert not out.exists() and os.listdir(tmp_path) == []
     if os.path.exists("/dev/full"):  # a write that fails is one: at the close's flush, or at a write (> 8 KiB)
         for lines in (1, 3000):
-            r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2", "--scores",
-                                          "--out", "/dev/full"], input="one\n" * lines)  # >= 12 bytes a line
+            r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2",
+                                          "--scores", "--out", "/dev/full"], input="one\n" * lines)  # >= 12 B a line
             assert r.exit_code == 2 and "cannot write --out '/dev/full': No space left on device" in r.stderr, r.output
             assert "hint: free disk space" in r.stderr
 
@@ -395,7 +398,7 @@ def test_decode_to_a_full_stdout_is_a_clear_error(tiny_artifact_dir):
     import sys
 
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, "-m", "transduce.cli", "decode", tiny_artifact_dir, "--beam", "1",
+        r = subprocess.run([sys.executable, "-m", "transduce.cli", "decode", tiny_artifact_dir, "--beam-size", "1",
                             "--max-len-b", "2"], input="one\ntwo\n", stdout=full, stderr=subprocess.PIPE, text=True)
     assert r.returncode == 2 and "cannot write the translations to standard output" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
@@ -403,7 +406,7 @@ def test_decode_to_a_full_stdout_is_a_clear_error(tiny_artifact_dir):
 
 def test_decode_output_is_the_deprecated_spelling_of_out(tiny_artifact_dir, tmp_path):
     out = tmp_path / "out.txt"
-    args = ["decode", tiny_artifact_dir, "--beam", "1", "--max-len-b", "2"]
+    args = ["decode", tiny_artifact_dir, "--beam-size", "1", "--max-len-b", "2"]
     r = CliRunner().invoke(main, [*args, "--output", str(out)], input="two\n")
     assert r.exit_code == 0 and "warning: --output is deprecated: use --out" in r.stderr, r.output
     assert len(out.read_text().splitlines()) == 1 and r.stdout == ""
@@ -418,7 +421,7 @@ def test_decode_progress_lines_when_stderr_is_not_a_terminal(tiny_artifact_dir, 
 
     monkeypatch.setattr(commands, "LOG_EVERY_S", 0.0)
     text = "two hundred\n\nthree\n" * 10
-    args = ["decode", tiny_artifact_dir, "--beam", "2", "--max-len-b", "3", "--batch-tokens", "16"]
+    args = ["decode", tiny_artifact_dir, "--beam-size", "2", "--max-len-b", "3", "--max-batch-tokens", "16"]
     r = CliRunner().invoke(main, args, input=text)
     quiet = CliRunner().invoke(main, [*args, "--quiet"], input=text)
     assert r.exit_code == 0 and quiet.exit_code == 0, r.output + quiet.output
@@ -461,17 +464,17 @@ def test_decode_warns_of_options_the_model_cannot_honour(tiny_artifact_dir):
     """A beam wider than the vocabulary, a --min-length past a sentence's maximum length: warnings in the
     command's flags, before the lines' own warnings."""
     args = ["decode", tiny_artifact_dir, "--max-len-b", "2"]
-    r = CliRunner().invoke(main, [*args, "--beam", "300"], input="two 日本\n")
+    r = CliRunner().invoke(main, [*args, "--beam-size", "300"], input="two 日本\n")
     assert r.exit_code == 0, r.output
     warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
-    assert warned[0] == ("warning: --beam 300 is wider than the vocabulary (200 tokens): each sentence carries up "
+    assert warned[0] == ("warning: --beam-size 300 is wider than the vocabulary (200 tokens): each sentence carries up "
                          "to 300 hypotheses a step, 300x the work of greedy search"), r.stderr
     assert "input line 1:" in warned[1]
-    r = CliRunner().invoke(main, [*args, "--beam", "1", "--min-length", "1000"], input="two\n")
+    r = CliRunner().invoke(main, [*args, "--beam-size", "1", "--min-length", "1000"], input="two\n")
     assert r.exit_code == 0, r.output
     assert ("warning: --min-length 1000 is more than any sentence's maximum length (1 x source tokens + 2, at most "
             "64): every translation is cut there, unfinished") in r.stderr, r.stderr
-    r = CliRunner().invoke(main, [*args, "--beam", "4", "--min-length", "3"], input="two\n")
+    r = CliRunner().invoke(main, [*args, "--beam-size", "4", "--min-length", "3"], input="two\n")
     assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
 
 

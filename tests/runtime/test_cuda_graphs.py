@@ -20,11 +20,12 @@ import torch
 from cuda_graph_fake import HostCapturer
 
 from transduce.errors import BackendUnavailable, InputError
-from transduce.runtime.api import backend_options, make_backend
+from transduce.runtime.api import make_backend
 from transduce.runtime.backends.cuda_graphs import CudaCapturer, GraphSet, GraphStats, length_bucket, row_bucket
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.backends.torch_graph_backend import MAX_FREE_SLABS, TorchGraphBackend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+from transduce.runtime.spec import BackendSpec
 
 
 def _batch(cfg, n=5, seed=0, longest=9):
@@ -33,8 +34,8 @@ def _batch(cfg, n=5, seed=0, longest=9):
     lens[0] = longest
     src = np.zeros((n, longest), dtype=np.int64)
     for i, m in enumerate(lens):
-        src[i, : m - 1] = rng.integers(4, cfg["vocab_size"], m - 1)
-        src[i, m - 1] = cfg["eos_id"]
+        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
+        src[i, m - 1] = cfg.eos_id
     return src, lens
 
 
@@ -174,7 +175,7 @@ def test_a_step_writes_in_place_and_rows_shrinking_within_a_bucket_stay(graphed)
     state = graphed.begin(graphed.encode(src, lens), np.arange(16), 10)
     slab, cache = state.slab, state.slab.cache.data_ptr()
     for t in range(3):
-        graphed.step(state, np.full(16, graphed.config["bos_id"] if t == 0 else 5), 2)
+        graphed.step(state, np.full(16, graphed.config.bos_id if t == 0 else 5), 2)
     rows = np.array([15, 0, 3, 3, 1, 7])  # 6 rows: more than a quarter of bucket 16
     graphed.reorder(state, rows, rows)
     graphed.step(state, np.full(6, 6), 2)
@@ -190,8 +191,8 @@ def test_reorder_and_admit_keep_each_rows_history(graphed, tiny_model):
     their own history: their log-probs are the eager model's over the same prefix."""
     cfg = graphed.config
     src, lens = _batch(cfg, 3, 4)
-    prefix = np.random.default_rng(5).integers(4, cfg["vocab_size"], (3, 6))
-    prefix[:, 0] = cfg["bos_id"]
+    prefix = np.random.default_rng(5).integers(4, cfg.vocab_size, (3, 6))
+    prefix[:, 0] = cfg.bos_id
     state = graphed.begin(graphed.encode(src, lens), np.arange(3), 12)
     for t in range(3):
         graphed.step_log_probs(state, prefix[:, t])
@@ -203,11 +204,11 @@ def test_reorder_and_admit_keep_each_rows_history(graphed, tiny_model):
     new_src, new_lens = _batch(cfg, 2, 6, longest=20)  # a wider source: another source bucket
     graphed.admit(state, graphed.encode(new_src, new_lens))
     assert state.rows == 9 and state.slab.key[2] == 32
-    tokens = np.concatenate([prefix[rows, 4], [cfg["bos_id"]] * 2])
+    tokens = np.concatenate([prefix[rows, 4], [cfg.bos_id] * 2])
     got = graphed.step_log_probs(state, tokens)
     eager = TorchBackend(tiny_model)
     want_old = teacher_forced_log_probs(eager, src[rows], lens[rows], prefix[rows, :5])[:, 4]
-    want_new = teacher_forced_log_probs(eager, new_src, new_lens, np.full((2, 1), cfg["bos_id"]))[:, 0]
+    want_new = teacher_forced_log_probs(eager, new_src, new_lens, np.full((2, 1), cfg.bos_id))[:, 0]
     np.testing.assert_allclose(got, np.concatenate([want_old, want_new]), atol=1e-4, rtol=0)
     graphed.end(state)
 
@@ -251,8 +252,8 @@ def test_reduced_precision_is_held_to_its_parity_policy(tiny_model, precision):
     assert next(tiny_model.parameters()).dtype == torch.float32 and graphed.tuning()["precision"] == precision
     cfg = graphed.config
     src, lens = _batch(cfg, 4, 9)
-    tgt = np.random.default_rng(10).integers(4, cfg["vocab_size"], (4, 6))
-    tgt[:, 0] = cfg["bos_id"]
+    tgt = np.random.default_rng(10).integers(4, cfg.vocab_size, (4, 6))
+    tgt[:, 0] = cfg.bos_id
     got = teacher_forced_log_probs(graphed, src, lens, tgt)
     want = teacher_forced_log_probs(TorchBackend(tiny_model), src, lens, tgt)
     assert got.dtype == np.float32
@@ -262,17 +263,19 @@ def test_reduced_precision_is_held_to_its_parity_policy(tiny_model, precision):
 def test_graphs_need_cuda_and_options_go_where_they_mean_something(tiny_model, tiny_artifact_dir):
     with pytest.raises(BackendUnavailable, match="CUDA graphs need a CUDA device") as e:
         TorchGraphBackend(tiny_model, "cpu")
-    assert "--device cuda" in e.value.hint
+    assert "device cuda" in e.value.hint and e.value.spelled({"cuda_graph": "--cuda-graph"}).endswith(
+        "run it on device cuda, or without --cuda-graph")
     with pytest.raises(BackendUnavailable, match="CUDA graphs need a CUDA device"):
         make_backend(tiny_artifact_dir, "torch", "cpu", cuda_graph=True)
     with pytest.raises(BackendUnavailable, match="no precision 'fp8'"):
         TorchBackend(tiny_model, precision="fp8")
-    assert backend_options("torch", True, "fp16") == {"cuda_graph": True, "precision": "fp16"}
-    assert backend_options("tensorrt", True, None) == {"cuda_graph": True}
-    with pytest.raises(InputError, match="--cuda-graph: the onnxruntime backend does not capture"):
-        backend_options("onnxruntime", True, None)
-    with pytest.raises(InputError, match="--precision fp16: the onnxruntime backend runs the precision"):
-        backend_options("onnxruntime", False, "fp16")
+    assert BackendSpec("torch", cuda_graph=True, precision="fp16").name == "torch-graph-fp16"
+    assert BackendSpec("tensorrt", cuda_graph=True).cuda_graph
+    with pytest.raises(InputError, match="cuda_graph: the onnxruntime backend does not capture") as e:
+        BackendSpec("onnxruntime", cuda_graph=True)
+    assert e.value.spelled({"cuda_graph": "--cuda-graph"}).startswith("--cuda-graph: the onnxruntime backend")
+    with pytest.raises(InputError, match="precision fp16: the onnxruntime backend runs the precision"):
+        BackendSpec("onnxruntime", precision="fp16")
     eager = make_backend(tiny_artifact_dir, "torch", precision="bf16")
     assert type(eager) is TorchBackend and eager.tuning() == {"precision": "bf16", "cuda_graph": False}
 
@@ -307,8 +310,8 @@ def test_gpu_graphs_decode_as_the_cpu_model(tiny_model, beam):
 def test_gpu_reduced_precision_passes_parity_on_the_demo_model(demo_artifact_dir, precision):
     from transduce.verify.parity import parity_for_artifact
 
-    report = parity_for_artifact(demo_artifact_dir, sentences=40, backend="torch", device="cuda", beam=4,
-                                 precision=precision, cuda_graph=True)
+    spec = BackendSpec("torch", device="cuda", precision=precision, cuda_graph=True)
+    report = parity_for_artifact(demo_artifact_dir, spec, sentences=40, beam_size=4)
     assert report.passed, report.to_dict()
 
 

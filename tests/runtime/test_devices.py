@@ -1,4 +1,5 @@
-"""transduce.runtime.devices: one --device check for training, parity and every backend."""
+"""transduce.runtime.devices: one device check for training, parity and every backend. Its messages name the
+parameter (`device`); a command line spells it as its flag (--device: tests/runtime/test_cli.py)."""
 
 import pytest
 import torch
@@ -14,23 +15,24 @@ def test_device_names_are_parsed_without_a_framework():
     for bad in ("gpu", "meta", "mps", "CUDA", "cuda:", "cuda:x", "cpu:1", " cpu", ""):
         with pytest.raises(InputError, match="this runs on cpu or cuda") as e:
             parse_device(bad)
-        assert e.value.hint == "--device cpu, cuda or cuda:N"
+        assert e.value.hint == "device cpu, cuda or cuda:N" and e.value.params == ("device",)
+        assert e.value.spelled({"device": "--device"}).endswith("hint: --device cpu, cuda or cuda:N")
     with pytest.raises(ConfigError, match="--x 'meta': training runs on cpu or cuda"):
         parse_device("meta", "--x", ConfigError, runs="training runs")
 
 
 def test_torch_devices_are_ones_this_torch_sees():
     assert torch_device("cpu") == "cpu"
-    with pytest.raises(InputError, match="--device 'bogus': eager PyTorch runs on cpu or cuda"):
+    with pytest.raises(InputError, match="device 'bogus': eager PyTorch runs on cpu or cuda"):
         torch_device("bogus")
     if torch.cuda.is_available():
         assert torch_device("cuda") == f"cuda:{torch.cuda.current_device()}"
         with pytest.raises(BackendUnavailable, match="there are"):
             torch_device(f"cuda:{torch.cuda.device_count()}", unavailable=BackendUnavailable)
     else:
-        with pytest.raises(BackendUnavailable, match="--device cuda:1: this torch sees no usable CUDA GPU") as e:
+        with pytest.raises(BackendUnavailable, match="device cuda:1: this torch sees no usable CUDA GPU") as e:
             torch_device("cuda:1", unavailable=BackendUnavailable)
-        assert e.value.hint == "--device cpu"
+        assert e.value.hint == "device cpu"
 
 
 def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir, monkeypatch):
@@ -44,7 +46,7 @@ def test_every_backend_checks_its_device(tiny_model_dir, tiny_artifact_dir, monk
         with pytest.raises(BackendUnavailable, match="no usable CUDA GPU"):
             TorchBackend.from_model_dir(tiny_model_dir, device="cuda")
     for backend in ("onnxruntime", "torch", "tensorrt"):  # before anything is loaded
-        with pytest.raises(InputError, match=f"--device 'gpu': the {backend} backend runs on cpu or cuda"):
+        with pytest.raises(InputError, match=f"device 'gpu': the {backend} backend runs on cpu or cuda"):
             make_backend(tiny_artifact_dir, backend, device="gpu")
     # the onnxruntime backend's CUDA buffers and providers are on the GPU --device names ("cuda": the first)
     from transduce.runtime.backends import onnxruntime_backend as orb

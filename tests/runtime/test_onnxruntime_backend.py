@@ -3,17 +3,19 @@ the fused step graph."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from transduce.formats import contract
-from transduce.formats.artifact import read_manifest
+from transduce.formats.artifact import Artifact
 from transduce.formats.kinds import MANIFEST_FILE
 from transduce.runtime.api import make_backend
 from transduce.runtime.backends import onnxruntime_backend as orb
 from transduce.runtime.backends import ort_cpu_policy as policy
 from transduce.runtime.backends import ort_memory, ort_topk
-from transduce.runtime.backends.base import banned_ids, numpy_topk
+from transduce.runtime.backends.topk import banned_ids, numpy_topk
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
 
@@ -21,17 +23,17 @@ from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_l
 def _src(cfg, n, seed):
     rng = np.random.default_rng(seed)
     lens = rng.integers(2, 9, n)
-    src = np.full((n, 8), cfg["pad_id"], dtype=np.int64)
+    src = np.full((n, 8), cfg.pad_id, dtype=np.int64)
     for i, m in enumerate(lens):
-        src[i, : m - 1] = rng.integers(4, cfg["vocab_size"], m - 1)
-        src[i, m - 1] = cfg["eos_id"]
+        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
+        src[i, m - 1] = cfg.eos_id
     return src, lens
 
 
 def _prefixes(cfg, n, t, seed):
     """(n, t) random target prefixes starting with BOS."""
-    prefix = np.random.default_rng(seed).integers(4, cfg["vocab_size"], (n, t))
-    prefix[:, 0] = cfg["bos_id"]
+    prefix = np.random.default_rng(seed).integers(4, cfg.vocab_size, (n, t))
+    prefix[:, 0] = cfg.bos_id
     return prefix
 
 
@@ -78,7 +80,7 @@ def test_ort_topk_equals_numpy_topk(tiny_artifact_dir, ban_eos):
     be = make_backend(tiny_artifact_dir, "onnxruntime")
     cfg = be.config
     rng = np.random.default_rng(0)
-    buf = np.log(rng.dirichlet(np.ones(cfg["vocab_size"]), 12)).astype(np.float32)
+    buf = np.log(rng.dirichlet(np.ones(cfg.vocab_size), 12)).astype(np.float32)
     topk = ort_topk.OrtTopK(be.ort, cfg, be._ban_bias)
     for rows, k in [(12, 8), (3, 8), (12, 2)]:
         vals, ids = topk(buf, rows, k, ban_eos)
@@ -127,7 +129,7 @@ def test_a_step_reuses_the_last_binding_only_while_it_applies(tiny_artifact_dir,
     rng = np.random.default_rng(0)
 
     def step(k=1, ban=False):
-        tokens = rng.integers(4, cfg["vocab_size"], st.rows).astype(np.int64)
+        tokens = rng.integers(4, cfg.vocab_size, st.rows).astype(np.int64)
         got, want = be.step(st, tokens, k, ban), ref.step(rst, tokens, k, ban)
         np.testing.assert_allclose(got[0], want[0], atol=1e-4)
 
@@ -195,7 +197,7 @@ def test_cpu_step_sessions_keep_layer_norm_unfused(tiny_artifact_dir, monkeypatc
     with be.only_step_graph(contract.STEP_FILE):
         be._session_for(1)
     be._encoder_for(1)
-    files = sorted({p.rsplit("/", 1)[-1] for p, _ in made})
+    files = sorted({os.path.basename(os.path.realpath(p)) for p, _ in made})  # the files the artifact holds open
     assert files == ["decoder_step.onnx", "decoder_step.ort.onnx", "encoder.onnx"]
     assert all(d == ["SkipLayerNormFusion"] for _, d in made), made
 
@@ -208,11 +210,11 @@ def test_one_thread_budget_has_one_step_session(tiny_artifact_dir):
 def _bound_step(session, cfg, rows, cache, pos, seed):
     """One run of the ORT step graph with present_* bound onto the past_* buffers (as the backend does)."""
     rng = np.random.default_rng(seed)
-    n, h, dh, s = cfg["decoder_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"], 5
+    n, h, dh, s = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads, 5
     names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
-    feeds = {"tokens": rng.integers(4, cfg["vocab_size"], rows), "positions": np.full(rows, pos, np.int64),
+    feeds = {"tokens": rng.integers(4, cfg.vocab_size, rows), "positions": np.full(rows, pos, np.int64),
              "src_lengths": np.array([s, 2, 1][:rows], np.int64),
-             "topk_k": np.array([2], np.int64), "topk_bias": np.zeros(cfg["vocab_size"], np.float32)}
+             "topk_k": np.array([2], np.int64), "topk_bias": np.zeros(cfg.vocab_size, np.float32)}
     for nm in names:
         feeds[f"cross_{nm}"] = rng.normal(0, 1, (rows, h, s, dh)).astype(np.float32)
     b = session.io_binding()
@@ -221,7 +223,7 @@ def _bound_step(session, cfg, rows, cache, pos, seed):
     for i, nm in enumerate(names):
         b.bind_input(f"past_{nm}", "cpu", 0, np.float32, list(cache[i].shape), cache[i].ctypes.data)
         b.bind_output(f"present_{nm}", "cpu", 0, np.float32, list(cache[i].shape), cache[i].ctypes.data)
-    lp = np.empty((rows, cfg["vocab_size"]), np.float32)
+    lp = np.empty((rows, cfg.vocab_size), np.float32)
     b.bind_output("log_probs", "cpu", 0, np.float32, list(lp.shape), lp.ctypes.data)
     session.run_with_iobinding(b)
     plain = dict(zip([o.name for o in session.get_outputs()], session.run(None, {**feeds, **{
@@ -237,8 +239,8 @@ def test_fused_step_writes_only_its_slot_in_place(tiny_artifact_dir, pos):
     assert be.fused
     cfg = be.config
     rows, cap = 3, 7
-    cache = np.random.default_rng(pos).normal(0, 1, (2 * cfg["decoder_layers"], rows, cfg["n_heads"], cap,
-                                                       cfg["d_model"] // cfg["n_heads"])).astype(np.float32)
+    cache = np.random.default_rng(pos).normal(0, 1, (2 * cfg.decoder_layers, rows, cfg.n_heads, cap,
+                                                       cfg.d_model // cfg.n_heads)).astype(np.float32)
     before = cache.copy()
     lp, plain, names = _bound_step(be.decoder, cfg, rows, cache, pos, seed=pos)
     others = [j for j in range(cap) if j != pos]
@@ -353,7 +355,7 @@ def test_fused_graph_reads_each_sources_cross_kv_once_for_its_beams(tiny_artifac
     runs = {}
     for be in (fused, plain):
         state = be.begin(be.encode(src, lens), np.arange(3), 6)
-        out = [be.step_log_probs(state, np.full(3, be.config["bos_id"]))]
+        out = [be.step_log_probs(state, np.full(3, be.config.bos_id))]
         cross_rows = []
         for rows in (np.repeat(np.arange(3), 2), np.array([0, 0, 1, 2, 2, 2])):  # beams, then uneven blocks
             be.reorder(state, rows, rows)
@@ -376,7 +378,7 @@ def test_row_sources_changed_in_place_and_bad_indices(tiny_artifact_dir, tiny_mo
     states = [b.begin(b.encode(src, lens), np.arange(3), 4) for b in (be, ref)]
     row_src = np.array([0, 1, 2])
     for b, st in zip((be, ref), states, strict=True):
-        b.step_log_probs(st, np.full(3, be.config["bos_id"]))
+        b.step_log_probs(st, np.full(3, be.config.bos_id))
         b.reorder(st, np.arange(3), row_src)
     row_src[:] = [2, 1, 0]  # the same array, other contents
     out = []
@@ -568,7 +570,7 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
     first, second = made
     assert first.stream != second.stream and Cuda.current == "default"
     assert (first.device, second.device, streams) == ("cuda:0", "cuda:1", ["cuda:0", "cuda:1"])
-    with pytest.raises(orb.BackendUnavailable, match="--device cuda:2: there are 2 CUDA GPUs"):
+    with pytest.raises(orb.BackendUnavailable, match="device cuda:2: there are 2 CUDA GPUs"):
         ort_memory.TorchCudaMemory("fp32", 2)
     cache = first.zeros((2, 3))
     first.empty((4,), np.float32)
@@ -585,9 +587,10 @@ def test_gpu_provider_options_name_the_backends_gpu_and_stream(tiny_artifact_dir
     per graph and engine cache; a user's options override them."""
     import types
 
+
     be = object.__new__(orb.OnnxRuntimeBackend)
-    be.manifest = read_manifest(tiny_artifact_dir)
-    be.config, be.precision, be.device_index = be.manifest["model"], "fp32", 1
+    be.artifact = Artifact.load(tiny_artifact_dir)
+    be.config, be.precision, be.device_index = be.artifact.config, "fp32", 1
     be._mem = types.SimpleNamespace(stream=types.SimpleNamespace(cuda_stream=1234))
     assert be._provider_options("cpu", {"x": 1}) == ({"x": 1}, {"x": 1})
     enc, dec = be._provider_options("cuda", {"CUDAExecutionProvider": {"use_tf32": "1", "arena_extend_strategy": "x"}})
@@ -598,7 +601,7 @@ def test_gpu_provider_options_name_the_backends_gpu_and_stream(tiny_artifact_dir
     trt_enc, trt_dec = enc["TensorrtExecutionProvider"], dec["TensorrtExecutionProvider"]
     assert trt_enc["device_id"] == trt_dec["device_id"] == "1" and trt_enc["user_compute_stream"] == "1234"
     assert "src_ids" in trt_enc["trt_profile_min_shapes"] and "past_key_0" in trt_dec["trt_profile_max_shapes"]
-    assert trt_enc["trt_engine_cache_path"].endswith(be.manifest["files"][contract.STEP_FILE]["sha256"][:16])
+    assert trt_enc["trt_engine_cache_path"].endswith(be.artifact.manifest["files"][contract.STEP_FILE]["sha256"][:16])
     be.precision = "fp16"
     assert "use_tf32" not in be._provider_options("cuda", {})[0]["CUDAExecutionProvider"]
 
@@ -681,7 +684,7 @@ def test_load_time_calibration_with_few_positions(tiny_tokenizer, tmp_path_facto
 def test_parts_at_threads_0_follow_the_cpus_this_process_may_use(tiny_artifact_dir, monkeypatch):
     """threads=0 (the CLI's default: all of them) gets one part per CPU of the process's affinity mask, not of the
     machine: under `taskset -c 0` a batch is decoded whole."""
-    from transduce.runtime.backends import base
+    from transduce.runtime import devices as base
 
     monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {3}, raising=False)
     assert base.usable_cpus() == 1

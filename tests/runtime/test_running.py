@@ -20,10 +20,10 @@ OPTIONS = [DecodingOptions(beam_size=1, max_len_b=12),
 
 def _batch(cfg: dict, lengths: list[int], rng) -> tuple[np.ndarray, np.ndarray]:
     """A padded batch of random sources of these lengths (EOS included)."""
-    src = np.full((len(lengths), max(lengths)), cfg["pad_id"], np.int64)
+    src = np.full((len(lengths), max(lengths)), cfg.pad_id, np.int64)
     for i, n in enumerate(lengths):
-        src[i, : n - 1] = rng.integers(4, cfg["vocab_size"], n - 1)
-        src[i, n - 1] = cfg["eos_id"]
+        src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
+        src[i, n - 1] = cfg.eos_id
     return src, np.array(lengths, np.int64)
 
 
@@ -92,7 +92,7 @@ def test_interleaved_requests_decode_as_each_sentence_alone(backend):
     each sentence's hypotheses are those of decoding it alone (tokens identical, scores within 1e-5)."""
     cfg = backend.config
     requests = _requests(cfg)
-    got, most = _interleaved(backend, requests, capacity=cfg["max_positions"])
+    got, most = _interleaved(backend, requests, capacity=cfg.max_positions)
     assert most > 8  # many sentences really ran side by side
     for (_, src, lens, opts), results in zip(requests, got, strict=True):
         assert len(results) == len(lens)
@@ -118,7 +118,7 @@ def test_rows_are_retired_as_sentences_finish_and_freed_on_cancel(tiny_model):
     backend = TorchBackend(tiny_model)
     cfg = backend.config
     rng = np.random.default_rng(2)
-    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
     short = batch.admit(*_batch(cfg, [3, 4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=2))
     long = batch.admit(*_batch(cfg, [6], rng), DecodingOptions(beam_size=3, max_len_a=0, max_len_b=30,
                                                                min_length=31))
@@ -153,15 +153,17 @@ def test_what_does_not_fit_is_refused_not_truncated(tiny_model):
 
 
 def test_a_backend_without_admit_decodes_from_empty_only(tiny_model):
-    from transduce.runtime.backends.base import Backend
+    from transduce.runtime.backends.base import AdmitsRows
 
     class NoAdmit(TorchBackend):
-        admit = Backend.admit  # the protocol's default: cannot
+        admit = None  # as a backend without the AdmitsRows capability
+
+    assert not isinstance(NoAdmit(tiny_model), AdmitsRows)
 
     backend = NoAdmit(tiny_model)
     cfg = backend.config
     rng = np.random.default_rng(6)
-    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
     assert batch.can_admit()
     first = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_b=3))
     assert not batch.can_admit()
@@ -180,7 +182,7 @@ def test_a_cohort_whose_search_fails_leaves_and_the_others_go_on(tiny_model):
     rng = np.random.default_rng(8)
     good_src, good_lens = _batch(cfg, [5, 7], rng)
     good_opts = DecodingOptions(beam_size=2, max_len_b=6)
-    batch = RunningBatch(backend, capacity=cfg["max_positions"])
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
     bad = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=3, length_penalty=1e300))
     good = batch.admit(good_src, good_lens, good_opts)
     got, failed = {}, []

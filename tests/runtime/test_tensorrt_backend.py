@@ -277,7 +277,7 @@ def test_reorders_move_rows_within_one_cache(wide, batch, reference, device):
     assert odd.data_ptr() % 256 == 0
     assert [t.data_ptr() - odd.data_ptr() for t in odd.unbind(0)] == [0, 2048, 4096]
     assert all(t.is_contiguous() for t in odd.unbind(0)) and not odd.any()
-    tokens = np.full(4, b.config["bos_id"], np.int64)
+    tokens = np.full(4, b.config.bos_id, np.int64)
     for keep in (None, np.array([3, 0, 0, 2]), np.array([1, 1, 3]), None):
         if keep is not None:
             b.reorder(sb, keep, rows[keep])
@@ -295,15 +295,15 @@ def test_step_bans_pad_bos_and_eos(wide, batch, device):
     b = _backend(wide, device)
     cfg = b.config
     state = b.begin(b.encode(src[:2], lens[:2]), np.arange(2), 4)
-    vals, ids = b.step(state, np.full(2, cfg["bos_id"]), k=cfg["vocab_size"], ban_eos=True)
-    assert ids.dtype == np.int64 and vals.dtype == np.float32 and ids.shape == (2, cfg["vocab_size"])
+    vals, ids = b.step(state, np.full(2, cfg.bos_id), k=cfg.vocab_size, ban_eos=True)
+    assert ids.dtype == np.int64 and vals.dtype == np.float32 and ids.shape == (2, cfg.vocab_size)
     for row_ids, row_vals in zip(ids, vals, strict=True):
-        banned = {cfg["pad_id"], cfg["bos_id"], cfg["eos_id"]}
+        banned = {cfg.pad_id, cfg.bos_id, cfg.eos_id}
         assert set(row_ids[-3:]) == banned and np.isneginf(row_vals[-3:]).all()
         assert np.all(np.diff(row_vals[:-3]) <= 0)
     _, ids = b.step(state, ids[:, 0], k=3)
-    assert (cfg["eos_id"] not in {cfg["pad_id"], cfg["bos_id"]}
-            and not ({cfg["pad_id"], cfg["bos_id"]} & set(ids.ravel())))
+    assert (cfg.eos_id not in {cfg.pad_id, cfg.bos_id}
+            and not ({cfg.pad_id, cfg.bos_id} & set(ids.ravel())))
     with pytest.raises(IndexError, match="capacity 4 exhausted"):
         for _ in range(3):
             b.step(state, ids[:, 0], k=1)
@@ -334,7 +334,7 @@ def test_an_output_shape_tensorrt_disagrees_with_is_refused_every_time(narrow, m
         with pytest.raises(EngineError, match="TensorRT computes memory as"):
             b.encode(src, lens)
     monkeypatch.setattr(fake.IExecutionContext, "get_tensor_shape", real)
-    assert b.encoder_outputs(b.encode(src, lens))["memory"].shape[-1] == b.config["d_model"]
+    assert b.encoder_outputs(b.encode(src, lens))["memory"].shape[-1] == b.config.d_model
 
 
 def test_engine_refusals_reach_the_backend(tmp_path_factory, artifact):
@@ -353,7 +353,7 @@ def test_translator_over_an_engine_dir(wide, tiny_tokenizer, small_corpus, tiny_
     from transduce.runtime.translator import Translator
 
     b = _backend(wide)
-    assert b.artifact_dir == wide and os.path.isfile(os.path.join(b.artifact_dir, "tokenizer.json"))
+    assert b.artifact.path == wide and b.artifact.lists("tokenizer.json")  # the engine directory's copy
     _, valid = small_corpus
     sources = [s for s, _ in valid[:5]]
     got = Translator(b, tiny_tokenizer).translate(sources, beam_size=2, max_len_b=20)

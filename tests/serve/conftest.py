@@ -90,7 +90,7 @@ def server(long_artifact_dir, tmp_path_factory):
     key = tmp / "key"
     key.write_text(KEY + "\n")
     s = Server(long_artifact_dir, tmp, "--api-key-file", str(key), "--max-queue", "4", "--max-rows", "64",
-               "--max-sentences", "8", "--max-body-bytes", "4096", "--beam", "2")
+               "--max-sentences", "8", "--max-body-bytes", "4096", "--default-beam-size", "2")
     try:
         s.wait_ready(headers={"Authorization": f"Bearer {KEY}"})
         yield s

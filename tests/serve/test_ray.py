@@ -22,6 +22,7 @@ TEXTS = ["one two three", "four hundred and five", "twelve", "seven thousand and
 
 @pytest.fixture(scope="module")
 def ray_url(tiny_artifact_dir, tmp_path_factory):
+    from transduce.runtime.spec import BackendSpec
     from transduce.serve.ray import build_app
     from transduce.serve.service import ServiceOptions
 
@@ -35,7 +36,7 @@ def ray_url(tiny_artifact_dir, tmp_path_factory):
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(tiny_artifact_dir, threads=1, replicas=2, num_cpus=0.5,
+        serve.run(build_app(tiny_artifact_dir, BackendSpec(threads=1), replicas=2, num_cpus=0.5,
                             options=ServiceOptions(default_beam_size=2), api_key_file=str(key)),
                   name="transduce", route_prefix="/")
         yield f"http://127.0.0.1:{port}"

@@ -64,8 +64,9 @@ def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_
 
 
 def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir):
+    from transduce.runtime.spec import BackendSpec
     from transduce.serve.server import build_service
 
-    service, ident = build_service(tiny_artifact_dir, "torch", threads=1, backend_options={"precision": "bf16"})
+    service, ident = build_service(tiny_artifact_dir, BackendSpec("torch", threads=1, precision="bf16"))
     service.stop()
     assert (ident["backend"], ident["precision"], ident["cuda_graph"]) == ("torch", "bf16", False)

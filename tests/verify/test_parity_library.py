@@ -16,6 +16,7 @@ from transduce.cli import main
 from transduce.errors import ArtifactError, InputError
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodeResult, DecodingOptions, Hypothesis, decode
+from transduce.runtime.spec import BackendSpec
 from transduce.verify.parity import (
     ParityReport,
     _compare_sequences,
@@ -118,7 +119,7 @@ def test_beam_divergences_are_judged_by_the_references_sequence_scores(reference
     hypotheses' scores as the search computed them (the reference model re-scores both); near-tie or bug by
     tie_margin; a candidate better by the reference's own score is explained, and so is one that parts from
     the reference's at a near-tie (the step's log-prob gap within tie_margin), whatever the gap at the end."""
-    eos = reference.config["eos_id"]
+    eos = reference.config.eos_id
     judged = 0
     for src in _sources(tiny_tokenizer, ["three hundred and two", "seven", "forty-one thousand"], eos):
         (r,) = decode(reference, src[None], np.array([len(src)]), options)
@@ -131,7 +132,7 @@ def test_beam_divergences_are_judged_by_the_references_sequence_scores(reference
         step = next((j for j, (x, y) in enumerate(zip(best.tokens, second.tokens, strict=False)) if x != y),
                     min(len(best.tokens), len(second.tokens)))
         token = [t[step] if step < len(t) else None for t in (best.tokens, second.tokens)]
-        branch = abs(_margin(reference, src, len(src), best.tokens[:step], *token, reference.config["bos_id"], eos))
+        branch = abs(_margin(reference, src, len(src), best.tokens[:step], *token, reference.config.bos_id, eos))
         cases = [(gap + 1e-3, True, "sequence", gap), (min(gap, branch) / 2, False, "sequence", gap)]
         if branch < gap:  # a near-tie where the two branch explains a larger gap at the end
             cases.append(((branch + gap) / 2, True, "step", branch))
@@ -152,12 +153,12 @@ def test_beam_divergences_are_judged_by_the_references_sequence_scores(reference
 
 
 def test_greedy_divergences_are_judged_at_their_step(reference, tiny_tokenizer):
-    eos = reference.config["eos_id"]
+    eos = reference.config.eos_id
     (src,) = _sources(tiny_tokenizer, ["three hundred and two"], eos)
     (r,) = decode(reference, src[None], np.array([len(src)]), DecodingOptions(beam_size=1))
     tokens = r.best.tokens
     assert len(tokens) >= 2
-    other = (tokens[0], (tokens[1] + 1) % reference.config["vocab_size"])
+    other = (tokens[0], (tokens[1] + 1) % reference.config.vocab_size)
     cand = DecodeResult((_hyp(other, -1.0),))
     check = _compare_sequences("greedy", reference, [(src, len(src))], [r], [cand], POLICIES["fp32"], reference.config,
                                None, [7])
@@ -216,7 +217,7 @@ def test_the_manifests_quantization_claim_is_checked(tiny_artifact_dir, tiny_mod
     claimed = edited_copy(tiny_artifact_dir, "claimed", "manifest.json",
                           lambda m: m.update(quantization={"method": "int8"}))
     with pytest.raises(ArtifactError, match="says int8 quantization, but encoder.onnx has no quantized operator"):
-        parity_for_artifact(str(claimed), model_dir=tiny_model_dir, sentences=2)
+        parity_for_artifact(str(claimed), BackendSpec(model_dir=tiny_model_dir), sentences=2)
     unknown = edited_copy(tiny_artifact_dir, "unknown", "manifest.json",
                           lambda m: m.update(quantization={"method": "int4"}))
     r = CliRunner().invoke(main, ["parity", str(unknown), "--model", tiny_model_dir, "-n", "2"])

@@ -10,11 +10,13 @@ from transduce.bench.ctranslate2.settings import CT2_SETTINGS, DEFAULT_CT2_SETTI
 from transduce.bench.models import SIZES
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
+from transduce.runtime.backends.registry import PRECISIONS
+from transduce.runtime.spec import BackendSpec
 
-# eager PyTorch on CUDA: "torch-cuda", with CUDA graphs "torch-cuda-graph", each at fp32 or with a precision suffix
-TORCH_CUDA_PRECISIONS = ("fp32", "fp16", "bf16")
-TORCH_CUDA_SYSTEMS = tuple(f"torch-cuda{g}{'' if p == 'fp32' else '-' + p}"
-                           for g in ("", "-graph") for p in TORCH_CUDA_PRECISIONS)
+# eager PyTorch on CUDA: "torch-cuda", with CUDA graphs "torch-cuda-graph", each at fp32 or with a precision suffix:
+# the names of their BackendSpecs (BackendSpec.name)
+TORCH_CUDA_SYSTEMS = tuple(BackendSpec("torch", device="cuda", cuda_graph=g, precision=p).name
+                           for g in (False, True) for p in PRECISIONS)
 OUR_BACKENDS = ("torch", *TORCH_CUDA_SYSTEMS, "onnxruntime", "tensorrt")
 # on the GPU (skipped with the reason where CUDA is missing): CTranslate2 runs on the CPU here, so these get no
 # ratio to it and no CPU floor (the torch-cuda ones get the GPU's floor at their precision)
@@ -78,11 +80,6 @@ class BenchConfig:
             except ValueError:
                 problems.append(f"unknown mode {m!r} (greedy, or beamN such as beam4)")
         for b in self.backends:
-            try:
-                torch_cuda_system(b)
-            except TransduceError as e:
-                problems.append(e.args[0])
-                continue
             if b not in OUR_BACKENDS + ("ctranslate2",):
                 problems.append(f"unknown backend {b!r} ({', '.join(OUR_BACKENDS + ('ctranslate2',))})")
         for size in self.sizes:
@@ -146,15 +143,8 @@ def quantized_system(name: str) -> str | None:
     return tail if head == "onnxruntime" and tail in QUANTIZE_METHODS else None
 
 
-def torch_cuda_system(name: str) -> tuple[bool, str] | None:
-    """What a torch-cuda system name asks for: "torch-cuda-graph-fp16" -> (cuda_graph True, "fp16"),
-    "torch-cuda" -> (False, "fp32"); None for a name outside the torch-cuda family; a TransduceError for a
-    torch-cuda name this bench does not know (a misspelt precision would otherwise be "an unknown backend")."""
-    if name != "torch-cuda" and not name.startswith("torch-cuda-"):
-        return None
-    if name not in TORCH_CUDA_SYSTEMS:
-        raise TransduceError(f"unknown torch-cuda system {name!r} (valid: {', '.join(TORCH_CUDA_SYSTEMS)})",
-                             hint="torch-cuda[-graph][-fp16|-bf16]: eager PyTorch on CUDA, with CUDA graphs, at "
-                                  "fp32 unless a precision is named")
-    last = name.rsplit("-", 1)[1]
-    return name.startswith("torch-cuda-graph"), last if last in TORCH_CUDA_PRECISIONS else "fp32"
+def system_spec(name: str, **given) -> BackendSpec:
+    """The BackendSpec one of our systems stands for ("torch-cuda-graph-fp16": torch on CUDA, CUDA graphs, fp16);
+    its other fields from `given` (threads, model_dir). A quantized row is the onnxruntime system on its own
+    export (quantized_system)."""
+    return BackendSpec.from_name("onnxruntime" if quantized_system(name) else name, **given)

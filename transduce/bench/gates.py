@@ -38,7 +38,7 @@ def held_out_sources(prepared, n: int) -> list[list[int]]:
 
     pairs = held_out_pairs(prepared, n)
     tok = load_tokenizer(prepared.model_dir)
-    limit = prepared.config["max_positions"] - 1
+    limit = prepared.config.max_positions - 1
     return [ids for ids in (tok.encode(src)[:limit] for src, _ in pairs) if ids]
 
 

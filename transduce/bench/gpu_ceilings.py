@@ -106,14 +106,13 @@ def gpu_floor(cfg: dict[str, Any], gpu: GpuCeilings, precision: str, batch: int,
 def timed_gpu_precisions(result: dict[str, Any]) -> list[str]:
     """The precisions of the GPU systems that loaded in any size (fp32 for TensorRT, whose engine's precision
     the bench does not know: it gets the ceilings, not a floor); [] where no GPU system ran."""
-    from transduce.bench.config import GPU_SYSTEMS, torch_cuda_system
+    from transduce.bench.config import GPU_SYSTEMS, system_spec
 
     found = []
     for s in result["sizes"]:
         for name, info in s["systems"].items():
             if name in GPU_SYSTEMS and info.get("status") == "ok":
-                parsed = torch_cuda_system(name)
-                found.append(parsed[1] if parsed else "fp32")
+                found.append(system_spec(name).precision or "fp32")
     return sorted(set(found), key=list(BYTES_PER_ELEMENT).index)
 
 

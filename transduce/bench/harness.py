@@ -230,7 +230,7 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
                        quantize=[q for q in cfg.quantize if size == "demo" or gates.get(q, {}).get("passed")])
     entry: dict[str, Any] = {
         "size": size,
-        "model": {"description": prepared.description, "trained": prepared.trained, "config": prepared.config,
+        "model": {"description": prepared.description, "trained": prepared.trained, "config": prepared.config.to_dict(),
                   "model_dir": prepared.model_dir, "artifact_dir": prepared.artifact_dir,
                   "ct2_dir": prepared.ct2_dir, "notes": prepared.notes},
         "systems": {}, "checks": [], "cells": [], "quality_gates": {},

@@ -25,6 +25,7 @@ from typing import Any
 
 from transduce.errors import TransduceError
 from transduce.formats.artifact import quantization, read_manifest
+from transduce.formats.model_config import ModelConfig
 
 DEMO_MODEL_DIR = os.path.join("runs", "demo", "model")
 BASE_VOCAB = 8000
@@ -38,7 +39,7 @@ class PreparedModel:
     model_dir: str
     artifact_dir: str
     ct2_dir: str | None  # None when ctranslate2 is not installed, or its converter refused the model
-    config: dict[str, Any]
+    config: ModelConfig
     description: str
     trained: bool  # False for seeded random weights
     notes: list[str] = field(default_factory=list)
@@ -257,7 +258,7 @@ def prepare(size: str, cache_dir: str, model_dir: str | None = None, with_ct2: b
     else:
         raise TransduceError(f"unknown model size {size!r}",
                              hint=f"choose from {', '.join(SIZES)} (or give --model-dir)")
-    cfg = model_config(model_dir).to_dict()  # every field, defaults filled in
+    cfg = model_config(model_dir)  # every field, defaults filled in
     candidates = ([artifact_dir] if artifact_dir else []) + [
         os.path.join(os.path.dirname(os.path.abspath(model_dir)), "artifact"), os.path.join(root, "artifact")]
     artifact = ensure_artifact(model_dir, candidates, log=log)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from transduce.bench.config import torch_cuda_system
+from transduce.bench.config import TORCH_CUDA_SYSTEMS, system_spec
 
 
 def gpu_ceilings_section(g: dict[str, Any]) -> list[str]:
@@ -32,8 +33,7 @@ def gpu_ceilings_section(g: dict[str, Any]) -> list[str]:
 
 def precision_of(name: str) -> str | None:
     """The precision of a torch-cuda system ("torch-cuda-graph-fp16" -> "fp16"); None for any other system."""
-    parsed = torch_cuda_system(name)
-    return parsed[1] if parsed else None
+    return (system_spec(name).precision or "fp32") if name in TORCH_CUDA_SYSTEMS else None
 
 
 def gpu_row_floor(c: dict[str, Any], name: str) -> float | None:
@@ -67,14 +67,14 @@ def graph_speedup_table(cells: list[dict[str, Any]]) -> list[str]:
     rows = []
     for c in cells:
         for name, x in c["systems"].items():
-            parsed = torch_cuda_system(name)
-            if not parsed or not parsed[0]:
+            spec = system_spec(name) if name in TORCH_CUDA_SYSTEMS else None
+            if spec is None or not spec.cuda_graph:
                 continue
-            eager = name.replace("-graph", "")
+            eager = dataclasses.replace(spec, cuda_graph=False).name
             graph_ms, eager_ms = _step_ms(x), _step_ms(c["systems"].get(eager, {}))
             if graph_ms is None or eager_ms is None:
                 continue
-            floor = (c.get("gpu_floors") or {}).get(parsed[1])
+            floor = (c.get("gpu_floors") or {}).get(spec.precision or "fp32")
             over = f"{graph_ms / (floor['step_seconds'] * 1e3):.1f}×" if floor else "–"
             rows.append(f"| {c['mode']} | {c['batch']} | {name} | {eager_ms:.3f} | {graph_ms:.3f} | "
                         f"{eager_ms / graph_ms:.1f}× | {over} |")

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from transduce.runtime.backends.base import Tuned
+
 MAX_CALLS = 25  # decode calls per measurement, at most (see the protocol above)
 
 
@@ -83,59 +85,46 @@ def ort_info(tuning: dict[str, Any], threads: int) -> dict[str, Any]:
             "step_graph": tuning["step_graph"], "pool_spin_us": tuning["pool_spin_us"]}
 
 
-def _torch_cuda_options(cuda_graph: bool, precision: str) -> dict[str, Any]:
-    """make_backend's options for a torch-cuda system (runtime.api.backend_options, as the CLI's flags give
-    them), fp32 left as the torch backend's default. A machine without CUDA is refused here, before any
-    option, so every torch-cuda system is skipped for the same reason."""
-    from transduce.errors import BackendUnavailable
-    from transduce.runtime.api import backend_options
-    from transduce.runtime.devices import torch_device
-
-    torch_device("cuda", unavailable=BackendUnavailable)  # the torch backend's own check and words
-    return backend_options("torch", cuda_graph, None if precision == "fp32" else precision)
-
-
 class _Ours:
-    """A transduce backend, driven by transduce.runtime.decoding."""
+    """A transduce backend (the BackendSpec its system name stands for), driven by transduce.runtime.decoding."""
 
     def __init__(self, system: str, path: str, model_dir: str | None, threads: int):
-        from transduce.bench.config import torch_cuda_system
+        from transduce.bench.config import system_spec
+        from transduce.runtime.api import open_backend
 
-        on_cuda = torch_cuda_system(system)  # (cuda_graph, precision) for the torch-cuda family, else None
-        self.cuda = on_cuda is not None or system == "tensorrt"  # device work to wait for before reading a clock
-        if system.startswith("torch"):
+        spec = system_spec(system, threads=threads, model_dir=model_dir)
+        on_gpu = spec.device.startswith("cuda") or spec.backend == "tensorrt"
+        self.cuda = on_gpu  # device work to wait for before reading a clock
+        if spec.backend == "torch":
             import torch
 
             torch.set_num_threads(threads)
-        from transduce.runtime.api import make_backend
+            if spec.device.startswith("cuda"):  # the torch backend's own check and words, before anything loads
+                from transduce.errors import BackendUnavailable
+                from transduce.runtime.devices import torch_device
 
-        backend, device, options = system, "cpu", {}
-        if on_cuda is not None:
-            backend, device = "torch", "cuda"
-            options = _torch_cuda_options(*on_cuda)
-        self.backend = make_backend(path, backend=backend, device=device, threads=threads, model_dir=model_dir,
-                                    **options)
+                torch_device(spec.device, unavailable=BackendUnavailable)
+        self.backend = open_backend(path, spec)
         self.cfg = self.backend.config
         self.info: dict[str, Any] = {"threads": threads}
-        if system.startswith("torch"):
+        if spec.backend == "torch":
             import torch
 
             self.info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
-            if on_cuda is not None:
+            if spec.device.startswith("cuda"):
                 self.info.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(self.backend.device),
-                                 cuda_graph=on_cuda[0], precision=on_cuda[1])
-                tuning = getattr(self.backend, "tuning", None)
-                if tuning is not None:  # JSON-safe: a value json cannot write would fail the whole load reply
-                    self.info["tuning"] = json.loads(json.dumps(tuning(), default=str))
-        elif system == "onnxruntime":
+                                 cuda_graph=spec.cuda_graph, precision=self.backend.precision)
+                if isinstance(self.backend, Tuned):  # JSON-safe: a value json cannot write would fail the reply
+                    self.info["tuning"] = json.loads(json.dumps(self.backend.tuning(), default=str))
+        elif spec.backend == "onnxruntime":
             import onnxruntime
 
             self.info.update(onnxruntime=onnxruntime.__version__, **ort_info(self.backend.tuning(), threads))
 
     def _batch(self, src: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        from transduce.bench.inputs import padded_sources
+        from transduce.runtime.decoding.batch import pad_ids
 
-        return padded_sources(src, self.cfg["pad_id"], self.cfg["eos_id"])
+        return pad_ids(src, self.cfg.pad_id, end=self.cfg.eos_id)
 
     def decode(self, src, beam: int, steps: int) -> dict[str, Any]:
         from transduce.runtime.decoding import DecodingOptions, decode
@@ -166,7 +155,7 @@ class _Ours:
         k = 1 if beam == 1 else 2 * beam
         times = []
         for _ in range(steps):
-            tokens = rng.integers(4, self.cfg["vocab_size"], size=b * beam, dtype=np.int64)
+            tokens = rng.integers(4, self.cfg.vocab_size, size=b * beam, dtype=np.int64)
             t = time.perf_counter()
             be.step(state, tokens, k)
             times.append(time.perf_counter() - t)

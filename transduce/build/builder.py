@@ -47,7 +47,7 @@ from typing import Any
 
 from transduce.build.progress import make_progress_monitor
 from transduce.errors import BackendUnavailable, EngineError, TransduceError
-from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
+from transduce.formats.artifact import Artifact
 from transduce.formats.contract import io_mismatches
 from transduce.formats.dtypes import tensorrt_type
 from transduce.formats.engine import (
@@ -180,13 +180,13 @@ def _read_timing_cache(path: str | None, log: Log) -> bytes:
     return data
 
 
-def _link_or_copy(src: str, dst: str) -> str:
-    try:
-        os.link(src, dst)
+def _link_or_copy(artifact: Artifact, name: str, dst: str) -> str:
+    """The artifact's file `name` as it was checked (held open) into the engine directory: hard-linked where it
+    can be, else copied."""
+    if artifact.files.link(name, dst):
         return "link"
-    except OSError:
-        shutil.copy2(src, dst)
-        return "copy"
+    shutil.copyfile(artifact.file(name), dst)
+    return "copy"
 
 
 def _tool_versions(trt) -> dict[str, str]:
@@ -265,19 +265,20 @@ def _check_build_options(workspace_gb: float, timing_cache: str | os.PathLike | 
     return timing_cache
 
 
-def _build_graph(trt, builder, logger: TrtLog, cache: _TimingCache, artifact_dir: str, manifest: dict[str, Any],
-                 graph: str, plan: EnginePlan, out: str, workspace_gb: float, tf32: bool, progress: bool,
-                 log: Log, keep_alive: list) -> dict[str, Any]:
+def _build_graph(trt, builder, logger: TrtLog, cache: _TimingCache, artifact: Artifact, graph: str,
+                 plan: EnginePlan, out: str, workspace_gb: float, tf32: bool, progress: bool, log: Log,
+                 keep_alive: list) -> dict[str, Any]:
     """Parse, check and build one graph of the artifact into its plan file in `out`; -> its engine.json record.
     The network and parser go into `keep_alive`: they own the weights until every build is done."""
-    config, precision = manifest["model"], manifest["precision"]
+    config, precision = artifact.config, artifact.precision
     onnx_name, plan_name = GRAPHS[graph]
-    onnx_path = os.path.join(artifact_dir, onnx_name)
+    onnx_path = artifact.files.display(onnx_name)
     network = builder.create_network(_network_flags(trt))
     parser = trt.OnnxParser(network, logger.ilogger)
     keep_alive += [network, parser]
     log(f"{graph}: parsing {onnx_name}")
-    if not parser.parse_from_file(onnx_path):
+    # within the directory the artifact's checks read (held open), where the parser finds external weights too
+    if not parser.parse_from_file(os.path.join(artifact.files.directory_path(), onnx_name)):
         errors = parser_errors(parser) or [logger.recent() or "no error reported"]
         raise EngineError(f"TensorRT's ONNX parser rejected {onnx_path} ({len(errors)} error(s)):\n  "
                           + "\n  ".join(errors),
@@ -289,7 +290,7 @@ def _build_graph(trt, builder, logger: TrtLog, cache: _TimingCache, artifact_dir
                               ordered=False)
     if problems:
         raise EngineError(f"{onnx_path} does not follow the IO contract as TensorRT parses it: "
-                          + "; ".join(problems), hint=rebuild_hint(artifact_dir, manifest))
+                          + "; ".join(problems), hint=artifact.rebuild_hint())
     bconfig = builder.create_builder_config()
     bconfig.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
     if not tf32 and hasattr(trt.BuilderFlag, "TF32"):
@@ -325,7 +326,7 @@ def _build_graph(trt, builder, logger: TrtLog, cache: _TimingCache, artifact_dir
             "profiles": len(plan.profiles(graph))}
 
 
-def _check_plans(trt, logger: TrtLog, out: str, manifest: dict[str, Any], plan: EnginePlan) -> None:
+def _check_plans(trt, logger: TrtLog, out: str, artifact: Artifact, plan: EnginePlan) -> None:
     """The freshly built plans must load and match the contract and profiles before they replace anything."""
     runtime = trt.Runtime(logger.ilogger)
     for graph, (_, plan_name) in GRAPHS.items():
@@ -334,7 +335,7 @@ def _check_plans(trt, logger: TrtLog, out: str, manifest: dict[str, Any], plan: 
         if engine is None:
             raise EngineError(f"the freshly built {plan_name} does not deserialize: "
                               f"{logger.recent() or 'no error reported'}")
-        problems = check_engine(trt, engine, graph, manifest["model"], manifest["precision"], plan.profiles(graph))
+        problems = check_engine(trt, engine, graph, artifact.config, artifact.precision, plan.profiles(graph))
         if problems:
             raise EngineError(f"the built {plan_name} does not match the contract: " + "; ".join(problems))
         del engine
@@ -348,23 +349,25 @@ def _log_profiles(plan: EnginePlan, log: Log) -> None:
             for p in specs))
 
 
-def _write_engines(trt, gpu: dict[str, Any], logger: TrtLog, tmp: str, artifact_dir: str, manifest: dict[str, Any],
-                   plan: EnginePlan, timing_cache: str | None, workspace_gb: float, tf32: bool, progress: bool,
-                   log: Log, t_start: float) -> dict[str, Any]:
+def _write_engines(trt, gpu: dict[str, Any], logger: TrtLog, tmp: str, artifact: Artifact, plan: EnginePlan,
+                   timing_cache: str | None, workspace_gb: float, tf32: bool, progress: bool, log: Log,
+                   t_start: float) -> dict[str, Any]:
     """Build both plans into `tmp` (the new engine directory), check them, link the artifact's files beside them
     and write engine.json; -> its content."""
-    precision = manifest["precision"]
+    manifest, artifact_dir = artifact.manifest, artifact.path
+    precision = artifact.precision
     builder = trt.Builder(logger.ilogger)
     data = _read_timing_cache(timing_cache, log)
     cache = _TimingCache(timing_cache, data, loaded=bool(data))
     keep_alive: list = []
-    graphs_meta = {graph: _build_graph(trt, builder, logger, cache, artifact_dir, manifest, graph, plan, tmp,
-                                       workspace_gb, tf32, progress, log, keep_alive) for graph in GRAPHS}
+    graphs_meta = {graph: _build_graph(trt, builder, logger, cache, artifact, graph, plan, tmp, workspace_gb, tf32,
+                                       progress, log, keep_alive) for graph in GRAPHS}
     del keep_alive
     cache.save(log)
-    _check_plans(trt, logger, tmp, manifest, plan)
+    _check_plans(trt, logger, tmp, artifact, plan)
     artifact_files = [MANIFEST_FILE] + sorted(manifest["files"])
-    how = {_link_or_copy(os.path.join(artifact_dir, n), os.path.join(tmp, n)) for n in artifact_files}
+    # the files the artifact's checks read (held open), not whatever has their names now
+    how = {_link_or_copy(artifact, n, os.path.join(tmp, n)) for n in artifact_files}
     files = file_entries(tmp, artifact_files + [ENCODER_PLAN, STEP_PLAN])
     meta = engine_manifest(
         precision=precision,
@@ -403,10 +406,10 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
     artifact_dir, out_dir = os.path.abspath(os.fspath(artifact_dir)), os.path.abspath(os.fspath(out_dir))
     _check_out_path(artifact_dir, out_dir)
     with output_lock(out_dir, "the engine directory", EngineError):  # before any work: one build per --out
-        manifest = read_manifest(artifact_dir, verify_hashes=True)
-        config, precision = manifest["model"], manifest["precision"]
-        if quantization(manifest):
-            raise EngineError(f"{artifact_dir} has {quantization(manifest)} graphs for ONNX Runtime's CPU provider "
+        artifact = Artifact.load(artifact_dir, verify_hashes=True)
+        manifest, config, precision = artifact.manifest, artifact.config, artifact.precision
+        if artifact.quantization:
+            raise EngineError(f"{artifact_dir} has {artifact.quantization} graphs for ONNX Runtime's CPU provider "
                               "(transduce export --quantize); TensorRT engines are built from an unquantized export",
                               hint=f"transduce export MODEL_DIR --out OUT_DIR --precision {precision} (without "
                                    "--quantize), then build from it")
@@ -424,8 +427,8 @@ def build_engines(artifact_dir: str | os.PathLike, out_dir: str | os.PathLike, m
         _log_profiles(plan, log)
         with atomic_output(out_dir, replaces, EngineError, "the engine directory",
                            hint="choose an --out path you can write to, on a disk with space") as tmp:
-            meta = _write_engines(trt, gpu, logger, tmp, artifact_dir, manifest, plan, timing_cache, workspace_gb, tf32,
-                                  progress, log, t_start)
+            meta = _write_engines(trt, gpu, logger, tmp, artifact, plan, timing_cache, workspace_gb, tf32, progress,
+                                  log, t_start)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return meta
 

@@ -11,29 +11,11 @@ import time
 import click
 
 from transduce.cli.errors import QUIET_HELP, cli_errors, command_names, renamed, warning_text
+from transduce.cli.options import backend_options, decoding_options, renamed_option
 from transduce.errors import InputError, TruncatedInput
 from transduce.io.paths import check_output, write_error, written_in_place
-from transduce.runtime.api import BACKENDS
-
-BACKEND_CHOICE = click.Choice(BACKENDS)
-BACKEND_HELP = ("onnxruntime (an exported artifact), torch (the eager model it was exported from) or tensorrt "
-                "(an engine directory, transduce build).")
-PRECISION_HELP = ("torch only: the eager model's weights in fp32, fp16 or bf16 (softmax, LayerNorm and "
-                  "log-softmax stay fp32); other backends run the precision of their export.  [default: fp32]")
-CUDA_GRAPH_HELP = ("Replay each decoder step (and the encoder) from a captured CUDA graph: --backend torch "
-                   "--device cuda, or tensorrt.")
-
-
-def gpu_options(command):
-    """--precision and --cuda-graph, for every command that loads a backend (runtime.api.backend_options)."""
-    command = click.option("--cuda-graph", is_flag=True, help=CUDA_GRAPH_HELP)(command)
-    return click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
-                        help=PRECISION_HELP)(command)
-
 
 LOG_EVERY_S = 30.0  # stderr not a terminal (a log file, a CI job): a progress line this often
-# the library's parameters that decode names otherwise than by their own name (see cli_errors.command_names)
-DECODE_NAMES = {"beam_size": "--beam", "max_batch_tokens": "--batch-tokens"}
 
 
 def _written_over(input_path: str, output_path: str) -> bool:
@@ -141,36 +123,20 @@ class _LineWarnings:
 @click.option("--output", "old_output", default=None, hidden=True, help="Deprecated spelling of --out.")
 @click.option("--force", is_flag=True, help="Replace an existing --out file.")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
-@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE, help=BACKEND_HELP)
-@click.option("--device", default="cpu", show_default=True,
-              help="cpu, cuda or cuda:N (cuda: the first GPU for onnxruntime; tensorrt: always a GPU, "
-                   "cpu meaning the default one).")
-@click.option("--beam", default=4, show_default=True, help="Beam size (1 = greedy).")
-@click.option("--nbest", default=1, show_default=True,
-              help="Hypotheses per sentence (written as 'i ||| text ||| score').")
-@click.option("--length-penalty", default=0.6, show_default=True, help="alpha of ((5+len)/6)^alpha.")
-@click.option("--length-penalty-form", default="gnmt", show_default=True, type=click.Choice(["gnmt", "plain", "none"]),
-              help="How scores are normalised by length: gnmt ((5+len)/6)^alpha, plain len^alpha, or none.")
-@click.option("--max-len-b", default=50, show_default=True, help="Max output length = source length + this.")
-@click.option("--min-length", default=0, show_default=True,
-              help="Fewest output tokens, EOS included: EOS is not taken before (0: no minimum).")
-@click.option("--batch-tokens", default=4096, show_default=True,
-              help="Budget of rows x beam x source tokens per batch.")
-@click.option("--threads", default=0, show_default=True,
-              help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small model's larger "
-                   "batches in this many parts at the same time, one thread each.")
+@renamed_option("--max-batch-tokens", "--batch-tokens", "max_batch_tokens", default=None, type=int,
+                help="Budget of rows x beam x source tokens per batch.  [default: 4096]")
 @click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
 @click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
-@click.option("--model", "model_dir", type=click.Path(),
-              help="Model directory for --backend torch (default: the one the artifact names).")
 @click.option("--chunk-lines", default=0, show_default=True,
               help="Decode the input this many lines at a time, each part's output written as soon as it is done "
                    "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
-@gpu_options
-@cli_errors(names=DECODE_NAMES)
-def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend, device, beam, nbest, length_penalty,
-           length_penalty_form, max_len_b, min_length, batch_tokens, threads, truncate, scores, model_dir, chunk_lines,
-           precision, cuda_graph):
+@cli_errors
+@backend_options(model_help="Model directory for --backend torch (default: the one the artifact names).",
+                 threads_help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small "
+                              "model's larger batches in this many parts at the same time, one thread each.")
+@decoding_options(helps={"nbest": "Hypotheses per sentence (written as 'i ||| text ||| score')."})
+def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_batch_tokens, deprecated_max_batch_tokens,
+           truncate, scores, chunk_lines, spec, decoding):
     """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
 
     The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'); stdout holds the
@@ -181,16 +147,13 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend
     import warnings
 
     from transduce.io.text import iter_lines
-    from transduce.runtime.api import backend_options, load
-    from transduce.runtime.decoding import DecodingOptions
+    from transduce.runtime.api import load
 
-    loading = backend_options(backend, cuda_graph, precision)
     out_path = renamed(out_path, old_output, "--out", "--output")
     out_path = "-" if out_path is None else out_path
-    _check_counts(chunk_lines, threads, batch_tokens)
-    options = dict(beam_size=beam, nbest=nbest, length_penalty=length_penalty, length_penalty_form=length_penalty_form,
-                   max_len_b=max_len_b, min_length=min_length)
-    DecodingOptions(**options)  # the options' errors before any input is read (a pipe may be slow to end)
+    max_batch_tokens = renamed(max_batch_tokens, deprecated_max_batch_tokens, "--max-batch-tokens", "--batch-tokens")
+    max_batch_tokens = 4096 if max_batch_tokens is None else max_batch_tokens
+    _check_counts(chunk_lines, max_batch_tokens)
     if chunk_lines and _written_over(input_path, out_path):  # what --force could not allow is said first
         raise InputError(f"--out {out_path!r} leads to the file the input is read from: "
                          "with --chunk-lines it would be overwritten while its later lines are still to be read",
@@ -199,36 +162,33 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, backend
     lines = iter_lines(input_path, InputError)
     # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
     first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
-    translator = load(artifact_dir, backend=backend, device=device, threads=threads, model_dir=model_dir,
-                      max_batch_tokens=batch_tokens, **loading)
+    translator = load(artifact_dir, spec, max_batch_tokens=max_batch_tokens)
     part = chunk_lines or max(len(first), 1)
     progress = None if quiet else Progress(None if chunk_lines else len(first))
     finished = False
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results = translator.translate_stream(itertools.chain(first, lines), part, truncate=truncate,
-                                                  progress=progress, **options)
-            said = _LineWarnings(caught, command_names(click.get_current_context().command, DECODE_NAMES), progress)
+            results = translator.translate_stream(itertools.chain(first, lines), part, options=decoding,
+                                                  truncate=truncate, progress=progress)
+            said = _LineWarnings(caught, command_names(click.get_current_context().command), progress)
             said.flush(0)  # the options' warnings (a beam wider than the vocabulary) before decoding
             # the first part is decoded before the output is opened: an error in it (all of them, without
             # --chunk-lines) leaves a file, or what a link, FIFO or device --out leads to, as it was
             head = next(results, None)
             results = itertools.chain([] if head is None else [head], results)
-            _write_output(out_path, results, said, nbest, scores, part, progress)
+            _write_output(out_path, results, said, decoding.nbest, scores, part, progress)
         finished = True
     finally:
         if progress is not None:
             progress.close(finished)
 
 
-def _check_counts(chunk_lines: int, threads: int, batch_tokens: int) -> None:
+def _check_counts(chunk_lines: int, max_batch_tokens: int) -> None:
     if chunk_lines < 0:
         raise InputError(f"--chunk-lines must be >= 0, got {chunk_lines}", hint="0 decodes the whole input at once")
-    if threads < 0:
-        raise InputError(f"--threads must be >= 0, got {threads}", hint="0: the framework's default")
-    if batch_tokens < 1:
-        raise InputError(f"--batch-tokens must be >= 1, got {batch_tokens}",
+    if max_batch_tokens < 1:
+        raise InputError(f"--max-batch-tokens must be >= 1, got {max_batch_tokens}",
                          hint="a batch holds sentences x beam x source tokens up to this budget")
 
 

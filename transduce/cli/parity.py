@@ -6,26 +6,21 @@ import sys
 
 import click
 
-from transduce.cli.decode import BACKEND_CHOICE, BACKEND_HELP, gpu_options
 from transduce.cli.errors import QUIET_HELP, cli_errors, renamed
+from transduce.cli.options import backend_options, renamed_option
 from transduce.io.paths import check_output, write_error
 
 
 @click.command()
 @click.argument("artifact_dir", type=click.Path())
-@click.option("--model", "model_dir", type=click.Path(),
-              help="The eager reference model (default: the one the artifact names).")
 @click.option("--data", type=click.Path(),
               help="TSV of source<TAB>reference (default: the embedded demo's held-out set).")
 @click.option("--input", "input_path", type=click.Path(),
               help="Plain sources, one per line (teacher-forced on the reference model's greedy output).")
 @click.option("-n", "--sentences", default=200, show_default=True, help="Sentences to check.")
-@click.option("--backend", default="onnxruntime", show_default=True, type=BACKEND_CHOICE, help=BACKEND_HELP)
-@click.option("--device", default="cpu", show_default=True,
-              help="Where the checked backend runs (tensorrt: always a GPU).")
 @click.option("--reference-device", default="cpu", show_default=True, help="Where the eager reference model runs.")
-@click.option("--beam", default=4, show_default=True,
-              help="Beam size of the beam-search check (greedy search is always checked).")
+@renamed_option("--beam-size", "--beam", "beam_size", default=None, type=int,
+                help="Beam size of the beam-search check (greedy search is always checked).  [default: 4]")
 @click.option("--nbest", default=1, show_default=True,
               help="Hypotheses per sentence the beam-search check compares, best first.")
 @click.option("--out", "out_path", metavar="FILE", type=click.Path(),
@@ -33,24 +28,23 @@ from transduce.io.paths import check_output, write_error
 @click.option("--json", "old_json", type=click.Path(), hidden=True, help="Deprecated spelling of --out.")
 @click.option("--force", is_flag=True, help="Replace an existing --out file.")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
-@gpu_options
-@cli_errors(names={"beam_size": "--beam"})
-def parity(artifact_dir, model_dir, data, input_path, sentences, backend, device, reference_device, beam, nbest,
-           out_path, old_json, force, quiet, precision, cuda_graph):
+@cli_errors
+@backend_options(model_help="The eager reference model (default: the one the artifact names).")
+def parity(artifact_dir, data, input_path, sentences, reference_device, beam_size, deprecated_beam_size, nbest,
+           out_path, old_json, force, quiet, spec):
     """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
 
     The report goes to stdout (and, as JSON, to --out). Exits 1 when parity fails, so it can gate CI.
     """
-    from transduce.runtime.api import backend_options
     from transduce.verify.parity import parity_for_artifact
 
-    options = backend_options(backend, cuda_graph, precision)
+    beam_size = renamed(beam_size, deprecated_beam_size, "--beam-size", "--beam")
     out_path = renamed(out_path, old_json, "--out", "--json")
     if out_path is not None:
         check_output(out_path, "--out", force, stdout=False)  # before the run, not after it
-    report = parity_for_artifact(artifact_dir, model_dir=model_dir, data=data, input_path=input_path,
-                                 sentences=sentences, backend=backend, device=device, beam=beam, nbest=nbest,
-                                 reference_device=reference_device, **options)
+    report = parity_for_artifact(artifact_dir, spec, data=data, input_path=input_path, sentences=sentences,
+                                 beam_size=4 if beam_size is None else beam_size, nbest=nbest,
+                                 reference_device=reference_device)
     report.print()
     if out_path is not None:
         from transduce.io.atomic import write_json_atomic

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from transduce.cli.decode import gpu_options
-from transduce.cli.errors import QUIET_HELP, cli_errors
-from transduce.runtime.api import BACKENDS
+from transduce.cli.errors import QUIET_HELP, cli_errors, renamed
+from transduce.cli.options import backend_options, dataclass_options, renamed_option
+from transduce.serve.service import ServiceOptions
 
 
 @click.command()
@@ -16,60 +16,34 @@ from transduce.runtime.api import BACKENDS
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; put auth or a proxy in front).")
 @click.option("--port", default=8000, show_default=True, help="TCP port to listen on.")
-@click.option("--backend", default="onnxruntime", show_default=True, type=click.Choice(BACKENDS),
-              help="onnxruntime (an exported artifact), torch (the eager model it was exported from) or tensorrt "
-                   "(an engine directory; it admits sentences only into an empty batch).")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--threads", default=0, show_default=True, help="Framework threads (0: its default).")
-@click.option("--max-rows", default=256, show_default=True,
-              help="Decoding rows at once in the running batch (a beam of k takes k per sentence).")
-@click.option("--max-queue", default=64, show_default=True,
-              help="Requests waiting for rows; past it the server answers 429 with Retry-After.")
-@click.option("--max-wait-ms", default=0.0, show_default=True,
-              help="An idle batch waits this long after an arrival for others to start with it.")
-@click.option("--max-sentences", default=64, show_default=True, help="Sentences per request, at most.")
 @click.option("--max-body-bytes", default=1 << 20, show_default=True, help="Request body size, at most (413 past it).")
-@click.option("--timeout", "request_timeout", default=60.0, show_default=True,
-              help="Seconds a request may take when it names no timeout of its own (504 past it).")
-@click.option("--beam", default=4, show_default=True, help="Beam size of requests that name none (1 = greedy).")
 @click.option("--grace", default=30.0, show_default=True,
               help="Seconds SIGTERM or Ctrl-C lets the requests under way finish before the server exits.")
 @click.option("--api-key-file", type=click.Path(), default=None,
               help="A file holding a bearer token: every endpoint but /healthz then needs "
                    "'Authorization: Bearer <token>' (401 otherwise). The key is never logged.")
-@click.option("--scheduler", default="continuous", show_default=True,
-              type=click.Choice(["continuous", "static", "single"]),
-              help="continuous: admit sentences at every decoder step; static: only into an empty batch, run to "
-                   "completion (a dynamic batcher's way); single: one request at a time. The last two are for "
-                   "comparison (transduce loadtest).")
 @click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
-@gpu_options
-@cli_errors(names={"beam_size": "--beam", "default_beam_size": "--beam"})
-def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queue, max_wait_ms, max_sentences,
-          max_body_bytes, request_timeout, beam, grace, api_key_file, scheduler, use_ray, replicas, address, quiet,
-          precision, cuda_graph):
+@cli_errors
+@backend_options(threads_help="Framework threads (0: its default).")
+@dataclass_options(ServiceOptions, "service", renamed={"request_timeout": "--timeout", "default_beam_size": "--beam"})
+def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray, replicas, address, quiet, spec,
+          service):
     """Serve translations over HTTP: POST /v1/translate, GET /v1/models, /healthz, /readyz, /metrics.
 
     One process owns the backend; one decode thread runs the running batch, which admits each request's
-    sentences at the next step boundary where its rows fit and retires them as they finish. SIGTERM or
-    Ctrl-C drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
+    sentences at the next step boundary where its rows fit and retires them as they finish (a backend that
+    cannot admit rows into a running batch, tensorrt, admits only into an empty one). SIGTERM or Ctrl-C
+    drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
     """
-    from transduce.runtime.api import backend_options
-    from transduce.serve.service import ServiceOptions
-
-    loading = backend_options(backend, cuda_graph, precision)
-    options = ServiceOptions(max_rows=max_rows, max_queue=max_queue, max_wait_ms=max_wait_ms,
-                             max_sentences=max_sentences, request_timeout=request_timeout, default_beam_size=beam,
-                             scheduler=scheduler)
     if use_ray:
         from transduce.serve.ray import run_ray
 
-        sys.exit(run_ray(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads,
-                         options=options, replicas=replicas, address=address, quiet=quiet, grace=grace,
-                         api_key_file=api_key_file, max_body_bytes=max_body_bytes, backend_options=loading))
+        sys.exit(run_ray(artifact_dir, spec, host=host, port=port, options=service, replicas=replicas,
+                         address=address, quiet=quiet, grace=grace, api_key_file=api_key_file,
+                         max_body_bytes=max_body_bytes))
     if address or replicas != 1:
         from transduce.errors import InputError
 
@@ -79,9 +53,8 @@ def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queu
     def log(text: str) -> None:
         click.echo(text, err=True)
 
-    sys.exit(run(artifact_dir, host=host, port=port, backend=backend, device=device, threads=threads, options=options,
-                 api_key_file=api_key_file, grace=grace, max_body_bytes=max_body_bytes, quiet=quiet, log=log,
-                 backend_options=loading))
+    sys.exit(run(artifact_dir, spec, host=host, port=port, options=service, api_key_file=api_key_file, grace=grace,
+                 max_body_bytes=max_body_bytes, quiet=quiet, log=log))
 
 
 @click.command()
@@ -89,7 +62,8 @@ def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queu
 @click.option("--rates", default="2,5,10,20", show_default=True,
               help="Offered loads, requests per second (Poisson arrivals), comma-separated.")
 @click.option("--duration", default=10.0, show_default=True, help="Seconds of arrivals per rate and server.")
-@click.option("--beam", default=1, show_default=True, help="Beam size of every request (1 = greedy).")
+@renamed_option("--beam-size", "--beam", "beam_size", default=None, type=int,
+                help="Beam size of every request (1 = greedy).  [default: 1]")
 @click.option("--data", "data_path", default=None, type=click.Path(),
               help="Sentences to send, one per line (a TSV's first column); default: the demo corpus's held-out "
                    "sources.")
@@ -103,7 +77,8 @@ def serve(artifact_dir, host, port, backend, device, threads, max_rows, max_queu
 @click.option("--force", is_flag=True, help="Replace an earlier report in --out.")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
 @cli_errors
-def loadtest(urls, rates, duration, beam, data_path, artifact, api_key_file, timeout, seed, out_dir, force, quiet):
+def loadtest(urls, rates, duration, beam_size, deprecated_beam_size, data_path, artifact, api_key_file, timeout, seed,
+             out_dir, force, quiet):
     """Open-loop load on running servers (URLs of `transduce serve`; several: interleaved, one window per rate
     and server in turn): throughput, latency and time-to-first-token percentiles, rejections and timeouts.
 
@@ -116,6 +91,8 @@ def loadtest(urls, rates, duration, beam, data_path, artifact, api_key_file, tim
     from transduce.serve.loadtest import offline_throughput, run_loadtest, sentences_from, write_report
     from transduce.serve.server import read_api_key
 
+    beam = renamed(beam_size, deprecated_beam_size, "--beam-size", "--beam")
+    beam = 1 if beam is None else beam
     try:
         offered = [float(r) for r in rates.split(",") if r.strip()]
     except ValueError:

@@ -149,6 +149,7 @@ def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | Non
     the CPU, and check parity; -> {"greedy": metrics, "beam 4": metrics, "parity": passed}. quiet: print
     nothing (no lines, tables or progress bar; warnings still go where the caller sends them)."""
     from transduce.runtime.api import load
+    from transduce.runtime.spec import BackendSpec
     from transduce.verify.parity import parity_for_artifact
 
     check_demo_options(workdir, steps, show, device)
@@ -174,7 +175,7 @@ def run_demo(workdir: str = "runs/demo", retrain: bool = False, steps: int | Non
             f"ONNX Runtime, {name} ({len(sources) / dt:.0f} sentences/s)", show if beam == 1 else 0, quiet=quiet,
         )
     valid_tsv = os.path.join(workdir, "data", "valid.tsv")
-    report = parity_for_artifact(artifact, model_dir=model_dir, data=valid_tsv, sentences=parity_sentences)
+    report = parity_for_artifact(artifact, BackendSpec(model_dir=model_dir), data=valid_tsv, sentences=parity_sentences)
     if not quiet:
         report.print()
     results["parity"] = report.passed

@@ -86,7 +86,7 @@ def dynamic_shapes(cfg: ModelConfig) -> tuple[dict, dict]:
     """torch.export dynamic shapes of (encoder, step), built from the contract's axes and ranges."""
     from torch.export import Dim
 
-    ranges = contract.dynamic_axis_ranges(cfg.to_dict())
+    ranges = contract.dynamic_axis_ranges(cfg)
     dims = {name: Dim(name, min=lo, max=hi) if hi is not None else Dim(name, min=lo)
             for name, (lo, hi) in ranges.items()}
 

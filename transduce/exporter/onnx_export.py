@@ -55,7 +55,7 @@ from transduce.formats.kinds import (
     is_artifact_dir,
 )
 from transduce.formats.model_config import ModelConfig
-from transduce.formats.model_dir import TOKENIZER_FILE, model_config, weights_sha256
+from transduce.formats.model_dir import TOKENIZER_FILE, ModelDir, weights_sha256
 from transduce.formats.weights import weight_shapes
 from transduce.io.atomic import atomic_output
 from transduce.io.files import file_entries
@@ -104,7 +104,7 @@ def check_options(precision: str, opset: int) -> None:
         )
 
 
-def check_quantize(quantize: str, config: dict[str, Any], precision: str) -> None:
+def check_quantize(quantize: str, config: ModelConfig, precision: str) -> None:
     """Refuse a quantization this model and precision cannot have (quantize.unsupported_reason)."""
     from transduce.exporter import quantize as q
 
@@ -158,57 +158,63 @@ def export_bytes(cfg: ModelConfig, precision: str, quantize: str | None = None, 
     from transduce.exporter import ort_step
     from transduce.exporter import quantize as q
 
-    config = cfg.to_dict()
     need = (4 if precision == "fp32" else 2) * sum(graph_weights(cfg)) + copied + OTHER_EXPORT_BYTES
-    if ort_step_graph and ort_step.unsupported_reason(config, precision) is None:
-        need += ort_step.weight_bytes(config)
-        if quantize and q.unsupported_reason(quantize, config, precision) is None:
-            need += q.copy_bytes(config)
+    if ort_step_graph and ort_step.unsupported_reason(cfg, precision) is None:
+        need += ort_step.weight_bytes(cfg)
+        if quantize and q.unsupported_reason(quantize, cfg, precision) is None:
+            need += q.copy_bytes(cfg)
     return need
 
 
-def check_disk_space(model_dir: str, out_dir: str, precision: str, quantize: str | None, ort_step_graph: bool) -> None:
+def check_disk_space(source: ModelDir, out_dir: str, precision: str, quantize: str | None,
+                     ort_step_graph: bool) -> None:
     """Refuse an export the disk of OUT_DIR has no room for (export_bytes), before the model is even loaded."""
     try:
-        cfg = model_config(model_dir)
-        copied = sum(os.path.getsize(os.path.join(model_dir, n)) for n in (MODEL_CONFIG_FILE, TOKENIZER_FILE))
-    except (TransduceError, OSError):  # loading the model says what is wrong with it
+        copied = sum(source.files.size(n) for n in (MODEL_CONFIG_FILE, TOKENIZER_FILE))
+    except OSError:  # loading the model says what is wrong with it
         return
-    check_free_space(out_dir, export_bytes(cfg, precision, quantize, ort_step_graph, copied), "the export",
+    check_free_space(out_dir, export_bytes(source.config, precision, quantize, ort_step_graph, copied), "the export",
                      ExportError)
 
 
-def load_model(model_dir: str):
+def load_source(model_dir: str) -> ModelDir:
+    """The model directory, read once and held open: its weights, config and tokenizer are read from one copy."""
+    try:
+        return ModelDir.load(model_dir)
+    except OSError as e:
+        raise CheckpointError(f"cannot read the model directory {model_dir!r}: {e}") from None
+
+
+def load_model(source: str | ModelDir):
     """checkpoint.load_model_dir with OS errors (unreadable files) as CheckpointError."""
     from transduce.models.checkpoint import load_model_dir
 
     try:
-        return load_model_dir(model_dir)
+        return load_model_dir(source)
     except OSError as e:
-        raise CheckpointError(f"cannot read the model directory {model_dir!r}: {e}") from None
+        path = source.path if isinstance(source, ModelDir) else source
+        raise CheckpointError(f"cannot read the model directory {path!r}: {e}") from None
 
 
-def read_copied_files(model_dir: str, cfg: dict[str, Any]) -> dict[str, bytes]:
-    """The bytes of the model directory's config.json and tokenizer.json as the model was loaded with them,
-    read now: the artifact gets these, not whatever is there when the export ends (a checkpoint saved
-    into the directory meanwhile would pair the old weights' graphs with a new config and tokenizer)."""
+def read_copied_files(source: ModelDir) -> dict[str, bytes]:
+    """The bytes of the model directory's config.json and tokenizer.json from the copy the model was loaded from
+    (the directory is held open: a checkpoint that replaces it meanwhile is not read), checked against what
+    config.json records: a file rewritten in place meanwhile is an error."""
     import json
 
-    out = {}
     try:
-        for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE):
-            with open(os.path.join(model_dir, name), "rb") as f:
-                out[name] = f.read()
+        out = {name: source.files.read_bytes(name) for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE)}
     except OSError as e:
-        raise CheckpointError(f"cannot read the model directory {model_dir!r}: {e}") from None
+        raise CheckpointError(f"cannot read the model directory {source.path!r}: {e}") from None
     try:
-        same_config = json.loads(out[MODEL_CONFIG_FILE]) == cfg
+        same_config = json.loads(out[MODEL_CONFIG_FILE]) == source.description
     except ValueError:
         same_config = False
-    same_tokenizer = hashlib.sha256(out[TOKENIZER_FILE]).hexdigest() == cfg["files"][TOKENIZER_FILE]["sha256"]
+    same_tokenizer = (hashlib.sha256(out[TOKENIZER_FILE]).hexdigest()
+                      == source.description["files"][TOKENIZER_FILE]["sha256"])
     if not (same_config and same_tokenizer):
-        raise CheckpointError(f"the model directory {model_dir!r} changed while it was being read (a checkpoint "
-                              "saved into it?)", hint="export it again once nothing writes to it")
+        raise CheckpointError(f"the model directory {source.path!r} changed while it was being read (a file "
+                              "rewritten in place?)", hint="export it again once nothing writes to it")
     return out
 
 
@@ -283,7 +289,7 @@ def export_graphs(model, directory: str, precision: str, opset: int, log: Log = 
         export_graph(module.eval(), args, shapes, [s.name for s in ins], [s.name for s in outs],
                      os.path.join(directory, filename), opset, doc, metadata)
         seconds[name] = round(time.perf_counter() - t0, 2)
-    if ort_step_graph and ort_step.unsupported_reason(cfg.to_dict(), precision) is None:
+    if ort_step_graph and ort_step.unsupported_reason(cfg, precision) is None:
         import onnx
 
         log(f"building {contract.ORT_STEP_FILE} (ONNX Runtime contrib ops)")
@@ -343,21 +349,22 @@ def export_artifact(model_dir: str | os.PathLike, out_dir: str | os.PathLike, fo
     check_out_path(model_dir, out_dir)  # before the lock: OUT_DIR over the model directory would take training's
     with output_lock(out_dir, "the artifact", ExportError):
         replaces = check_destination(model_dir, out_dir, force)  # an existing artifact (not an empty directory)
-        check_disk_space(model_dir, out_dir, precision, quantize, ort_step_graph)
-        manifest = _export(model_dir, out_dir, replaces, int(opset), precision, log, quantize, ort_step_graph, t_start)
+        source = load_source(model_dir)
+        check_disk_space(source, out_dir, precision, quantize, ort_step_graph)
+        manifest = _export(source, out_dir, replaces, int(opset), precision, log, quantize, ort_step_graph, t_start)
     log(f"wrote {out_dir} in {time.perf_counter() - t_start:.1f} s")
     return manifest
 
 
-def _export(model_dir: str, out_dir: str, replaces: bool, opset: int, precision: str, log: Log,
+def _export(source: ModelDir, out_dir: str, replaces: bool, opset: int, precision: str, log: Log,
             quantize: str | None, ort_step_graph: bool, t_start: float) -> dict[str, Any]:
     """export_artifact's work, once OUT_DIR is locked and checked: load, trace, check, validate, write."""
     from transduce.verify import validate
     from transduce.verify.graph_checks import check_graph, check_ort_step_graph
 
-    model, _, cfg = load_model(model_dir)
-    copied = read_copied_files(model_dir, cfg)
-    config = model.cfg.to_dict()
+    model, _, cfg = load_model(source)
+    copied = read_copied_files(source)
+    config = model.cfg
     if quantize:
         check_quantize(quantize, config, precision)
     if model.cfg.max_positions < MIN_MAX_POSITIONS:
@@ -407,7 +414,7 @@ def _export(model_dir: str, out_dir: str, replaces: bool, opset: int, precision:
             export_seconds={"total": round(time.perf_counter() - t_start, 2), "trace": trace_s,
                             "check": round(check_s, 2), "validate": validation["seconds"]},
             exporter=EXPORTER, tools=tool_versions(), model=config,
-            source_model={"path": model_dir, "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
+            source_model={"path": source.path, "weights_sha256": cfg["files"][WEIGHTS_FILE]["sha256"],
                           "config_sha256": hashlib.sha256(copied[MODEL_CONFIG_FILE]).hexdigest()},
             graphs=graph_info, tensorrt_ops={"source": _ops_source(), "unsupported": []}, validation=validation,
             quantization=quantization, files=files)

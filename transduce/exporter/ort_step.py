@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from transduce.formats import contract
+from transduce.formats.model_config import ModelConfig
 
 CONTRIB = "com.microsoft"
 MASKED = -1e9  # attention score at padded source positions (eager: float32's lowest; both give 0)
@@ -55,16 +56,16 @@ MASKED = -1e9  # attention score at padded source positions (eager: float32's lo
 REVISION = 2
 
 
-def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
+def unsupported_reason(config: ModelConfig, precision: str) -> str | None:
     """Why this graph cannot be built for a model config and precision (None when it can)."""
     if precision != "fp32":
         return f"the ONNX Runtime step graph is built for fp32 artifacts only, not {precision}"
-    if config["norm_first"]:
+    if config.norm_first:
         return "the ONNX Runtime step graph is built for post-norm models only (norm_first is set)"
-    head = config["d_model"] // config["n_heads"]
+    head = config.head_dim
     if head % 8:  # GroupQueryAttention's CPU kernel refuses it when it runs, not when it loads
         return (f"the ONNX Runtime step graph's attention kernels need a head size that is a multiple of 8, "
-                f"and this model's is {head} (d_model {config['d_model']} / n_heads {config['n_heads']})")
+                f"and this model's is {head} (d_model {config.d_model} / n_heads {config.n_heads})")
     size = weight_bytes(config)
     if size > MAX_INLINE_BYTES:
         return (f"the ONNX Runtime step graph keeps its weights inline, and this model's ({size / 1e9:.1f} GB) pass "
@@ -75,7 +76,7 @@ def unsupported_reason(config: dict[str, Any], precision: str) -> str | None:
 def stale_reason(manifest: dict[str, Any]) -> str | None:
     """Why an artifact lacks the ONNX Runtime step graph this exporter would build for it (None: it has it, or
     the model cannot have one): left out (--no-ort-step), or of an older REVISION."""
-    if unsupported_reason(manifest["model"], manifest["precision"]) is not None:
+    if unsupported_reason(ModelConfig.from_dict(manifest["model"]), manifest["precision"]) is not None:
         return None
     if contract.ORT_STEP_FILE not in manifest["files"]:
         return f"it has no {contract.ORT_STEP_FILE} (exported with --no-ort-step)"
@@ -88,14 +89,14 @@ def stale_reason(manifest: dict[str, Any]) -> str | None:
 MAX_INLINE_BYTES = 1.8e9  # protobuf's 2 GB limit on one ONNX file, less room for the graph itself
 
 
-def weight_bytes(config: dict[str, Any]) -> int:
+def weight_bytes(config: ModelConfig) -> int:
     """The step graph's initializer bytes (fp32): the decoder layers, the embedding twice (the pre-scaled
     copy) and the positional table."""
-    d, ff, n = config["d_model"], config["d_ff"], config["decoder_layers"]
+    d, ff, n = config.d_model, config.d_ff, config.decoder_layers
     # self-attention Q/K/V/out and cross-attention Q/out (its K/V are the encoder's), FFN, their biases,
     # three LayerNorms
     per_layer = 6 * d * d + 2 * d * ff + 13 * d + ff
-    return 4 * (n * per_layer + 2 * config["vocab_size"] * d + config["max_positions"] * d)
+    return 4 * (n * per_layer + 2 * config.vocab_size * d + config.max_positions * d)
 
 
 class _Graph:
@@ -205,7 +206,7 @@ def build_ort_step(model, opset: int) -> Any:
     from onnx import TensorProto, helper
 
     cfg = model.cfg
-    reason = unsupported_reason(cfg.to_dict(), "fp32")
+    reason = unsupported_reason(cfg, "fp32")
     assert reason is None, reason
     d, n = cfg.d_model, cfg.decoder_layers
     g = _Graph({k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}, float(cfg.layer_norm_eps))
@@ -232,7 +233,7 @@ def build_ort_step(model, opset: int) -> Any:
 
     def value_info(spec: contract.TensorSpec):
         elem = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT, "float": TensorProto.FLOAT}[spec.dtype]
-        return helper.make_tensor_value_info(spec.name, elem, list(contract.axis_dims(spec, cfg.to_dict())))
+        return helper.make_tensor_value_info(spec.name, elem, list(contract.axis_dims(spec, cfg)))
 
     inputs, outputs = contract.graph_io(contract.ORT_STEP_FILE, n)
     graph = helper.make_graph(g.nodes, "transduce_decoder_step_ort", [value_info(s) for s in inputs],

@@ -26,6 +26,7 @@ from transduce.errors import ExportError
 from transduce.formats import contract
 from transduce.formats.artifact import QUANTIZATION_METHODS as METHODS
 from transduce.formats.artifact import QUANTIZED_FILES
+from transduce.formats.model_config import ModelConfig
 
 OP_TYPES = ("MatMul", "Gemm")
 UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR --out OUT_DIR"
@@ -33,7 +34,7 @@ UNQUANTIZED_HINT = "export again without --quantize: transduce export MODEL_DIR 
 TORCH_EXTERNAL_DATA_BYTES = 1536 * 2**20
 
 
-def unsupported_reason(method: str, config: dict[str, Any], precision: str) -> str | None:
+def unsupported_reason(method: str, config: ModelConfig, precision: str) -> str | None:
     """Why an artifact of this model and precision cannot be quantized with `method` (None: it can)."""
     from transduce.exporter import ort_step
 
@@ -50,26 +51,26 @@ def unsupported_reason(method: str, config: dict[str, Any], precision: str) -> s
     return None
 
 
-def encoder_weight_bytes(config: dict[str, Any]) -> int:
+def encoder_weight_bytes(config: ModelConfig) -> int:
     """A lower bound of encoder.onnx's weight bytes (fp32): the embedding, the encoder layers' matrices and
     the decoder layers' cross-attention K/V projections (biases, LayerNorms and the position table left out)."""
-    d, ff = config["d_model"], config["d_ff"]
-    return 4 * (config["vocab_size"] * d + config["encoder_layers"] * (4 * d * d + 2 * d * ff)
-                + config["decoder_layers"] * 2 * d * d)
+    d, ff = config.d_model, config.d_ff
+    return 4 * (config.vocab_size * d + config.encoder_layers * (4 * d * d + 2 * d * ff)
+                + config.decoder_layers * 2 * d * d)
 
 
-def copy_bytes(config: dict[str, Any]) -> int:
+def copy_bytes(config: ModelConfig) -> int:
     """About the bytes of the larger int8 copy quantize_graphs writes beside its fp32 graph before it replaces
     it (for the export's disk space check): the MatMul and Gemm weights in one byte each, the embeddings looked
     up and the positional table in four (biases and LayerNorms left out)."""
     from transduce.exporter import ort_step
 
-    d, ff, vocab = config["d_model"], config["d_ff"], config["vocab_size"]
-    table = config["max_positions"] * d
-    encoder = 4 * (vocab * d + table) + config["encoder_layers"] * (4 * d * d + 2 * d * ff) + (
-        config["decoder_layers"] * 2 * d * d)
+    d, ff, vocab = config.d_model, config.d_ff, config.vocab_size
+    table = config.max_positions * d
+    encoder = 4 * (vocab * d + table) + config.encoder_layers * (4 * d * d + 2 * d * ff) + (
+        config.decoder_layers * 2 * d * d)
     # the step graph's matrices: its decoder layers' (cross-attention K/V are the encoder's) and the logits'
-    step_matrices = config["decoder_layers"] * (6 * d * d + 2 * d * ff) + vocab * d
+    step_matrices = config.decoder_layers * (6 * d * d + 2 * d * ff) + vocab * d
     return max(encoder, ort_step.weight_bytes(config) - 3 * step_matrices)
 
 

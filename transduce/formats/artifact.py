@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
+import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from transduce.errors import ArtifactError, ConfigError
@@ -39,8 +42,9 @@ from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFES
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import TOKENIZER_FILE
 from transduce.io.atomic import write_json
-from transduce.io.files import listed_file_problem, read_json
+from transduce.io.files import listed_file_problem
 from transduce.io.paths import require_directory
+from transduce.io.pinned import ATTEMPTS, PinnedDir, Replaced, await_replacement, read_pinned
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 QUANTIZATION_METHODS = ("int8",)  # export --quantize (transduce/exporter/quantize.py)
@@ -83,32 +87,105 @@ def quantization(manifest: dict[str, Any]) -> str | None:
     return q.get("method") if isinstance(q, dict) else None
 
 
+@dataclass(frozen=True, eq=False)
+class Artifact:
+    """An exported artifact, read and checked once (Artifact.load): its manifest, its model config and its
+    files, held open (io.pinned) so that what a backend loads is exactly what was checked, even while
+    `transduce export --force` replaces the directory."""
+
+    path: str  # the directory, as given
+    manifest: dict[str, Any]  # manifest.json as written
+    config: ModelConfig
+    files: PinnedDir
+    manifest_sha256: str  # of manifest.json's bytes as read
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, verify_hashes: bool = True) -> Artifact:
+        """Read and check an artifact (the module's docstring); ArtifactError naming the command that rebuilds
+        it, or saying that it was replaced under every read (another process exporting into it)."""
+        path = os.fspath(path)
+        if not await_replacement(path):  # a replace under way: between its two renames
+            _require_artifact_dir(path)
+        try:
+            return read_pinned(path, lambda pinned: _read(pinned, verify_hashes))
+        except Replaced:
+            raise ArtifactError(f"{path!r} was replaced while it was being loaded, {ATTEMPTS} times (another process "
+                                "is exporting into it)", hint="load it again once that export is done") from None
+
+    @classmethod
+    def read(cls, pinned: PinnedDir, verify_hashes: bool = True) -> Artifact:
+        """The artifact in a directory already held open (an engine directory's copy of its artifact)."""
+        return _read(pinned, verify_hashes)
+
+    @property
+    def precision(self) -> str:
+        return self.manifest["precision"]
+
+    @property
+    def quantization(self) -> str | None:
+        return quantization(self.manifest)
+
+    def lists(self, name: str) -> bool:
+        """Whether the manifest lists file `name` (the ONNX Runtime step graph is optional)."""
+        return name in self.manifest["files"]
+
+    def file(self, name: str) -> str:
+        """A path of the artifact's file `name` as it was checked, for a library that opens files by name."""
+        return self.files.path_of(name)
+
+    def graph_file(self, name: str) -> str:
+        """file(name) for an ONNX graph: one whose weights are in files beside it (name.data) is named within the
+        held directory, where a library finds those files too."""
+        if any(f.startswith(name + ".") for f in self.manifest["files"]):
+            return os.path.join(self.files.directory_path(), name)
+        return self.file(name)
+
+    def rebuild_hint(self) -> str:
+        return rebuild_hint(self.path, self.manifest)
+
+
 def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
-    """Read and check an artifact's manifest; raise ArtifactError naming the rebuild command."""
-    artifact_dir = os.fspath(artifact_dir)
-    hint = rebuild_hint(artifact_dir)
-    path = os.path.join(artifact_dir, MANIFEST_FILE)
+    """Read and check an artifact's manifest (Artifact.load); raise ArtifactError naming the rebuild command."""
+    return Artifact.load(artifact_dir, verify_hashes).manifest
+
+
+def _require_artifact_dir(artifact_dir: str) -> None:
     require_directory(artifact_dir, ArtifactError, "an artifact directory", "artifact directory",
                       "give the directory transduce export wrote",
                       f"export one with: transduce export MODEL_DIR --out {artifact_dir}")
-    if not os.path.isfile(path):
-        # an export keeps a copy of config.json beside its graphs: with the graphs, it is an export that lost
-        # its manifest, not a model directory
-        graphs = any(os.path.isfile(os.path.join(artifact_dir, g)) for g in (ENCODER_FILE, STEP_FILE))
-        if is_model_dir(artifact_dir) and not graphs:
-            raise ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
-                                hint=f"export it first: transduce export {artifact_dir} --out ARTIFACT_DIR, "
-                                     "then use ARTIFACT_DIR")
-        if not os.listdir(artifact_dir):
-            lost = hint
-        elif graphs or os.path.isfile(os.path.join(artifact_dir, TOKENIZER_FILE)):  # an export that lost its manifest
-            lost = ("export into a new directory: transduce export MODEL_DIR --out NEW_DIR (--force replaces only "
-                    f"artifacts, and {artifact_dir} has lost its manifest: remove it to reuse its name)")
-        else:
-            lost = "give the directory transduce export wrote (it holds manifest.json)"
-        raise ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=lost)
+
+
+def _missing_manifest(pinned: PinnedDir) -> ArtifactError:
+    """Why a directory without manifest.json is not an artifact, and what to do."""
+    artifact_dir = pinned.path
+    path = pinned.display(MANIFEST_FILE)
+    # an export keeps a copy of config.json beside its graphs: with the graphs, it is an export that lost its
+    # manifest, not a model directory
+    graphs = any(pinned.is_file(g) for g in (ENCODER_FILE, STEP_FILE))
+    if is_model_dir(artifact_dir) and not graphs:
+        return ArtifactError(f"{artifact_dir!r} is a model directory, not an exported artifact",
+                             hint=f"export it first: transduce export {artifact_dir} --out ARTIFACT_DIR, "
+                                  "then use ARTIFACT_DIR")
+    if not os.listdir(pinned.directory_path()):
+        lost = rebuild_hint(artifact_dir)
+    elif graphs or pinned.is_file(TOKENIZER_FILE):  # an export that lost its manifest
+        lost = ("export into a new directory: transduce export MODEL_DIR --out NEW_DIR (--force replaces only "
+                f"artifacts, and {artifact_dir} has lost its manifest: remove it to reuse its name)")
+    else:
+        lost = "give the directory transduce export wrote (it holds manifest.json)"
+    return ArtifactError(f"{path} is missing: {artifact_dir!r} is not an exported artifact", hint=lost)
+
+
+def _read(pinned: PinnedDir, verify_hashes: bool) -> Artifact:
+    """The checks of Artifact.load, every file read through `pinned`."""
+    artifact_dir = pinned.path
+    hint = rebuild_hint(artifact_dir)
+    path = pinned.display(MANIFEST_FILE)
+    if not pinned.is_file(MANIFEST_FILE):
+        raise _missing_manifest(pinned)
     try:
-        manifest = read_json(path)
+        raw = pinned.read_bytes(MANIFEST_FILE)
+        manifest = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise ArtifactError(f"{path} is unreadable or not JSON ({e})", hint=hint) from None
     if not isinstance(manifest, dict) or manifest.get("kind") != ARTIFACT_KIND:
@@ -130,7 +207,7 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
     if missing:  # the exporter writes every field; a default would guess (an eos_id, say)
         raise ArtifactError(f"{path}: its model config lacks {', '.join(missing)}", hint=hint)
     try:  # and valid: n_heads 0 or an eos_id past the vocabulary would fail later, unnamed
-        ModelConfig.from_dict(model)
+        config = ModelConfig.from_dict(model)
     except ConfigError as e:
         raise ArtifactError(f"{path}: its model config is not valid: {e}", hint=hint) from None
     files = manifest.get("files")
@@ -138,30 +215,30 @@ def read_manifest(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -
         raise ArtifactError(f"{path} does not list {', '.join(REQUIRED_FILES[:-1])} and {REQUIRED_FILES[-1]}",
                             hint=hint)
     for name, meta in files.items():
-        problem = listed_file_problem(artifact_dir, name, meta, verify_hashes, listed_in=path, changed="after export")
+        problem = listed_file_problem(pinned, name, meta, verify_hashes, listed_in=path, changed="after export")
         if problem:
             raise ArtifactError(problem, hint=hint)
-    problem = model_config_problem(artifact_dir, model)
+    problem = model_config_problem(pinned, config)
     if problem:
         raise ArtifactError(f"{path}: {problem}", hint=hint)
-    return manifest
+    return Artifact(artifact_dir, manifest, config, pinned, hashlib.sha256(raw).hexdigest())
 
 
-def model_config_problem(artifact_dir: str, model: dict[str, Any]) -> str | None:
+def model_config_problem(pinned: PinnedDir, config: ModelConfig) -> str | None:
     """Why the manifest's model config (a valid one) is not the one in the artifact's copy of config.json (None:
     it is). The manifest is the one file of the artifact no hash covers, but it hashes that copy: a model
     config edited in the manifest alone (n_heads, norm_first, an eos_id: fields the graphs' IO may not show)
     would decode with another model than the graphs hold. Defaults are filled in on both sides."""
-    cpath = os.path.join(artifact_dir, MODEL_CONFIG_FILE)
+    cpath = pinned.display(MODEL_CONFIG_FILE)
     try:
-        copied = read_json(cpath)
+        copied = pinned.read_json(MODEL_CONFIG_FILE)
     except (OSError, ValueError) as e:
         return f"its copy of the model's config, {cpath}, is unreadable or not JSON ({e})"
     try:
         theirs = ModelConfig.from_dict(copied.get("model") if isinstance(copied, dict) else None).to_dict()
     except ConfigError as e:
         return f"its copy of the model's config, {cpath}, has no valid model config ({e})"
-    ours = ModelConfig.from_dict(model).to_dict()
+    ours = config.to_dict()
     diff = [f"{k} {ours[k]!r} vs {theirs[k]!r}" for k in ours if ours[k] != theirs[k]]
     if diff:
         return (f"its model config is not the one in {MODEL_CONFIG_FILE}, whose sha256 it records "
@@ -170,7 +247,7 @@ def model_config_problem(artifact_dir: str, model: dict[str, Any]) -> str | None
 
 
 def artifact_manifest(precision: str, opset: int, ort_step_graph: bool, export_seconds: dict[str, float],
-                      exporter: str, tools: dict[str, str], model: dict[str, Any], source_model: dict[str, Any],
+                      exporter: str, tools: dict[str, str], model: ModelConfig, source_model: dict[str, Any],
                       graphs: dict[str, Any], tensorrt_ops: dict[str, Any], validation: dict[str, Any],
                       quantization: dict[str, Any] | None, files: dict[str, Any]) -> dict[str, Any]:
     """manifest.json's content for an export (the fields: this module's docstring)."""
@@ -184,7 +261,7 @@ def artifact_manifest(precision: str, opset: int, ort_step_graph: bool, export_s
         "export_seconds": export_seconds,
         "exporter": exporter,
         "tools": tools,
-        "model": model,
+        "model": model.to_dict(),
         "model_config_file": MODEL_CONFIG_FILE,
         "tokenizer": TOKENIZER_FILE,
         "source_model": source_model,

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transduce.formats.dtypes import precision_dtype
+from transduce.formats.model_config import ModelConfig
 
 CONTRACT_VERSION = 2  # 2: decoder_step.ort.onnx takes cross K/V per source and outputs the top-k
 ENCODER_FILE = "encoder.onnx"
@@ -137,29 +138,29 @@ DYNAMIC_AXES = ("batch", "src_len", "cache_len")
 ORT_STEP_AXES = ("sources", "k")  # the ONNX Runtime step graph's own run-time axes
 
 
-def dynamic_axis_ranges(config: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
+def dynamic_axis_ranges(config: ModelConfig) -> dict[str, tuple[int, int | None]]:
     """Inclusive (min, max) of each dynamic axis for a model config; max None means unbounded.
 
     The graphs accept batch >= 1, 1 <= src_len <= max_positions and 1 <= cache_len <= max_positions
     (positions index a table of max_positions rows). The manifest records these as
     "dynamic_axes": {axis: [min, max or null]}.
     """
-    p = config["max_positions"]
+    p = config.max_positions
     return {"batch": (1, None), "src_len": (1, p), "cache_len": (1, p)}
 
 
-def static_axis_sizes(config: dict[str, Any]) -> dict[str, int]:
-    """Sizes of the fixed axes for a model config (a ModelConfig.to_dict())."""
+def static_axis_sizes(config: ModelConfig) -> dict[str, int]:
+    """Sizes of the fixed axes for a model config."""
     return {
-        "heads": config["n_heads"],
-        "head_dim": config["d_model"] // config["n_heads"],
-        "d_model": config["d_model"],
-        "vocab": config["vocab_size"],
+        "heads": config.n_heads,
+        "head_dim": config.head_dim,
+        "d_model": config.d_model,
+        "vocab": config.vocab_size,
         "one": 1,
     }
 
 
-def axis_dims(spec: TensorSpec, config: dict[str, Any]) -> tuple[int | str, ...]:
+def axis_dims(spec: TensorSpec, config: ModelConfig) -> tuple[int | str, ...]:
     """A tensor's dims as a graph declares them: run-time axes by name, fixed ones by size."""
     sizes = static_axis_sizes(config)
     return tuple(a if a in DYNAMIC_AXES + ORT_STEP_AXES else sizes[a] for a in spec.axes)
@@ -180,7 +181,7 @@ def _dim_differs(dim: Any, want: int | str) -> bool:
 
 
 def io_mismatches(what: str, got: Sequence[tuple[str, str, Sequence[Any] | None]], specs: Sequence[TensorSpec],
-                  precision: str, config: dict[str, Any], ordered: bool = True, exact: bool = False) -> list[str]:
+                  precision: str, config: ModelConfig, ordered: bool = True, exact: bool = False) -> list[str]:
     """How the inputs or outputs of a graph or engine (`got`: (name, dtype, dims) triples) differ from the
     contract's `specs` for `precision` and the model config; empty when they agree. `what` names them in the
     messages ("input", "encoder engine output").

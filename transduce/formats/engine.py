@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from transduce.errors import ArtifactError, EngineError
-from transduce.formats.artifact import read_manifest
+from transduce.formats.artifact import Artifact
 from transduce.formats.contract import CONTRACT_VERSION, ENCODER_FILE, STEP_FILE
 from transduce.formats.kinds import ENCODER_PLAN, ENGINE_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, is_model_dir
 from transduce.formats.profiles import EnginePlan, plan_from_meta
 from transduce.io.atomic import write_json
-from transduce.io.files import listed_file_problem, read_json
+from transduce.io.files import listed_file_problem
 from transduce.io.paths import require_directory
+from transduce.io.pinned import ATTEMPTS, PinnedDir, Replaced, await_replacement, read_pinned
 
 ENGINE_FORMAT_VERSION = 1
 STEP_PLAN = "decoder_step.plan"
@@ -91,24 +92,69 @@ def _refuse(engine_dir: str, meta: dict[str, Any] | None, what: str) -> Artifact
                          hint=f"rebuild the engines with: {rebuild_command(engine_dir, meta)}")
 
 
+@dataclass(frozen=True, eq=False)
+class EngineDir:
+    """An engine directory, read and checked once (EngineDir.load): engine.json, its profile plan, and the copy
+    of the artifact it holds, every file through one handle on the directory (io.pinned)."""
+
+    path: str  # absolute
+    meta: dict[str, Any]  # engine.json
+    plan: EnginePlan
+    artifact: Artifact  # the artifact copied into it, read through the same handle
+    files: PinnedDir
+
+    @classmethod
+    def load(cls, engine_dir: str | os.PathLike, verify_hashes: bool = True,
+             runtime: RuntimeInfo | None = None) -> EngineDir:
+        """Read and check ENGINE_DIR (see _read); raise ArtifactError naming the rebuild command."""
+        engine_dir = os.path.abspath(os.fspath(engine_dir))
+        if not await_replacement(engine_dir):  # a replace under way: between its two renames
+            require_directory(engine_dir, ArtifactError, "a TensorRT engine directory", "engine directory",
+                              "give the directory transduce build wrote (--out)",
+                              f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
+        try:
+            return read_pinned(engine_dir, lambda pinned: _read(pinned, verify_hashes, runtime))
+        except Replaced:
+            raise ArtifactError(f"{engine_dir!r} was replaced while it was being loaded, {ATTEMPTS} times (another "
+                                "process is building into it)", hint="load it again once that build is done") from None
+
+    def file(self, name: str) -> str:
+        """A path of file `name` as it was checked, for a library that opens files by name."""
+        return self.files.path_of(name)
+
+    def verify_files(self) -> None:
+        """Every file engine.json lists against its sha256, through the handles its load opened (a load with
+        verify_hashes=False checked their sizes only)."""
+        for name, info in self.meta["files"].items():
+            problem = listed_file_problem(self.files, name, info, True, listed_in=ENGINE_MANIFEST_FILE,
+                                          changed="after the build")
+            if problem:
+                raise _refuse(self.path, self.meta, problem)
+
+    def check_runtime(self, runtime: RuntimeInfo) -> None:
+        """Refuse plans built for another TensorRT version or GPU than `runtime` (compatibility_problems)."""
+        problems = compatibility_problems(self.meta, runtime)
+        if problems:
+            raise _refuse(self.path, self.meta, "cannot be loaded here: " + "; ".join(problems))
+
+
 def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = True,
                          runtime: RuntimeInfo | None = None) -> dict[str, Any]:
-    """Read and check ENGINE_DIR/engine.json; raise ArtifactError naming the rebuild command.
+    """engine.json, read and checked (EngineDir.load)."""
+    return EngineDir.load(engine_dir, verify_hashes, runtime).meta
 
-    Checks, in order: the directory and engine.json exist and parse; kind and engine format version;
-    the contract version; every file engine.json lists exists with its size (and sha256 unless
-    verify_hashes=False), the plans included; the copied artifact manifest is a valid artifact of the
-    same contract version whose graphs are the ones the plans were built from; then, with
-    given `runtime`, that its TensorRT version and GPU are the ones the plans were built for (the runtime
-    layer reads them from tensorrt and torch.cuda: transduce.runtime.backends.tensorrt_support).
-    """
-    engine_dir = os.path.abspath(os.fspath(engine_dir))
-    path = os.path.join(engine_dir, ENGINE_MANIFEST_FILE)
-    require_directory(engine_dir, ArtifactError, "a TensorRT engine directory", "engine directory",
-                      "give the directory transduce build wrote (--out)",
-                      f"build one with: transduce build ARTIFACT_DIR --out {engine_dir}")
-    if not os.path.isfile(path):
-        if os.path.isfile(os.path.join(engine_dir, MANIFEST_FILE)):
+
+def _read(pinned: PinnedDir, verify_hashes: bool, runtime: RuntimeInfo | None) -> EngineDir:
+    """Checks, in order: engine.json exists and parses; kind and engine format version; the contract version;
+    every file engine.json lists exists with its size (and sha256 unless verify_hashes=False), the plans
+    included; the copied artifact manifest is a valid artifact of the same contract version whose graphs are
+    the ones the plans were built from; then, with given `runtime`, that its TensorRT version and GPU are the
+    ones the plans were built for (the runtime layer reads them from tensorrt and torch.cuda:
+    transduce.runtime.backends.tensorrt_support)."""
+    engine_dir = pinned.path
+    path = pinned.display(ENGINE_MANIFEST_FILE)
+    if not pinned.is_file(ENGINE_MANIFEST_FILE):
+        if pinned.is_file(MANIFEST_FILE):
             raise ArtifactError(f"{engine_dir!r} is an exported artifact, not a TensorRT engine directory",
                                 hint=f"build engines from it with: transduce build {engine_dir} --out ENGINE_DIR, "
                                      "then decode with --backend tensorrt ENGINE_DIR")
@@ -119,7 +165,7 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
         raise ArtifactError(f"{path} is missing: {engine_dir!r} is not a TensorRT engine directory",
                             hint="build one with: transduce build ARTIFACT_DIR --out ENGINE_DIR")
     try:
-        meta = read_json(path)
+        meta = pinned.read_json(ENGINE_MANIFEST_FILE)
     except (OSError, ValueError) as e:
         raise _refuse(engine_dir, None, f"{ENGINE_MANIFEST_FILE} is unreadable or not JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("kind") != ENGINE_KIND:
@@ -139,8 +185,8 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
     if not isinstance(files, dict) or not required <= set(files):
         raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} does not list {sorted(required)}")
     for name, info in files.items():
-        problem = listed_file_problem(engine_dir, name, info, verify_hashes, listed_in=ENGINE_MANIFEST_FILE,
-                                               changed="after the build")
+        problem = listed_file_problem(pinned, name, info, verify_hashes, listed_in=ENGINE_MANIFEST_FILE,
+                                      changed="after the build")
         if problem:
             raise _refuse(engine_dir, meta, problem)
     try:  # the backend chooses its profiles from this record
@@ -155,9 +201,10 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
     if not isinstance(sources, dict) or not all(isinstance(v, dict) for v in sources.values()):
         raise _refuse(engine_dir, meta, f"{ENGINE_MANIFEST_FILE} does not record the graphs the plans were built from")
     try:
-        artifact = read_manifest(engine_dir, verify_hashes=False)
+        copy = Artifact.read(pinned, verify_hashes=False)
     except ArtifactError as e:
         raise _refuse(engine_dir, meta, f"its copy of the artifact is not usable ({e.args[0]})") from None
+    artifact = copy.manifest
     for graph, (onnx_name, _) in GRAPHS.items():
         want = sources.get(onnx_name, {}).get("sha256")
         have = artifact["files"].get(onnx_name, {}).get("sha256")
@@ -171,7 +218,9 @@ def read_engine_manifest(engine_dir: str | os.PathLike, verify_hashes: bool = Tr
         problems = compatibility_problems(meta, runtime)
         if problems:
             raise _refuse(engine_dir, meta, "cannot be loaded here: " + "; ".join(problems))
-    return meta
+    return EngineDir(engine_dir, meta, plan, copy, pinned)
+
+
 
 
 def engine_manifest(precision: str, build_seconds: dict[str, float], tensorrt: dict[str, Any], gpu: dict[str, Any],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from transduce.errors import CheckpointError, ConfigError
@@ -25,8 +26,9 @@ from transduce.formats.kinds import MANIFEST_FILE, MODEL_CONFIG_FILE, MODEL_FORM
 from transduce.formats.model_config import CONFIG_FORMAT_VERSION, ModelConfig
 from transduce.formats.weights import WEIGHTS_LAYOUT_VERSION
 from transduce.io.atomic import write_json
-from transduce.io.files import listed_file_problem, read_json_object
+from transduce.io.files import listed_file_problem
 from transduce.io.paths import require_directory
+from transduce.io.pinned import ATTEMPTS, PinnedDir, Replaced, await_replacement, read_pinned
 
 FORMAT = MODEL_FORMAT
 TOKENIZER_FILE = "tokenizer.json"
@@ -49,15 +51,74 @@ WEIGHTS_CONFIG_KEY = "model_config"
 TRAINING_ONLY_FIELDS = ("dropout",)
 
 
-def read_config(path: str | os.PathLike) -> dict[str, Any]:
-    path = os.fspath(path)
-    require_directory(path, CheckpointError, "a model directory", "model directory",
-                      "give the directory transduce train wrote (config.json, model.safetensors, tokenizer.json)",
-                      "train one with: transduce train --out DIR (or transduce demo)")
-    cfg_path = os.path.join(path, MODEL_CONFIG_FILE)
-    if not os.path.isfile(cfg_path):
-        raise CheckpointError(f"{cfg_path} is missing: {path!r} is not a transduce model directory")
-    cfg = read_json_object(cfg_path, CheckpointError)
+@dataclass(frozen=True, eq=False)
+class ModelDir:
+    """A model directory, read once (ModelDir.load): config.json and its model config, the directory held open
+    (io.pinned) so that the files checked against config.json are the ones loaded, even while `transduce
+    train` or `transduce import --force` replaces the directory."""
+
+    path: str  # as given
+    description: dict[str, Any]  # config.json
+    config: ModelConfig
+    files: PinnedDir
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ModelDir:
+        """config.json read and checked (format, versions, a valid model config); CheckpointError otherwise."""
+        path = os.fspath(path)
+        if not await_replacement(path):  # a replace under way: between its two renames
+            require_directory(path, CheckpointError, "a model directory", "model directory",
+                              "give the directory transduce train wrote (config.json, model.safetensors, "
+                              "tokenizer.json)", "train one with: transduce train --out DIR (or transduce demo)")
+        try:
+            return read_pinned(path, _read)
+        except Replaced:
+            raise CheckpointError(f"{path!r} was replaced while it was being loaded, {ATTEMPTS} times (another "
+                                  "process is writing it)", hint="load it again once that is done") from None
+
+    def verified(self, name: str) -> str:
+        """A path of file `name` checked against config.json's record of it (size and sha256), for a library
+        that opens files by name; CheckpointError where it is missing or not what was recorded."""
+        if not self.files.is_file(name):
+            if self.files.is_file(MANIFEST_FILE):
+                raise CheckpointError(f"{self.path!r} is an ONNX export (transduce export), not a model directory: "
+                                      f"it has no {name}",
+                                      hint="give the model directory it was exported from (its manifest.json names it)")
+            raise CheckpointError(f"{self.files.display(name)} is missing")
+        files = self.description.get("files")
+        problem = listed_file_problem(self.files, name, files.get(name) if isinstance(files, dict) else None,
+                                      listed_in=self.files.display(MODEL_CONFIG_FILE))
+        if problem:
+            raise CheckpointError(problem, hint="the config was edited by hand: restore it, or save the model again"
+                                  if "does not give" in problem else None)
+        return self.files.path_of(name)
+
+    @property
+    def weights_sha256(self) -> str:
+        """The sha256 config.json records for the weights (what an export's manifest names as its source:
+        source_model.weights_sha256). Read from the config, not hashed."""
+        files = self.description.get("files")
+        entry = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise CheckpointError(f"{self.files.display(MODEL_CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size "
+                                  "and sha256): the config was edited",
+                                  hint="restore the model directory's config.json, or save the model again")
+        return entry["sha256"]
+
+
+def _read(pinned: PinnedDir) -> ModelDir:
+    cfg_path = pinned.display(MODEL_CONFIG_FILE)
+    if not pinned.is_file(MODEL_CONFIG_FILE):
+        raise CheckpointError(f"{cfg_path} is missing: {pinned.path!r} is not a transduce model directory")
+    try:
+        cfg = pinned.read_json(MODEL_CONFIG_FILE)
+    except OSError as e:
+        raise CheckpointError(f"{cfg_path} cannot be read ({e.strerror})") from None
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}); the file is truncated or corrupt") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path} does not hold a JSON object (found {type(cfg).__name__}); the file is "
+                              "corrupt")
     if cfg.get("format") != FORMAT:
         raise CheckpointError(f"{cfg_path} is not a transduce model config")
     if cfg.get("format_version") != CONFIG_FORMAT_VERSION:
@@ -72,55 +133,33 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
                               hint="save the model again with the transduce that wrote it, or train it again with "
                                    "this one")
     try:
-        ModelConfig.from_dict(cfg.get("model", {}))
+        config = ModelConfig.from_dict(cfg.get("model", {}))
     except ConfigError as e:
         raise CheckpointError(f"{cfg_path}: {e}") from None
-    return cfg
+    return ModelDir(pinned.path, cfg, config, pinned)
 
 
-def verified_file(path: str, cfg: dict[str, Any], name: str) -> str:
-    """The path of file `name` of a model directory, checked against config.json's record of it (`cfg`)."""
-    fpath = os.path.join(path, name)
-    if not os.path.isfile(fpath):
-        if os.path.isfile(os.path.join(path, MANIFEST_FILE)):
-            raise CheckpointError(f"{path!r} is an ONNX export (transduce export), not a model directory: it has no "
-                                  f"{name}",
-                                  hint="give the model directory it was exported from (its manifest.json names it)")
-        raise CheckpointError(f"{fpath} is missing")
-    files = cfg.get("files")
-    problem = listed_file_problem(path, name, files.get(name) if isinstance(files, dict) else None,
-                                  listed_in=os.path.join(path, MODEL_CONFIG_FILE))
-    if problem:
-        raise CheckpointError(problem, hint="the config was edited by hand: restore it, or save the model again"
-                              if "does not give" in problem else None)
-    return fpath
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """A model directory's config.json, checked (ModelDir.load)."""
+    return ModelDir.load(path).description
 
 
 def verify_model_dir(path: str | os.PathLike) -> dict[str, Any]:
-    """read_config, and the weights and tokenizer are there with their recorded sizes and hashes (without
+    """ModelDir.load, and the weights and tokenizer are there with their recorded sizes and hashes (without
     loading them). -> the config dict."""
-    path = os.fspath(path)
-    cfg = read_config(path)
+    model_dir = ModelDir.load(path)
     for name in (WEIGHTS_FILE, TOKENIZER_FILE):
-        verified_file(path, cfg, name)
-    return cfg
+        model_dir.verified(name)
+    return model_dir.description
 
 
 def weights_sha256(path: str | os.PathLike) -> str:
-    """The sha256 a model directory's config.json records for its weights (what an export's manifest
-    names as its source: source_model.weights_sha256). Read from the config, not hashed."""
-    path = os.fspath(path)
-    files = read_config(path).get("files")
-    entry = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
-    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
-        raise CheckpointError(f"{os.path.join(path, MODEL_CONFIG_FILE)} does not record {WEIGHTS_FILE} (its size and "
-                              "sha256): the config was edited",
-                              hint="restore the model directory's config.json, or save the model again")
-    return entry["sha256"]
+    """The sha256 a model directory's config.json records for its weights (ModelDir.weights_sha256)."""
+    return ModelDir.load(path).weights_sha256
 
 
 def model_config(path: str | os.PathLike) -> ModelConfig:
-    return ModelConfig.from_dict(read_config(path)["model"])
+    return ModelDir.load(path).config
 
 
 def saved_config_mismatch(saved: str | None, mcfg: ModelConfig) -> str | None:

@@ -16,6 +16,7 @@ from transduce.formats.contract import (
     step_inputs,
     step_outputs,
 )
+from transduce.formats.model_config import ModelConfig
 
 GRAPH_NAMES = ("encoder", "decoder_step")
 PROFILE_MODES = ("auto", "single", "split")
@@ -129,7 +130,7 @@ def _clamp(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, n))
 
 
-def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, beam: int = DEFAULT_BEAM,
+def derive_profiles(config: ModelConfig, max_batch: int = DEFAULT_MAX_BATCH, beam: int = DEFAULT_BEAM,
                     max_src_len: int | None = None, max_tgt_len: int | None = None, opt_batch: int | None = None,
                     opt_src_len: int | None = None, opt_tgt_len: int | None = None,
                     profiles: str = "auto") -> EnginePlan:
@@ -161,7 +162,7 @@ def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, 
     """
     if profiles not in PROFILE_MODES:
         raise EngineError(f"unknown profiles mode {profiles!r}", hint=f"choose one of {', '.join(PROFILE_MODES)}")
-    limit = int(config["max_positions"])
+    limit = int(config.max_positions)
     max_batch = _positive("max batch", "--max-batch", max_batch)
     beam = _positive("beam", "--beam", beam)
     if max_src_len is None:
@@ -213,17 +214,17 @@ def derive_profiles(config: dict[str, Any], max_batch: int = DEFAULT_MAX_BATCH, 
     return EnginePlan(limits, enc, step)
 
 
-def graph_inputs(graph: str, config: dict[str, Any]) -> list[TensorSpec]:
-    n = config["decoder_layers"]
+def graph_inputs(graph: str, config: ModelConfig) -> list[TensorSpec]:
+    n = config.decoder_layers
     return encoder_inputs() if graph == "encoder" else step_inputs(n)
 
 
-def graph_outputs(graph: str, config: dict[str, Any]) -> list[TensorSpec]:
-    n = config["decoder_layers"]
+def graph_outputs(graph: str, config: ModelConfig) -> list[TensorSpec]:
+    n = config.decoder_layers
     return encoder_outputs(n) if graph == "encoder" else step_outputs(n)
 
 
-def profile_shapes(spec: ProfileSpec, graph: str, config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], ...]]:
+def profile_shapes(spec: ProfileSpec, graph: str, config: ModelConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
     """{input name: (min shape, opt shape, max shape)} of one profile, per the contract's axes."""
     fixed = static_axis_sizes(config)
     ranges = {"batch": spec.batch, "src_len": spec.src_len, "cache_len": spec.cache_len}
@@ -297,7 +298,7 @@ def _shape_str(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def ort_tensorrt_profile_options(spec: ProfileSpec, graph: str, config: dict[str, Any]) -> dict[str, str]:
+def ort_tensorrt_profile_options(spec: ProfileSpec, graph: str, config: ModelConfig) -> dict[str, str]:
     """ONNX Runtime TensorRT execution provider options giving it one explicit profile for `graph`.
 
     Without trt_profile_{min,opt,max}_shapes the TensorRT EP builds an engine for the first shapes it

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from transduce.errors import InputError, TransduceError
+from transduce.formats.model_config import ModelConfig
 from transduce.io.paths import make_writable_dir
+from transduce.runtime.decoding.batch import pad_ids
 
 ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
 KIND_TITLES = {
@@ -127,10 +129,10 @@ def attention_weights(model, src_ids, src_lengths, tgt_in) -> dict[str, list[np.
     return {kind: [w.float().cpu().numpy() for w in weights[kind]] for kind in ATTENTION_KINDS}
 
 
-def token_label(tokenizer, config: dict, token_id: int) -> str:
+def token_label(tokenizer, config: ModelConfig, token_id: int) -> str:
     """A token's label on a plot: <bos>/<eos>/<pad>/<unk> for the specials, else the BPE piece."""
     for key, label in SPECIAL_LABELS.items():
-        if token_id == config[key]:
+        if token_id == getattr(config, key):
             return label
     piece = tokenizer.id_to_token(token_id)
     if piece.startswith(WORD_START):
@@ -138,49 +140,40 @@ def token_label(tokenizer, config: dict, token_id: int) -> str:
     return CONTINUATION + piece
 
 
-def token_labels(tokenizer, config: dict, ids: Sequence[int]) -> tuple[str, ...]:
+def token_labels(tokenizer, config: ModelConfig, ids: Sequence[int]) -> tuple[str, ...]:
     return tuple(token_label(tokenizer, config, i) for i in ids)
 
 
-def _source_ids(tokenizer, config: dict, text: str, n: int) -> list[int]:
+def _source_ids(tokenizer, config: ModelConfig, text: str, n: int) -> list[int]:
     """Source text -> ids + EOS, checked against the model's maximum positions."""
     if not text.strip():
         raise InputError(f"source sentence {n} is empty", hint="give a sentence to look at")
-    ids = tokenizer.encode(text) + [config["eos_id"]]
-    if len(ids) > config["max_positions"]:
+    ids = tokenizer.encode(text) + [config.eos_id]
+    if len(ids) > config.max_positions:
         raise InputError(f"source sentence {n} has {len(ids)} tokens with EOS; the model takes at most "
-                         f"{config['max_positions']}", hint="use a shorter sentence")
+                         f"{config.max_positions}", hint="use a shorter sentence")
     return ids
 
 
-def _target_ids(tokenizer, config: dict, text: str, n: int) -> list[int]:
+def _target_ids(tokenizer, config: ModelConfig, text: str, n: int) -> list[int]:
     """Given target text -> the tokens predicted at each decoder position: ids + EOS."""
-    ids = tokenizer.encode(text) + [config["eos_id"]]
-    if len(ids) > config["max_positions"]:
+    ids = tokenizer.encode(text) + [config.eos_id]
+    if len(ids) > config.max_positions:
         raise InputError(f"target sentence {n} has {len(ids)} tokens with EOS; the model takes at most "
-                         f"{config['max_positions']}", hint="use a shorter target")
+                         f"{config.max_positions}", hint="use a shorter target")
     return ids
 
 
-def _greedy_ids(model, sources: list[list[int]], config: dict) -> list[list[int]]:
+def _greedy_ids(model, sources: list[list[int]], config: ModelConfig) -> list[list[int]]:
     """Greedy decoding with the runtime's decoder -> each sentence's predicted tokens (EOS if it finished)."""
     from transduce.runtime.backends.torch_backend import TorchBackend
     from transduce.runtime.decoding import DecodingOptions, decode
 
-    src, lengths = _pad(sources, config["pad_id"])
+    src, lengths = pad_ids(sources, config.pad_id)
     device = str(next(model.parameters()).device)
     with eval_mode(model):  # the backend puts the model in eval mode; give it back as it was
         results = decode(TorchBackend(model, device), src, lengths, DecodingOptions(beam_size=1))
-    return [list(r.best.tokens) + ([config["eos_id"]] if r.best.finished else []) for r in results]
-
-
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad id lists -> (B, max len) int64 array and (B,) lengths."""
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    out = np.full((len(rows), int(lengths.max())), pad_id, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out, lengths
+    return [list(r.best.tokens) + ([config.eos_id] if r.best.finished else []) for r in results]
 
 
 def sentences_attention(model, tokenizer, sources: Sequence[str],
@@ -196,15 +189,15 @@ def sentences_attention(model, tokenizer, sources: Sequence[str],
         raise InputError("no source sentence given")
     if targets is not None and len(targets) != len(sources):
         raise InputError(f"{len(sources)} sources but {len(targets)} targets")
-    config = model.cfg.to_dict()
+    config = model.cfg
     src_rows = [_source_ids(tokenizer, config, s, n) for n, s in enumerate(sources, 1)]
     if targets is None:
         predicted = _greedy_ids(model, src_rows, config)
     else:
         predicted = [_target_ids(tokenizer, config, t, n) for n, t in enumerate(targets, 1)]
-    tgt_rows = [[config["bos_id"]] + p[:-1] for p in predicted]
-    src, src_lengths = _pad(src_rows, config["pad_id"])
-    tgt_in, _ = _pad(tgt_rows, config["pad_id"])
+    tgt_rows = [[config.bos_id] + p[:-1] for p in predicted]
+    src, src_lengths = pad_ids(src_rows, config.pad_id)
+    tgt_in, _ = pad_ids(tgt_rows, config.pad_id)
     weights = attention_weights(model, src, src_lengths, tgt_in)
     out = []
     for b, (s_ids, t_in, pred) in enumerate(zip(src_rows, tgt_rows, predicted, strict=True)):

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from transduce.errors import TransduceError
+from transduce.io.pinned import PinnedDir
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -34,23 +35,26 @@ def inside_name(name: Any) -> bool:
             and ".." not in name.replace("\\", "/").split("/"))
 
 
-def listed_file_problem(directory: str, name: Any, entry: Any, verify_hash: bool = True,
+def listed_file_problem(directory: str | PinnedDir, name: Any, entry: Any, verify_hash: bool = True,
                         listed_in: str = "the manifest", changed: str = "after it was written") -> str | None:
     """Why a file a manifest lists ({name: {"sha256", "bytes"}}) is not what it recorded (None: it is). The
     name must stay inside `directory` (a relative path without '..': a hand-edited manifest must not make
-    a reader hash or load /etc/passwd), the entry must carry both fields, and the file must be readable."""
+    a reader hash or load /etc/passwd), the entry must carry both fields, and the file must be readable.
+    A PinnedDir is read through its handle (pinned.Replaced where it was replaced meanwhile)."""
+    pinned = directory if isinstance(directory, PinnedDir) else None
+    shown = pinned.path if pinned is not None else directory
     if not inside_name(name):
-        return f"{listed_in} lists {name!r}, which is not a file name inside {directory}"
+        return f"{listed_in} lists {name!r}, which is not a file name inside {shown}"
     if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
         return f"{listed_in} does not give {name} as {{sha256, bytes}}"
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
+    path = os.path.join(shown, name)
+    if not (pinned.is_file(name) if pinned is not None else os.path.isfile(path)):
         return f"{path} is missing"
     try:
-        size = os.path.getsize(path)
+        size = pinned.size(name) if pinned is not None else os.path.getsize(path)
         if size != entry["bytes"]:
             return f"{path} has {size} bytes, {listed_in} says {entry['bytes']}: it was truncated or changed {changed}"
-        if verify_hash and sha256_file(path) != entry["sha256"]:
+        if verify_hash and sha256_file(pinned.path_of(name) if pinned is not None else path) != entry["sha256"]:
             return f"{path} does not match its sha256 in {listed_in}: it was changed {changed}"
     except OSError as e:
         return f"{path} cannot be read ({e.strerror})"

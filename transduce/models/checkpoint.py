@@ -21,10 +21,9 @@ from transduce.formats.model_dir import (
     TOKENIZER_FILE,
     TRAINING_DIR,
     WEIGHTS_CONFIG_KEY,
-    read_config,
+    ModelDir,
     saved_config_json,
     saved_config_mismatch,
-    verified_file,
     write_config,
 )
 from transduce.formats.weights import layout_mismatches
@@ -101,23 +100,23 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
         write_config(tmp, model.cfg, files, training)
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    path = os.fspath(path)
-    return Tokenizer.from_file(verified_file(path, read_config(path), TOKENIZER_FILE))
+def load_tokenizer(path: str | os.PathLike | ModelDir) -> Tokenizer:
+    directory = path if isinstance(path, ModelDir) else ModelDir.load(path)
+    return Tokenizer.from_file(directory.verified(TOKENIZER_FILE))
 
 
-def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
-    """-> (model in eval mode, tokenizer, config dict). Strict: any mismatch is a CheckpointError."""
+def load_model_dir(path: str | os.PathLike | ModelDir, device: str = "cpu"):
+    """-> (model in eval mode, tokenizer, config dict). Strict: any mismatch is a CheckpointError. Every file is
+    read from the copy of the directory that was in place when it was opened (ModelDir)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from transduce.models.transformer import Transformer
 
-    path = os.fspath(path)
-    cfg = read_config(path)
-    mcfg = ModelConfig.from_dict(cfg["model"])
-    wpath = verified_file(path, cfg, WEIGHTS_FILE)
-    tokenizer = Tokenizer.from_file(verified_file(path, cfg, TOKENIZER_FILE))
+    directory = path if isinstance(path, ModelDir) else ModelDir.load(path)
+    path, cfg, mcfg = directory.path, directory.description, directory.config
+    wpath = directory.verified(WEIGHTS_FILE)
+    tokenizer = Tokenizer.from_file(directory.verified(TOKENIZER_FILE))
     if tokenizer.vocab_size != mcfg.vocab_size:
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model config says {mcfg.vocab_size}"
@@ -133,18 +132,19 @@ def load_model_dir(path: str | os.PathLike, device: str = "cpu"):
     try:
         weights = load_file(wpath, device=device)
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{wpath} cannot be read as safetensors ({e})") from None
+        raise CheckpointError(f"{directory.files.display(WEIGHTS_FILE)} cannot be read as safetensors ({e})") from None
     problems = layout_mismatches({k: tuple(v.shape) for k, v in weights.items()}, mcfg)
     if problems:
-        raise CheckpointError(f"{wpath} does not match config.json: " + "; ".join(problems))
-    _check_config_saved_with_weights(wpath, mcfg)
+        raise CheckpointError(f"{directory.files.display(WEIGHTS_FILE)} does not match config.json: "
+                              + "; ".join(problems))
+    _check_config_saved_with_weights(wpath, path, mcfg)
     model = Transformer(mcfg)
     model.load_state_dict(weights, strict=True)
     model.to(device).eval()
     return model, tokenizer, cfg
 
 
-def _check_config_saved_with_weights(wpath: str, mcfg: ModelConfig) -> None:
+def _check_config_saved_with_weights(wpath: str, path: str, mcfg: ModelConfig) -> None:
     """config.json's model config must be the one saved in the (hash-checked) weights file's metadata
     (saved_config_mismatch)."""
     from safetensors import safe_open
@@ -153,7 +153,7 @@ def _check_config_saved_with_weights(wpath: str, mcfg: ModelConfig) -> None:
         saved = (f.metadata() or {}).get(WEIGHTS_CONFIG_KEY)
     problem = saved_config_mismatch(saved, mcfg)
     if problem:
-        raise CheckpointError(f"{os.path.dirname(wpath) or '.'}: {problem}",
+        raise CheckpointError(f"{path}: {problem}",
                               hint="config.json was edited by hand: restore those fields; to change a model's "
                                    "configuration, train a new model")
 
@@ -164,18 +164,19 @@ def load_training_state(path: str | os.PathLike) -> tuple[dict[str, Any], dict[s
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    path = os.fspath(path)
-    cfg = read_config(path)
+    directory = ModelDir.load(path)
+    path = directory.path
     if not os.path.isdir(os.path.join(path, TRAINING_DIR)):
         raise CheckpointError(f"{path!r} holds a model but no training state ({TRAINING_DIR}/): it cannot be resumed",
                               hint="train a new model into another --out, or start this one over with --force")
-    opath = verified_file(path, cfg, f"{TRAINING_DIR}/{OPTIMIZER_FILE}")
-    spath = verified_file(path, cfg, f"{TRAINING_DIR}/{STATE_FILE}")
+    opath = directory.verified(f"{TRAINING_DIR}/{OPTIMIZER_FILE}")
+    spath = directory.verified(f"{TRAINING_DIR}/{STATE_FILE}")
     state = read_json(spath)
     try:
         tensors = load_file(opath)
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{opath} cannot be read as safetensors ({e})") from None
+        raise CheckpointError(f"{directory.files.display(f'{TRAINING_DIR}/{OPTIMIZER_FILE}')} cannot be read as "
+                              f"safetensors ({e})") from None
     rng = {name.removeprefix("rng."): tensors.pop(name) for name in list(tensors) if name.startswith("rng.")}
     return state, _unflatten_optimizer(tensors, state.pop("optimizer")), rng
 

@@ -1,13 +1,13 @@
 """What the runtime checks of an artifact or an engine directory before it loads anything heavy, in one place:
-make_backend, the ONNX Runtime backend and the TensorRT backend call these, and so does `transduce inspect`,
+the backends call these (every load of an artifact or engine directory), and so does `transduce inspect`,
 which reports what they raise: inspect refuses what the runtime refuses.
 
-check_artifact: the manifest (formats.artifact.read_manifest: its fields, every file it lists with its size
+check_artifact: the manifest (formats.artifact.Artifact.load: its fields, every file it lists with its size
 and, with verify_hashes, its sha256, its model config against the copy of config.json it lists), then each
 graph the runtime may load, read from its header: its declared inputs and outputs against the IO contract
 for the manifest's precision and model config, and whether it holds quantized ops as the manifest says.
 check_engine_dir: engine.json and the copy of the artifact the directory holds
-(formats.engine.read_engine_manifest; with `runtime`, the TensorRT version and GPU too).
+(formats.engine.EngineDir.load; with `runtime`, the TensorRT version and GPU too).
 
 The graphs' headers are read from the protobuf wire format directly (read_graph_header): an export keeps
 its weights inline below 1.5 GB, and onnx.load would read and copy every weight at each load to learn the
@@ -24,16 +24,9 @@ from typing import Any
 
 from transduce.errors import ArtifactError
 from transduce.formats import contract
-from transduce.formats.artifact import (
-    QUANTIZATION_METHODS,
-    QUANTIZED_FILES,
-    QUANTIZED_OP_TYPES,
-    quantization,
-    read_manifest,
-    rebuild_hint,
-)
+from transduce.formats.artifact import QUANTIZATION_METHODS, QUANTIZED_FILES, QUANTIZED_OP_TYPES, Artifact
 from transduce.formats.dtypes import onnx_type
-from transduce.formats.engine import RuntimeInfo, read_engine_manifest
+from transduce.formats.engine import EngineDir, RuntimeInfo
 
 # the graphs a backend may load, each checked when the manifest lists it (the ONNX Runtime step graph is optional)
 RUNTIME_GRAPHS = (contract.ENCODER_FILE, contract.STEP_FILE, contract.ORT_STEP_FILE)
@@ -174,25 +167,25 @@ def read_graph_header(path: str) -> GraphHeader:
 # -- the checks ---------------------------------------------------------------------------------------------
 
 
-def check_graph_io(artifact_dir: str, graph_file: str, manifest: dict[str, Any], inputs: Sequence[IOTriple],
+def check_graph_io(artifact: Artifact, graph_file: str, inputs: Sequence[IOTriple],
                    outputs: Sequence[IOTriple]) -> None:
     """Refuse a graph whose inputs and outputs (name, dtype, dims) are not the contract's for the manifest's
     precision and model config (a graph swapped in from another export, a hand-edited manifest)."""
-    config, precision = manifest["model"], manifest["precision"]
-    want_in, want_out = contract.graph_io(graph_file, config["decoder_layers"])
+    config, precision = artifact.config, artifact.precision
+    want_in, want_out = contract.graph_io(graph_file, config.decoder_layers)
     problems = contract.io_mismatches("input", inputs, want_in, precision, config)
     problems += contract.io_mismatches("output", outputs, want_out, precision, config)
     if problems:
-        raise ArtifactError(f"{os.path.join(artifact_dir, graph_file)} does not match its manifest "
-                            f"({precision}, {config.get('decoder_layers')} decoder layers): "
-                            + "; ".join(problems[:4]), hint=rebuild_hint(artifact_dir, manifest))
+        raise ArtifactError(f"{artifact.files.display(graph_file)} does not match its manifest "
+                            f"({precision}, {config.decoder_layers} decoder layers): "
+                            + "; ".join(problems[:4]), hint=artifact.rebuild_hint())
 
 
-def check_quantization(artifact_dir: str, graph_file: str, manifest: dict[str, Any], op_types: frozenset[str]) -> None:
+def check_quantization(artifact: Artifact, graph_file: str, op_types: frozenset[str]) -> None:
     """Refuse a graph whose quantized operators are not what the manifest says: the backend keeps quantized
     graphs off the GPU providers and off decoding a batch in parts on the manifest's word. A claim of a method
     this transduce does not know (a hand edit) is left to what reads it (parity refuses it)."""
-    method = quantization(manifest)
+    method = artifact.quantization
     found = sorted(op_types & set(QUANTIZED_OP_TYPES))
     listed = method is not None and graph_file in QUANTIZED_FILES
     if found and not listed:
@@ -204,33 +197,30 @@ def check_quantization(artifact_dir: str, graph_file: str, manifest: dict[str, A
                 f"({', '.join(QUANTIZED_OP_TYPES)})")
     else:
         return
-    raise ArtifactError(f"{artifact_dir}: {says}", hint=rebuild_hint(artifact_dir, manifest))
+    raise ArtifactError(f"{artifact.path}: {says}", hint=artifact.rebuild_hint())
 
 
-def check_artifact(artifact_dir: str | os.PathLike, verify_hashes: bool = True) -> dict[str, Any]:
-    """Every check the runtime makes of an artifact before loading its graphs (the module docstring);
-    -> the manifest. Raises ArtifactError naming the export command that makes it again."""
-    artifact_dir = os.fspath(artifact_dir)
-    manifest = read_manifest(artifact_dir, verify_hashes=verify_hashes)
-    for graph_file in (g for g in RUNTIME_GRAPHS if g in manifest["files"]):
-        path = os.path.join(artifact_dir, graph_file)
+def check_artifact(artifact: str | os.PathLike | Artifact, verify_hashes: bool = True) -> Artifact:
+    """Every check the runtime makes of an artifact before loading its graphs (the module docstring), on the
+    files Artifact.load holds open -> the Artifact. Raises ArtifactError naming the export command that makes
+    it again."""
+    if not isinstance(artifact, Artifact):
+        artifact = Artifact.load(artifact, verify_hashes=verify_hashes)
+    for graph_file in (g for g in RUNTIME_GRAPHS if artifact.lists(g)):
         try:
-            header = read_graph_header(path)
+            header = read_graph_header(artifact.file(graph_file))
         except (OSError, ValueError) as e:
-            raise ArtifactError(f"{path} cannot be read as an ONNX model ({e})",
-                                hint=rebuild_hint(artifact_dir, manifest)) from None
-        check_graph_io(artifact_dir, graph_file, manifest, header.inputs, header.outputs)
-        check_quantization(artifact_dir, graph_file, manifest, header.op_types)
-    return manifest
+            raise ArtifactError(f"{artifact.files.display(graph_file)} cannot be read as an ONNX model ({e})",
+                                hint=artifact.rebuild_hint()) from None
+        check_graph_io(artifact, graph_file, header.inputs, header.outputs)
+        check_quantization(artifact, graph_file, header.op_types)
+    return artifact
 
 
 def check_engine_dir(engine_dir: str | os.PathLike, verify_hashes: bool = True,
-                     runtime: RuntimeInfo | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                     runtime: RuntimeInfo | None = None) -> EngineDir:
     """Every check the TensorRT backend makes of an engine directory before TensorRT loads its plans (with
-    `runtime`, the TensorRT version and GPU they were built for too) -> (engine.json, the artifact's manifest).
-    The copy of the artifact's graphs is not read: the plans run, and TensorRT checks their IO when it loads
-    them (tensorrt_runner.py)."""
-    engine_dir = os.path.abspath(os.fspath(engine_dir))
-    meta = read_engine_manifest(engine_dir, verify_hashes=verify_hashes, runtime=runtime)
-    manifest = read_manifest(engine_dir, verify_hashes=False)  # engine.json lists its files: checked above
-    return meta, manifest
+    `runtime`, the TensorRT version and GPU they were built for too) -> the EngineDir (engine.json, and the
+    copy of the artifact it holds). The copy's graphs are not read: the plans run, and TensorRT checks their
+    IO when it loads them (tensorrt_runner.py)."""
+    return EngineDir.load(engine_dir, verify_hashes=verify_hashes, runtime=runtime)

@@ -1,7 +1,9 @@
-"""What a --device flag names: one check for training, parity and every backend."""
+"""What a device parameter names: one check for training, parity and every backend; the CPUs this process has.
+Messages name the parameter (`option`) as given; a command line spells it as its flag."""
 
 from __future__ import annotations
 
+import os
 import re
 
 from transduce.errors import InputError
@@ -9,18 +11,19 @@ from transduce.errors import InputError
 _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
 
 
-def parse_device(name: str, option: str = "--device", error: type[Exception] = InputError,
+def parse_device(name: str, option: str = "device", error: type[Exception] = InputError,
                  runs: str = "this runs") -> tuple[str, int | None]:
     """("cpu", None), ("cuda", None) or ("cuda", N) from "cpu", "cuda" or "cuda:N" (or a torch.device),
     without importing a framework; anything else is an `error` naming `option` and saying that `runs` on
     cpu or cuda."""
     m = _DEVICE.fullmatch(str(name))
     if m is None or (m[1] == "cpu" and m[2] not in (None, "0")):
-        raise error(f"{option} {name!r}: {runs} on cpu or cuda", hint=f"{option} cpu, cuda or cuda:N")
+        raise error(f"{option} {name!r}: {runs} on cpu or cuda", hint=f"{option} cpu, cuda or cuda:N",
+                    params=(option,))
     return m[1], None if m[1] == "cpu" or m[2] is None else int(m[2])
 
 
-def torch_device(name: str, option: str = "--device", error: type[Exception] = InputError,
+def torch_device(name: str, option: str = "device", error: type[Exception] = InputError,
                  runs: str = "eager PyTorch runs", unavailable: type[Exception] | None = None,
                  cpu_hint: str | None = None) -> str:
     """`name` (parse_device) as a torch device that exists here: "cpu" or "cuda:N" ("cuda": the current
@@ -33,8 +36,18 @@ def torch_device(name: str, option: str = "--device", error: type[Exception] = I
     missing = unavailable or error
     if not torch.cuda.is_available():
         raise missing(f"{option} {name}: this torch sees no usable CUDA GPU (torch {torch.__version__})",
-                      hint=cpu_hint or f"{option} cpu")
+                      hint=cpu_hint or f"{option} cpu", params=(option,))
     index = torch.cuda.current_device() if index is None else index
     if index >= torch.cuda.device_count():
-        raise missing(f"{option} {name}: there are {torch.cuda.device_count()} CUDA GPUs", hint="cuda:0 is the first")
+        raise missing(f"{option} {name}: there are {torch.cuda.device_count()} CUDA GPUs", hint="cuda:0 is the first",
+                      params=(option,))
     return f"cuda:{index}"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, as under taskset or a container's
+    cpuset), not the machine's count: what parts of a batch decoded at once can really use."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this OS (macOS, Windows)
+        return os.cpu_count() or 1

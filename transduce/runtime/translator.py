@@ -24,6 +24,7 @@ import numpy as np
 from transduce.errors import InputError, TransduceWarning, TruncatedInput
 from transduce.runtime.backends.base import missing_members
 from transduce.runtime.decoding import DecodeResult, DecodingOptions, decode
+from transduce.runtime.decoding.batch import pad_ids
 
 # progress(sentences, tokens): called as each batch is done, with its sentences and the tokens of their
 # translations (the CLI's progress bar); blank lines count as sentences of no tokens
@@ -60,8 +61,8 @@ class Translator:
         if missing:
             raise InputError(f"the backend ({type(backend).__name__}) lacks {', '.join(missing)} of the backend "
                              "protocol",
-                             hint="subclass transduce.runtime.backends.base.Backend: it declares every member and "
-                                  "gives the optional ones (end, shards, step_graphs, ...) their defaults")
+                             hint="subclass transduce.runtime.backends.base.Backend: it declares the core members "
+                                  "and gives end, cuda_graph and artifact their defaults")
         self.backend = backend
         self.tokenizer = tokenizer
         self.config = backend.config
@@ -79,8 +80,8 @@ class Translator:
 
     def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1,
                 warn: bool = True) -> list[tuple[list[int], int, bool]]:
-        limit = self.config["max_positions"] - 1  # room for EOS
-        unk = self.config["unk_id"]
+        limit = self.config.max_positions - 1  # room for EOS
+        unk = self.config.unk_id
         out = []
         for n, ids in enumerate(self.tokenizer.encode_batch(list(texts)), first_line):
             cut = False
@@ -88,7 +89,7 @@ class Translator:
                 if not truncate:
                     raise _about(InputError(
                         f"input line {n} has {len(ids)} tokens; this model takes at most {limit} "
-                        f"(max_positions {self.config['max_positions']} including EOS)",
+                        f"(max_positions {self.config.max_positions} including EOS)",
                         hint="split the line, or pass truncate=True to keep its first tokens",
                         params=("truncate=True",)), n)
                 if warn:  # stacklevel: _encode, prepare, _translate, translate (or translate_stream's), its caller
@@ -114,23 +115,21 @@ class Translator:
             out.append(cur)
         return out
 
-    def translate(self, texts: Iterable[str], beam_size: int = 4, nbest: int = 1, length_penalty: float = 0.6,
-                  length_penalty_form: str = "gnmt", min_length: int = 0, max_len_a: float = 1.0,
-                  max_len_b: int = 50, truncate: bool = False, first_line: int = 1,
-                  progress: Progress | None = None) -> list[Translation]:
-        """Translations of `texts`, in their order. first_line: the number of texts[0] in messages (input
-        line N), for a part of a longer input (translate_stream). progress: see Progress."""
+    def translate(self, texts: Iterable[str], options: DecodingOptions | None = None, *, truncate: bool = False,
+                  first_line: int = 1, progress: Progress | None = None, **fields) -> list[Translation]:
+        """Translations of `texts`, in their order. options: a DecodingOptions, and/or its fields by name over it
+        (beam_size=4, nbest=2, ...; the paper's settings where not given). truncate: cut over-long texts (else
+        an InputError). first_line: the number of texts[0] in messages (input line N), for a part of a longer
+        input (translate_stream). progress: see Progress."""
         texts = _sentences(texts, "translate()")
-        opts = self._options(dict(beam_size=beam_size, length_penalty=length_penalty,
-                                  length_penalty_form=length_penalty_form, max_len_a=max_len_a,
-                                  max_len_b=max_len_b, min_length=min_length, nbest=nbest))
+        opts = self._options(options, fields, "translate()")
         return self._translate(list(texts), opts, truncate, first_line, progress)
 
-    def _options(self, options: dict) -> DecodingOptions:
+    def _options(self, options: DecodingOptions | None, fields: dict, call: str) -> DecodingOptions:
         """The DecodingOptions of translate()'s options, with a warning for each of their model_warnings
         (pointing at the caller of translate or translate_stream)."""
-        opts = DecodingOptions(**options)
-        for message, params in opts.model_warnings(self.config["vocab_size"], self.config["max_positions"]):
+        opts = DecodingOptions.of(fields, call, options)
+        for message, params in opts.model_warnings(self.config.vocab_size, self.config.max_positions):
             warnings.warn(TransduceWarning(message, params=params), stacklevel=3)
         return opts
 
@@ -168,15 +167,7 @@ class Translator:
 
     def padded(self, prepared: list[tuple[list[int], int, bool]]) -> tuple[np.ndarray, np.ndarray]:
         """Prepared texts as a padded batch: (B, S) source ids with EOS, (B,) lengths (EOS included)."""
-        eos, pad = self.config["eos_id"], self.config["pad_id"]
-        s = max(len(ids) + 1 for ids, _, _ in prepared)
-        src = np.full((len(prepared), s), pad, dtype=np.int64)
-        lens = np.zeros(len(prepared), dtype=np.int64)
-        for r, (ids, _, _) in enumerate(prepared):
-            src[r, : len(ids)] = ids
-            src[r, len(ids)] = eos
-            lens[r] = len(ids) + 1
-        return src, lens
+        return pad_ids([ids for ids, _, _ in prepared], self.config.pad_id, end=self.config.eos_id)
 
     def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
                    progress: Progress | None) -> list[Translation]:
@@ -201,7 +192,8 @@ class Translator:
         return results  # type: ignore[return-value]
 
     def translate_stream(self, texts: Iterable[str], chunk_lines: int, first_line: int = 1,
-                         **options) -> Iterator[Translation]:
+                         options: DecodingOptions | None = None, *, truncate: bool = False,
+                         progress: Progress | None = None, **fields) -> Iterator[Translation]:
         """translate(), chunk_lines sentences at a time: each chunk's translations are yielded, in input
         order, as soon as it is decoded, and `texts` is read only as far as the chunk being decoded (a
         pipe can be answered line by line with chunk_lines=1). Memory is bounded by one chunk; batches
@@ -210,13 +202,8 @@ class Translator:
         it = iter(_sentences(texts, "translate_stream()"))
         if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int | np.integer) or chunk_lines < 1:
             raise InputError(f"chunk_lines must be an integer >= 1, got {chunk_lines!r}", params=("chunk_lines",))
-        unknown = sorted(set(options) - set(_STREAM_OPTIONS))
-        if unknown:  # a TypeError, as a misspelt keyword of translate() itself is
-            raise TypeError(f"translate_stream() got unexpected option(s) {', '.join(unknown)}: it takes "
-                            f"translate()'s ({', '.join(_STREAM_OPTIONS)})")
-        truncate = bool(options.pop("truncate", False))
-        progress = options.pop("progress", None)
-        opts = self._options(options)  # translate()'s other options are DecodingOptions' fields
+        opts = self._options(options, fields, "translate_stream()")
+        truncate = bool(truncate)
 
         def stream() -> Iterator[Translation]:
             first = first_line
@@ -225,11 +212,6 @@ class Translator:
                 first += len(chunk)
 
         return stream()
-
-
-# translate()'s options that translate_stream() passes on: DecodingOptions' fields, truncate and progress
-_STREAM_OPTIONS = ("beam_size", "nbest", "length_penalty", "length_penalty_form", "min_length", "max_len_a",
-                   "max_len_b", "truncate", "progress")
 
 
 def _sentences(texts: object, call: str) -> Iterable:

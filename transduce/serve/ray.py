@@ -10,8 +10,8 @@ autoscaling_config (min_replicas, max_replicas, target_ongoing_requests, ...) re
 check_health fails once the replica's decode thread has stopped, and Ray replaces the replica.
 
 On a cluster (`ray start --head` on one machine, `ray start --address HEAD:6379` on the others) the artifact
-directory must be at the same path on every node; give each replica a GPU (num_gpus=1) for --device cuda or the
-tensorrt backend.
+directory must be at the same path on every node; a replica of a backend on a GPU (device cuda, or an engine
+directory's) gets one (num_gpus=1) unless num_gpus says otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import socket
 import time
 from typing import Any
 
-from transduce.errors import BackendUnavailable
+from transduce.errors import BackendUnavailable, InputError
+from transduce.runtime.backends.registry import entry
+from transduce.runtime.spec import BackendSpec
 from transduce.serve.service import ServiceOptions
 
 REPLICA_HEADER = "x-transduce-replica"  # which replica answered: host:pid
@@ -60,18 +62,17 @@ def _deployment_class():
     class Translate:
         """One replica: a decode service and the HTTP API over it (built after the constructor)."""
 
-        def __init__(self, artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
-                     options: dict | None = None, grace: float = 30.0, api_key_file: str | None = None,
-                     max_body_bytes: int = 1 << 20, backend_options: dict | None = None):
+        def __init__(self, artifact: str, spec: dict | None = None, options: dict | None = None, grace: float = 30.0,
+                     api_key_file: str | None = None, max_body_bytes: int = 1 << 20):
+            """spec and options: a BackendSpec's and ServiceOptions' fields (plain values: Ray sends them)."""
             from transduce.serve.server import build_service, read_api_key
 
             self.grace = grace
             # the key is read here, on the replica's node: it never travels in Ray's deployment config
             self.api_key = read_api_key(api_key_file) if api_key_file else None
             self.max_body_bytes = max_body_bytes
-            self.service, self.identity = build_service(artifact, backend, device, threads,
-                                                        ServiceOptions(**(options or {})),
-                                                        backend_options=backend_options)
+            self.service, self.identity = build_service(artifact, BackendSpec.from_mapping(spec or {}),
+                                                        ServiceOptions(**(options or {})))
             self.replica = f"{socket.gethostname()}:{os.getpid()}"
 
         def __serve_build_asgi_app__(self):
@@ -93,45 +94,57 @@ def _deployment_class():
     return Translate
 
 
-def build_app(artifact: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
-              options: ServiceOptions | None = None, replicas: int = 1, max_ongoing_requests: int = 64,
-              max_queued_requests: int = 256, autoscaling_config: dict[str, Any] | None = None,
-              num_cpus: float = 1.0, num_gpus: float = 0.0, name: str = "transduce", grace: float = 30.0,
-              api_key_file: str | None = None, max_body_bytes: int = 1 << 20, backend_options: dict | None = None):
-    """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`.
-    api_key_file: bearer auth, the file read by each replica (at the same path on every node)."""
+def build_app(artifact: str, spec: BackendSpec | None = None, options: ServiceOptions | None = None,
+              replicas: int = 1, max_ongoing_requests: int = 64, max_queued_requests: int = 256,
+              autoscaling_config: dict[str, Any] | None = None, num_cpus: float = 1.0, num_gpus: float | None = None,
+              name: str = "transduce", grace: float = 30.0, api_key_file: str | None = None,
+              max_body_bytes: int = 1 << 20):
+    """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`,
+    each decoding with the backend `spec` names (num_gpus: one per replica where it runs on a GPU, unless
+    given). api_key_file: bearer auth, the file read by each replica (at the same path on every node)."""
     serve = _import_ray()
+    spec = spec or BackendSpec()
+    if num_gpus is None:
+        num_gpus = 1.0 if spec.device.startswith("cuda") or entry(spec.backend).opens == "engine" else 0.0
     scaling = {"autoscaling_config": autoscaling_config} if autoscaling_config else {"num_replicas": int(replicas)}
     deployment = serve.deployment(_deployment_class(), name=name, max_ongoing_requests=max_ongoing_requests,
                                   max_queued_requests=max_queued_requests, health_check_period_s=5,
                                   ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}, **scaling)
-    return deployment.bind(os.path.abspath(artifact), backend, device, threads,
+    return deployment.bind(os.path.abspath(artifact), spec.to_mapping(),
                            dataclasses.asdict(options or ServiceOptions()), grace,
-                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes,
-                           dict(backend_options or {}))
+                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes)
+
+
+# the application's own settings in `serve run ... key=value` (the BackendSpec's and ServiceOptions' fields too)
+APP_SETTINGS = {"replicas": int, "max_ongoing_requests": int, "max_queued_requests": int, "max_body_bytes": int,
+                "num_cpus": float, "num_gpus": float, "grace": float, "name": str, "api_key_file": str}
 
 
 def app(args: dict[str, str]):
-    """The application builder of `serve run transduce.serve.ray:app artifact=DIR [key=value ...]`: backend,
-    device, threads, replicas, max_ongoing_requests, max_queued_requests, num_cpus, num_gpus, and the service's
-    options (max_rows, max_queue, max_wait_ms, max_sentences, request_timeout, default_beam_size)."""
+    """The application builder of `serve run transduce.serve.ray:app artifact=DIR [key=value ...]`: the backend
+    (BackendSpec's fields: backend, device, threads, precision, cuda_graph, ...), the service's options
+    (ServiceOptions' fields: max_rows, max_queue, ...) and the application's (APP_SETTINGS)."""
     args = dict(args)
     if "artifact" not in args:
         raise BackendUnavailable("serve run transduce.serve.ray:app needs artifact=DIR",
                                  hint="serve run transduce.serve.ray:app artifact=/path/to/artifact")
-    fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
-    options = ServiceOptions(**{k: (float if k in ("max_wait_ms", "request_timeout") else int)(args.pop(k))
-                                for k in list(args) if k in fields})
-    ints = ("threads", "replicas", "max_ongoing_requests", "max_queued_requests", "max_body_bytes")
-    floats = ("num_cpus", "num_gpus", "grace")
-    kwargs = {k: int(v) if k in ints else float(v) if k in floats else v for k, v in args.items() if k != "artifact"}
-    return build_app(args["artifact"], options=options, **kwargs)
+    artifact = args.pop("artifact")
+    service_fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
+    spec_fields = {f.name for f in dataclasses.fields(BackendSpec)} - {"options"}
+    options = ServiceOptions(**{k: (float if k in ("max_wait_ms", "request_timeout") else
+                                    str if k == "scheduler" else int)(args.pop(k))
+                                for k in list(args) if k in service_fields})
+    spec = BackendSpec.from_mapping({k: args.pop(k) for k in list(args) if k in spec_fields})
+    unknown = sorted(set(args) - set(APP_SETTINGS))
+    if unknown:
+        raise InputError(f"unknown setting {unknown[0]!r}", params=(unknown[0],),
+                         hint="settings: artifact, " + ", ".join([*spec_fields, *service_fields, *APP_SETTINGS]))
+    return build_app(artifact, spec, options, **{k: APP_SETTINGS[k](v) for k, v in args.items()})
 
 
-def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
-            device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None, replicas: int = 1,
-            address: str | None = None, quiet: bool = False, log=print, grace: float = 30.0,
-            api_key_file: str | None = None, max_body_bytes: int = 1 << 20, backend_options: dict | None = None) -> int:
+def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
+            options: ServiceOptions | None = None, replicas: int = 1, address: str | None = None, quiet: bool = False,
+            log=print, grace: float = 30.0, api_key_file: str | None = None, max_body_bytes: int = 1 << 20) -> int:
     """`transduce serve --ray`: the deployment on a local Ray (or the cluster at `address`) until Ctrl-C or
     SIGTERM, then Serve shut down -> 0."""
     import signal
@@ -155,15 +168,12 @@ def run_ray(artifact: str, host: str = "127.0.0.1", port: int = 8000, backend: s
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options={"host": host, "port": port})
-        gpus = 1.0 if device.startswith("cuda") or backend == "tensorrt" else 0.0
         if api_key_file:
             from transduce.serve.server import read_api_key
 
             read_api_key(api_key_file)  # refused here, before any replica starts, if it cannot be read
-        serve.run(build_app(artifact, backend, device, threads, options, replicas, num_gpus=gpus, grace=grace,
-                            api_key_file=api_key_file, max_body_bytes=max_body_bytes,
-                            backend_options=backend_options),
-                  name="transduce", route_prefix="/")
+        serve.run(build_app(artifact, spec, options, replicas, grace=grace, api_key_file=api_key_file,
+                            max_body_bytes=max_body_bytes), name="transduce", route_prefix="/")
         if not quiet:
             log(f"transduce serve --ray: {replicas} replica(s) of {artifact} on http://{host}:{port}/v1/translate")
         while stop.until is None:

@@ -6,12 +6,12 @@ Ctrl-C ends it at once."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from typing import Any
 
 from transduce.errors import BackendUnavailable, InputError
+from transduce.runtime.spec import BackendSpec
 from transduce.serve.service import DecodeService, ServiceOptions
 
 
@@ -38,60 +38,52 @@ def read_api_key(path: str) -> str:
     return key
 
 
-def identity(translator, artifact_dir: str, backend: str, scheduler: str = "continuous") -> dict[str, Any]:
-    """What GET /v1/models says about the model a server decodes with."""
+def identity(translator, spec: BackendSpec, path: str, scheduler: str = "continuous") -> dict[str, Any]:
+    """What GET /v1/models says about the model a server decodes with: the backend the spec opened and the
+    artifact it loaded."""
     be = translator.backend
-    manifest = be.manifest or {}
-    path = os.path.join(be.artifact_dir or artifact_dir, "manifest.json")
-    digest = None
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-    return {"id": os.path.basename(os.path.abspath(artifact_dir)), "object": "model", "backend": backend,
-            "scheduler": scheduler,
-            "device": str(be.device), "manifest_sha256": digest,
-            # the torch backend's own precision (--precision), an exported backend's from its manifest
-            "precision": getattr(be, "precision", None) or manifest.get("precision"),
-            "cuda_graph": bool(getattr(be, "cuda_graph", False)),
-            "contract_version": manifest.get("contract_version"), "kind": manifest.get("kind"),
-            "model": {k: be.config.get(k) for k in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
-                                                    "n_heads", "max_positions")}}
+    artifact = be.artifact
+    return {"id": os.path.basename(os.path.abspath(path)), "object": "model", "backend": spec.backend,
+            "scheduler": scheduler, "device": str(be.device), "manifest_sha256": artifact.manifest_sha256,
+            "precision": be.precision, "cuda_graph": bool(be.cuda_graph),
+            "contract_version": artifact.manifest.get("contract_version"), "kind": artifact.manifest.get("kind"),
+            "model": {k: getattr(be.config, k) for k in ("vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                                                         "n_heads", "max_positions")}}
 
 
-def build_service(artifact_dir: str, backend: str = "onnxruntime", device: str = "cpu", threads: int = 0,
-                  options: ServiceOptions | None = None, metrics: bool = True,
-                  backend_options: dict | None = None) -> tuple[DecodeService, dict]:
-    """The decode service over an artifact (or engine) directory, started and warmed up -> it, its identity.
-    backend_options: the backend's own (runtime.api.backend_options: cuda_graph, precision)."""
+def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOptions | None = None,
+                  metrics: bool = True) -> tuple[DecodeService, dict]:
+    """The decode service over an artifact (or engine) directory with the backend `spec` names, started and
+    warmed up -> it, its identity."""
     from transduce.runtime.api import load
     from transduce.serve.metrics import ServeMetrics
 
-    translator = load(artifact_dir, backend=backend, device=device, threads=threads, **(backend_options or {}))
+    spec = spec or BackendSpec()
+    translator = load(path, spec)
     service = DecodeService(translator, options, ServeMetrics() if metrics else None)
     service.start()
-    return service, identity(translator, artifact_dir, backend, service.options.scheduler)
+    return service, identity(translator, spec, path, service.options.scheduler)
 
 
-def serve(artifact_dir: str, host: str = "127.0.0.1", port: int = 8000, backend: str = "onnxruntime",
-          device: str = "cpu", threads: int = 0, options: ServiceOptions | None = None,
-          api_key_file: str | None = None, grace: float = 30.0, max_body_bytes: int = 1 << 20,
-          quiet: bool = False, log=print, backend_options: dict | None = None) -> int:
+def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
+          options: ServiceOptions | None = None, api_key_file: str | None = None, grace: float = 30.0,
+          max_body_bytes: int = 1 << 20, quiet: bool = False, log=print) -> int:
     """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0)."""
     uvicorn = import_serving()
     from transduce.serve.app import create_app
 
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
-    service, ident = build_service(artifact_dir, backend, device, threads, options, backend_options=backend_options)
+    service, ident = build_service(path, spec, options)
     app = create_app(service, ident, api_key, max_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
                             timeout_graceful_shutdown=grace, lifespan="off", access_log=not quiet)
     server = _server(config, service, grace)
     if not quiet:
-        log(f"transduce serve: {ident['id']} on {backend} ({ident['device']}), ready in "
+        log(f"transduce serve: {ident['id']} on {ident['backend']} ({ident['device']}), ready in "
             f"{time.monotonic() - started:.1f} s; http://{host}:{port}/v1/translate")
     try:
-        server.run()  # returns once the connections under way are answered, or --grace has passed
+        server.run()  # returns once the connections under way are answered, or the grace period has passed
     finally:
         service.stop(grace=0)
     if not quiet:

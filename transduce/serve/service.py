@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from transduce.runtime.translator import Translation, Translator, _sentences
 
 Listener = Callable[[str, Any], None]
 SCHEDULERS = ("continuous", "static", "single")
-OPTION_FIELDS = ("beam_size", "nbest", "max_len_a", "max_len_b", "min_length", "length_penalty", "length_penalty_form")
+OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
 
 
 class ServeError(TransduceError):
@@ -45,17 +45,24 @@ class ServeError(TransduceError):
         self.retry_after = retry_after
 
 
+def _option(default, help: str, **metadata):
+    """A field with its help (and choices) for the command line (transduce.cli.options)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass(frozen=True)
 class ServiceOptions:
-    max_rows: int = 256  # decoding rows at once (a beam of k takes k per sentence)
-    max_queue: int = 64  # requests waiting for admission; past it, 429
-    max_wait_ms: float = 0.0  # an idle batch waits this long after an arrival for others to start with it
-    max_sentences: int = 64  # sentences per request
-    request_timeout: float = 60.0  # seconds, when a request names none
-    default_beam_size: int = 4
-    # continuous: admit at every step boundary; static: only into an empty batch, which then runs to completion
-    # (a dynamic batcher's way); single: one request at a time. The last two are for comparison (loadtest).
-    scheduler: str = "continuous"
+    max_rows: int = _option(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
+    max_queue: int = _option(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
+    max_wait_ms: float = _option(0.0, "An idle batch waits this long after an arrival for others to start with it.")
+    max_sentences: int = _option(64, "Sentences per request, at most.")
+    request_timeout: float = _option(60.0, "Seconds a request may take when it names no timeout of its own (504 "
+                                           "past it).")
+    default_beam_size: int = _option(4, "Beam size of requests that name none (1 = greedy).")
+    scheduler: str = _option("continuous", "continuous: admit sentences at every decoder step; static: only into an "
+                                           "empty batch, run to completion (a dynamic batcher's way); single: one "
+                                           "request at a time. The last two are for comparison (transduce loadtest).",
+                             choices=SCHEDULERS)
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -107,7 +114,7 @@ class DecodeService:
         self.translator = translator
         self.options = options or ServiceOptions()
         self.metrics = metrics  # a ServeMetrics, or None
-        self.batch = RunningBatch(translator.backend, capacity=translator.config["max_positions"])
+        self.batch = RunningBatch(translator.backend, capacity=translator.config.max_positions)
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
         self._cancelled: list[tuple[Request, ServeError]] = []
@@ -187,7 +194,7 @@ class DecodeService:
                              params=(unknown[0],))
         opts = DecodingOptions(**{"beam_size": self.options.default_beam_size, **given})
         try:  # the normalisation of the longest translation must be a number (a huge alpha overflows)
-            ok = math.isfinite(opts.penalty(self.translator.config["max_positions"]))
+            ok = math.isfinite(opts.penalty(self.translator.config.max_positions))
         except OverflowError:
             ok = False
         if not ok:
@@ -281,7 +288,7 @@ class DecodeService:
 
     def _token_listener(self, req: Request):
         tok = self.translator.tokenizer
-        eos = self.translator.config["eos_id"]
+        eos = self.translator.config.eos_id
         so_far: dict[int, list[int]] = {}
 
         def on_tokens(sentences: np.ndarray, tokens: np.ndarray) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 from transduce.errors import ExportError
 from transduce.formats import contract
 from transduce.formats.dtypes import onnx_type
+from transduce.formats.model_config import ModelConfig
 from transduce.verify import opcheck
 from transduce.verify.graph_runners import ort_unavailable_reason
 
@@ -37,7 +38,7 @@ def _value_specs(values) -> list[tuple[str, str, tuple]]:
 
 
 def contract_problems(model, inputs: list[contract.TensorSpec], outputs: list[contract.TensorSpec],
-                      config: dict[str, Any], precision: str) -> list[str]:
+                      config: ModelConfig, precision: str) -> list[str]:
     """Differences between a graph's inputs/outputs and the contract's (empty when it conforms)."""
     return (contract.io_mismatches("input", _value_specs(model.graph.input), inputs, precision, config, exact=True)
             + contract.io_mismatches("output", _value_specs(model.graph.output), outputs, precision, config,
@@ -77,7 +78,7 @@ def precision_problems(inferred_model, precision: str) -> list[str]:
     return problems
 
 
-def check_graph(path: str, graph: str, config: dict[str, Any], precision: str, opset: int) -> dict[str, Any]:
+def check_graph(path: str, graph: str, config: ModelConfig, precision: str, opset: int) -> dict[str, Any]:
     """Structural checks of one exported graph ('encoder' or 'decoder_step'); ExportError on any failure.
 
     Returns the manifest's record of the graph (IO, opset, node count, op histogram, weight bytes).
@@ -85,7 +86,7 @@ def check_graph(path: str, graph: str, config: dict[str, Any], precision: str, o
     import onnx
 
     inputs, outputs = contract.graph_io(contract.ENCODER_FILE if graph == "encoder" else contract.STEP_FILE,
-                                        config["decoder_layers"])
+                                        config.decoder_layers)
     name = os.path.basename(path)
     try:
         onnx.checker.check_model(path, full_check=True)
@@ -121,14 +122,14 @@ def check_graph(path: str, graph: str, config: dict[str, Any], precision: str, o
     }
 
 
-def check_ort_step_graph(path: str, config: dict[str, Any]) -> dict[str, Any]:
+def check_ort_step_graph(path: str, config: ModelConfig) -> dict[str, Any]:
     """Structural checks of decoder_step.ort.onnx (the IO contract, that ONNX Runtime loads it); its
     record for the manifest. No TensorRT operator check: its contrib ops are ONNX Runtime's own."""
     import onnx
 
     name = os.path.basename(path)
     proto = onnx.load(path)
-    inputs, outputs = contract.graph_io(contract.ORT_STEP_FILE, config["decoder_layers"])
+    inputs, outputs = contract.graph_io(contract.ORT_STEP_FILE, config.decoder_layers)
     problems = contract_problems(proto, inputs, outputs, config, "fp32")
     reason = ort_unavailable_reason(path)
     if reason:

@@ -11,6 +11,8 @@ import numpy as np
 from transduce.formats import contract
 from transduce.formats.artifact import read_manifest
 from transduce.formats.dtypes import PRECISION_DTYPES
+from transduce.runtime.backends.ort_memory import NumpyMemory
+from transduce.runtime.backends.ort_run import bind_step
 
 EVALUATORS = ("onnxruntime", "reference")  # what runs a graph: ONNX Runtime, or onnx's ReferenceEvaluator
 
@@ -114,36 +116,29 @@ class ArtifactRunner:
         and zeros), and topk_values/topk_ids are returned too."""
         n = len(past) // 2
         names = [f"{kv}_{i}" for i in range(n) for kv in ("key", "value")]
-        feeds = {"tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
-                 "src_lengths": np.asarray(src_lengths, np.int64)}
-        feeds.update({f"past_{nm}": self._float(a) for nm, a in zip(names, past)})
-        feeds.update({f"cross_{nm}": self._float(a) for nm, a in zip(names, cross)})
+        tokens, positions = np.ascontiguousarray(tokens, np.int64), np.ascontiguousarray(positions, np.int64)
+        cross_in = {"src_lengths": np.ascontiguousarray(src_lengths, np.int64)}
+        cross_in.update({f"cross_{nm}": self._float(a) for nm, a in zip(names, cross)})
         if graph == "decoder_step":
-            return self.decoder.run(feeds)
+            return self.decoder.run({"tokens": tokens, "positions": positions, **cross_in,
+                                     **{f"past_{nm}": self._float(a) for nm, a in zip(names, past)}})
         if topk is None:
             vocab = next(i.shape[0] for i in self.ort_decoder.session.get_inputs() if i.name == "topk_bias")
             topk = (1, np.zeros(vocab, np.float32))
         k, bias = topk
-        feeds["topk_k"] = np.array([k], np.int64)
-        feeds["topk_bias"] = np.asarray(bias, np.float32)
-        session = self.ort_decoder.session
-        binding = session.io_binding()
-        caches = {}
-        for name, arr in feeds.items():
-            if name.startswith("past_"):  # the runtime's cache buffer: read, and written in place
-                caches[name[len("past_"):]] = arr = arr.copy()
-                binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
-            else:
-                binding.bind_cpu_input(name, arr)
-        fresh = ["log_probs", "topk_values", "topk_ids"]
-        for name in fresh:
-            binding.bind_output(name, "cpu")
-        for nm, buf in caches.items():
-            binding.bind_output(f"present_{nm}", "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
-        session.run_with_iobinding(binding)
-        result = {name: v.numpy() for name, v in zip(fresh, binding.get_outputs())}
-        rows = np.arange(len(feeds["positions"]))
-        for nm in names:  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
-            result[f"new_{nm}"] = caches[nm][rows, :, feeds["positions"]][:, :, None].copy()
-        result.update({f"present_{nm}": caches[nm] for nm in names})
-        return result
+        bias = np.ascontiguousarray(bias, np.float32)
+        # the runtime's own binding (runtime.backends.ort_run.bind_step) onto copies of `past`: the graph writes
+        # slot positions[b] of those buffers in place
+        caches = [np.ascontiguousarray(self._float(a).copy()) for a in past]
+        rows = len(positions)
+        out = {"log_probs": np.empty((rows, len(bias)), np.float32), "topk_values": np.empty((rows, k), np.float32),
+               "topk_ids": np.empty((rows, k), np.int64)}
+        binding = self.ort_decoder.session.io_binding()
+        bind_step(binding, NumpyMemory(self.precision), True, tokens=tokens, positions=positions, cross=cross_in,
+                  cache=caches, log_probs=out["log_probs"],
+                  topk=(np.array([k], np.int64), bias, out["topk_values"], out["topk_ids"]))
+        self.ort_decoder.session.run_with_iobinding(binding)
+        for nm, buf in zip(names, caches):  # the slot each row wrote: (B, H, Dh) -> (B, H, 1, Dh)
+            out[f"new_{nm}"] = buf[np.arange(rows), :, positions][:, :, None].copy()
+            out[f"present_{nm}"] = buf
+        return out

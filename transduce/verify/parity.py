@@ -21,7 +21,6 @@ that explains a divergence; a larger one is a bug. A NaN anywhere fails. The rep
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,10 +28,12 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import ArtifactError, InputError
-from transduce.formats.artifact import quantization, read_manifest, rebuild_hint
+from transduce.formats.artifact import Artifact
 from transduce.formats.model_dir import TOKENIZER_FILE
-from transduce.runtime.backends.base import Backend
+from transduce.runtime.backends.base import Backend, FullOutputs, only_step_graph, step_graphs
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
+from transduce.runtime.decoding.batch import pad_ids
+from transduce.runtime.spec import BackendSpec
 from transduce.verify.tolerances import POLICIES, Tolerance, within
 
 
@@ -185,15 +186,6 @@ def _json_ready(obj):
     return obj
 
 
-def _pad(seqs: list[list[int]], pad: int, lead: int | None = None) -> np.ndarray:
-    width = max(len(s) for s in seqs) + (1 if lead is not None else 0)
-    out = np.full((len(seqs), max(width, 1)), pad, dtype=np.int64)
-    for i, s in enumerate(seqs):
-        row = ([lead] if lead is not None else []) + list(s)
-        out[i, : len(row)] = row
-    return out
-
-
 def _margin(reference, src: np.ndarray, length: int, prefix: tuple[int, ...], ref_tok: int | None,
             cand_tok: int | None, bos: int, eos: int) -> float:
     """Reference log-prob of its token minus the candidate's, after the common prefix."""
@@ -209,7 +201,7 @@ def _reference_scores(reference, src: np.ndarray, length: int, hyps, options: De
     """The reference model's score of each hypothesis, as beam search scores it: the log-prob sum of its
     tokens (and of EOS when finished) over the length penalty of that many tokens."""
     rows = [list(h.tokens) + ([eos] if h.finished else []) for h in hyps]
-    tgt = _pad([r[:-1] for r in rows], eos, lead=bos)  # the inputs: BOS, then every token but the last
+    tgt, _ = pad_ids([r[:-1] for r in rows], eos, lead=bos)  # the inputs: BOS, then every token but the last
     lp = teacher_forced_log_probs(reference, np.repeat(src[None], len(rows), 0), np.full(len(rows), length), tgt)
     scores = []
     for i, r in enumerate(rows):
@@ -255,12 +247,12 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
         rt = a[step] if step < len(a) else None
         ct = b[step] if step < len(b) else None
         src, length = src_batches[i]
-        step_margin = _margin(reference, src, length, a[:step], rt, ct, cfg["bos_id"], cfg["eos_id"])
+        step_margin = _margin(reference, src, length, a[:step], rt, ct, cfg.bos_id, cfg.eos_id)
         margin, measure = step_margin, "step"
         near_tie = abs(step_margin) <= policy.tie_margin
         if options is not None:
             ref_score, cand_score = _reference_scores(reference, src, length, (ref_h[k], cand_h[k]), options,
-                                                      cfg["bos_id"], cfg["eos_id"])
+                                                      cfg.bos_id, cfg.eos_id)
             # negative: the candidate's hypothesis is the better one by the reference's own score (its search
             # pruned it); explained when the candidate's is no worse than by tie_margin. Or by a near-tie where
             # the two branch (a pruning decision there can flip, after which the two searches keep different
@@ -286,12 +278,12 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
         raise InputError(f"no parity policy for precision {precision!r}", hint=f"one of {sorted(POLICIES)}")
     policy = POLICIES[precision]
     cfg = reference.config
-    eos, pad, bos = cfg["eos_id"], cfg["pad_id"], cfg["bos_id"]
-    limit = cfg["max_positions"] - 1
+    eos, pad, bos = cfg.eos_id, cfg.pad_id, cfg.bos_id
+    limit = cfg.max_positions - 1
     src_tok = tokenizer.encode_batch(sources)
     cut = sum(len(ids) > limit for ids in src_tok)
     if cut:  # both backends see the same cut sources; decode would refuse them (or --truncate them)
-        warnings.warn(f"parity: {cut} source(s) longer than {limit} tokens (max_positions {cfg['max_positions']} "
+        warnings.warn(f"parity: {cut} source(s) longer than {limit} tokens (max_positions {cfg.max_positions} "
                       f"with EOS) were cut to their first {limit} for the check", stacklevel=2)
     src_tok = [ids[:limit] for ids in src_tok]
     keep = [i for i, ids in enumerate(src_tok) if ids]
@@ -306,11 +298,15 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
     # a backend with more than one step graph (ONNX Runtime on an artifact with the fused graph, which it
     # decodes with, and the standard one, which parity pins it to and TensorRT builds from) gets its
     # teacher-forced log-probs checked once per graph
-    graphs = candidate.step_graphs()
+    for who, backend in (("reference", reference), ("candidate", candidate)):
+        if not isinstance(backend, FullOutputs):
+            raise InputError(f"the {who} backend ({backend.name}) gives no full log-probs and encoder outputs "
+                             "(FullOutputs): parity compares them")
+    graphs = step_graphs(candidate)
     lp_labels = [(f"log_probs [{g}]", g) for g in graphs] if len(graphs) > 1 else [("log_probs", None)]
     for start in range(0, len(src_tok), batch_size):
         chunk = src_tok[start : start + batch_size]
-        src = _pad(chunk, pad)
+        src, _ = pad_ids(chunk, pad)
         lens = np.array([len(c) for c in chunk], dtype=np.int64)
         src_rows += [(src[j], int(lens[j])) for j in range(len(chunk))]
         # 1. teacher forcing: encoder outputs and every step's log-probs
@@ -327,11 +323,11 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
             tgt_tok = [tokenizer.encode(targets[keep[start + j]])[:limit] for j in range(len(chunk))]
         else:
             tgt_tok = [list(r.best.tokens)[:limit] for r in decode(reference, src, lens, greedy_opts)]
-        tgt_in = _pad(tgt_tok, pad, lead=bos)
+        tgt_in, _ = pad_ids(tgt_tok, pad, lead=bos)
         lp_r = teacher_forced_log_probs(reference, src, lens, tgt_in)
         steps = np.arange(tgt_in.shape[1])[None, :] <= np.array([len(t) for t in tgt_tok])[:, None]  # incl. EOS step
         for label, graph in lp_labels:
-            with candidate.only_step_graph(graph):
+            with only_step_graph(candidate, graph):
                 lp_c = teacher_forced_log_probs(candidate, src, lens, tgt_in)
             tf_ref.setdefault(label, []).append(lp_r[steps])
             tf_cand.setdefault(label, []).append(lp_c[steps])
@@ -350,7 +346,7 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
     return report
 
 
-def _check_quantized_graphs(art_dir: str, method: str) -> None:
+def _check_quantized_graphs(artifact: Artifact, method: str) -> None:
     """The looser policy of a quantized artifact only for graphs that are quantized: the manifest is the one
     file no hash covers, and a hand-edited claim would hold fp32 graphs to int8's tolerances."""
     import onnx
@@ -358,73 +354,79 @@ def _check_quantized_graphs(art_dir: str, method: str) -> None:
     from transduce.formats.artifact import QUANTIZED_FILES, QUANTIZED_OP_TYPES
 
     for name in QUANTIZED_FILES:
-        ops = {n.op_type for n in onnx.load(os.path.join(art_dir, name), load_external_data=False).graph.node}
+        ops = {n.op_type for n in onnx.load(artifact.file(name), load_external_data=False).graph.node}
         if not ops & set(QUANTIZED_OP_TYPES):
-            raise ArtifactError(f"{art_dir}: its manifest says {method} quantization, but {name} has no quantized "
-                                f"operator ({', '.join(QUANTIZED_OP_TYPES)})",
+            raise ArtifactError(f"{artifact.path}: its manifest says {method} quantization, but {name} has no "
+                                f"quantized operator ({', '.join(QUANTIZED_OP_TYPES)})",
                                 hint="its manifest.json was edited by hand: restore it, or export the artifact again")
 
 
-def parity_for_artifact(artifact_dir: str, model_dir: str | None = None, data: str | None = None,
-                        input_path: str | None = None, sentences: int = 200, backend: str = "onnxruntime",
-                        device: str = "cpu", beam: int = 4, nbest: int = 1,
-                        reference_device: str = "cpu", **options) -> ParityReport:
-    """`transduce parity`: load both backends and the sample, run `run_parity`. The reference is the eager
-    model on `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record).
-    options: the candidate's (runtime.api.backend_options); a torch candidate is held to its precision's policy."""
+def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str | None = None,
+                        input_path: str | None = None, sentences: int = 200, beam_size: int = 4, nbest: int = 1,
+                        reference_device: str = "cpu") -> ParityReport:
+    """`transduce parity`: the backend `spec` names over `path` (an artifact, or an engine directory), checked
+    against the eager model the artifact was exported from (spec.model_dir: another copy of it) on
+    `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record), on the sample.
+    The candidate is held to the policy of the precision (or quantization) it runs at."""
     from transduce.models.tokenizer import Tokenizer
-    from transduce.runtime.api import make_backend, source_model_dir
-    from transduce.runtime.backends.torch_backend import TorchBackend
+    from transduce.runtime.api import open_backend
+    from transduce.runtime.backends.torch_backend import TorchBackend, source_model
     from transduce.runtime.devices import torch_device
 
+    spec = spec or BackendSpec()
     if sentences < 1:
         raise InputError(f"sentences must be >= 1, got {sentences}", params=("sentences",))
     if data and input_path:
-        raise InputError("give either --data (sources with references) or --input (sources only), not both")
-    reference_device = torch_device(reference_device, "--reference-device")
-    if backend == "torch":
-        device = torch_device(device, "--device")
-    same_model = options.get("precision", "fp32") == "fp32" and not options.get("cuda_graph")
-    if backend == "torch" and reference_device == device and same_model:
-        raise InputError(f"parity --backend torch on {device} would compare eager PyTorch with itself (the reference "
-                         f"runs on --reference-device {reference_device})",
-                         hint="check an exported backend (--backend onnxruntime or tensorrt), eager PyTorch on "
-                              "another device (--device cuda --reference-device cpu) or at another --precision")
-    targets = None
+        raise InputError("give either data (sources with references) or input_path (sources only), not both",
+                         params=("data", "input_path"))
+    reference_device = torch_device(reference_device, "reference_device")
+    device = torch_device(spec.device, "device") if spec.backend == "torch" else spec.device
+    if spec.backend == "torch" and reference_device == device and (spec.precision or "fp32") == "fp32" \
+            and not spec.cuda_graph:
+        raise InputError(f"parity of backend torch on {device} would compare eager PyTorch with itself (the "
+                         f"reference runs on reference_device {reference_device})",
+                         hint="check an exported backend (backend onnxruntime or tensorrt), eager PyTorch on "
+                              "another device (device cuda, reference_device cpu) or at another precision",
+                         params=("backend", "reference_device", "device", "precision"))
+    sources, targets = _sample(data, input_path, sentences)
+    candidate = open_backend(path, spec)
+    artifact = candidate.artifact  # the one the candidate loaded (an engine directory's copy)
+    reference = TorchBackend.from_model_dir(source_model(artifact, spec.model_dir), device=reference_device)
+    tokenizer = Tokenizer.from_file(artifact.file(TOKENIZER_FILE))
+    # an int8 artifact (transduce export --quantize) is held to the int8 policy, TensorRT engines (built from
+    # unquantized exports only) to their precision's, and eager PyTorch, which runs the source model at its own
+    # precision whatever the artifact's, to that one's
+    policy = candidate.quantization or candidate.precision
+    if policy not in POLICIES:
+        what = "quantization" if candidate.quantization else "precision"
+        raise ArtifactError(f"{artifact.path}: its manifest says {what} {policy!r}, which parity has no tolerances "
+                            f"for (it knows {', '.join(POLICIES)})",
+                            hint=artifact.rebuild_hint())
+    if candidate.quantization:
+        _check_quantized_graphs(artifact, candidate.quantization)
+    shown = device if spec.backend == "torch" else str(candidate.device)  # TensorRT runs on a GPU whatever
+    name = f"{spec.backend}:{shown} ({policy}{', CUDA graphs' if candidate.cuda_graph else ''})"
+    return run_parity(reference, candidate, tokenizer, sources, targets, precision=policy, beam_size=beam_size,
+                      nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}")
+
+
+def _sample(data: str | None, input_path: str | None, sentences: int) -> tuple[list[str], list[str] | None]:
+    """The sources (and references) parity checks: a TSV's first `sentences` pairs, a file's first sources, or
+    the embedded demo's held-out set."""
     if data:
         from transduce.io.parallel import read_parallel
 
         pairs = read_parallel(data)[:sentences]
-        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
-    elif input_path:
+        return [s for s, _ in pairs], [t for _, t in pairs]
+    if input_path:
         from transduce.io.text import read_lines
 
         sources = [line.strip() for line in read_lines(input_path, InputError) if line.strip()][:sentences]
         if not sources:
-            raise InputError(f"--input {input_path!r} has no sentences", hint="one source sentence per line")
-    else:
-        from transduce.models.corpus import demo_corpus
+            raise InputError(f"input_path {input_path!r} has no sentences", hint="one source sentence per line",
+                             params=("input_path",))
+        return sources, None
+    from transduce.models.corpus import demo_corpus
 
-        _, valid = demo_corpus(n_train=0, n_valid=sentences)
-        sources, targets = [s for s, _ in valid], [t for _, t in valid]
-    candidate = make_backend(artifact_dir, backend, device, model_dir=model_dir, **options)
-    art_dir = candidate.artifact_dir or artifact_dir  # the eager model's backend loaded no artifact
-    manifest = read_manifest(art_dir, verify_hashes=False)
-    reference = TorchBackend.from_model_dir(source_model_dir(art_dir, manifest, model_dir), device=reference_device)
-    tokenizer = Tokenizer.from_file(os.path.join(art_dir, TOKENIZER_FILE))
-    # an int8 artifact (transduce export --quantize) is held to the int8 policy on ONNX Runtime, TensorRT
-    # engines (built from unquantized exports only) to their precision's, and eager PyTorch, which runs
-    # the source model at its own --precision whatever the artifact's, to that one's
-    quantized = quantization(manifest) if backend == "onnxruntime" else None
-    precision = options.get("precision", "fp32") if backend == "torch" else quantized or manifest["precision"]
-    if precision not in POLICIES:
-        raise ArtifactError(f"{art_dir}: its manifest says {'quantization' if quantized else 'precision'} "
-                            f"{precision!r}, which parity has no tolerances for (it knows {', '.join(POLICIES)})",
-                            hint=rebuild_hint(art_dir, manifest))
-    if quantized:
-        _check_quantized_graphs(art_dir, quantized)
-    if backend == "tensorrt":
-        device = str(candidate.device)  # TensorRT runs on a GPU whatever --device said
-    name = f"{backend}:{device} ({precision}{', CUDA graphs' if options.get('cuda_graph') else ''})"
-    return run_parity(reference, candidate, tokenizer, sources, targets, precision=precision,
-                      beam_size=beam, nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}")
+    _, valid = demo_corpus(n_train=0, n_valid=sentences)
+    return [s for s, _ in valid], [t for _, t in valid]

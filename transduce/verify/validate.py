@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import ExportError
-from transduce.runtime.backends.base import ban_bias
+from transduce.formats.model_config import ModelConfig
+from transduce.runtime.backends.topk import ban_bias
 from transduce.verify.graph_runners import ArtifactRunner
 from transduce.verify.tolerances import POLICIES, output_kind, relative_rms, within
 
@@ -60,9 +61,9 @@ class Case:
     stepped: bool = True  # fill the cache by stepping the eager model; else random K/V of the same scale
 
 
-def validation_cases(config: dict[str, Any]) -> list[Case]:
+def validation_cases(config: ModelConfig) -> list[Case]:
     """The cases described in the module docstring, fitted to max_positions."""
-    p = config["max_positions"]
+    p = config.max_positions
     past = [t for t in PAST_LENGTHS if t < p]
     n = min(PADDED_SRC_LEN, p)
     return [
@@ -199,7 +200,7 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
         ref2 = _eager_step(model, other, positions, src_lengths, past, cross)
         both = {k: np.stack([ref[k], ref2[k]], axis=1).reshape((-1,) + ref[k].shape[1:]) for k in ref}
         k = min(4, cfg.vocab_size - 2)
-        bias = ban_bias(cfg.to_dict(), ban_eos=False)
+        bias = ban_bias(cfg, ban_eos=False)
         past2, positions2 = [np.repeat(a, 2, axis=0) for a in past], np.repeat(positions, 2)
         out = runner.step(np.stack([tok, other], axis=1).ravel(), positions2, src_lengths, past2, cross,
                           graph="decoder_step.ort", topk=(k, bias))
@@ -273,7 +274,7 @@ def validate_graphs(directory: str, model, precision: str, evaluator: str | None
     rng = np.random.default_rng(seed)
     with torch_threads(1):
         try:
-            cases = [_run_case(c, model, runner, table, rng) for c in validation_cases(model.cfg.to_dict())]
+            cases = [_run_case(c, model, runner, table, rng) for c in validation_cases(model.cfg)]
         except ExportError:
             raise
         except Exception as e:  # a kernel that loaded but refuses these shapes when it runs (onnxruntime's errors)

@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 
 from transduce.bench.ctranslate2.convert import ct2_translate_ids, ct2_vocab, load_translator, suppressed
-from transduce.bench.inputs import id_limit, padded_sources
+from transduce.bench.inputs import id_limit
+from transduce.formats.model_config import ModelConfig
+from transduce.runtime.decoding.batch import pad_ids
 
 # Log-prob agreement demanded besides token equality: loose enough for fp32 reorderings, tight enough for a
 # structural mistake in the conversion; what each gives: docs/design/bench.md, "The token-equality check".
@@ -132,12 +134,12 @@ class _Pair:
     suppress: list[list[str]] | None = None  # the tokens our search never proposes (None: SUPPRESS)
 
     @property
-    def cfg(self) -> dict[str, Any]:
+    def cfg(self) -> ModelConfig:
         return self.backend.config
 
     def padded(self, batch: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Our encoder's input: each source with its EOS, padded -> (ids, lengths)."""
-        return padded_sources(batch, self.cfg["pad_id"], self.cfg["eos_id"])
+        return pad_ids(batch, self.cfg.pad_id, end=self.cfg.eos_id)
 
     def chunks(self, n: int):
         """Indices 0..n-1 in chunks of batch_size."""
@@ -174,7 +176,7 @@ def _greedy_outputs(pair: _Pair, sources, opts, forced_steps) -> tuple[list[int]
     cfg = pair.cfg
     # group by our maximum length so CTranslate2 gets the same cap (it takes one per batch)
     caps = [forced_steps if forced_steps is not None else
-            int(max_lengths(np.array([len(x) + 1]), opts, cfg["max_positions"])[0]) for x in sources]
+            int(max_lengths(np.array([len(x) + 1]), opts, cfg.max_positions)[0]) for x in sources]
     ours: list[list[int]] = [[] for _ in sources]
     theirs: list[list[int]] = [[] for _ in sources]
     for cap in sorted(set(caps)):
@@ -204,25 +206,25 @@ def _score_greedy_paths(pair: _Pair, sources, ours, caps, forced_steps,
     tf_rows: dict[int, np.ndarray] = {}
     max_diff = 0.0
     for chunk in pair.chunks(len(sources)):
-        tgts = [ours[i] + ([cfg["eos_id"]] if forced_steps is None and len(ours[i]) < caps[i] else []) for i in chunk]
+        tgts = [ours[i] + ([cfg.eos_id] if forced_steps is None and len(ours[i]) < caps[i] else []) for i in chunk]
         t = max(max(len(x) for x in tgts), 1)
-        tgt_in = np.full((len(chunk), t), cfg["pad_id"], dtype=np.int64)
-        tgt_in[:, 0] = cfg["bos_id"]
+        tgt_in = np.full((len(chunk), t), cfg.pad_id, dtype=np.int64)
+        tgt_in[:, 0] = cfg.bos_id
         for r, x in enumerate(tgts):
             tgt_in[r, 1: len(x)] = x[:-1]
         s_ids, s_lens = pair.padded([sources[i] for i in chunk])
         tf = teacher_forced_log_probs(pair.backend, s_ids, s_lens, tgt_in)  # (B, T, V)
         # score_batch appends </s>: a target of max_positions tokens would need one position more than
         # the model has, so it scores at most max_positions - 1 (compare() takes the common prefix)
-        scored = pair.score([sources[i] for i in chunk], [ours[i][: cfg["max_positions"] - 1] for i in chunk])
+        scored = pair.score([sources[i] for i in chunk], [ours[i][: cfg.max_positions - 1] for i in chunk])
         for r, (i, x, sc) in enumerate(zip(chunk, tgts, scored, strict=True)):
             tf_rows[i] = tf[r]
             if not x:
                 continue
             ours_lp = tf[r, np.arange(len(x)), x]
             their_lp = np.array(sc.log_probs, dtype=np.float64)  # one per target token, plus </s>
-            if len(ours[i]) > cfg["max_positions"] - 1:  # scored cut short: its last one is </s>'s, not ours
-                their_lp = their_lp[: cfg["max_positions"] - 1]
+            if len(ours[i]) > cfg.max_positions - 1:  # scored cut short: its last one is </s>'s, not ours
+                their_lp = their_lp[: cfg.max_positions - 1]
             max_diff = max(max_diff, diffs.compare(ours_lp, their_lp))
     return tf_rows, max_diff
 
@@ -235,14 +237,14 @@ def _score_random_targets(pair: _Pair, sources, diffs: _LogprobDiffs) -> float:
     cfg = pair.cfg
     rng = np.random.default_rng(0)
     max_random = 0.0
-    length = max(1, min(RANDOM_TARGET_LEN, cfg["max_positions"] - 1))
+    length = max(1, min(RANDOM_TARGET_LEN, cfg.max_positions - 1))
     for chunk in pair.chunks(len(sources)):
         tgt = rng.integers(4, id_limit(cfg), size=(len(chunk), length))
-        tgt_in = np.concatenate([np.full((len(chunk), 1), cfg["bos_id"]), tgt], axis=1)
+        tgt_in = np.concatenate([np.full((len(chunk), 1), cfg.bos_id), tgt], axis=1)
         s_ids, s_lens = pair.padded([sources[i] for i in chunk])
         tf = teacher_forced_log_probs(pair.backend, s_ids, s_lens, tgt_in)  # (B, L+1, V)
         ours_lp = np.concatenate([np.take_along_axis(tf[:, :length], tgt[:, :, None], axis=2)[..., 0],
-                                  tf[:, length, cfg["eos_id"]][:, None]], axis=1)
+                                  tf[:, length, cfg.eos_id][:, None]], axis=1)
         scored = pair.score([sources[i] for i in chunk], tgt.tolist())
         for r, sc in enumerate(scored):
             max_random = max(max_random, diffs.compare(ours_lp[r], np.array(sc.log_probs, dtype=np.float64)))

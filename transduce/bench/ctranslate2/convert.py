@@ -117,21 +117,19 @@ def build_spec(model_dir: str):
     from safetensors.numpy import load_file
 
     from transduce.formats.kinds import WEIGHTS_FILE
-    from transduce.formats.model_dir import read_config
-    from transduce.formats.model_dir import verified_file as _verify
+    from transduce.formats.model_dir import ModelDir
     from transduce.models.checkpoint import load_tokenizer
-    from transduce.models.config import ModelConfig
 
-    cfg_json = read_config(model_dir)
-    cfg = ModelConfig.from_dict(cfg_json["model"])
+    directory = ModelDir.load(model_dir)
+    cfg = directory.config
     if cfg.norm_first:
         raise TransduceError("only post-norm models (norm_first=False) are converted to CTranslate2 here")
     if cfg.source_vocab_size != cfg.vocab_size:
         raise TransduceError("only models with one vocabulary for source and target are converted to CTranslate2 "
                              "here (this one has separate ones)")
-    w = load_file(_verify(os.fspath(model_dir), cfg_json, WEIGHTS_FILE))
+    w = load_file(directory.verified(WEIGHTS_FILE))
     w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(directory)
     del ct2
 
     spec = transformer_spec.TransformerSpec.from_config(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import os
 import sys
@@ -38,9 +39,9 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable
 from transduce.formats import contract
-from transduce.formats.artifact import quantization
+from transduce.formats.artifact import Artifact
 from transduce.formats.dtypes import PRECISION_DTYPES
-from transduce.runtime.backends.base import Backend, ban_bias, banned_ids, usable_cpus
+from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.ort_cpu_policy import (
     SHARD_MIN_PART_ROWS,
     SHARD_MIN_ROWS,
@@ -59,7 +60,9 @@ from transduce.runtime.backends.ort_memory import NumpyMemory, TorchCudaMemory
 from transduce.runtime.backends.ort_run import LAST_STEP, RunState, StepLayout
 from transduce.runtime.backends.ort_sessions import OPTIMIZATION_LEVELS, PROVIDERS, SessionMaker, gpu_provider_options
 from transduce.runtime.backends.ort_topk import OrtTopK
+from transduce.runtime.backends.topk import ban_bias, banned_ids
 from transduce.runtime.checks import check_artifact
+from transduce.runtime.devices import parse_device, usable_cpus
 
 
 def _import_ort():
@@ -76,26 +79,27 @@ def _import_ort():
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, artifact_dir: str | os.PathLike, provider: str = "cpu", threads: int = 0,
+    def __init__(self, artifact: str | os.PathLike | Artifact, provider: str = "cpu", threads: int = 0,
                  verify: bool = True, optimization: str = "all", provider_options: dict | None = None,
                  fused: bool = True, wide_steps: str = "auto", shards: bool = True, device_index: int = 0):
-        """device_index: the GPU (CUDA ordinal) the CUDA and TensorRT providers, and the buffers, are on.
-        verify: check every file's sha256 against the manifest (checks.check_artifact)."""
+        """artifact: its directory, or the Artifact already loaded. device_index: the GPU (CUDA ordinal) the
+        CUDA and TensorRT providers, and the buffers, are on. verify: check every file's sha256 against the
+        manifest (checks.check_artifact). The other options: registry.OnnxRuntimeOptions."""
         if wide_steps not in WIDE_STEPS:
             raise BackendUnavailable(f"unknown wide_steps {wide_steps!r}",
-                                     hint=f"choose one of {', '.join(WIDE_STEPS)}")
-        self.artifact_dir = os.fspath(artifact_dir)
+                                     hint=f"choose one of {', '.join(WIDE_STEPS)}", params=("wide_steps",))
         # the directory's mistakes first (`transduce inspect` runs the same checks): they are what to fix
         # before onnxruntime being missing here matters
-        self.manifest = check_artifact(self.artifact_dir, verify_hashes=verify)
+        self.artifact = check_artifact(artifact, verify_hashes=verify)
         ort = _import_ort()
         self.ort = ort
-        self.config = self.manifest["model"]
-        self.precision = self.manifest["precision"]
+        self.config = self.artifact.config
+        self.precision = self.artifact.precision
+        self.quantization = self.artifact.quantization
         wanted = self._place(provider, device_index)
         if optimization not in OPTIMIZATION_LEVELS:
             raise BackendUnavailable(f"unknown onnxruntime optimization level {optimization!r}",
-                                     hint=f"choose one of {', '.join(OPTIMIZATION_LEVELS)}")
+                                     hint=f"choose one of {', '.join(OPTIMIZATION_LEVELS)}", params=("optimization",))
         self.bounded_spin = bounded_spin(ort)
         self.pool_spin_us = pool_spin_us(self.config, self.bounded_spin)  # idle spinning per pool, us
         self.threads = intra_op_threads(self.config, threads)  # the step's threads at small row counts
@@ -104,7 +108,7 @@ class OnnxRuntimeBackend(Backend):
         self.float_dtype = np.dtype(PRECISION_DTYPES[self.precision]) if self.precision != "bf16" else None
         self._mem = (TorchCudaMemory(self.precision, self.device_index) if self.on_device
                      else NumpyMemory(self.precision, ort))
-        self._sessions = SessionMaker(ort, self.artifact_dir, self.manifest, optimization)
+        self._sessions = SessionMaker(ort, self.artifact, optimization)
         self._load_sessions(wanted, threads, fused, provider_options or {})
         self._topk: OrtTopK | None = None  # the standard graph's top-k session (made when first needed)
         # the fused graph's top-k inputs: k, and the additive bias banning PAD, BOS (and EOS)
@@ -114,7 +118,7 @@ class OnnxRuntimeBackend(Backend):
         self._choose_wide_steps(wide_steps)
         # parts a large enough batch is decoded in (1: never): a small model's (it has a wide step session), on
         # the fused graph, and not for quantized graphs, whose rows' results depend on the rows beside them
-        partable = shards and self.fused and self.decoder_wide is not self.decoder and not quantization(self.manifest)
+        partable = shards and self.fused and self.decoder_wide is not self.decoder and not self.artifact.quantization
         self.shard_count = (threads or usable_cpus()) if partable else 1
         self._shard_views: list[OnnxRuntimeBackend] | None = None  # made when first needed
         self._shard_lock = threading.Lock()
@@ -124,18 +128,19 @@ class OnnxRuntimeBackend(Backend):
         ort = self.ort
         if provider not in PROVIDERS:
             raise BackendUnavailable(f"unknown onnxruntime provider {provider!r}",
-                                     hint=f"choose one of {sorted(PROVIDERS)}")
+                                     hint=f"choose one of {sorted(PROVIDERS)}", params=("provider",))
         wanted = PROVIDERS[provider]
         if wanted[0] not in ort.get_available_providers():
             raise BackendUnavailable(
                 f"{wanted[0]} is not available in this onnxruntime ({ort.get_available_providers()})",
-                hint="install onnxruntime-gpu for CUDA/TensorRT providers, or use --device cpu",
+                hint="install onnxruntime-gpu for CUDA/TensorRT providers, or decode on device cpu",
+                params=("device",),
             )
-        if provider != "cpu" and quantization(self.manifest):
+        if provider != "cpu" and self.artifact.quantization:
             raise BackendUnavailable(
-                f"{self.artifact_dir} has {quantization(self.manifest)} graphs (transduce export --quantize), "
+                f"{self.artifact.path} has {self.artifact.quantization} graphs (transduce export --quantize), "
                 f"which run on ONNX Runtime's CPU provider only, not {provider}",
-                hint="decode it with --device cpu, or export again without --quantize for the GPU")
+                hint="decode it on device cpu, or export again without --quantize for the GPU", params=("device",))
         self.provider = provider
         self.on_device = provider != "cpu"
         self.device_index = device_index if self.on_device else 0
@@ -176,7 +181,7 @@ class OnnxRuntimeBackend(Backend):
     def _fused_graph_usable(self) -> bool:
         """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
         CPU provider, when the artifact has one."""
-        return not self.on_device and contract.ORT_STEP_FILE in self.manifest["files"]
+        return not self.on_device and self.artifact.lists(contract.ORT_STEP_FILE)
 
     def _provider_options(self, provider: str, user: dict) -> tuple[dict, dict]:
         """Per-session provider options for the encoder and the step session (ort_sessions.gpu_provider_options);
@@ -184,7 +189,7 @@ class OnnxRuntimeBackend(Backend):
         if provider == "cpu":
             return user, user
         return gpu_provider_options(provider, user, self.device_index, self._mem.stream.cuda_stream, self.precision,
-                                    self.config, self.manifest["files"][contract.STEP_FILE]["sha256"])
+                                    self.config, self.artifact.manifest["files"][contract.STEP_FILE]["sha256"])
 
     def tuning(self) -> dict[str, Any]:
         """What this backend chose when it loaded: threads per session, which step session serves which row
@@ -206,13 +211,13 @@ class OnnxRuntimeBackend(Backend):
         """A one-row step run back to back on the one-thread session and on the budget's (time_one_row), at
         the middle of a 32-slot cache over a 16-token source of zeros: {"one_row_us": {"narrow": us, "wide": us}}."""
         lay, src = self.layout, 16
-        position = min(16, self.config["max_positions"] - 1)  # a slot the positional table has
+        position = min(16, self.config.max_positions - 1)  # a slot the positional table has
         enc: dict[str, Any] = {name: self._mem.from_numpy(np.zeros((1, lay.heads, src, lay.head_dim), self.float_dtype))
                                for name in lay.cross_names}
         enc["src_lengths"] = np.array([src], np.int64)
         state = self.begin(enc, np.zeros(1, np.int64), 32)
         try:
-            self._mem.fill(state.tokens, self.config["bos_id"], 1)
+            self._mem.fill(state.tokens, self.config.bos_id, 1)
             self._mem.fill(state.positions, position, 1)
             runs = {name: functools.partial(session.run_with_iobinding, self._binding_for(state, session))
                     for name, session in (("narrow", self.decoder), ("wide", self.decoder_wide))}
@@ -229,13 +234,14 @@ class OnnxRuntimeBackend(Backend):
     def only_step_graph(self, graph: str | None) -> Iterator[None]:
         """Meanwhile run every step, whatever its row count, on one step graph (one of step_graphs(); None:
         as the backend chooses)."""
-        with super().only_step_graph(graph):  # refuses a graph that is not one of step_graphs()
-            before = self._pinned
-            self._pinned = before if graph is None else graph
-            try:
-                yield
-            finally:
-                self._pinned = before
+        if graph is not None and graph not in self.step_graphs():
+            raise ValueError(f"{graph!r} is not one of this backend's step graphs {self.step_graphs()}")
+        before = self._pinned
+        self._pinned = before if graph is None else graph
+        try:
+            yield
+        finally:
+            self._pinned = before
 
     def _pinned_to_standard(self) -> bool:
         """Whether an artifact with the fused graph is meanwhile run on the standard one only."""
@@ -368,7 +374,7 @@ class OnnxRuntimeBackend(Backend):
         return fused
 
     def step(self, state: RunState, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        k = min(k, self.config["vocab_size"])
+        k = min(k, self.config.vocab_size)
         if self._run(state, tokens, k, ban_eos):
             values, ids = state.topk[k]
             return values[: state.rows].copy(), ids[: state.rows].copy()
@@ -401,3 +407,16 @@ class OnnxRuntimeBackend(Backend):
         if self._topk is not None:
             self._topk.bindings.clear()  # they point into buffers that are about to be reused
         state.release()
+
+
+def open_backend(path: str, spec) -> OnnxRuntimeBackend:
+    """The registry's loader: the artifact at `path` on the execution provider of spec.device (or the options'
+    provider), with spec's threads and the backend's own options (registry.OnnxRuntimeOptions)."""
+    from transduce.runtime.backends.registry import OnnxRuntimeOptions
+
+    kind, index = parse_device(spec.device, runs="the onnxruntime backend runs")
+    options = dataclasses.asdict(spec.options or OnnxRuntimeOptions())
+    provider = options.pop("provider") or kind
+    if provider != "cpu":  # its CUDA buffers, stream and providers on that GPU ("cuda": the first, as ORT's default)
+        options["device_index"] = index or 0
+    return OnnxRuntimeBackend(path, provider=provider, threads=spec.threads, verify=spec.verify, **options)

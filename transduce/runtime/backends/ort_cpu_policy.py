@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from transduce.formats.model_config import ModelConfig
+
 # Step threads: below this much arithmetic per decoding row and step (MFLOP), one intra-op thread is faster
 # than two, the pool's synchronisation costing more than it saves (design note: "Step threads").
 SMALL_STEP_MFLOP = 5.0
@@ -53,37 +55,37 @@ SHARD_MIN_ROWS = 8
 SHARD_MIN_PART_ROWS = 4
 
 
-def step_mflop_per_row(config: dict[str, Any]) -> float:
+def step_mflop_per_row(config: ModelConfig) -> float:
     """Multiply-adds x 2 of one decoder step for one row: the decoder's projections and the logits."""
-    d, ff, n = config["d_model"], config["d_ff"], config["decoder_layers"]
-    return 2.0 * (n * (4 * d * d + 2 * d * ff) + config["vocab_size"] * d) / 1e6
+    d, ff, n = config.d_model, config.d_ff, config.decoder_layers
+    return 2.0 * (n * (4 * d * d + 2 * d * ff) + config.vocab_size * d) / 1e6
 
 
-def small_steps(config: dict[str, Any]) -> bool:
+def small_steps(config: ModelConfig) -> bool:
     """Whether a model's steps are small enough for one intra-op thread (SMALL_STEP_MFLOP)."""
     return step_mflop_per_row(config) < SMALL_STEP_MFLOP
 
 
-def intra_op_threads(config: dict[str, Any], budget: int) -> int:
+def intra_op_threads(config: ModelConfig, budget: int) -> int:
     """Step threads to use within a budget (0: ONNX Runtime's default): one for small models."""
     if budget != 1 and small_steps(config):
         return 1
     return budget
 
 
-def encoder_mflop_per_token(config: dict[str, Any]) -> float:
+def encoder_mflop_per_token(config: ModelConfig) -> float:
     """Multiply-adds x 2 of the encoder graph per source token: its layers' projections and FFN, and
     every decoder layer's cross K/V projection."""
-    d, ff = config["d_model"], config["d_ff"]
-    return 2.0 * (config["encoder_layers"] * (4 * d * d + 2 * d * ff) + 2 * config["decoder_layers"] * d * d) / 1e6
+    d, ff = config.d_model, config.d_ff
+    return 2.0 * (config.encoder_layers * (4 * d * d + 2 * d * ff) + 2 * config.decoder_layers * d * d) / 1e6
 
 
-def narrow_encoder_run(config: dict[str, Any], tokens: int) -> bool:
+def narrow_encoder_run(config: ModelConfig, tokens: int) -> bool:
     """Whether an encoder run over `tokens` source positions runs on one thread (NARROW_ENCODER_MFLOP)."""
     return tokens * encoder_mflop_per_token(config) < NARROW_ENCODER_MFLOP
 
 
-def narrow_encoder_tokens(config: dict[str, Any]) -> int:
+def narrow_encoder_tokens(config: ModelConfig) -> int:
     """Source tokens per run from which the encoder runs on the whole budget (the bench reports it)."""
     return math.ceil(NARROW_ENCODER_MFLOP / encoder_mflop_per_token(config))
 
@@ -96,7 +98,7 @@ def bounded_spin(ort) -> bool:
         return True
 
 
-def pool_spin_us(config: dict[str, Any], bounded: bool) -> dict[str, int | None]:
+def pool_spin_us(config: ModelConfig, bounded: bool) -> dict[str, int | None]:
     """How long idle threads of each pool spin, us (0: not at all, None: onnxruntime's default). Where the
     spinning cannot be bounded the encoder does not spin: its ~16 ms would take a core from the steps."""
     if not bounded:
@@ -104,7 +106,7 @@ def pool_spin_us(config: dict[str, Any], bounded: bool) -> dict[str, int | None]
     return {"encoder": ENCODER_SPIN_US, "steps": SMALL_STEP_SPIN_US if small_steps(config) else STEP_SPIN_US}
 
 
-def wide_from_rows(config: dict[str, Any]) -> int:
+def wide_from_rows(config: ModelConfig) -> int:
     """The row count from which the "rows" rule runs a step on the budget's session (WIDE_STEP_MFLOP)."""
     return max(1, int(np.ceil(WIDE_STEP_MFLOP / step_mflop_per_row(config))))
 

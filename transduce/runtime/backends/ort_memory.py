@@ -17,7 +17,8 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable
 from transduce.formats.dtypes import PRECISION_DTYPES
-from transduce.runtime.backends.base import move_rows_torch, numpy_topk
+from transduce.runtime.backends.topk import numpy_topk
+from transduce.runtime.backends.torch_cache import move_rows_torch
 from transduce.runtime.devices import torch_device
 
 
@@ -185,7 +186,8 @@ class TorchCudaMemory:
         torch_device(f"cuda:{index}", error=BackendUnavailable, runs="the onnxruntime backend runs")
         if precision == "bf16":
             raise BackendUnavailable("bf16 artifacts are decoded by the tensorrt backend, not onnxruntime's IO "
-                                     "binding", hint="use --backend tensorrt, or export fp16/fp32 for onnxruntime")
+                                     "binding", hint="use backend tensorrt, or export fp16/fp32 for onnxruntime",
+                                     params=("backend",))
         self.torch = torch
         self.dtype = getattr(torch, PRECISION_DTYPES[precision])
         self.index = index

@@ -9,12 +9,14 @@ Big buffers come from the backend's memory pool and go back to it when the run e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from transduce.errors import InputError
+from transduce.formats.model_config import ModelConfig
 
 LAST_STEP = "last step"  # the key of RunState.bindings' entry for the last step's (key, session, binding, fused)
 
@@ -33,13 +35,44 @@ class StepLayout:
     vocab: int
 
     @classmethod
-    def of(cls, config: dict[str, Any]) -> StepLayout:
-        def names(kind: str) -> list[str]:
-            return [f"{kind}_{kv}_{i}" for i in range(config["decoder_layers"]) for kv in ("key", "value")]
+    def of(cls, config: ModelConfig) -> StepLayout:
+        n = config.decoder_layers
+        return cls(layer_names("past", n), layer_names("new", n), layer_names("present", n), layer_names("cross", n),
+                   config.n_heads, config.head_dim, config.vocab_size)
 
-        heads = config["n_heads"]
-        return cls(names("past"), names("new"), names("present"), names("cross"), heads,
-                   config["d_model"] // heads, config["vocab_size"])
+
+def layer_names(kind: str, layers: int) -> list[str]:
+    """The per-layer tensor names of a step graph in the contract's order: kind_key_0, kind_value_0, kind_key_1..."""
+    return [f"{kind}_{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
+
+
+def bind_step(binding, mem, fused: bool, *, tokens, positions, cross: dict[str, Any], cache: Sequence[Any],
+              log_probs, new: Sequence[Any] = (), topk: tuple | None = None) -> None:
+    """Bind every input and output of one run of a step graph by pointer (mem.bind): the standard graph's
+    (decoder_step.onnx: past_* read, this step's K/V written to `new`) or the fused one's (decoder_step.ort.onnx:
+    its attention writes slot `positions` of the cache itself, so present_* are bound onto the past_* buffers,
+    and it picks the top-k: topk = (k, ban bias, values, ids)). cache, new: one buffer per layer's K and V, in
+    the contract's order; cross: cross_* and src_lengths. The one place either graph is bound: the backend's
+    runs and the export's validation of the fused graph (verify.graph_runners) go through it."""
+    layers = len(cache) // 2
+    mem.bind(binding, "tokens", tokens, True)
+    mem.bind(binding, "positions", positions, True)
+    for name, arr in cross.items():
+        mem.bind(binding, name, arr, True)
+    for name, arr in zip(layer_names("past", layers), cache, strict=True):
+        mem.bind(binding, name, arr, True)
+    mem.bind(binding, "log_probs", log_probs, False)
+    if fused:
+        k, bias, values, ids = topk
+        for name, arr in zip(layer_names("present", layers), cache, strict=True):
+            mem.bind(binding, name, arr, False)
+        mem.bind(binding, "topk_k", k, True)
+        mem.bind(binding, "topk_bias", bias, True)
+        mem.bind(binding, "topk_values", values, False)
+        mem.bind(binding, "topk_ids", ids, False)
+    else:
+        for name, arr in zip(layer_names("new", layers), new, strict=True):
+            mem.bind(binding, name, arr, False)
 
 
 def cross_rows(row_src: np.ndarray, per_source: bool) -> np.ndarray:
@@ -132,26 +165,15 @@ class RunState:
         b = self.bindings.get(key)
         if b is not None:
             return b
-        mem, lay = self.mem, self.layout
         b = session.io_binding()
-        mem.bind(b, "tokens", self.tokens[:r], True)
-        mem.bind(b, "positions", self.positions[:r], True)
-        for name, arr in self.cross.items():
-            mem.bind(b, name, arr, True)
-        for i, name in enumerate(lay.cache_names):
-            mem.bind(b, name, self.cache[i, :r], True)
-        mem.bind(b, "log_probs", self.outputs["log_probs"][:r], False)
-        if fused:  # the fused graph writes slot `position` of the cache itself, and picks the top-k
-            for i, name in enumerate(lay.present_names):
-                mem.bind(b, name, self.cache[i, :r], False)
-            mem.bind(b, "topk_k", topk_k, True)
-            mem.bind(b, "topk_bias", ban_bias, True)
+        layers = range(len(self.layout.cache_names))
+        topk = None
+        if fused:
             values, ids = self.topk_buffers(k)
-            mem.bind(b, "topk_values", values[:r], False)
-            mem.bind(b, "topk_ids", ids[:r], False)
-        else:
-            for i, name in enumerate(lay.new_names):
-                mem.bind(b, name, self.outputs["new"][i, :r], False)
+            topk = (topk_k, ban_bias, values[:r], ids[:r])
+        bind_step(b, self.mem, fused, tokens=self.tokens[:r], positions=self.positions[:r], cross=self.cross,
+                  cache=[self.cache[i, :r] for i in layers], log_probs=self.outputs["log_probs"][:r],
+                  new=[] if fused else [self.outputs["new"][i, :r] for i in layers], topk=topk)
         self.bindings[key] = b
         return b
 

@@ -4,11 +4,11 @@ each graph's inputs and outputs against the artifact's contract when its session
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from transduce.errors import BackendUnavailable
-from transduce.formats.artifact import rebuild_hint
+from transduce.formats.artifact import Artifact
 from transduce.formats.dtypes import ort_type
+from transduce.formats.model_config import ModelConfig
 from transduce.runtime.backends.ort_cpu_policy import UNFUSED
 from transduce.runtime.checks import check_graph_io
 
@@ -26,7 +26,7 @@ OPTIMIZATION_LEVELS = {  # the backend's `optimization` option -> onnxruntime.Gr
 CPU = PROVIDERS["cpu"]
 
 
-def check_io(session, graph_file: str, manifest: dict[str, Any], artifact_dir: str) -> None:
+def check_io(session, graph_file: str, artifact: Artifact) -> None:
     """Refuse a session whose graph's IO, as ONNX Runtime reads it, is not the contract's for this manifest
     (checks.check_graph_io, which check_artifact ran on the graph's header before: this holds a file
     replaced since, when the hashes were not checked)."""
@@ -34,15 +34,15 @@ def check_io(session, graph_file: str, manifest: dict[str, Any], artifact_dir: s
     def triples(args):
         return [(a.name, ort_type(a.type), tuple(a.shape)) for a in args]
 
-    check_graph_io(artifact_dir, graph_file, manifest, triples(session.get_inputs()), triples(session.get_outputs()))
+    check_graph_io(artifact, graph_file, triples(session.get_inputs()), triples(session.get_outputs()))
 
 
 class SessionMaker:
-    """Makes the sessions of one artifact's graphs, at one optimization level, each checked against the
-    contract (check_io) before it is used."""
+    """Makes the sessions of one artifact's graphs, at one optimization level, each from the file the artifact
+    holds open (the one its checks read) and checked against the contract (check_io) before it is used."""
 
-    def __init__(self, ort, artifact_dir: str, manifest: dict[str, Any], optimization: str):
-        self.ort, self.artifact_dir, self.manifest = ort, artifact_dir, manifest
+    def __init__(self, ort, artifact: Artifact, optimization: str):
+        self.ort, self.artifact = ort, artifact
         self.level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization])
 
     def options(self, n_threads: int, spin_us: int | None):
@@ -63,19 +63,20 @@ class SessionMaker:
     def make(self, graph_file: str, n_threads: int, spin_us: int | None, providers: list = CPU,
              unfused: bool = True):
         """A session of the artifact's `graph_file` (unfused: without the fusions UNFUSED names)."""
-        path = os.path.join(self.artifact_dir, graph_file)
+        artifact = self.artifact
+        path = artifact.graph_file(graph_file)  # the file its checks read, not whatever has its name now
         try:
             session = self.ort.InferenceSession(path, self.options(n_threads, spin_us), providers=providers,
                                                 disabled_optimizers=UNFUSED if unfused else [])
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph classes
-            raise BackendUnavailable(f"onnxruntime could not load {path}: {e}",
-                                     hint=rebuild_hint(self.artifact_dir, self.manifest)) from None
-        check_io(session, graph_file, self.manifest, self.artifact_dir)
+            raise BackendUnavailable(f"onnxruntime could not load {artifact.files.display(graph_file)}: {e}",
+                                     hint=artifact.rebuild_hint()) from None
+        check_io(session, graph_file, artifact)
         return session
 
 
 def gpu_provider_options(provider: str, user: dict, device_index: int, stream_handle: int, precision: str,
-                         config: dict[str, Any], step_sha256: str) -> tuple[dict, dict]:
+                         config: ModelConfig, step_sha256: str) -> tuple[dict, dict]:
     """Per-session provider options for the encoder and the step session on a GPU provider.
 
     CUDA: TF32 off for fp32 graphs (it breaks fp32 parity on Ampere and newer), and ORT runs on the

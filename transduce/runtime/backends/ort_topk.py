@@ -3,9 +3,9 @@ log-probs buffer (the fused step graph picks its top-k itself)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from transduce.formats.model_config import ModelConfig
 
 
 class OrtTopK:
@@ -16,11 +16,11 @@ class OrtTopK:
     rule; numpy_topk's argpartition may order exact ties otherwise).
     """
 
-    def __init__(self, ort, config: dict[str, Any], bias: dict[bool, np.ndarray]):
+    def __init__(self, ort, config: ModelConfig, bias: dict[bool, np.ndarray]):
         import onnx
         from onnx import TensorProto, helper
 
-        v = config["vocab_size"]
+        v = config.vocab_size
         graph = helper.make_graph(
             [helper.make_node("Add", ["log_probs", "bias"], ["biased"]),
              helper.make_node("TopK", ["biased", "k"], ["values", "ids"], axis=-1, largest=1, sorted=1)],

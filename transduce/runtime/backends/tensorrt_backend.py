@@ -36,11 +36,13 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable, EngineError
 from transduce.formats import engine as engine_format
-from transduce.formats.profiles import choose_chunks, plan_from_meta
+from transduce.formats.profiles import choose_chunks
 from transduce.runtime.backends import tensorrt_support as trt_support
-from transduce.runtime.backends.base import Backend, banned_ids, move_rows_torch
+from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.cuda_graphs import CudaCapturer, GraphSet, GraphStats
 from transduce.runtime.backends.tensorrt_runner import ALIGN, EngineRunner, freeze
+from transduce.runtime.backends.topk import banned_ids
+from transduce.runtime.backends.torch_cache import move_rows_torch
 from transduce.runtime.checks import check_engine_dir
 
 
@@ -92,11 +94,11 @@ class TensorRTBackend(Backend):
         `_trt` / `_runtime` inject a TensorRT module and runtime identity (tests only; with an injected
         module device="cpu" is accepted so the test double can run on host memory).
         """
-        self.engine_dir = os.path.abspath(os.fspath(engine_dir))
-        # the directory's mistakes first (no such directory, an artifact or model given instead; `transduce
-        # inspect` runs the same checks): they are what to fix before TensorRT, CUDA or PyTorch being missing
-        # here matters
-        check_engine_dir(self.engine_dir, verify_hashes=False)
+        # the directory's mistakes first (no such directory, an artifact or model given instead, an edited
+        # description; `transduce inspect` runs the same checks): they are what to fix before TensorRT, CUDA or
+        # PyTorch being missing here matters. The files are held open: the plans loaded are the ones checked.
+        self.engine = check_engine_dir(engine_dir, verify_hashes=False)
+        self.engine_dir = self.engine.path
         torch = _torch()
         self.torch = torch
         self._log = log or (lambda msg: None)
@@ -108,22 +110,26 @@ class TensorRTBackend(Backend):
             idx = trt_support.device_index(device)
             if not torch.cuda.is_available():
                 raise BackendUnavailable("the tensorrt backend needs a CUDA GPU and PyTorch sees none here",
-                                         hint=trt_support.GPU_HINT + " (or decode with --backend onnxruntime on CPU)")
+                                         hint=trt_support.GPU_HINT + " (or decode with backend onnxruntime on CPU)",
+                                         params=("backend",))
             self.device = torch.device("cuda", idx)
         self.on_cuda = self.device.type == "cuda"
         if _runtime is None:
             _runtime = trt_support.current_runtime(self.device.index or 0, trt)
+        if verify:
+            self.engine.verify_files()  # every sha256, on the files already open
+        self.engine.check_runtime(_runtime)  # the TensorRT version and GPU the plans were built for
+        self.meta = self.engine.meta
         # the engine directory holds the artifact: tokenizer, manifest (parity and `load` read it)
-        self.meta, self.manifest = check_engine_dir(self.engine_dir, verify_hashes=verify, runtime=_runtime)
-        self.artifact_dir = self.engine_dir
-        self.config = self.manifest["model"]
-        self.precision = self.manifest["precision"]
-        self.plan = plan_from_meta(self.meta)
+        self.artifact = self.engine.artifact
+        self.config = self.artifact.config
+        self.precision = self.artifact.precision
+        self.plan = self.engine.plan
         cfg = self.config
-        self.n_layers = cfg["decoder_layers"]
-        self.heads = cfg["n_heads"]
-        self.head_dim = cfg["d_model"] // self.heads
-        self.vocab = cfg["vocab_size"]
+        self.n_layers = cfg.decoder_layers
+        self.heads = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.vocab = cfg.vocab_size
         self.cache_names = [f"past_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.new_names = [f"new_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
         self.cross_names = [f"cross_{kv}_{i}" for i in range(self.n_layers) for kv in ("key", "value")]
@@ -138,12 +144,10 @@ class TensorRTBackend(Backend):
         rebuild = engine_format.rebuild_command(self.engine_dir, self.meta)
         self._logger = trt_support.make_logger(trt, self._log)
         self._runtime = trt.Runtime(self._logger.ilogger)
-        self._enc = EngineRunner(trt, torch, self._runtime, self._logger,
-                                 os.path.join(self.engine_dir, engine_format.ENCODER_PLAN), "encoder",
-                                 self.plan.encoder, cfg, self.precision, rebuild)
-        self._step = EngineRunner(trt, torch, self._runtime, self._logger,
-                                  os.path.join(self.engine_dir, engine_format.STEP_PLAN), "decoder_step",
-                                  self.plan.decoder_step, cfg, self.precision, rebuild)
+        self._enc = EngineRunner(trt, torch, self._runtime, self._logger, self.engine.files, engine_format.ENCODER_PLAN,
+                                 "encoder", self.plan.encoder, cfg, self.precision, rebuild)
+        self._step = EngineRunner(trt, torch, self._runtime, self._logger, self.engine.files, engine_format.STEP_PLAN,
+                                  "decoder_step", self.plan.decoder_step, cfg, self.precision, rebuild)
         for name in self.cross_names:  # the encoder's outputs are the step's inputs, bound as they are
             if self._enc.dtypes[name] != self._step.dtypes[name]:
                 raise EngineError(f"{name}: the encoder engine writes {self._enc.dtypes[name]}, the step engine reads "
@@ -219,7 +223,7 @@ class TensorRTBackend(Backend):
         src_ids = np.ascontiguousarray(src_ids, np.int64)
         batch, src_len = src_ids.shape
         chunks = choose_chunks(batch, self.plan.encoder, src_len)
-        d, h, dh = self.config["d_model"], self.heads, self.head_dim
+        d, h, dh = self.config.d_model, self.heads, self.head_dim
         dt = self._enc.dtypes
         with self._on_stream():
             ids = self._to_device(src_ids, dt["src_ids"])
@@ -418,3 +422,13 @@ class TensorRTBackend(Backend):
                     move_rows_torch(state.cache, idx[: moved.size], idx[moved.size:], p)
         state.rows = n
         self._gather_cross(state, np.asarray(row_src, np.int64))
+
+
+def open_backend(path: str, spec) -> TensorRTBackend:
+    """The registry's loader: the engine directory at `path` on spec.device's GPU (TensorRT runs on CUDA only, so
+    the default device cpu means the default GPU; parity keeps its torch reference on the CPU)."""
+    from transduce.runtime.devices import parse_device
+
+    _, index = parse_device(spec.device, runs="the tensorrt backend runs")
+    return TensorRTBackend(path, device="cuda" if index is None else f"cuda:{index}", cuda_graph=spec.cuda_graph,
+                           verify=spec.verify)

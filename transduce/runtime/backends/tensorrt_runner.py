@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transduce.errors import EngineError
+from transduce.formats.model_config import ModelConfig
+from transduce.io.pinned import PinnedDir
 from transduce.runtime.backends import tensorrt_support as trt_support
 
 ALIGN = 256  # bytes: every tensor address given to TensorRT is a multiple of this (IExecutionContext.setTensorAddress)
@@ -30,13 +32,13 @@ class ExecContext:
 class EngineRunner:
     """One deserialized plan: its IO dtypes, its profiles and one execution context per profile."""
 
-    def __init__(self, trt, torch, runtime, logger, path: str, graph: str, profiles, config: dict, precision: str,
-                 rebuild: str):
+    def __init__(self, trt, torch, runtime, logger, files: PinnedDir, plan_file: str, graph: str, profiles,
+                 config: ModelConfig, precision: str, rebuild: str):
+        """files: the engine directory held open (the plan read is the one its checks hashed)."""
+        path = files.display(plan_file)
         self.trt, self.torch, self.graph, self.path, self.profiles = trt, torch, graph, path, tuple(profiles)
         self.logger, self.rebuild = logger, rebuild
-        with open(path, "rb") as f:
-            data = f.read()
-        self.engine = runtime.deserialize_cuda_engine(data)
+        self.engine = runtime.deserialize_cuda_engine(files.read_bytes(plan_file))
         if self.engine is None:
             raise EngineError(f"TensorRT could not deserialize {path}: {logger.recent() or 'no error reported'}",
                               hint=f"rebuild the engines with: {rebuild}")

@@ -14,6 +14,7 @@ from transduce.formats.contract import io_mismatches
 from transduce.formats.dtypes import tensorrt_type
 from transduce.formats.engine import RuntimeInfo
 from transduce.formats.engine import read_engine_manifest as read_engine_description
+from transduce.formats.model_config import ModelConfig
 from transduce.formats.profiles import ProfileSpec, graph_inputs, graph_outputs, profile_shapes
 
 MIN_TENSORRT_MAJOR = 10
@@ -176,7 +177,7 @@ def engine_io(trt, engine) -> tuple[dict[str, str], dict[str, str]]:
     return ins, outs
 
 
-def check_engine(trt, engine, graph: str, config: dict[str, Any], precision: str,
+def check_engine(trt, engine, graph: str, config: ModelConfig, precision: str,
                  profiles: Sequence[ProfileSpec]) -> list[str]:
     """Problems of a deserialized engine against the contract and the profiles it should have."""
     ins, outs = engine_io(trt, engine)

@@ -1,19 +1,26 @@
 """The eager PyTorch backend: the reference model itself, on CPU or CUDA, under the same cache contract.
 
-It loads no artifact (artifact_dir and manifest are None), has one step function rather than step graphs,
-and keeps the protocol's defaults for its optional members: nothing to hand back at `end`, no parts. It
-admits rows into a running batch (their own positions; cross K/V padded to the widest source)."""
+Opened over an artifact (open_backend), it decodes the model directory the artifact was exported from,
+checked to hold the same weights and config; made from a model, it has no artifact. It has one step
+function rather than step graphs, nothing to hand back at `end`, no parts. Capabilities: it admits rows
+into a running batch (their own positions; cross K/V padded to the widest source), gives full log-probs
+and encoder outputs, and reports its precision (tuning)."""
 
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from transduce.errors import BackendUnavailable
-from transduce.runtime.backends.base import Backend, banned_ids, renumbered_sources
+from transduce.errors import ArtifactError, BackendUnavailable, ConfigError
+from transduce.formats.artifact import Artifact
+from transduce.formats.model_config import ModelConfig
+from transduce.formats.model_dir import ModelDir
+from transduce.runtime.backends.base import Backend, renumbered_sources
+from transduce.runtime.backends.topk import banned_ids
 
 
 @dataclass
@@ -61,7 +68,7 @@ class TorchBackend(Backend):
 
         if precision not in PRECISION_DTYPES:
             raise BackendUnavailable(f"the torch backend has no precision {precision!r}",
-                                     hint=f"one of {', '.join(PRECISION_DTYPES)}")
+                                     hint=f"one of {', '.join(PRECISION_DTYPES)}", params=("precision",))
         self.torch = torch
         self.device = torch.device(torch_device(device, unavailable=BackendUnavailable))
         self.precision = precision
@@ -69,10 +76,11 @@ class TorchBackend(Backend):
         if next(model.parameters()).dtype != self.dtype:  # the caller's model keeps its weights
             model = copy.deepcopy(model).to(self.dtype)
         self.model = model.to(self.device).eval()
-        self.config = model.cfg.to_dict()
+        self.config: ModelConfig = model.cfg
 
     @classmethod
-    def from_model_dir(cls, path: str, device: str = "cpu", precision: str = "fp32", **options) -> TorchBackend:
+    def from_model_dir(cls, path: str | ModelDir, device: str = "cpu", precision: str = "fp32",
+                       **options) -> TorchBackend:
         from transduce.models.checkpoint import load_model_dir
 
         model, _, _ = load_model_dir(path, device="cpu")
@@ -101,8 +109,8 @@ class TorchBackend(Backend):
         torch = self.torch
         cfg = self.config
         rows = len(row_src)
-        shape = (rows, cfg["n_heads"], max(int(capacity), 1), cfg["d_model"] // cfg["n_heads"])
-        n = cfg["decoder_layers"]
+        shape = (rows, cfg.n_heads, max(int(capacity), 1), cfg.head_dim)  # (R, H, C, Dh)
+        n = cfg.decoder_layers
         state = _State(enc, np.array([-1]), [], [], None,
                        [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)],
                        [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)])
@@ -201,3 +209,68 @@ class TorchBackend(Backend):
             state.position, state.row_pos = 0, None
         state.row_src = np.array([-1])  # the merged results: gathered again
         self._gather_cross(state, np.concatenate([inverse, len(kept) + np.arange(n_new)]))
+
+
+def open_backend(path: str, spec) -> TorchBackend:
+    """The registry's loader: the eager model the artifact at `path` was exported from (spec.model_dir: another
+    copy of it), at spec.precision, under CUDA graphs with spec.cuda_graph."""
+    from transduce.runtime.checks import check_artifact
+
+    artifact = check_artifact(path, verify_hashes=spec.verify)  # what load() reads the tokenizer from
+    model_dir = source_model(artifact, spec.model_dir)
+    if spec.threads:  # torch's thread count is process-wide: it holds for every torch model in this process
+        import torch
+
+        torch.set_num_threads(spec.threads)
+    precision = spec.precision or "fp32"
+    if spec.cuda_graph:
+        from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
+
+        backend = TorchGraphBackend.from_model_dir(model_dir, device=spec.device, precision=precision)
+    else:
+        backend = TorchBackend.from_model_dir(model_dir, device=spec.device, precision=precision)
+    backend.artifact = artifact
+    return backend
+
+
+def source_model(artifact: Artifact, model_dir: str | None = None) -> ModelDir:
+    """The model directory an artifact was exported from (for the torch backend and parity), checked to hold the
+    weights (by the sha256 config.json records) and the model config the artifact was exported with."""
+    src = artifact.manifest.get("source_model", {})
+    path = model_dir or src.get("path")
+    if model_dir and not os.path.isdir(model_dir):
+        raise ArtifactError(f"model_dir {model_dir!r} is not a directory",
+                            hint=f"pass the model directory {artifact.path!r} was exported from"
+                                 + (f" (its manifest names {src['path']!r})" if src.get("path") else ""),
+                            params=("model_dir",))
+    if not path or not os.path.isdir(path):
+        raise ArtifactError(
+            f"the eager model that {artifact.path!r} was exported from is not available"
+            + (f" (manifest says {path!r})" if path else ""),
+            hint="pass model_dir MODEL_DIR", params=("model_dir",),
+        )
+    source = ModelDir.load(path)
+    want = src.get("weights_sha256")
+    if want and source.weights_sha256 != want:  # a config that records no weights is a CheckpointError
+        raise ArtifactError(f"{path!r} holds other weights than the ones {artifact.path!r} was exported from",
+                            hint="pass model_dir with the model directory the artifact was exported from, or "
+                                 "re-export", params=("model_dir",))
+    theirs, ours = _full_config(source.description.get("model")), artifact.config.to_dict()
+    if theirs is not None and theirs != ours:  # same weights, edited config
+        diff = [f"{k} {ours.get(k)!r} vs {theirs.get(k)!r}" for k in sorted(set(ours) | set(theirs))
+                if ours.get(k) != theirs.get(k)]
+        raise ArtifactError(f"{path!r} has the weights {artifact.path!r} was exported from but another model config "
+                            f"(artifact vs model: {'; '.join(diff[:4])})",
+                            hint="restore the model directory's config.json, or re-export from it")
+    return source
+
+
+def _full_config(model: object) -> dict | None:
+    """A model config with its defaults filled in (a minimal config.json and the manifest's full one compare
+    equal), or None if it is not a valid one (loading reports that)."""
+    if not isinstance(model, dict):
+        return None
+    try:
+        return ModelConfig.from_dict(model).to_dict()
+    except ConfigError:
+        return None

@@ -39,9 +39,11 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import BackendUnavailable
-from transduce.runtime.backends.base import ban_bias, move_rows_torch, renumbered_sources
+from transduce.runtime.backends.base import renumbered_sources
 from transduce.runtime.backends.cuda_graphs import CudaCapturer, GraphSet, GraphStats, length_bucket, row_bucket
+from transduce.runtime.backends.topk import ban_bias
 from transduce.runtime.backends.torch_backend import TorchBackend, merge_padded
+from transduce.runtime.backends.torch_cache import move_rows_torch
 
 SRC_STEP = 16  # source lengths are captured in multiples of this many positions
 CAPACITY_STEP = 32  # and cache capacities in multiples of this many slots
@@ -114,10 +116,10 @@ class TorchGraphBackend(TorchBackend):
             self.stream, self.capturer = None, _capturer
         else:
             raise BackendUnavailable("CUDA graphs need a CUDA device, and this torch backend runs on the CPU",
-                                     hint="--device cuda, or leave out --cuda-graph")
+                                     hint="run it on device cuda, or without cuda_graph", params=("cuda_graph",))
         cfg = self.config
-        self.layers, self.heads = cfg["decoder_layers"], cfg["n_heads"]
-        self.head_dim, self.vocab = cfg["d_model"] // cfg["n_heads"], cfg["vocab_size"]
+        self.layers, self.heads = cfg.decoder_layers, cfg.n_heads
+        self.head_dim, self.vocab = cfg.head_dim, cfg.vocab_size
         self.stats = GraphStats()
         self._slabs: list[_Slab] = []  # least recently taken first
         self._encoders: collections.OrderedDict[tuple, _EncoderSlab] = collections.OrderedDict()
@@ -149,8 +151,8 @@ class TorchGraphBackend(TorchBackend):
     def encode(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> _Encoded:
         src_ids = np.ascontiguousarray(src_ids, np.int64)
         b, s = src_ids.shape
-        slab = self._encoder_slab((row_bucket(b), length_bucket(s, SRC_STEP, self.config["max_positions"])))
-        ids = np.full(slab.key, self.config["pad_id"], np.int64)
+        slab = self._encoder_slab((row_bucket(b), length_bucket(s, SRC_STEP, self.config.max_positions)))
+        ids = np.full(slab.key, self.config.pad_id, np.int64)
         ids[:b, :s] = src_ids
         lengths = np.ones(slab.key[0], np.int64)  # padding rows: one position, so their softmax has a key
         lengths[:b] = src_lengths
@@ -174,7 +176,7 @@ class TorchGraphBackend(TorchBackend):
         b, s = key
         with self._work():
             slab = _EncoderSlab(key, self._zeros(key, self.torch.long), self._zeros((b,), self.torch.long),
-                                self._zeros((b, s, self.config["d_model"])),
+                                self._zeros((b, s, self.config.d_model)),
                                 self._zeros((b, 2 * self.layers, self.heads, s, self.head_dim)),
                                 GraphSet(self.capturer, self.stats, "encoder", warm_keys=1))
         if len(self._encoders) >= MAX_ENCODER_SLABS:
@@ -193,7 +195,7 @@ class TorchGraphBackend(TorchBackend):
 
     # -- slabs ------------------------------------------------------------------------------------
     def _key(self, rows: int, state: _State) -> tuple[int, int, int]:
-        cap = length_bucket(state.capacity, CAPACITY_STEP, self.config["max_positions"])
+        cap = length_bucket(state.capacity, CAPACITY_STEP, self.config.max_positions)
         return row_bucket(rows), cap, int(state.enc.cross.shape[3])
 
     def _fits(self, slab: _Slab, rows: int, state: _State) -> bool:
@@ -286,7 +288,7 @@ class TorchGraphBackend(TorchBackend):
         if r and int(state.row_pos.max()) >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {int(state.row_pos.max())}")
         host = slab.io_host.numpy()
-        host[0, :r], host[0, r:] = tokens, self.config["pad_id"]
+        host[0, :r], host[0, r:] = tokens, self.config.pad_id
         host[1, :r], host[1, r:] = state.row_pos, 0
         with self._work():
             slab.io.copy_(slab.io_host, non_blocking=True)  # the last step's read-back waited for the last copy

@@ -28,10 +28,11 @@ import threading
 
 import numpy as np
 
-from transduce.errors import InputError
-from transduce.runtime.backends.base import Backend, usable_cpus
+from transduce.errors import BackendUnavailable, InputError
+from transduce.runtime.backends.base import Backend, FullOutputs, Shards
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions
 from transduce.runtime.decoding.running import RunningBatch
+from transduce.runtime.devices import usable_cpus
 
 
 def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
@@ -49,7 +50,7 @@ def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, optio
         return []
     greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
     search = "greedy" if greedy else "beam"  # resolved once, for every part
-    parts = backend.shards(len(src_ids), 1 if greedy else options.beam_size)
+    parts = backend.shards(len(src_ids), 1 if greedy else options.beam_size) if isinstance(backend, Shards) else None
     if parts and len(parts) > 1:
         return _decode_in_parts(parts, src_ids, src_lengths, options, search)
     return _decode_one(backend, src_ids, src_lengths, options, search)
@@ -133,7 +134,9 @@ def _decode_in_parts(parts: list[Backend], src_ids: np.ndarray, src_lengths: np.
 
 def teacher_forced_log_probs(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray,
                              tgt_in: np.ndarray) -> np.ndarray:
-    """Step the backend over given target prefixes: (B, T) tokens -> (B, T, V) log-probs."""
+    """Step the backend over given target prefixes: (B, T) tokens -> (B, T, V) log-probs (FullOutputs)."""
+    if not isinstance(backend, FullOutputs):
+        raise BackendUnavailable(f"the {backend.name} backend gives no full log-probs (step_log_probs)")
     encoded = backend.encode(np.ascontiguousarray(src_ids, np.int64), np.ascontiguousarray(src_lengths, np.int64))
     b, t = tgt_in.shape
     state = backend.begin(encoded, np.arange(b), max(t, 1))

@@ -1,9 +1,14 @@
-"""Decoding options and results, and the maximum length formula (decoding.py has the rules)."""
+"""Decoding options and results, and the maximum length formula (offline.py has the rules).
+
+DecodingOptions is the one list of the options: `Translator.translate`'s keywords, the command line's flags
+(transduce.cli.options) and the HTTP API's fields are its fields, each with its help in the field's metadata.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,15 +17,35 @@ from transduce.errors import InputError
 LENGTH_PENALTIES = ("gnmt", "plain", "none")
 
 
+def _option(default, help: str, **metadata):
+    """A field with its help (and choices) for the command line and the API's documentation."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
-    beam_size: int = 4  # k; 1 is greedy search
-    length_penalty: float = 0.6  # alpha
-    length_penalty_form: str = "gnmt"  # "gnmt", "plain" or "none"
-    max_len_a: float = 1.0  # max length = a * source length + b
-    max_len_b: int = 50
-    min_length: int = 0  # EOS is forbidden before this many tokens (EOS included in the count)
-    nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
+    beam_size: int = _option(4, "Beam size k (1 = greedy search).")
+    length_penalty: float = _option(0.6, "alpha of the length penalty ((5+len)/6)^alpha (gnmt) or len^alpha (plain).")
+    length_penalty_form: str = _option("gnmt", "How scores are normalised by length: gnmt ((5+len)/6)^alpha, plain "
+                                               "len^alpha, or none.", choices=LENGTH_PENALTIES)
+    max_len_a: float = _option(1.0, "Maximum output length = max_len_a x source length + max_len_b.")
+    max_len_b: int = _option(50, "Maximum output length = max_len_a x source length + max_len_b.")
+    min_length: int = _option(0, "Fewest output tokens, EOS included: EOS is not taken before (0: no minimum).")
+    nbest: int = _option(1, "Hypotheses returned per sentence, best first (at most beam_size).")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The options' names: translate()'s keywords, the HTTP API's fields."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def of(cls, given: dict, call: str, defaults: DecodingOptions | None = None) -> DecodingOptions:
+        """The options `given` by name over `defaults` (None: the paper's); a TypeError naming `call` for a name
+        that is not one of them, as a misspelt keyword of a function is."""
+        unknown = sorted(set(given) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"{call} got unexpected option(s) {', '.join(unknown)}: it takes {', '.join(cls.names())}")
+        return dataclasses.replace(defaults, **given) if defaults is not None else cls(**given)
 
     def __post_init__(self) -> None:
         # messages name the parameters as Python spells them (params=: a command line spells its flags)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from transduce.errors import BackendUnavailable, TransduceError
-from transduce.runtime.backends.base import Backend, admits_rows, renumbered_sources
+from transduce.runtime.backends.base import AdmitsRows, Backend, renumbered_sources
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, max_lengths
 from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
 
@@ -34,6 +34,7 @@ class RunningBatch:
         """capacity: cache positions per row of each state (None: the first cohort's longest maximum length,
         as offline decoding allocates; a server passes the model's max_positions)."""
         self.backend = backend
+        self.admits = isinstance(backend, AdmitsRows)  # rows join a running state (else only an empty batch)
         self.capacity = capacity
         self.state = None
         self.state_capacity = 0
@@ -51,7 +52,7 @@ class RunningBatch:
 
     def can_admit(self) -> bool:
         """Whether a cohort can join now: the batch is empty or the backend admits rows into a running state."""
-        return not self.cohorts or admits_rows(self.backend)
+        return not self.cohorts or self.admits
 
     def admit(self, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions, search: str = "auto",
               on_tokens: TokenListener | None = None) -> Cohort:
@@ -59,7 +60,7 @@ class RunningBatch:
         step on. search: "auto" (greedy for beam_size 1), "greedy" or "beam". on_tokens: greedy only."""
         backend, cfg = self.backend, self.backend.config
         greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
-        lens = max_lengths(src_lengths, options, cfg["max_positions"])
+        lens = max_lengths(src_lengths, options, cfg.max_positions)
         cohort: Cohort = GreedyCohort(lens, options, cfg, on_tokens) if greedy else BeamCohort(lens, options, cfg)
         n = len(src_lengths)
         if self.state is not None and not self.cohorts:
@@ -73,7 +74,7 @@ class RunningBatch:
             if int(lens.max()) > self.state_capacity:
                 raise CapacityError(f"a maximum length of {int(lens.max())} tokens does not fit the running batch's "
                                     f"{self.state_capacity} positions", hint="admit it once the batch is empty")
-            if not admits_rows(backend):
+            if not self.admits:
                 raise BackendUnavailable(f"the {backend.name} backend cannot add sentences to a running batch",
                                          hint="admit them once the running batch is empty (can_admit says when)")
             encoded = backend.encode(src_ids, src_lengths)
@@ -100,7 +101,7 @@ class RunningBatch:
             return []
         if len(cohorts) == 1:  # offline decoding's every step: the search's own calls, nothing around them
             return self._step_one(cohorts[0])
-        eos, vocab = backend.config["eos_id"], backend.config["vocab_size"]
+        eos, vocab = backend.config.eos_id, backend.config.vocab_size
         bans = [c.ban_eos for c in cohorts]
         kk = max(c.kk for c in cohorts)
         mixed = any(bans) and not all(bans)  # then EOS is taken out here, for the cohorts that ban it

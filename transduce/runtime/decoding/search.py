@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from transduce.formats.model_config import ModelConfig
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, Hypothesis
 
 # on_tokens(sentences, tokens): after each greedy step, the cohort's sentences that stepped and their new
@@ -34,10 +35,10 @@ class Cohort:
     src_of: np.ndarray  # (sentences,) each sentence's source in the backend state (the running batch's)
     src_identity = False  # src_of is arange(sentences): row_sent is the rows' sources as it is
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: dict):
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig):
         self.max_len = max_len
         self.options = options
-        self.eos = cfg["eos_id"]
+        self.eos = cfg.eos_id
         self.n = len(max_len)
         self.t = 0  # steps made
         self.done = []
@@ -61,7 +62,7 @@ class GreedyCohort(Cohort):
 
     kk = 1
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: dict,
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig,
                  on_tokens: TokenListener | None = None):
         super().__init__(max_len, options, cfg)
         n = self.n
@@ -72,7 +73,7 @@ class GreedyCohort(Cohort):
         self.everyone = True  # row_sent is arange(n)
         self.live_max = max_len  # max_len[row_sent]
         self.first_end = int(max_len.min())  # no row reaches its maximum length before this step count
-        self.tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
+        self.tokens = np.full(n, cfg.bos_id, dtype=np.int64)
         self.out_tok = np.zeros((n, cap), dtype=np.int64)
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
 
@@ -120,17 +121,17 @@ class BeamCohort(Cohort):
     """Beam search; per step a handful of numpy operations whatever the cohort (the common step: no EOS near
     the top, nothing finished). Histories are back-pointers, followed only for the hypotheses that finish."""
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: dict):
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig):
         super().__init__(max_len, options, cfg)
         n, k = self.n, options.beam_size
         self.k = k
-        self.kk = min(2 * k, cfg["vocab_size"])  # candidates per row: 2k leaves k non-EOS even if k rows end
+        self.kk = min(2 * k, cfg.vocab_size)  # candidates per row: 2k leaves k non-EOS even if k rows end
         self.sent = np.arange(n)  # live sentences, in row-block order
         self.nb = 1  # beams per live sentence (1 at step 0: all beams would be identical)
         self.row_sent = self.sent
         self.rows = n
         self.scores = np.zeros((n, 1), dtype=np.float64)  # raw beam scores (sentences, nb)
-        self.tokens = np.full(n, cfg["bos_id"], dtype=np.int64)
+        self.tokens = np.full(n, cfg.bos_id, dtype=np.int64)
         self.final: list[list[Hypothesis]] = [[] for _ in range(n)]
         self.lp_max = options.penalty(max_len.astype(np.float64))
         self.first_max = int(max_len.min())  # no sentence reaches its maximum length before this
