@@ -384,3 +384,15 @@ def test_model_warnings_name_what_the_model_cannot_honour():
     assert DecodingOptions(min_length=51).model_warnings(200, 256) == []
     # forced(): EOS banned to the end on purpose; the warning says so (the bench calls decode(), which gives none)
     assert "every translation is cut there" in DecodingOptions.forced(5).model_warnings(200, 64)[0][0]
+
+
+def test_id_lists_pad_into_one_batch_with_their_lead_and_end():
+    """The one padding helper: sources get their EOS, teacher-forced targets their BOS; lengths count them."""
+    from transduce.runtime.decoding.batch import pad_ids
+
+    ids, lens = pad_ids([[5, 6], [7], []], 0, end=2)
+    assert ids.tolist() == [[5, 6, 2], [7, 2, 0], [2, 0, 0]] and lens.tolist() == [3, 2, 1] and ids.dtype == np.int64
+    ids, lens = pad_ids([[5, 6], []], 9, lead=1)
+    assert ids.tolist() == [[1, 5, 6], [1, 9, 9]] and lens.tolist() == [3, 1]
+    ids, lens = pad_ids([[], []], 0)
+    assert ids.shape == (2, 1) and lens.tolist() == [0, 0]  # at least one column

@@ -86,7 +86,8 @@ class BackendSpec:
 
     @property
     def name(self) -> str:
-        """The spec in a word, as the bench names its systems: "onnxruntime", "torch-cuda-graph-fp16"."""
+        """The spec in a word, as the bench names its systems: "onnxruntime", "torch-cuda-graph-fp16" (a device in
+        the name for torch only: the other backends' GPU systems are the same code on another device)."""
         parts = [self.backend]
         if self.backend == "torch" and self.device.startswith("cuda"):
             parts.append("cuda")

@@ -130,10 +130,9 @@ def app(args: dict[str, str]):
                                  hint="serve run transduce.serve.ray:app artifact=/path/to/artifact")
     artifact = args.pop("artifact")
     service_fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
-    spec_fields = {f.name for f in dataclasses.fields(BackendSpec)} - {"options"}
-    options = ServiceOptions(**{k: (float if k in ("max_wait_ms", "request_timeout") else
-                                    str if k == "scheduler" else int)(args.pop(k))
-                                for k in list(args) if k in service_fields})
+    spec_fields = [f.name for f in dataclasses.fields(BackendSpec) if f.name != "options"]
+    kinds = {"int": int, "float": float, "str": str}  # the fields' annotations, as strings
+    options = ServiceOptions(**{k: kinds[service_fields[k]](args.pop(k)) for k in list(args) if k in service_fields})
     spec = BackendSpec.from_mapping({k: args.pop(k) for k in list(args) if k in spec_fields})
     unknown = sorted(set(args) - set(APP_SETTINGS))
     if unknown:

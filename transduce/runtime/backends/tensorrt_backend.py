@@ -110,7 +110,7 @@ class TensorRTBackend(Backend):
             idx = trt_support.device_index(device)
             if not torch.cuda.is_available():
                 raise BackendUnavailable("the tensorrt backend needs a CUDA GPU and PyTorch sees none here",
-                                         hint=trt_support.GPU_HINT + " (or decode with backend onnxruntime on CPU)",
+                                         hint=trt_support.GPU_HINT + " (or decode with backend onnxruntime on the CPU)",
                                          params=("backend",))
             self.device = torch.device("cuda", idx)
         self.on_cuda = self.device.type == "cuda"

@@ -47,7 +47,8 @@ def device_index(device: int | str | None) -> int:
         return 0
     if isinstance(device, int) and not isinstance(device, bool):
         if device < 0:
-            raise BackendUnavailable(f"CUDA device {device} does not exist", hint="use --device cuda or cuda:N, N >= 0")
+            raise BackendUnavailable(f"CUDA device {device} does not exist", hint="use device cuda or cuda:N, N >= 0",
+                                     params=("device",))
         return device
     from transduce.runtime.devices import parse_device
 
@@ -57,7 +58,7 @@ def device_index(device: int | str | None) -> int:
         kind = index = None
     if kind != "cuda":
         raise BackendUnavailable(f"TensorRT runs on CUDA devices only, not {device!r}",
-                                 hint="use --device cuda or cuda:N")
+                                 hint="use device cuda or cuda:N", params=("device",))
     return index or 0
 
 
@@ -70,12 +71,13 @@ def gpu_info(device: int | str | None = 0) -> dict[str, Any]:
                                  hint=GPU_HINT) from None
     if not torch.cuda.is_available():
         raise BackendUnavailable("no CUDA GPU is available to PyTorch here; TensorRT engines are built and run on one",
-                                 hint=GPU_HINT + " (or decode with --backend onnxruntime on CPU)")
+                                 hint=GPU_HINT + " (or decode with backend onnxruntime on the CPU)",
+                                 params=("backend",))
     idx = device_index(device)
     if idx >= torch.cuda.device_count():  # torch would raise a bare AssertionError
         raise BackendUnavailable(f"there is no CUDA device {idx}: PyTorch sees {torch.cuda.device_count()}",
-                                 hint="use --device cuda, or cuda:N with N below that count "
-                                      "(CUDA_VISIBLE_DEVICES decides which)")
+                                 hint="use device cuda, or cuda:N with N below that count "
+                                      "(CUDA_VISIBLE_DEVICES decides which)", params=("device",))
     p = torch.cuda.get_device_properties(idx)
     uuid = getattr(p, "uuid", None)
     return {"name": p.name, "compute_capability": f"{p.major}.{p.minor}", "index": idx,
