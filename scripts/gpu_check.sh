@@ -97,17 +97,17 @@ for p in fp32 fp16; do
     step "export-$p" 1 "$T" export "$MODEL" --out "$WORKDIR/artifact-$p" --precision "$p" --force
 done
 # eager PyTorch on the GPU against itself on the CPU (fp32 weights: the fp32 parity policy)
-gpu_step parity-torch-cuda 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda --beam 4 \
+gpu_step parity-torch-cuda 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda --beam-size 4 \
     -n "$SENTENCES" --out "$RESULTS/parity-torch-cuda.json" --force
 # its step in CUDA graphs, at each precision: the torch backend runs the source model at --precision, so the
 # fp32 artifact serves all three, each held to its precision's parity policy (fp32: identical)
 for p in fp32 fp16 bf16; do
     gpu_step "parity-torch-cuda-graph-$p" 1 "$T" parity "$WORKDIR/artifact-fp32" --backend torch --device cuda \
-        --cuda-graph --precision "$p" --beam 4 -n "$SENTENCES" --out "$RESULTS/parity-torch-cuda-graph-$p.json" \
+        --cuda-graph --precision "$p" --beam-size 4 -n "$SENTENCES" --out "$RESULTS/parity-torch-cuda-graph-$p.json" \
         --force
 done
 gpu_step decode-torch-cuda-graph 1 bash -c "printf 'three hundred and twelve\nforty-one\n' | '$T' decode \
-    '$WORKDIR/artifact-fp32' --backend torch --device cuda --cuda-graph --precision fp16 --beam 4 \
+    '$WORKDIR/artifact-fp32' --backend torch --device cuda --cuda-graph --precision fp16 --beam-size 4 \
     > '$RESULTS/decode-torch-cuda-graph.txt'"
 for p in fp32 fp16; do
     if [ "$TRT" != yes ]; then
@@ -116,15 +116,15 @@ for p in fp32 fp16; do
         step "build-$p" 1 "$T" build "$WORKDIR/artifact-$p" --out "$WORKDIR/engine-$p" \
             --timing-cache "$WORKDIR/timing.cache" --force
         step "decode-$p" 1 bash -c "printf 'three hundred and twelve\nforty-one\n' | '$T' decode '$WORKDIR/engine-$p' \
-            --backend tensorrt --device cuda --beam 4 > '$RESULTS/decode-$p.txt'"
-        step "parity-trt-$p" 1 "$T" parity "$WORKDIR/engine-$p" --backend tensorrt --device cuda --beam 4 \
+            --backend tensorrt --device cuda --beam-size 4 > '$RESULTS/decode-$p.txt'"
+        step "parity-trt-$p" 1 "$T" parity "$WORKDIR/engine-$p" --backend tensorrt --device cuda --beam-size 4 \
             -n "$SENTENCES" --out "$RESULTS/parity-trt-$p.json" --force
     fi
     # informational: the same artifact through ONNX Runtime's CUDA execution provider (onnxruntime-gpu)
     if [ "$CUDA" != yes ]; then
         skipped "parity-ort-cuda-$p" 0 "$CUDA"
     elif "$PY" -c "import onnxruntime, sys; sys.exit('CUDAExecutionProvider' not in onnxruntime.get_available_providers())"; then
-        step "parity-ort-cuda-$p" 0 "$T" parity "$WORKDIR/artifact-$p" --backend onnxruntime --device cuda --beam 4 \
+        step "parity-ort-cuda-$p" 0 "$T" parity "$WORKDIR/artifact-$p" --backend onnxruntime --device cuda --beam-size 4 \
             -n "$SENTENCES" --out "$RESULTS/parity-ort-cuda-$p.json" --force
     else
         skipped "parity-ort-cuda-$p" 0 "onnxruntime has no CUDAExecutionProvider here (onnxruntime-gpu)"

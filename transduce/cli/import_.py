@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from transduce.cli.errors import QUIET_HELP, cli_errors
+from transduce.importers import FAMILIES
 
 
 @click.command("import")
-@click.argument("family", type=click.Choice(["marian", "fsmt", "fairseq"]))
+@click.argument("family", type=click.Choice(FAMILIES))
 @click.argument("src", type=click.Path())
 @click.option("--out", "out_dir", required=True, type=click.Path(), help="Model directory to write.")
 @click.option("--force", is_flag=True, help="Replace --out if it is an existing model directory.")

@@ -1,1 +1,1 @@
-"""`transduce demo`: the whole pipeline on the embedded corpus (pipeline.run_demo; commands: the click command)."""
+"""`transduce demo`: the whole pipeline on the embedded corpus (pipeline.run_demo; the command: transduce.cli.demo)."""

@@ -2,9 +2,11 @@
 
   onnx_export   export_artifact(): trace, check, validate, write atomically (`transduce export`)
   graphs        the traced modules, example inputs and dynamic shapes (imports torch)
-  validate      structural checks and the numeric validation against eager PyTorch; ArtifactRunner
-  opcheck       TensorRT ONNX-parser operator support (tensorrt_onnx_ops.txt)
-  commands      the click command
+  ort_step      the fused ONNX Runtime step graph (decoder_step.ort.onnx)
+  quantize      int8 dynamic quantization of the graphs ONNX Runtime runs on the CPU
+
+The checks and the numeric validation against eager PyTorch are transduce.verify's; the `transduce export`
+command is transduce.cli.export.
 
 Importing this package imports no framework; each module imports torch/onnx/onnxruntime where used.
 """

@@ -7,4 +7,5 @@
   files      sha256 and size of files, the {sha256, bytes} record every manifest keeps, JSON reading
   text       UTF-8 text input, line by line
   parallel   parallel corpora on disk: TSV or two aligned text files
+  pinned     a directory held open while it is read: its files come from one copy, whatever replaces it
 """

@@ -4,4 +4,8 @@ service.py  the decode service: a bounded queue and one decode thread driving th
 app.py      the HTTP API (FastAPI) over it
 server.py   uvicorn, signals and draining; `transduce serve`
 ray.py      the Ray Serve deployment: one service per replica
+loadtest.py `transduce loadtest`: Poisson load on running servers
+metrics.py  the Prometheus metrics
+
+The commands are transduce.cli.serve.
 """

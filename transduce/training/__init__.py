@@ -7,7 +7,9 @@
   checks      what a run checks before it starts: device, output, resume, schedule, a checkpoint's size
   stopping    Ctrl-C and SIGTERM: finish the step, save it, stop
   progress    the bar on a terminal, periodic lines in a log
-  commands    the click command
+  distributed, launch, stream   data-parallel training on several processes, --nproc, a corpus read a window at a time
+
+The `transduce train` command is transduce.cli.train.
 
 Importing this package imports no framework; torch is imported when training runs.
 """

@@ -5,6 +5,7 @@ protocol), the running batch that steps every live row of every cohort at once, 
   search    greedy and beam search over one cohort of sentences (numpy bookkeeping only)
   running   the running batch: cohorts admitted at any step boundary, one backend state
   offline   decode(): one padded batch admitted whole and run until it is empty; teacher forcing
+  batch     id lists as one padded batch (the one padding helper)
 """
 
 from transduce.runtime.decoding.offline import decode, teacher_forced_log_probs
