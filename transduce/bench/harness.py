@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from transduce.bench.cells import log_cell, timed_cell
-from transduce.bench.config import TORCH_CUDA_SYSTEMS, BenchConfig, beam_of, quantized_system
+from transduce.bench.config import OUR_BACKENDS, BenchConfig, beam_of, quantized_system
 from transduce.bench.cpu import cpu_sample, foreign_cpu_share, machine_info
 from transduce.bench.ctranslate2.settings import (
     CT2_INT8,
@@ -189,7 +189,7 @@ def _missing_packages(cfg: BenchConfig, log) -> str | None:
 
 def _system_names(cfg: BenchConfig, ct2_missing: str | None) -> list[str]:
     """The run's systems, one worker each: ours, the quantized rows, TensorRT, CTranslate2's settings."""
-    names = [b for b in cfg.backends if b in ("torch", "onnxruntime") or b in TORCH_CUDA_SYSTEMS]
+    names = [b for b in cfg.backends if b in OUR_BACKENDS and b != "tensorrt"]  # tensorrt: once, with engines
     names += [f"onnxruntime-{q}" for q in cfg.quantize]
     if "tensorrt" in cfg.backends or cfg.engines:
         names.append("tensorrt")
