@@ -21,13 +21,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.decoding import DecodingOptions
+from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Translation, Translator, _sentences
 
@@ -45,21 +46,16 @@ class ServeError(TransduceError):
         self.retry_after = retry_after
 
 
-def _option(default, help: str, **metadata):
-    """A field with its help (and choices) for the command line (transduce.cli.options)."""
-    return field(default=default, metadata={"help": help, **metadata})
-
-
 @dataclass(frozen=True)
 class ServiceOptions:
-    max_rows: int = _option(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
-    max_queue: int = _option(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
-    max_wait_ms: float = _option(0.0, "An idle batch waits this long after an arrival for others to start with it.")
-    max_sentences: int = _option(64, "Sentences per request, at most.")
-    request_timeout: float = _option(60.0, "Seconds a request may take when it names no timeout of its own (504 "
+    max_rows: int = documented(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
+    max_queue: int = documented(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
+    max_wait_ms: float = documented(0.0, "An idle batch waits this long after an arrival for others to start with it.")
+    max_sentences: int = documented(64, "Sentences per request, at most.")
+    request_timeout: float = documented(60.0, "Seconds a request may take when it names no timeout of its own (504 "
                                            "past it).")
-    default_beam_size: int = _option(4, "Beam size of requests that name none (1 = greedy).")
-    scheduler: str = _option("continuous", "continuous: admit sentences at every decoder step; static: only into an "
+    default_beam_size: int = documented(4, "Beam size of requests that name none (1 = greedy).")
+    scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
                                            "empty batch, run to completion (a dynamic batcher's way); single: one "
                                            "request at a time. The last two are for comparison (transduce loadtest).",
                              choices=SCHEDULERS)

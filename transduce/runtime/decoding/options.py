@@ -17,21 +17,23 @@ from transduce.errors import InputError
 LENGTH_PENALTIES = ("gnmt", "plain", "none")
 
 
-def _option(default, help: str, **metadata):
-    """A field with its help (and choices) for the command line and the API's documentation."""
+def documented(default, help: str, **metadata):
+    """A dataclass field with its help (and its choices) in its metadata, from which the command line makes its
+    flag (transduce.cli.options): the options' one description."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
 @dataclass(frozen=True)
 class DecodingOptions:
-    beam_size: int = _option(4, "Beam size k (1 = greedy search).")
-    length_penalty: float = _option(0.6, "alpha of the length penalty ((5+len)/6)^alpha (gnmt) or len^alpha (plain).")
-    length_penalty_form: str = _option("gnmt", "How scores are normalised by length: gnmt ((5+len)/6)^alpha, plain "
-                                               "len^alpha, or none.", choices=LENGTH_PENALTIES)
-    max_len_a: float = _option(1.0, "Maximum output length = max_len_a x source length + max_len_b.")
-    max_len_b: int = _option(50, "Maximum output length = max_len_a x source length + max_len_b.")
-    min_length: int = _option(0, "Fewest output tokens, EOS included: EOS is not taken before (0: no minimum).")
-    nbest: int = _option(1, "Hypotheses returned per sentence, best first (at most beam_size).")
+    beam_size: int = documented(4, "Beam size k (1 = greedy search).")
+    length_penalty: float = documented(0.6, "alpha of the length penalty ((5+len)/6)^alpha (gnmt) or len^alpha "
+                                            "(plain).")
+    length_penalty_form: str = documented("gnmt", "How scores are normalised by length: gnmt ((5+len)/6)^alpha, "
+                                                  "plain len^alpha, or none.", choices=LENGTH_PENALTIES)
+    max_len_a: float = documented(1.0, "Maximum output length = max_len_a x source length + max_len_b.")
+    max_len_b: int = documented(50, "Maximum output length = max_len_a x source length + max_len_b.")
+    min_length: int = documented(0, "Fewest output tokens, EOS included: EOS is not taken before (0: no minimum).")
+    nbest: int = documented(1, "Hypotheses returned per sentence, best first (at most beam_size).")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
