@@ -12,6 +12,17 @@ import torch
 # machine is shared.
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts on one intra-op thread: code run in-process may change the process-wide count (a
+    ctranslate2 Translator sets OpenMP's, which torch shares; load(backend="torch", threads=n) sets torch's), and
+    the tests after it would spin 2 OpenMP threads against each other on a busy machine (tens of times slower)."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)  # and so do the session's fixtures that the next test builds
+
+
 TINY = dict(encoder_layers=2, decoder_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.1, max_positions=64)
 
 
