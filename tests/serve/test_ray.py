@@ -31,7 +31,11 @@ def ray_url(tiny_artifact_dir, tmp_path_factory):
     import signal
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # ray.init sets its own
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    with pytest.MonkeyPatch.context() as env:
+        # Serve's controller gives its HTTP proxy 5 s to start, then kills it (and serve.start fails): a busy machine
+        # takes longer. The processes ray.init starts read it from the environment they inherit.
+        env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
