@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import warnings
 
 import pytest
@@ -71,21 +75,13 @@ def tiny_model_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
     return saved_model_dir(tmp_path_factory, "tiny", tiny_model, tiny_tokenizer)
 
 
-@pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory):
-    """The demo task's tiny model trained briefly (about a minute on 2 cores): it translates, imperfectly.
-
-    Set TRANSDUCE_TEST_DEMO_MODEL to reuse an existing model directory instead.
-    """
-    existing = os.environ.get("TRANSDUCE_TEST_DEMO_MODEL")
-    if existing:
-        return existing
+def train_demo_model(path: str) -> None:
+    """demo_model_dir's training run, into the new model directory `path`."""
     from transduce.models.corpus import demo_corpus
     from transduce.training.config import TrainConfig
     from transduce.training.train import train
 
     train_pairs, valid_pairs = demo_corpus(n_train=6000, n_valid=100, seed=3)
-    path = str(tmp_path_factory.mktemp("demo") / "model")
     # half the demo's learning rate and one thread: at the full rate a run this short ended anywhere from
     # exact match 0.23 to 0.80 depending on the thread count and CPU (0.51-0.90 at half; test_train.py)
     cfg = TrainConfig(preset="tiny", vocab_size=400, max_steps=200, warmup=200, lr_scale=0.5, max_tokens=2500,
@@ -93,6 +89,59 @@ def demo_model_dir(tmp_path_factory):
     with warnings.catch_warnings():  # a run that ends at its warmup's peak, on purpose: no warning about it
         warnings.filterwarnings("ignore", "warmup .* >= max_steps")
         train(train_pairs, valid_pairs, path, cfg, progress=False, log=lambda *a: None)
+
+
+_DEMO_RUN = pytest.StashKey[tuple]()  # (process, model directory, its parent, log file) of the background run
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_collection_finish(session):
+    """Train the demo model in a process of its own from the start of a run whose tests need it: it takes about 45 s
+    of one core, and the tests before its first user leave the second core idle most of the time. The same
+    seeded one-thread run as in-process: the same weights."""
+    config = session.config
+    if config.option.collectonly or os.environ.get("TRANSDUCE_TEST_DEMO_MODEL"):
+        return
+    if not any("demo_model_dir" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    parent = tempfile.mkdtemp(prefix="transduce-test-demo-")
+    path = os.path.join(parent, "model")
+    log = open(os.path.join(parent, "train.log"), "w+")  # closed at the session's end
+    code = "import sys; from tests.conftest import train_demo_model; train_demo_model(sys.argv[1])"
+    proc = subprocess.Popen([sys.executable, "-c", code, path], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    config.stash[_DEMO_RUN] = (proc, path, parent, log)
+
+
+def pytest_sessionfinish(session):
+    run = session.config.stash.get(_DEMO_RUN, None)
+    if run is not None:
+        proc, _, parent, log = run
+        if proc.poll() is None:  # the run ended early (-x, Ctrl-C)
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(request, tmp_path_factory):
+    """The demo task's tiny model trained briefly (about 45 s of one core): it translates, imperfectly.
+
+    Set TRANSDUCE_TEST_DEMO_MODEL to reuse an existing model directory instead.
+    """
+    existing = os.environ.get("TRANSDUCE_TEST_DEMO_MODEL")
+    if existing:
+        return existing
+    run = request.config.stash.get(_DEMO_RUN, None)
+    if run is None:  # asked for by a test that did not name it (getfixturevalue): trained here
+        path = str(tmp_path_factory.mktemp("demo") / "model")
+        train_demo_model(path)
+        return path
+    proc, path, _, log = run
+    proc.wait()
+    log.seek(0)
+    assert proc.returncode == 0, f"training the demo model failed:\n{log.read()}"
     return path  # config.json's "training" block holds the held-out exact match and BLEU
 
 
@@ -104,6 +153,16 @@ def tiny_artifact_dir(tmp_path_factory, tiny_model_dir):
     path = tmp_path_factory.mktemp("tiny-artifact") / "artifact"
     export_artifact(tiny_model_dir, path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_artifact(tmp_path_factory, tiny_model_dir) -> tuple[str, dict]:
+    """The tiny random model exported with int8 weights (--quantize int8): its path and the export's manifest."""
+    from transduce.exporter.onnx_export import export_artifact
+
+    path = tmp_path_factory.mktemp("int8") / "artifact"
+    manifest = export_artifact(tiny_model_dir, path, quantize="int8")
+    return str(path), manifest
 
 
 @pytest.fixture(scope="session")
