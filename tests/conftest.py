@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import warnings
 
+import background  # tests/background.py: this directory is on sys.path, as for every conftest here
 import pytest
 import torch
 
@@ -30,19 +28,29 @@ def _one_torch_thread():
 TINY = dict(encoder_layers=2, decoder_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.1, max_positions=64)
 
 
-@pytest.fixture(scope="session")
-def small_corpus():
+@functools.cache
+def make_small_corpus():
     from transduce.models.corpus import demo_corpus
 
     return demo_corpus(n_train=600, n_valid=40, seed=7)
 
 
-@pytest.fixture(scope="session")
-def tiny_tokenizer(small_corpus):
+@functools.cache
+def make_tiny_tokenizer():
     from transduce.models.tokenizer import Tokenizer
 
-    train, _ = small_corpus
+    train, _ = make_small_corpus()
     return Tokenizer.train((s for p in train for s in p), vocab_size=200)
+
+
+@pytest.fixture(scope="session")
+def small_corpus():
+    return make_small_corpus()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(small_corpus):
+    return make_tiny_tokenizer()
 
 
 def seeded_model(tokenizer, seed: int, **shape):
@@ -75,7 +83,7 @@ def tiny_model_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
     return saved_model_dir(tmp_path_factory, "tiny", tiny_model, tiny_tokenizer)
 
 
-def train_demo_model(path: str) -> None:
+def train_demo_model(path: str, paths=None) -> None:
     """demo_model_dir's training run, into the new model directory `path`."""
     from transduce.models.corpus import demo_corpus
     from transduce.training.config import TrainConfig
@@ -91,37 +99,18 @@ def train_demo_model(path: str) -> None:
         train(train_pairs, valid_pairs, path, cfg, progress=False, log=lambda *a: None)
 
 
-_DEMO_RUN = pytest.StashKey[tuple]()  # (process, model directory, its parent, log file) of the background run
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def export_demo_artifact(path: str, paths: dict[str, str]) -> None:
+    from transduce.exporter.onnx_export import export_artifact
+
+    export_artifact(paths["demo_model_dir"], path)
 
 
 def pytest_collection_finish(session):
-    """Train the demo model in a process of its own from the start of a run whose tests need it: it takes about 45 s
-    of one core, and the tests before its first user leave the second core idle most of the time. The same
-    seeded one-thread run as in-process: the same weights."""
-    config = session.config
-    if config.option.collectonly or os.environ.get("TRANSDUCE_TEST_DEMO_MODEL"):
-        return
-    if not any("demo_model_dir" in getattr(item, "fixturenames", ()) for item in session.items):
-        return
-    parent = tempfile.mkdtemp(prefix="transduce-test-demo-")
-    path = os.path.join(parent, "model")
-    log = open(os.path.join(parent, "train.log"), "w+")  # closed at the session's end
-    code = "import sys; from tests.conftest import train_demo_model; train_demo_model(sys.argv[1])"
-    proc = subprocess.Popen([sys.executable, "-c", code, path], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
-    config.stash[_DEMO_RUN] = (proc, path, parent, log)
+    background.start(session)
 
 
 def pytest_sessionfinish(session):
-    run = session.config.stash.get(_DEMO_RUN, None)
-    if run is not None:
-        proc, _, parent, log = run
-        if proc.poll() is None:  # the run ended early (-x, Ctrl-C)
-            proc.kill()
-            proc.wait()
-        log.close()
-        shutil.rmtree(parent, ignore_errors=True)
+    background.stop(session)
 
 
 @pytest.fixture(scope="session")
@@ -133,15 +122,10 @@ def demo_model_dir(request, tmp_path_factory):
     existing = os.environ.get("TRANSDUCE_TEST_DEMO_MODEL")
     if existing:
         return existing
-    run = request.config.stash.get(_DEMO_RUN, None)
-    if run is None:  # asked for by a test that did not name it (getfixturevalue): trained here
+    path = background.built(request, "demo_model_dir")
+    if path is None:
         path = str(tmp_path_factory.mktemp("demo") / "model")
         train_demo_model(path)
-        return path
-    proc, path, _, log = run
-    proc.wait()
-    log.seek(0)
-    assert proc.returncode == 0, f"training the demo model failed:\n{log.read()}"
     return path  # config.json's "training" block holds the held-out exact match and BLEU
 
 
@@ -166,13 +150,13 @@ def tiny_int8_artifact(tmp_path_factory, tiny_model_dir) -> tuple[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def demo_artifact_dir(tmp_path_factory, demo_model_dir):
+def demo_artifact_dir(request, tmp_path_factory, demo_model_dir):
     """The briefly trained demo model exported to ONNX (fp32)."""
-    from transduce.exporter.onnx_export import export_artifact
-
-    path = tmp_path_factory.mktemp("demo-artifact") / "artifact"
-    export_artifact(demo_model_dir, path)
-    return str(path)
+    path = background.built(request, "demo_artifact_dir")
+    if path is None:
+        path = str(tmp_path_factory.mktemp("demo-artifact") / "artifact")
+        export_demo_artifact(path, {"demo_model_dir": demo_model_dir})
+    return path
 
 
 @pytest.fixture

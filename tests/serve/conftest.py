@@ -17,7 +17,9 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from tests.conftest import TINY, saved_model_dir, seeded_model  # noqa: E402
+import background  # noqa: E402 - tests/background.py
+
+from tests.conftest import TINY, make_tiny_tokenizer, seeded_model  # noqa: E402
 
 KEY = "s3cret-key-for-tests"
 # a forced decode of 500 tokens for every row of a full batch: about a second of one core on the tiny model (too
@@ -28,28 +30,43 @@ SLOW = {"min_length": 501, "max_len_a": 0, "max_len_b": 500, "beam_size": 8}
 WIDE = {**TINY, "encoder_layers": 1, "d_model": 512, "n_heads": 8, "d_ff": 2048, "max_positions": 512}
 
 
+def _export_seeded(path: str, shape: dict) -> None:
+    """A seeded model of `shape` with the tiny tokenizer, saved beside `path` and exported there (fp32)."""
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.models.checkpoint import save_model_dir
+
+    tokenizer = make_tiny_tokenizer()
+    model_dir = os.path.join(os.path.dirname(path), "model")
+    save_model_dir(model_dir, seeded_model(tokenizer, 1, **shape), tokenizer)
+    export_artifact(model_dir, path)
+
+
+def export_long_artifact(path: str, paths=None) -> None:
+    _export_seeded(path, {**TINY, "max_positions": 512})
+
+
+def export_wide_artifact(path: str, paths=None) -> None:
+    _export_seeded(path, WIDE)
+
+
 @pytest.fixture(scope="session")
-def long_artifact_dir(tmp_path_factory, tiny_tokenizer):
+def long_artifact_dir(request, tmp_path_factory):
     """The tiny model's shape with 512 positions, seeded and exported (fp32)."""
-    from transduce.exporter.onnx_export import export_artifact
-
-    model = seeded_model(tiny_tokenizer, 1, **{**TINY, "max_positions": 512})
-    model_dir = saved_model_dir(tmp_path_factory, "long", model, tiny_tokenizer)
-    path = tmp_path_factory.mktemp("long-artifact") / "artifact"
-    export_artifact(model_dir, path)
-    return str(path)
+    path = background.built(request, "long_artifact_dir")
+    if path is None:
+        path = str(tmp_path_factory.mktemp("long-artifact") / "artifact")
+        export_long_artifact(path)
+    return path
 
 
 @pytest.fixture(scope="session")
-def wide_artifact_dir(tmp_path_factory, tiny_tokenizer):
+def wide_artifact_dir(request, tmp_path_factory):
     """The wide model (WIDE), seeded and exported (fp32): its SLOW requests outlast a deadline of seconds."""
-    from transduce.exporter.onnx_export import export_artifact
-
-    model = seeded_model(tiny_tokenizer, 1, **WIDE)
-    model_dir = saved_model_dir(tmp_path_factory, "wide", model, tiny_tokenizer)
-    path = tmp_path_factory.mktemp("wide-artifact") / "artifact"
-    export_artifact(model_dir, path)
-    return str(path)
+    path = background.built(request, "wide_artifact_dir")
+    if path is None:
+        path = str(tmp_path_factory.mktemp("wide-artifact") / "artifact")
+        export_wide_artifact(path)
+    return path
 
 
 def free_port() -> int:
