@@ -20,11 +20,10 @@ from transduce.verify import validate
 from transduce.verify.tolerances import POLICIES
 
 
-@pytest.fixture(scope="module")
-def artifact_int8(tmp_path_factory, tiny_model_dir):
-    path = tmp_path_factory.mktemp("int8") / "artifact"
-    manifest = export_artifact(tiny_model_dir, path, quantize="int8")
-    return str(path), manifest
+@pytest.fixture
+def artifact_int8(tiny_int8_artifact):
+    """tests/conftest.py's int8 export of tiny_model_dir (shared with the runtime tests)."""
+    return tiny_int8_artifact
 
 
 def test_int8_export_quantizes_the_onnx_runtime_graphs_only(artifact_int8, artifact_fp32):

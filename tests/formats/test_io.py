@@ -423,10 +423,50 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path, tiny_model_dir):
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # no hidden copy, no artifact
 
 
+def _in_native_sleep(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait until the main thread of the scripts below, which printed 'ready', is in libc's sleep: the signal must
+    find it in native code, not in the Python code before it (where a handler runs at once). Nothing else the
+    scripts do after 'ready' sleeps in the kernel, so state S in /proc says so."""
+    import time
+
+    stat_file = f"/proc/{proc.pid}/task/{proc.pid}/stat"
+    if not os.path.exists(stat_file):  # no /proc: give it time instead
+        time.sleep(0.5)
+        return
+    end = time.monotonic() + timeout
+    while True:
+        with open(stat_file) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == "S":
+            return
+        assert proc.poll() is None and time.monotonic() < end, (state, proc.poll())
+        time.sleep(0.005)
+
+
+def _send_sigterm(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGTERM to `proc`, returning once it is delivered (no longer pending): a second one sent before that would
+    merge with it into one."""
+    import signal
+    import time
+
+    proc.send_signal(signal.SIGTERM)
+    status_file = f"/proc/{proc.pid}/status"
+    if not os.path.exists(status_file):
+        time.sleep(0.5)
+        return
+    end = time.monotonic() + timeout
+    while True:
+        with open(status_file) as f:
+            pending = [int(line.split()[1], 16) for line in f if line.startswith(("ShdPnd:", "SigPnd:"))]
+        if not any(mask & (1 << (signal.SIGTERM - 1)) for mask in pending):
+            return
+        assert proc.poll() is None and time.monotonic() < end, "the SIGTERM was not delivered"
+        time.sleep(0.005)
+
+
 def test_sigterm_ends_a_command_stuck_in_native_code(tmp_path):
     """Python runs no signal handler while the main thread is in native code (a TensorRT build): SIGTERM still
     ends the command, with status 143, once the grace period has passed, and a second SIGTERM at once."""
-    import signal
     import time
 
     # native code that lets go of the GIL, as TensorRT's builder and ONNX Runtime do: libc's sleep, with SIGTERM
@@ -439,11 +479,10 @@ def test_sigterm_ends_a_command_stuck_in_native_code(tmp_path):
     for grace, signals in ((0.5, 1), (60.0, 2)):
         proc = subprocess.Popen([sys.executable, "-c", script, str(grace)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline() == "ready\n"
-        time.sleep(0.2)
+        _in_native_sleep(proc)
         t0 = time.monotonic()
         for _ in range(signals):
-            proc.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
+            _send_sigterm(proc)
         try:
             proc.wait(timeout=30)
         finally:
@@ -474,10 +513,12 @@ def test_the_sigterm_watchdog_waits_for_the_work_a_handler_says_is_under_way():
               "    print('ready', flush=True)\n"
               "    ctypes.CDLL(None).sleep(int(sys.argv[2]))\n"
               "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n")
-    for expected, busy, handled in ((4.0, 2, True), (1.0, 3600, False)):
+    # the first: its handler runs once the 2 s of native code are over, seconds before the watchdog's deadline
+    for expected, busy, handled in ((6.0, 2, True), (1.0, 3600, False)):
         proc = subprocess.Popen([sys.executable, "-c", script, str(expected), str(busy)], stdout=subprocess.PIPE,
                                 text=True)
         assert proc.stdout.readline() == "ready\n"
+        _in_native_sleep(proc)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         try:

@@ -3,36 +3,70 @@ real `transduce serve` processes on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from tests.conftest import TINY, saved_model_dir, seeded_model  # noqa: E402
+import background  # noqa: E402 - tests/background.py
+
+from tests.conftest import TINY, make_tiny_tokenizer, seeded_model  # noqa: E402
 
 KEY = "s3cret-key-for-tests"
-# a forced decode of 500 tokens for every row of a full batch: long enough (about a second or more on 2 cores)
-# to be under way when the test acts on it
+# a forced decode of 500 tokens for every row of a full batch: about a second of one core on the tiny model (too
+# short to outlast a deadline for sure), over 10 s on the wide one (wide_artifact_dir)
 SLOW = {"min_length": 501, "max_len_a": 0, "max_len_b": 500, "beam_size": 8}
+# the tiny model's layers 16 times as wide: each decoding step of a full batch about 10 times as long (one encoder
+# layer: it runs once per request, and tracing it for the export takes seconds)
+WIDE = {**TINY, "encoder_layers": 1, "d_model": 512, "n_heads": 8, "d_ff": 2048, "max_positions": 512}
+
+
+def _export_seeded(path: str, shape: dict) -> None:
+    """A seeded model of `shape` with the tiny tokenizer, saved beside `path` and exported there (fp32)."""
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.models.checkpoint import save_model_dir
+
+    tokenizer = make_tiny_tokenizer()
+    model_dir = os.path.join(os.path.dirname(path), "model")
+    save_model_dir(model_dir, seeded_model(tokenizer, 1, **shape), tokenizer)
+    export_artifact(model_dir, path)
+
+
+def export_long_artifact(path: str, paths=None) -> None:
+    _export_seeded(path, {**TINY, "max_positions": 512})
+
+
+def export_wide_artifact(path: str, paths=None) -> None:
+    _export_seeded(path, WIDE)
 
 
 @pytest.fixture(scope="session")
-def long_artifact_dir(tmp_path_factory, tiny_tokenizer):
+def long_artifact_dir(request, tmp_path_factory):
     """The tiny model's shape with 512 positions, seeded and exported (fp32)."""
-    from transduce.exporter.onnx_export import export_artifact
+    path = background.built(request, "long_artifact_dir")
+    if path is None:
+        path = str(tmp_path_factory.mktemp("long-artifact") / "artifact")
+        export_long_artifact(path)
+    return path
 
-    model = seeded_model(tiny_tokenizer, 1, **{**TINY, "max_positions": 512})
-    model_dir = saved_model_dir(tmp_path_factory, "long", model, tiny_tokenizer)
-    path = tmp_path_factory.mktemp("long-artifact") / "artifact"
-    export_artifact(model_dir, path)
-    return str(path)
+
+@pytest.fixture(scope="session")
+def wide_artifact_dir(request, tmp_path_factory):
+    """The wide model (WIDE), seeded and exported (fp32): its SLOW requests outlast a deadline of seconds."""
+    path = background.built(request, "wide_artifact_dir")
+    if path is None:
+        path = str(tmp_path_factory.mktemp("wide-artifact") / "artifact")
+        export_wide_artifact(path)
+    return path
 
 
 def free_port() -> int:
@@ -83,16 +117,37 @@ class Server:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="module")
-def server(long_artifact_dir, tmp_path_factory):
-    """One server for the module: bearer auth, a queue of 4, 64 rows, 8 sentences and 4 KiB per request."""
+@contextlib.contextmanager
+def _limited_server(artifact: str, tmp_path_factory) -> Iterator[Server]:
+    """A server of `artifact` with bearer auth, a queue of 4, 64 rows, 8 sentences and 4 KiB per request."""
     tmp = tmp_path_factory.mktemp("server")
     key = tmp / "key"
     key.write_text(KEY + "\n")
-    s = Server(long_artifact_dir, tmp, "--api-key-file", str(key), "--max-queue", "4", "--max-rows", "64",
+    s = Server(artifact, tmp, "--api-key-file", str(key), "--max-queue", "4", "--max-rows", "64",
                "--max-sentences", "8", "--max-body-bytes", "4096", "--default-beam-size", "2")
     try:
         s.wait_ready(headers={"Authorization": f"Bearer {KEY}"})
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(long_artifact_dir, tmp_path_factory):
+    """One server of the tiny model (512 positions) for the module."""
+    with _limited_server(long_artifact_dir, tmp_path_factory) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def wide_server(wide_artifact_dir, tmp_path_factory):
+    """The same server of the wide model: for the tests that need a request still under way seconds later. A
+    full batch has run once: ONNX Runtime's first run of 64 rows takes half a second of CPU (seconds on a busy
+    machine), which a test's deadline should not have to cover."""
+    import httpx
+
+    with _limited_server(wide_artifact_dir, tmp_path_factory) as s:
+        r = httpx.post(s.url + "/v1/translate", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                       json={"text": ["one two three"] * 8, "beam_size": 8, "max_len_b": 2})
+        assert r.status_code == 200, r.text
+        yield s

@@ -32,19 +32,41 @@ def ray_url(tiny_artifact_dir, tmp_path_factory):
     import signal
 
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # ray.init sets its own
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    with pytest.MonkeyPatch.context() as env:
+        # Time a busy machine needs, read by the processes ray.init starts from the environment they inherit. Serve's
+        # controller gives its HTTP proxy 5 s to start, then kills it (and serve.start fails); the proxy's router
+        # sends a request to the replica that tells its queue length first, within 0.1 s: a replica a busy machine
+        # has not run for that long would get none.
+        env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        env.setenv("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "2")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(tiny_artifact_dir, BackendSpec(threads=1), replicas=2, num_cpus=0.5,
                             options=ServiceOptions(default_beam_size=2), api_key_file=str(key)),
                   name="transduce", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        _wait_for_replicas(url, 2)
+        yield url
     finally:
         serve.shutdown()
         ray.shutdown()
         for sig, handler in handlers.items():  # the tests after these see the process as it was
             signal.signal(sig, handler)
+
+
+def _wait_for_replicas(url: str, n: int, timeout: float = 120.0) -> None:
+    """Until the proxy has routed to `n` replicas: serve.run returns once they run, and the proxy learns of them
+    a moment later (seconds on a busy machine)."""
+    seen: set[str] = set()
+    end = time.monotonic() + timeout
+    while len(seen) < n:
+        assert time.monotonic() < end, f"the proxy routed to {seen} only"
+        try:
+            seen.add(httpx.get(url + "/healthz", timeout=30).headers["x-transduce-replica"])
+        except (httpx.TransportError, KeyError):
+            time.sleep(0.1)
 
 
 def _send(url: str, bodies: list[dict]) -> list[httpx.Response | Exception]:
@@ -110,11 +132,11 @@ def test_a_killed_replica_is_replaced_and_no_answer_is_wrong(ray_url, tiny_artif
         _check(answer, [want[body["text"][0]]])
         ok += 1
     assert ok >= 15  # the surviving replica went on answering
-    end = time.monotonic() + 90
+    end = time.monotonic() + 240  # a new replica is a new process that loads the model: a minute on a busy machine
     while not (len(_replicas()) == 2 and before[0] not in _replicas()):
         assert time.monotonic() < end, f"the killed replica was not replaced: {_replicas()}"
         time.sleep(0.5)
-    end = time.monotonic() + 90  # the new replica comes up and answers
+    end = time.monotonic() + 240  # the new replica comes up and answers
     while True:
         answers = _send(ray_url, [{"text": [TEXTS[0]]}] * 8)
         if all(not isinstance(a, Exception) and a.status_code == 200 for a in answers):

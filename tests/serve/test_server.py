@@ -19,12 +19,25 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 TEXTS = ["one two three", "four hundred and five", "", "twelve", "seven thousand and one", "nine"]
 
 
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", headers=AUTH).text
+def _value(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics:\n{text}")
+
+
+def _metric(url: str, name: str) -> float:
+    return _value(httpx.get(url + "/metrics", headers=AUTH).text, name)
+
+
+async def _until(client: httpx.AsyncClient, name: str, check, pending=(), timeout: float = 60.0) -> None:
+    """Poll the server's /metrics until `name`'s value passes `check`; none of the requests `pending` may be
+    answered meanwhile."""
+    end = time.monotonic() + timeout
+    while not check(_value((await client.get("/metrics")).text, name)):
+        assert not any(task.done() for task in pending), f"answered before {name} was reached"
+        assert time.monotonic() < end, f"timed out waiting for {name}"
+        await asyncio.sleep(0.02)
 
 
 def _wait_for(check, timeout: float = 20.0) -> None:
@@ -133,17 +146,21 @@ def test_every_endpoint_but_healthz_needs_the_bearer_token(server):
     assert KEY not in server.output()
 
 
-def test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows(server):
+def test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows(wide_server):
     """Slow requests of 64 rows: one runs, four wait (the queue holds 4), the sixth is refused. Their deadline
     passes under way: 504, and the batch is empty again."""
-    slow = {"text": ["one two three"] * 8, **SLOW, "timeout": 1.0}
+    server = wide_server
+    # the deadline leaves a busy machine seconds to queue the next five; the wide model's decode takes several
+    # times as long, even on a fast machine
+    slow = {"text": ["one two three"] * 8, **SLOW, "timeout": 3.0}
 
     async def flood():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
             first = asyncio.create_task(client.post("/v1/translate", json=slow))
-            await asyncio.sleep(0.3)  # it is running; the next four wait for its rows
+            await _until(client, "transduce_live_rows", lambda rows: rows > 0, [first])  # it is running
             waiting = [asyncio.create_task(client.post("/v1/translate", json=slow)) for _ in range(4)]
-            await asyncio.sleep(0.3)
+            # the next four wait for its rows
+            await _until(client, "transduce_queue_depth", lambda depth: depth == 4, [first, *waiting])
             refused = await client.post("/v1/translate", json=slow)
             return refused, await first, await asyncio.gather(*waiting)
 
@@ -159,7 +176,8 @@ def test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows(
     assert _metric(server.url, "transduce_requests_rejected_total") >= 1
 
 
-def test_a_client_that_leaves_frees_its_rows(server):
+def test_a_client_that_leaves_frees_its_rows(wide_server):
+    server = wide_server  # its request is still under way when the client leaves, however fast the machine
     cancelled = _metric(server.url, "transduce_requests_cancelled_total")
     for stream in (False, True):
         with pytest.raises(httpx.ReadTimeout):
@@ -191,7 +209,7 @@ def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig):
         async def run():
             async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
                 task = asyncio.create_task(client.post("/v1/translate", json={"text": ["one two"] * 4, **SLOW}))
-                await asyncio.sleep(0.4)
+                await _until(client, "transduce_live_rows", lambda rows: rows > 0, [task])  # under way
                 s.proc.send_signal(sig)
                 return await task
 
