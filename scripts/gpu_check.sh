@@ -4,8 +4,10 @@
 #   eager PyTorch on CUDA checked against the CPU -> the same with its step in CUDA graphs at fp32, fp16 and
 #   bf16 (each held to its precision's parity policy) and a decode smoke test of it -> TensorRT engines ->
 #   decode smoke test -> parity against eager PyTorch (fp32: identical greedy and beam tokens; fp16: >= 99%
-#   identical, the parity policy) -> the CUDA-graph bookkeeping tests -> pytest -m gpu -> transduce bench (torch
-#   on the CPU, eager and CUDA-graph torch on CUDA at fp32/fp16/bf16, ONNX Runtime, TensorRT).
+#   identical, the parity policy) -> the server on the GPU under closed-loop load (1 and 64 connections) -> the
+#   CUDA-graph bookkeeping tests -> pytest -m gpu -> transduce bench (eager and CUDA-graph torch on CUDA at
+#   fp32/fp16/bf16, ONNX Runtime, TensorRT) -> last, the fp16 step under torch.compile(mode="reduce-overhead")
+#   beside eager and the hand-made graphs (its compilation is the slowest step).
 # Without TensorRT its steps are listed as skipped and the rest runs: CUDA eager and graphs, the GPU tests (those
 # of the TensorRT backend run against its test double on the GPU), the benchmark.
 # Without CUDA every GPU step is listed as skipped with the reason, and what runs on a CPU still runs: the demo
@@ -14,8 +16,11 @@
 #
 # Environment: WORKDIR (default runs/demo), SENTENCES (parity sample, default 200), SKIP_SETUP=1 to use the
 # Python environment as it is, PYTHON (default .venv/bin/python) and TRANSDUCE (default .venv/bin/transduce)
-# to use another one, SKIP_PYTEST=1 to skip the test suites, SKIP_BENCH=1 to skip the benchmark, DEMO_STEPS
-# (training steps of a demo model trained here; default: the demo's).
+# to use another one, SKIP_PYTEST=1 to skip the test suites, CPU_TESTS=0 to skip only those that run on CPUs too,
+# SKIP_BENCH=1 to skip the benchmark, BENCH_BACKENDS and BENCH_REPEATS (default 5) to choose its systems and
+# repeats, SKIP_SERVE=1 to skip the server's load test (LOAD_SECONDS per connection count, default 20), DEMO_STEPS
+# (training steps of a demo model trained here; default: the demo's). scripts/gpu_device.sh runs it on a lent
+# device machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORKDIR=${WORKDIR:-runs/demo}
@@ -131,6 +136,35 @@ for p in fp32 fp16; do
     fi
 done
 
+# the server on the GPU: the torch backend's fp16 step in CUDA graphs, under closed-loop load
+serve_load() {
+    local port=${SERVE_PORT:-8123} pid rc=1
+    "$T" serve "$WORKDIR/artifact-fp32" --backend torch --device cuda --cuda-graph --precision fp16 --port "$port" \
+        --quiet > "$RESULTS/serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 120); do
+        "$PY" -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$port/readyz', timeout=2)" \
+            2>/dev/null && { rc=0; break; }
+        kill -0 $pid 2>/dev/null || break
+        sleep 1
+    done
+    if [ $rc = 0 ]; then
+        "$T" loadtest "http://127.0.0.1:$port" --connections 1,64 --duration "${LOAD_SECONDS:-20}" \
+            --out "$RESULTS/loadtest" --force --quiet
+        rc=$?
+    else
+        echo "the server did not become ready (its log: $RESULTS/serve.log)" >&2
+    fi
+    kill -TERM $pid 2>/dev/null
+    wait $pid
+    return $rc
+}
+if [ "${SKIP_SERVE:-0}" = 1 ]; then
+    skipped serve-loadtest 0 "SKIP_SERVE=1"
+else
+    gpu_step serve-loadtest 0 serve_load
+fi
+
 if [ "${SKIP_PYTEST:-0}" != 1 ]; then
     # the CUDA-graph bookkeeping and the bench's GPU side, checked on the CPU: they run with or without a GPU
     # (those of these files that exist here)
@@ -138,12 +172,15 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
     for f in tests/runtime/test_cuda_graphs.py tests/runtime/test_backends.py tests/bench; do
         [ -e "$f" ] && TESTS+=("$f")
     done
-    if [ ${#TESTS[@]} -gt 0 ]; then
+    if [ "${CPU_TESTS:-1}" = 0 ]; then
+        skipped pytest-cuda-graph 1 "CPU_TESTS=0"
+    elif [ ${#TESTS[@]} -gt 0 ]; then
         step pytest-cuda-graph 1 "$PY" -m pytest -q -m "not slow" "${TESTS[@]}"
     else
         skipped pytest-cuda-graph 1 "none of its test files is here"
     fi
-    gpu_step pytest-gpu 1 "$PY" -m pytest -q -m gpu -rs tests
+    export TRANSDUCE_TEST_DEMO_MODEL="$PWD/$MODEL"  # the demo model's tests reuse this one
+    gpu_step pytest-gpu 1 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider --continue-on-collection-errors tests
 else
     skipped pytest-cuda-graph 1 "SKIP_PYTEST=1"
     skipped pytest-gpu 1 "SKIP_PYTEST=1"
@@ -154,12 +191,19 @@ if [ "${SKIP_BENCH:-0}" = 1 ]; then
 else
     # the trained demo model and its fp32 export, and the base shape: every system side by side, eager and
     # CUDA-graph torch on the GPU at fp32 and the half precisions
-    BACKENDS=torch,torch-cuda,torch-cuda-fp16,torch-cuda-graph,torch-cuda-graph-fp16,torch-cuda-graph-bf16,onnxruntime
+    BACKENDS=torch,torch-cuda,torch-cuda-fp16,torch-cuda-bf16,torch-cuda-graph,torch-cuda-graph-fp16
+    BACKENDS=$BACKENDS,torch-cuda-graph-bf16,onnxruntime
     "$PY" -c "import ctranslate2" 2>/dev/null && BACKENDS=$BACKENDS,ctranslate2
+    BACKENDS=${BENCH_BACKENDS:-$BACKENDS}
     ENGINES=()
     [ "$TRT" = yes ] && ENGINES=(--engine "demo=$WORKDIR/engine-fp32")
     gpu_step bench 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
-        --backends "$BACKENDS" ${ENGINES[@]+"${ENGINES[@]}"} --out "$RESULTS/bench" --force
+        --backends "$BACKENDS" ${ENGINES[@]+"${ENGINES[@]}"} --repeats "${BENCH_REPEATS:-5}" --out "$RESULTS/bench" \
+        --force
+    # torch.compile(mode="reduce-overhead") of the same fp16 step, beside eager and the hand-made graphs
+    gpu_step bench-compile 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
+        --backends torch-cuda-fp16,torch-cuda-graph-fp16,torch-cuda-compile-fp16 --repeats "${BENCH_REPEATS:-5}" \
+        --out "$RESULTS/bench-compile" --force
 fi
 
 "$PY" - "$RESULTS" "$WORKDIR" <<'EOF'
@@ -199,8 +243,12 @@ for line in lines:
             m = json.load(open(path))
             details = (f"TensorRT {m['tensorrt']['version']}, {len(m['profiles']['decoder_step'])} step profile(s), "
                        f"plans {sum(m['files'][n]['bytes'] for n in ('encoder.plan', 'decoder_step.plan')) / 2**20:.1f} MiB")
-    elif name == "bench" and rc == "0":
-        details = f"{results}/bench/bench.md"
+    elif name.startswith("bench") and rc == "0":
+        details = f"{results}/{name}/bench.md"
+    elif name == "serve-loadtest" and os.path.isfile(os.path.join(results, "loadtest", "loadtest.json")):
+        rows = json.load(open(os.path.join(results, "loadtest", "loadtest.json")))["rows"]
+        details = ", ".join(f"{r['connections']} conn: {r['throughput']:.0f}/s p50 {r['latency_p50'] * 1e3:.1f} ms "
+                            f"p99 {r['latency_p99'] * 1e3:.1f} ms" for r in rows if r["latency_p50"] is not None)
     elif name.startswith("decode-"):
         path = os.path.join(results, f"{name}.txt")
         if os.path.isfile(path):

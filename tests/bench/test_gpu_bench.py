@@ -11,8 +11,9 @@ from dataclasses import asdict
 import pytest
 
 from transduce.bench import ceilings
-from transduce.bench.config import TORCH_CUDA_SYSTEMS, BenchConfig, system_spec
+from transduce.bench.config import TORCH_COMPILE_SYSTEMS, TORCH_CUDA_SYSTEMS, BenchConfig, compiled_system, system_spec
 from transduce.bench.gpu_ceilings import GpuCeilings, add_gpu_ceilings, gpu_floor, measure_gpu_ceilings
+from transduce.bench.report_gpu import precision_of
 from transduce.errors import TransduceError
 
 BASE = {"encoder_layers": 6, "decoder_layers": 6, "d_model": 512, "n_heads": 8, "d_ff": 2048, "vocab_size": 8000}
@@ -35,6 +36,14 @@ def test_torch_cuda_system_names_are_the_names_of_their_backend_specs():
     for bad in ("torch-cuda-fp32", "torch-cuda-graph-int8", "torch-cuda-fp8", "torch-cuda-graphs", "ctranslate2"):
         with pytest.raises(TransduceError, match="unknown backend name"):
             system_spec(bad)
+
+
+def test_a_torch_compile_system_is_the_eager_system_it_compiles():
+    assert TORCH_COMPILE_SYSTEMS == ("torch-cuda-compile", "torch-cuda-compile-fp16", "torch-cuda-compile-bf16")
+    assert compiled_system("torch-cuda-compile-fp16") == "torch-cuda-fp16" and compiled_system("torch-cuda") is None
+    assert system_spec("torch-cuda-compile-bf16") == system_spec("torch-cuda-bf16")
+    assert [precision_of(n) for n in TORCH_COMPILE_SYSTEMS] == ["fp32", "fp16", "bf16"]
+    assert BenchConfig(backends=list(TORCH_COMPILE_SYSTEMS)).backends == list(TORCH_COMPILE_SYSTEMS)
 
 
 def test_config_accepts_the_torch_cuda_systems_and_refuses_unknown_ones():

@@ -235,6 +235,24 @@ def test_loadtest_drives_a_server_and_writes_its_report(server, tmp_path):
     for row in report["rows"]:
         assert row["scheduler"] == "continuous" and row["sent"] >= 1 and row["answered"] == row["sent"]
         assert 0 < row["ttft_p50"] <= row["latency_p50"] <= row["latency_p99"]
-    assert (out / "loadtest.png").stat().st_size > 0 and "| continuous | 4 |" in (out / "loadtest.md").read_text()
+    assert (out / "loadtest.png").stat().st_size > 0 and "| continuous | 4/s |" in (out / "loadtest.md").read_text()
     r = CliRunner().invoke(main, ["loadtest", server.url, "--out", str(out)])
     assert r.exit_code == 2 and "--force" in r.stderr
+
+
+def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    out = tmp_path / "report"
+    r = CliRunner().invoke(main, ["loadtest", server.url, "--connections", "1,3", "--duration", "1",
+                                  "--api-key-file", str(key), "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "loadtest.json").read_text())
+    assert [row["connections"] for row in report["rows"]] == [1, 3] and report["rates"] == []
+    for row in report["rows"]:
+        # each connection sends until the window closes: at least one request each, every one answered
+        assert row["sent"] >= row["connections"] and row["answered"] == row["sent"] and row["offered_rate"] is None
+    assert "| continuous | 3 conn |" in (out / "loadtest.md").read_text()
+    for bad in ("0", "two"):
+        r = CliRunner().invoke(main, ["loadtest", server.url, "--connections", bad, "--out", str(tmp_path / "x")])
+        assert r.exit_code == 2 and "--connections" in r.stderr

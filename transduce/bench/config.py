@@ -17,10 +17,13 @@ from transduce.runtime.spec import BackendSpec
 # the names of their BackendSpecs (BackendSpec.name)
 TORCH_CUDA_SYSTEMS = tuple(BackendSpec("torch", device="cuda", cuda_graph=g, precision=p).name
                            for g in (False, True) for p in PRECISIONS)
-OUR_BACKENDS = ("torch", *TORCH_CUDA_SYSTEMS, "onnxruntime", "tensorrt")
+# the eager torch-cuda step handed to torch.compile(mode="reduce-overhead") (Inductor's kernels, replayed from its own
+# CUDA graphs): "torch-cuda-compile", "torch-cuda-compile-fp16", measured beside the hand-made graphs
+TORCH_COMPILE_SYSTEMS = tuple("-".join(["torch-cuda-compile"] + ([p] if p != "fp32" else [])) for p in PRECISIONS)
+OUR_BACKENDS = ("torch", *TORCH_CUDA_SYSTEMS, *TORCH_COMPILE_SYSTEMS, "onnxruntime", "tensorrt")
 # on the GPU (skipped with the reason where CUDA is missing): CTranslate2 runs on the CPU here, so these get no
 # ratio to it and no CPU floor (the torch-cuda ones get the GPU's floor at their precision)
-GPU_SYSTEMS = (*TORCH_CUDA_SYSTEMS, "tensorrt")
+GPU_SYSTEMS = (*TORCH_CUDA_SYSTEMS, *TORCH_COMPILE_SYSTEMS, "tensorrt")
 
 MAX_BATCH = 4096  # sentences per benchmarked batch: beyond it the inputs alone are of no machine's size
 
@@ -143,8 +146,15 @@ def quantized_system(name: str) -> str | None:
     return tail if head == "onnxruntime" and tail in QUANTIZE_METHODS else None
 
 
+def compiled_system(name: str) -> str | None:
+    """The eager system a torch.compile system compiles ("torch-cuda-compile-fp16" -> "torch-cuda-fp16"), else None."""
+    if name not in TORCH_COMPILE_SYSTEMS:
+        return None
+    return name.replace("-compile", "")
+
+
 def system_spec(name: str, **given) -> BackendSpec:
     """The BackendSpec one of our systems stands for ("torch-cuda-graph-fp16": torch on CUDA, CUDA graphs, fp16);
     its other fields from `given` (threads, model_dir). A quantized row is the onnxruntime system on its own
-    export (quantized_system)."""
-    return BackendSpec.from_name("onnxruntime" if quantized_system(name) else name, **given)
+    export (quantized_system); a compiled one is the eager system it compiles (compiled_system)."""
+    return BackendSpec.from_name("onnxruntime" if quantized_system(name) else compiled_system(name) or name, **given)

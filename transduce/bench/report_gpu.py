@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from transduce.bench.config import TORCH_CUDA_SYSTEMS, system_spec
+from transduce.bench.config import TORCH_COMPILE_SYSTEMS, TORCH_CUDA_SYSTEMS, compiled_system, system_spec
 
 
 def gpu_ceilings_section(g: dict[str, Any]) -> list[str]:
@@ -33,7 +33,8 @@ def gpu_ceilings_section(g: dict[str, Any]) -> list[str]:
 
 def precision_of(name: str) -> str | None:
     """The precision of a torch-cuda system ("torch-cuda-graph-fp16" -> "fp16"); None for any other system."""
-    return (system_spec(name).precision or "fp32") if name in TORCH_CUDA_SYSTEMS else None
+    torch_cuda = name in TORCH_CUDA_SYSTEMS or name in TORCH_COMPILE_SYSTEMS
+    return (system_spec(name).precision or "fp32") if torch_cuda else None
 
 
 def gpu_row_floor(c: dict[str, Any], name: str) -> float | None:
@@ -62,13 +63,13 @@ def _step_ms(x: dict[str, Any]) -> float | None:
 
 
 def graph_speedup_table(cells: list[dict[str, Any]]) -> list[str]:
-    """Each torch-cuda-graph row's step against the eager torch-cuda row of its precision in the same cell, and
-    against its GPU floor's step, where both ran."""
+    """Each torch-cuda-graph (and torch.compile) row's step against the eager torch-cuda row of its precision in the
+    same cell, and against its GPU floor's step, where both ran."""
     rows = []
     for c in cells:
         for name, x in c["systems"].items():
-            spec = system_spec(name) if name in TORCH_CUDA_SYSTEMS else None
-            if spec is None or not spec.cuda_graph:
+            spec = system_spec(name) if name in TORCH_CUDA_SYSTEMS or compiled_system(name) else None
+            if spec is None or not (spec.cuda_graph or compiled_system(name)):
                 continue
             eager = dataclasses.replace(spec, cuda_graph=False).name
             graph_ms, eager_ms = _step_ms(x), _step_ms(c["systems"].get(eager, {}))

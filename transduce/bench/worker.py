@@ -85,11 +85,30 @@ def ort_info(tuning: dict[str, Any], threads: int) -> dict[str, Any]:
             "step_graph": tuning["step_graph"], "pool_spin_us": tuning["pool_spin_us"]}
 
 
+def compile_step(backend) -> None:
+    """The eager torch backend's decoder step through torch.compile(mode="reduce-overhead"): Inductor's kernels,
+    replayed from torch's own CUDA graphs, each shape compiled on its first call (the bench's warm-up). Shapes are
+    marked dynamic so that the rows and cache capacities of a run share one compilation."""
+    import torch
+
+    for name in ("recompile_limit", "cache_size_limit"):  # the setting's name differs across torch versions
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    model = backend.model
+    compiled = torch.compile(model.decode_step, mode="reduce-overhead", dynamic=True)
+
+    def step(*args):
+        torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs were read: their memory may be reused
+        return compiled(*args)
+
+    model.decode_step = step
+
+
 class _Ours:
     """A transduce backend (the BackendSpec its system name stands for), driven by transduce.runtime.decoding."""
 
     def __init__(self, system: str, path: str, model_dir: str | None, threads: int):
-        from transduce.bench.config import system_spec
+        from transduce.bench.config import compiled_system, system_spec
         from transduce.runtime.api import open_backend
 
         spec = system_spec(system, threads=threads, model_dir=model_dir)
@@ -105,6 +124,8 @@ class _Ours:
 
                 torch_device(spec.device, unavailable=BackendUnavailable)
         self.backend = open_backend(path, spec)
+        if compiled_system(system):
+            compile_step(self.backend)
         self.cfg = self.backend.config
         self.info: dict[str, Any] = {"threads": threads}
         if spec.backend == "torch":

@@ -61,7 +61,10 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray
 @click.argument("urls", nargs=-1, required=True)
 @click.option("--rates", default="2,5,10,20", show_default=True,
               help="Offered loads, requests per second (Poisson arrivals), comma-separated.")
-@click.option("--duration", default=10.0, show_default=True, help="Seconds of arrivals per rate and server.")
+@click.option("--connections", default=None,
+              help="Closed loop instead of --rates: connection counts, comma-separated, each connection sending its "
+                   "next request as soon as its last is answered (the load a server sustains).")
+@click.option("--duration", default=10.0, show_default=True, help="Seconds of arrivals per load and server.")
 @renamed_option("--beam-size", "--beam", "beam_size", default=None, type=int,
                 help="Beam size of every request (1 = greedy).  [default: 1]")
 @click.option("--data", "data_path", default=None, type=click.Path(),
@@ -77,10 +80,11 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray
 @click.option("--force", is_flag=True, help="Replace an earlier report in --out.")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
 @cli_errors
-def loadtest(urls, rates, duration, beam_size, deprecated_beam_size, data_path, artifact, api_key_file, timeout, seed,
-             out_dir, force, quiet):
+def loadtest(urls, rates, connections, duration, beam_size, deprecated_beam_size, data_path, artifact, api_key_file,
+             timeout, seed, out_dir, force, quiet):
     """Open-loop load on running servers (URLs of `transduce serve`; several: interleaved, one window per rate
-    and server in turn): throughput, latency and time-to-first-token percentiles, rejections and timeouts.
+    and server in turn), or closed-loop with --connections: throughput, latency and time-to-first-token
+    percentiles, rejections and timeouts.
 
     Compare schedulers by serving the same artifact three times (--scheduler continuous, static, single) and
     passing the three URLs. Writes loadtest.json, loadtest.md and loadtest.png (p99 latency against load).
@@ -99,6 +103,14 @@ def loadtest(urls, rates, duration, beam_size, deprecated_beam_size, data_path, 
         raise InputError(f"--rates must be numbers separated by commas, got {rates!r}") from None
     if not offered or min(offered) <= 0 or duration <= 0:
         raise InputError("--rates and --duration must be positive")
+    conns = None
+    if connections is not None:
+        try:
+            conns = [int(n) for n in connections.split(",") if n.strip()]
+        except ValueError:
+            raise InputError(f"--connections must be whole numbers separated by commas, got {connections!r}") from None
+        if not conns or min(conns) < 1:
+            raise InputError(f"--connections must be at least 1 each, got {connections!r}")
     if os.path.exists(os.path.join(out_dir, "loadtest.json")) and not force:
         raise InputError(f"{out_dir} already holds a load-test report (loadtest.json)",
                          hint="pass --force to replace it")
@@ -109,7 +121,8 @@ def loadtest(urls, rates, duration, beam_size, deprecated_beam_size, data_path, 
 
     sentences = sentences_from(data_path)
     key = read_api_key(api_key_file) if api_key_file else None
-    report = run_loadtest(list(urls), offered, duration, sentences, {"beam_size": beam}, key, seed, timeout, log)
+    report = run_loadtest(list(urls), offered, duration, sentences, {"beam_size": beam}, key, seed, timeout, log,
+                          connections=conns)
     if artifact:
         report["offline"] = offline_throughput(artifact, sentences, beam)
         log(f"offline decode: {report['offline']['throughput']:.1f} sentences/s")

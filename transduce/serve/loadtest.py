@@ -1,11 +1,13 @@
-"""`transduce loadtest`: open-loop load against running servers, one window per (request rate, server).
+"""`transduce loadtest`: open-loop (or closed-loop) load against running servers, one window per (load, server).
 
 Requests arrive as a Poisson process (exponential gaps) at each offered rate for a fixed duration, whatever the
 answers (open loop: a slow server is not given time to catch up), each one sentence drawn from held-out data,
 streamed (stream: true) so that the time to first token is seen: the first "token" event (greedy) or the first
 "translation" (beam). Several servers (e.g. `transduce serve --scheduler continuous|static|single` on the same
 model) are measured in one interleaved run: every rate is run on each of them in turn, the order rotated from
-one rate to the next, so that drifts of the machine spread over all of them.
+one rate to the next, so that drifts of the machine spread over all of them. In the closed-loop mode
+(`connections`), each of N connections sends its next request as soon as its last one is answered: the load a
+server can sustain, and its latency at that load.
 
 The report: per server and rate, the throughput (sentences and tokens per second answered), latency and time to
 first token percentiles (p50, p95, p99 over the answered requests), the rejected (429), timed-out (504) and failed
@@ -90,11 +92,34 @@ async def _window(url: str, rate: float, duration: float, sentences: list[str], 
         return list(out), time.perf_counter() - t0
 
 
-def summarize(records: list[dict], rate: float, duration: float, wall: float) -> dict[str, Any]:
+async def _closed_window(url: str, connections: int, duration: float, sentences: list[str], options: dict, rng,
+                         headers: dict, timeout: float) -> tuple[list[dict], float]:
+    """`connections` clients, each sending its next request when its last is answered, for `duration` s -> every
+    request's outcome, and the wall time until the last answer."""
+    import httpx
+
+    picks = iter(rng.integers(len(sentences), size=10**7))
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def loop() -> list[dict]:
+            out = []
+            while time.perf_counter() - t0 < duration:
+                out.append(await _one(client, {"text": [sentences[int(next(picks))]], "stream": True, **options}))
+            return out
+
+        done = await asyncio.gather(*(loop() for _ in range(connections)))
+        return [r for rs in done for r in rs], time.perf_counter() - t0
+
+
+def summarize(records: list[dict], rate: float | None, duration: float, wall: float,
+              connections: int | None = None) -> dict[str, Any]:
     ok = [r for r in records if r["status"] == 200]
     lat = np.array([r["latency"] for r in ok]) if ok else np.zeros(0)
     ttft = np.array([r["ttft"] for r in ok if r["ttft"] is not None])
-    row: dict[str, Any] = {"offered_rate": rate, "duration_s": duration, "sent": len(records), "answered": len(ok),
+    row: dict[str, Any] = {"offered_rate": rate, "connections": connections, "duration_s": duration,
+                           "sent": len(records), "answered": len(ok),
                            "rejected": sum(r["status"] == 429 for r in records),
                            "timed_out": sum(r["status"] == 504 for r in records),
                            "failed": sum(r["status"] not in (200, 429, 504) for r in records),
@@ -120,8 +145,10 @@ def offline_throughput(artifact: str, sentences: list[str], beam: int, threads: 
 
 
 def run_loadtest(urls: list[str], rates: list[float], duration: float, sentences: list[str], options: dict,
-                 api_key: str | None = None, seed: int = 0, timeout: float = 60.0, log=print) -> dict[str, Any]:
-    """Every rate on every server, interleaved -> the report (see the module's docstring)."""
+                 api_key: str | None = None, seed: int = 0, timeout: float = 60.0, log=print,
+                 connections: list[int] | None = None) -> dict[str, Any]:
+    """Every rate (or with `connections`, every connection count: closed loop) on every server, interleaved ->
+    the report (see the module's docstring)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -131,27 +158,44 @@ def run_loadtest(urls: list[str], rates: list[float], duration: float, sentences
         targets.append({"url": url.rstrip("/"), "scheduler": model.get("scheduler", "?"), "model": model})
     rng = np.random.default_rng(seed)
     rows = []
-    for i, rate in enumerate(rates):
+    loads = [(None, n) for n in connections] if connections else [(r, None) for r in rates]
+    for i, (rate, conns) in enumerate(loads):
         for target in targets[i % len(targets):] + targets[: i % len(targets)]:
-            records, wall = asyncio.run(_window(target["url"], rate, duration, sentences, options, rng, headers,
-                                                timeout))
-            row = {"url": target["url"], "scheduler": target["scheduler"], **summarize(records, rate, duration, wall)}
+            if conns:
+                records, wall = asyncio.run(_closed_window(target["url"], conns, duration, sentences, options, rng,
+                                                           headers, timeout))
+            else:
+                records, wall = asyncio.run(_window(target["url"], rate, duration, sentences, options, rng, headers,
+                                                    timeout))
+            row = {"url": target["url"], "scheduler": target["scheduler"],
+                   **summarize(records, rate, duration, wall, conns)}
             rows.append(row)
-            log(f"{target['scheduler']:>10} {rate:7.1f}/s: {row['answered']}/{row['sent']} answered, "
+            log(f"{target['scheduler']:>10} {_load(row):>9}: {row['answered']}/{row['sent']} answered, "
                 f"p50 {_ms(row['latency_p50'])} p99 {_ms(row['latency_p99'])}, ttft p50 {_ms(row['ttft_p50'])}, "
                 f"{row['throughput']:.1f} sentences/s, rejected {row['rejected']}, timed out {row['timed_out']}")
-    return {"targets": targets, "options": options, "duration_s": duration, "rates": rates, "rows": rows}
+    return {"targets": targets, "options": options, "duration_s": duration, "rates": [] if connections else rates,
+            "connections": connections or [], "rows": rows}
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.1f} ms" if seconds < 0.01 else f"{seconds * 1000:.0f} ms"
 
+
+def _load(row: dict[str, Any]) -> str:
+    """A row's load in words: "5/s" (open loop) or "64 conn" (closed loop)."""
+    return f"{row['connections']} conn" if row.get("connections") else f"{row['offered_rate']:g}/s"
+
+
+def _order(row: dict[str, Any]) -> tuple:
+    return row["scheduler"], row.get("connections") or 0, row["offered_rate"] or 0
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = ["| scheduler | offered /s | answered | sentences/s | tokens/s | p50 | p95 | p99 | ttft p50 | ttft p99 "
+    lines = ["| scheduler | load | answered | sentences/s | tokens/s | p50 | p95 | p99 | ttft p50 | ttft p99 "
              "| rejected | timed out | failed |", "|---" * 13 + "|"]
-    for r in sorted(report["rows"], key=lambda r: (r["scheduler"], r["offered_rate"])):
-        cells = [r["scheduler"], f"{r['offered_rate']:g}", f"{r['answered']}/{r['sent']}", f"{r['throughput']:.1f}",
+    for r in sorted(report["rows"], key=_order):
+        cells = [r["scheduler"], _load(r), f"{r['answered']}/{r['sent']}", f"{r['throughput']:.1f}",
                  f"{r['tokens_per_s']:.0f}", *(_ms(r[f"latency_p{p}"]) for p in PERCENTILES),
                  _ms(r["ttft_p50"]), _ms(r["ttft_p99"]), str(r["rejected"]), str(r["timed_out"]), str(r["failed"])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -168,12 +212,14 @@ def plot(report: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    closed = bool(report.get("connections"))
+    x = "connections" if closed else "offered_rate"
     fig, ax = plt.subplots(figsize=(6, 4))
     for scheduler in sorted({r["scheduler"] for r in report["rows"]}):
         rows = sorted((r for r in report["rows"] if r["scheduler"] == scheduler and r["latency_p99"] is not None),
-                      key=lambda r: r["offered_rate"])
-        ax.plot([r["offered_rate"] for r in rows], [r["latency_p99"] * 1000 for r in rows], marker="o", label=scheduler)
-    ax.set_xlabel("offered load (requests/s, Poisson)")
+                      key=_order)
+        ax.plot([r[x] for r in rows], [r["latency_p99"] * 1000 for r in rows], marker="o", label=scheduler)
+    ax.set_xlabel("connections (closed loop)" if closed else "offered load (requests/s, Poisson)")
     ax.set_ylabel("p99 latency (ms)")
     ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
