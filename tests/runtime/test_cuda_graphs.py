@@ -129,9 +129,24 @@ def test_cuda_capture_keeps_the_allocator_cache_and_ends_a_failed_capture():
                                  synchronize=lambda: calls.append("device synchronize"))
     c = types.SimpleNamespace(_cuda_endAllocateToPool=lambda device, pool: calls.append(f"end allocating {device} "
                                                                                         f"{pool}"))
-    capturer = CudaCapturer(types.SimpleNamespace(cuda=cuda, _C=c), stream, pool="pool")
+    class Tick:
+        def add_(self, n):
+            calls.append("keeper")
+
+    def zeros(n, device):
+        assert device is stream.device
+        return Tick()
+
+    capturer = CudaCapturer(types.SimpleNamespace(cuda=cuda, _C=c, zeros=zeros), stream, pool="pool")
     assert isinstance(capturer.capture(lambda: calls.append("work")), Graph)
-    assert calls == ["stream.synchronize", "begin pool thread_local", "work", "end"]
+    # first a one-op graph into the pool, held for the capturer's life: torch asserts in the next capture into a
+    # pool all of whose graphs were dropped
+    keeper = ["stream.synchronize", "begin pool thread_local", "keeper", "end"]
+    assert calls == keeper + ["stream.synchronize", "begin pool thread_local", "work", "end"]
+    assert isinstance(capturer._keeper[0], Graph)
+    calls.clear()
+    capturer.capture(lambda: calls.append("work"))
+    assert calls == ["stream.synchronize", "begin pool thread_local", "work", "end"]  # one keeper per capturer
     calls.clear()
 
     def boom():

@@ -125,8 +125,10 @@ class GraphSet:
 class CudaCapturer:
     """Captures on `stream` (a torch.cuda.Stream), into `pool` (the id of a torch.cuda.MemPool the backend
     keeps alive, shared by its graphs: their intermediates die within the graph, so graphs that never run at
-    the same time can share the memory; None: each graph its own pool). A bare graph_pool_handle() would
-    not do: once every graph of it is gone its pool is released, and the next capture into it fails.
+    the same time can share the memory; None: each graph its own pool). torch counts a pool's users by its
+    live graphs, in the device allocator and (torch 2.11) the pinned host allocator alike: once every graph
+    of a pool is gone, the next capture into it fails an internal assert (`use_count > 0`), MemPool or not.
+    So a one-op graph is captured into the pool first and held for the capturer's life (`_keeper`).
 
     Not `with torch.cuda.graph(...)`: its entry synchronizes the device and empties torch's caching allocator
     (torch.cuda.empty_cache) on every capture, and backends capture again whenever a bucket is new, so every
@@ -135,8 +137,15 @@ class CudaCapturer:
 
     def __init__(self, torch, stream, pool=None):
         self.torch, self.stream, self.pool = torch, stream, pool
+        self._keeper: tuple | None = None  # (graph, its tensor): the pool's user that is never dropped
 
     def capture(self, body: Callable[[], Any]) -> Graph:
+        if self.pool is not None and self._keeper is None:
+            tick = self.torch.zeros(1, device=self.stream.device)
+            self._keeper = (self._capture(lambda: tick.add_(1)), tick)
+        return self._capture(body)
+
+    def _capture(self, body: Callable[[], Any]) -> Graph:
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
         self.stream.synchronize()  # the graph starts from finished work, as the warm run left it
