@@ -203,7 +203,7 @@ else
     # torch.compile(mode="reduce-overhead") of the same fp16 step, beside eager and the hand-made graphs
     gpu_step bench-compile 0 "$T" bench --model-dir "$MODEL" --artifact-dir "$WORKDIR/artifact-fp32" --sizes demo,base \
         --backends torch-cuda-fp16,torch-cuda-graph-fp16,torch-cuda-compile-fp16 --repeats "${BENCH_REPEATS:-5}" \
-        --out "$RESULTS/bench-compile" --force
+        --cache-dir "$RESULTS/bench/models" --out "$RESULTS/bench-compile" --force
 fi
 
 "$PY" - "$RESULTS" "$WORKDIR" <<'EOF'
