@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere
+from tests.io.test_locks import abandoned_copy, lock_held_elsewhere
 from transduce.bench.config import BenchConfig
 from transduce.errors import TransduceError
 from transduce.io.reaping import tmp_prefix

@@ -19,7 +19,7 @@ import tensorrt_fake as fake
 from artifact_edits import edit_json
 from click.testing import CliRunner
 
-from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere
+from tests.io.test_locks import abandoned_copy, lock_held_elsewhere
 from transduce.build import builder
 from transduce.build.builder import build_engines, parser_errors
 from transduce.build.progress import make_progress_monitor

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.formats.test_locks import abandoned_copy, lock_held_elsewhere, other_host_prefix
+from tests.io.test_locks import abandoned_copy, lock_held_elsewhere, other_host_prefix
 from transduce.errors import CheckpointError, ExportError
 from transduce.exporter import onnx_export
 from transduce.io.reaping import interrupted_replace_hint, tmp_prefix
