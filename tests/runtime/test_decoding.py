@@ -52,8 +52,9 @@ def test_wide_beam_equals_exhaustive_search(micro, form, alpha):
     src = torch.tensor([[4, 5, 6, 2]])
     lens = torch.tensor([4])
     max_len = 4
+    # the exact rule: the provably best hypotheses of the beam, which a beam this wide makes the best of all
     opts = DecodingOptions(beam_size=64, length_penalty=alpha, length_penalty_form=form, max_len_a=0.0,
-                           max_len_b=max_len, nbest=5)
+                           max_len_b=max_len, nbest=5, early_stopping="exact")
     words = [cfg.unk_id, 4, 5, 6]  # what may be generated besides EOS (PAD and BOS never are)
     candidates = []
     for n in range(max_len):  # finished: n words + EOS

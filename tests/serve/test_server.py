@@ -62,8 +62,9 @@ def test_concurrent_requests_get_what_offline_decoding_gives(server, long_artifa
     its own sentences' offline translation (tokens identical, scores within 1e-5), blank lines included."""
     from transduce.runtime.api import load
 
-    cases = [dict(beam_size=1), dict(beam_size=3, nbest=2, length_penalty=1.0), dict(beam_size=2, min_length=4),
-             dict(beam_size=4, nbest=4, max_len_b=7)]
+    cases = [dict(beam_size=1), dict(beam_size=3, nbest=2, length_penalty=1.0, early_stopping="k-finished"),
+             dict(beam_size=2, min_length=4, early_stopping="k-finished", patience=2.5),
+             dict(beam_size=4, nbest=4, max_len_b=7, early_stopping="exact")]
     shifted = [TEXTS[j:] + TEXTS[:j] for j in range(len(cases))]  # different sentences side by side
 
     async def send_all():
@@ -109,6 +110,8 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
     ({"text": ["one"], "beam_size": 0}, 400, "beam_size", None, "beam_size must be >= 1, got 0"),
     ({"text": ["one"], "beam_size": 2, "nbest": 3}, 400, "nbest", None, "nbest must be between 1 and beam_size"),
     ({"text": ["one"], "max_len_a": "x"}, 400, "max_len_a", None, "max_len_a must be a finite number"),
+    ({"text": ["one"], "early_stopping": True}, 400, "early_stopping", None, "early_stopping must be one of"),
+    ({"text": ["one"], "patience": 0}, 400, "patience", None, "patience must be > 0, got 0"),
     ({"text": ["one"], "timeout": -1}, 400, "timeout", None, "timeout must be a number of seconds > 0"),
     ({"text": ["one"], "length_penalty": 1e300}, 400, "length_penalty", None, "overflows the length normalisation"),
     ({"text": ["one"], "colour": "red"}, 400, "colour", None, "unknown field 'colour'"),

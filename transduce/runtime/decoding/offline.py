@@ -11,10 +11,16 @@ is greedy search exactly.
 
 Beam search keeps for each sentence k live beams and a list of finished hypotheses. Each step, the
 2k best continuations over all k beams are ranked; an EOS among the first k becomes a finished
-hypothesis, and the first k non-EOS continuations become the next beams. A sentence is done once it
-has k finished hypotheses and no live beam can beat the k-th of them: a live beam's raw score only
-falls, so its best possible normalised score is raw / lp(max_len) (alpha >= 0). Rows of finished
-sentences are dropped from the backend at the next reorder.
+hypothesis, and the first k non-EOS continuations become the next beams. When a sentence is done is
+`early_stopping`'s rule (and at its maximum length in any case, its live beams returned unfinished):
+  - "heuristic" (the default; Hugging Face's early_stopping=False): once it has k finished hypotheses and the
+    best live beam, normalised at its current length, does not beat the k-th of them.
+  - "k-finished" (CTranslate2, fairseq, Hugging Face's early_stopping=True): once it has round(k x patience)
+    finished hypotheses, whatever the live beams could still reach.
+  - "exact": once it has k finished hypotheses and no live beam can beat the k-th of them: a live beam's raw
+    score only falls, so its best possible normalised score is raw / lp(max_len) (alpha >= 0). The k best
+    hypotheses of the beam, provably, at the cost of steps past the point where the other rules stop.
+Rows of finished sentences are dropped from the backend at the next reorder.
 
 The search itself is search.py's, run by running.py's running batch: decode() admits a whole batch at once
 and runs it until it is empty; a server admits sentences at any step boundary into the same machine.

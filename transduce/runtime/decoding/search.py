@@ -135,8 +135,10 @@ class BeamCohort(Cohort):
         self.final: list[list[Hypothesis]] = [[] for _ in range(n)]
         self.lp_max = options.penalty(max_len.astype(np.float64))
         self.first_max = int(max_len.min())  # no sentence reaches its maximum length before this
+        self.rule = options.early_stopping
+        self.need = options.finished_needed if self.rule == "k-finished" else k  # finished hypotheses it waits for
         self.kth = np.full(n, -np.inf)  # score of each sentence's k-th best finished hypothesis (-inf: fewer)
-        self.any_kth = False  # whether any sentence has k finished hypotheses yet
+        self.any_kth = False  # whether any sentence has `need` finished hypotheses yet
         self.offsets: dict[tuple[int, int], np.ndarray] = {}  # (ns, w) -> (ns, 1) first flat index per sentence
         # back-pointers: after step u, row r holds token toks[u][r] (log-prob lps[u][r]) and continues
         # row parents[u][r] of the state after step u - 1
@@ -163,8 +165,10 @@ class BeamCohort(Cohort):
             raw = float(raws[i])
             hyps = self.final[s]
             hyps.append(Hypothesis(tuple(ts.tolist()), raw / penalty, raw, tuple(hist_lp[i].tolist()), finished))
-            if len(hyps) >= self.k:
-                self.kth[s] = sorted((h.score for h in hyps), reverse=True)[self.k - 1]
+            if len(hyps) >= self.need:
+                # k-finished reads only that there are enough; the other rules the k-th best score
+                self.kth[s] = (np.inf if self.rule == "k-finished" else
+                               sorted((h.score for h in hyps), reverse=True)[self.k - 1])
                 self.any_kth = True
 
     def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
@@ -176,7 +180,7 @@ class BeamCohort(Cohort):
         if ended is not None:  # EOS among the k best continuations: finished hypotheses
             fs, f, raws = ended
             self._finish(sent[fs], f // kk, t, raws, ids.reshape(-1)[f], vals.reshape(-1)[f], True)
-        # which sentences are done: cut at the maximum length, or no live beam can beat the k-th finished
+        # which sentences are done: cut at the maximum length, or early_stopping's rule (offline.py)
         done = None
         if t + 1 >= self.first_max:
             at_max = t + 1 >= self.max_len[sent]  # (ns,)
@@ -186,7 +190,11 @@ class BeamCohort(Cohort):
             done = at_max
         if self.any_kth:
             k_done = self.kth[sent]
-            beaten = np.isfinite(k_done) & ~(n_score[:, 0] / self.lp_max[sent] > k_done)
+            if self.rule == "k-finished":
+                beaten = k_done == np.inf
+            else:  # the best live beam at its best reachable score (exact) or at its current length (heuristic)
+                best = n_score[:, 0] / (self.lp_max[sent] if self.rule == "exact" else self.options.penalty(t + 1))
+                beaten = np.isfinite(k_done) & ~(best > k_done)
             done = beaten if done is None else done | beaten
         if done is not None and done.any():
             for s in sent[done].tolist():
