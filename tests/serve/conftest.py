@@ -49,24 +49,25 @@ def export_wide_artifact(path: str, paths=None) -> None:
     _export_seeded(path, WIDE)
 
 
+def _built(request, tmp_path_factory, name: str, export) -> str:
+    """The export the background process made for fixture `name`, or one made here where it made none."""
+    path = background.built(request, name)
+    if path is None:
+        path = str(tmp_path_factory.mktemp(name) / "artifact")
+        export(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def long_artifact_dir(request, tmp_path_factory):
     """The tiny model's shape with 512 positions, seeded and exported (fp32)."""
-    path = background.built(request, "long_artifact_dir")
-    if path is None:
-        path = str(tmp_path_factory.mktemp("long-artifact") / "artifact")
-        export_long_artifact(path)
-    return path
+    return _built(request, tmp_path_factory, "long_artifact_dir", export_long_artifact)
 
 
 @pytest.fixture(scope="session")
 def wide_artifact_dir(request, tmp_path_factory):
     """The wide model (WIDE), seeded and exported (fp32): its SLOW requests outlast a deadline of seconds."""
-    path = background.built(request, "wide_artifact_dir")
-    if path is None:
-        path = str(tmp_path_factory.mktemp("wide-artifact") / "artifact")
-        export_wide_artifact(path)
-    return path
+    return _built(request, tmp_path_factory, "wide_artifact_dir", export_wide_artifact)
 
 
 def free_port() -> int:
