@@ -113,6 +113,9 @@ def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, override
 
         sys.exit(launch(_command_line(click.get_current_context(), drop=("nproc",)), nproc, device, threads,
                         collective_timeout, log=lambda m: click.echo(m, err=True)))
+    from transduce.training.launch import watch_launcher
+
+    watch_launcher()  # a rank of `--nproc N` ends with its launcher (where the OS does not see to it)
     try:
         summary = train_from_files(out_dir, cfg, data=data, source=src_file, target=tgt_file, valid=valid,
                                    valid_size=valid_size, resume=resume, progress=not (quiet or no_progress),
