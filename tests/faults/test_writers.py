@@ -90,18 +90,17 @@ def test_an_export_that_fills_the_disk_leaves_nothing_behind(tiny_model_dir, tmp
     assert not out.exists() and not temporary_copies(tmp_path, "full"), os.listdir(tmp_path)
 
 
-def test_two_exports_into_one_directory_one_is_refused_at_once(tiny_model_dir, tmp_path):
-    out = tmp_path / "shared"
-    first = transduce("export", tiny_model_dir, "--out", str(out), "--quiet")
-    deadline = time.monotonic() + 60
-    while not (tmp_path / ".shared.lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    second = transduce("export", tiny_model_dir, "--out", str(out), "--quiet", "--force")
-    code2, err2 = finished(second)
-    code1, err1 = finished(first)
-    assert code1 == 0, err1
-    assert code2 == 2 and "is being written by" in err2 and f"PID {first.pid}" in err2, err2
-    code, err = finished(transduce("inspect", str(out)))
+def test_a_second_writer_of_one_directory_is_refused_at_once(tiny_model_dir, exported):
+    """While another process writes the artifact (this one holds its lock, as an export does), an export into it
+    is refused at once, naming that process, and leaves the artifact as it was; once the lock is free it works."""
+    from transduce.io.locks import output_lock
+
+    before = digest(exported)
+    with output_lock(exported, "the artifact"):
+        code, err = finished(transduce("export", tiny_model_dir, "--out", str(exported), "--force", "--quiet"))
+    assert code == 2 and "is being written by" in err and f"PID {os.getpid()}" in err, err
+    assert digest(exported) == before and not temporary_copies(exported.parent, "artifact")
+    code, err = finished(transduce("export", tiny_model_dir, "--out", str(exported), "--force", "--quiet"))
     assert code == 0, err
 
 
