@@ -13,10 +13,11 @@ graphs' sizes), validation (rows {graph, output, max_abs, rel_rms, rel_rms_limit
 its encoder.onnx and decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider
 only; `graphs` describes them before quantization.
 
-read_manifest checks the manifest's own fields, every file it lists (size, and sha256 with verify_hashes), and
-its model config against the copy of config.json it lists: no hash covers the manifest itself. What needs
-the graphs read (their IO against the contract, their quantization) is the runtime's
-(transduce.runtime.checks.check_artifact).
+read_manifest checks the manifest's own fields, that it lists every graph file of the directory (a deleted
+decoder_step.ort.onnx entry would otherwise leave every sha256 right and decoding on the slower
+decoder_step.onnx), every file it lists (size, and sha256 with verify_hashes), and its model config against the
+copy of config.json it lists: no hash covers the manifest itself. What needs the graphs read (their IO against
+the contract, their quantization) is the runtime's (transduce.runtime.checks.check_artifact).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transduce.errors import ArtifactError, ConfigError
 from transduce.formats.contract import (
     CONTRACT_VERSION,
     ENCODER_FILE,
+    GRAPH_FILES,
     ORT_STEP_FILE,
     STEP_FILE,
     dynamic_axis_ranges,
@@ -214,6 +216,9 @@ def _read(pinned: PinnedDir, verify_hashes: bool) -> Artifact:
     if not isinstance(files, dict) or not set(REQUIRED_FILES) <= set(files):
         raise ArtifactError(f"{path} does not list {', '.join(REQUIRED_FILES[:-1])} and {REQUIRED_FILES[-1]}",
                             hint=hint)
+    problem = unlisted_graph_problem(pinned, files, path)
+    if problem:
+        raise ArtifactError(problem, hint=hint)
     for name, meta in files.items():
         problem = listed_file_problem(pinned, name, meta, verify_hashes, listed_in=path, changed="after export")
         if problem:
@@ -222,6 +227,20 @@ def _read(pinned: PinnedDir, verify_hashes: bool) -> Artifact:
     if problem:
         raise ArtifactError(f"{path}: {problem}", hint=hint)
     return Artifact(artifact_dir, manifest, config, pinned, hashlib.sha256(raw).hexdigest())
+
+
+def unlisted_graph_problem(pinned: PinnedDir, files: dict[str, Any], listed_in: str) -> str | None:
+    """Why the directory holds a graph file an export writes (contract.GRAPH_FILES) that its manifest does not
+    list (None: it lists every one it holds). Such a file is never checked, and the runtime goes by the list:
+    a manifest whose decoder_step.ort.onnx entry was deleted, every other sha256 still right, would decode on
+    ONNX Runtime's CPU provider with the slower decoder_step.onnx, unasked."""
+    for name in GRAPH_FILES:
+        if name not in files and pinned.is_file(name):
+            effect = (f"; unlisted, it would go unchecked and ONNX Runtime would decode with the slower {STEP_FILE}"
+                      if name == ORT_STEP_FILE else "")
+            return (f"{pinned.display(name)} is not listed in {listed_in}: the manifest was edited after export, "
+                    f"or the export is incomplete{effect}")
+    return None
 
 
 def model_config_problem(pinned: PinnedDir, config: ModelConfig) -> str | None:

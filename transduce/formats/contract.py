@@ -58,6 +58,8 @@ CONTRACT_VERSION = 2  # 2: decoder_step.ort.onnx takes cross K/V per source and 
 ENCODER_FILE = "encoder.onnx"
 STEP_FILE = "decoder_step.onnx"
 ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: fp32 post-norm models (transduce/exporter/ort_step.py)
+# every graph file an export writes (transduce/exporter/onnx_export.py): an artifact must list each it holds
+GRAPH_FILES = (ENCODER_FILE, STEP_FILE, ORT_STEP_FILE)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 the backends call these (every load of an artifact or engine directory), and so does `transduce inspect`,
 which reports what they raise: inspect refuses what the runtime refuses.
 
-check_artifact: the manifest (formats.artifact.Artifact.load: its fields, every file it lists with its size
-and, with verify_hashes, its sha256, its model config against the copy of config.json it lists), then each
+check_artifact: the manifest (formats.artifact.Artifact.load: its fields, that it lists every graph file the
+directory holds, every file it lists with its size and, with verify_hashes, its sha256, its model config
+against the copy of config.json it lists), then each
 graph the runtime may load, read from its header: its declared inputs and outputs against the IO contract
 for the manifest's precision and model config, and whether it holds quantized ops as the manifest says.
 check_engine_dir: engine.json and the copy of the artifact the directory holds
@@ -29,7 +30,7 @@ from transduce.formats.dtypes import onnx_type
 from transduce.formats.engine import EngineDir, RuntimeInfo
 
 # the graphs a backend may load, each checked when the manifest lists it (the ONNX Runtime step graph is optional)
-RUNTIME_GRAPHS = (contract.ENCODER_FILE, contract.STEP_FILE, contract.ORT_STEP_FILE)
+RUNTIME_GRAPHS = contract.GRAPH_FILES
 
 # protobuf wire types (the ones ONNX's messages use) and the ONNX field numbers read here (onnx/onnx.proto)
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
