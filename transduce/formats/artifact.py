@@ -89,6 +89,14 @@ def quantization(manifest: dict[str, Any]) -> str | None:
     return q.get("method") if isinstance(q, dict) else None
 
 
+def cpu_step_graph(manifest: dict[str, Any]) -> str:
+    """The decoder step graph ONNX Runtime decodes an artifact with on its CPU provider: the fused ORT_STEP_FILE
+    where the manifest lists it, else STEP_FILE (on its CUDA and TensorRT providers, STEP_FILE always). Loading
+    refuses a directory that holds ORT_STEP_FILE unlisted (unlisted_graph_problem)."""
+    files = manifest.get("files")
+    return ORT_STEP_FILE if isinstance(files, dict) and ORT_STEP_FILE in files else STEP_FILE
+
+
 @dataclass(frozen=True, eq=False)
 class Artifact:
     """An exported artifact, read and checked once (Artifact.load): its manifest, its model config and its

@@ -189,6 +189,10 @@ def _checks_section(report: dict[str, Any]):
         rows.append(("loads", Text(check, style=style)))
         if report["kind"] == "engine":
             rows.append(("checked", "files and formats, not whether this machine has the TensorRT and GPU"))
+    step = report.get("step_graph")
+    if step:
+        rows.append(("step graph (ONNX Runtime, CPU)", f"{step['graph']}: {step['why']}" if step["graph"]
+                     else step["why"]))
     if hashes:
         rows.append(("sha256", Text(hashes["note"], style=None if hashes["checked"] else "yellow")))
     return _key_value_table("runtime" if "runtime_check" in report else "checks", rows)

@@ -9,6 +9,8 @@ The kind of directory is recognised by its description file (transduce.formats.k
                   opsets, op histogram and parameter count from the initializers (transduce.inspect.graphs)
   config.json     a model directory (transduce/models/checkpoint.py): config, parameter count from the
                   safetensors header (the model is not built), tokenizer size, training summary
+An artifact's report also says which decoder step graph ONNX Runtime decodes it with on the CPU, and why
+("step_graph": the fused decoder_step.ort.onnx where the manifest lists it, else decoder_step.onnx).
 Artifacts and engines also go through the checks the runtime makes before it loads them, the same
 functions (transduce.runtime.checks: check_artifact, which reads the graphs' headers for their IO and
 quantization; check_engine_dir, without the TensorRT/GPU comparison), whose verdict is reported as
@@ -34,7 +36,8 @@ import os
 from typing import Any
 
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
-from transduce.formats.contract import ENCODER_FILE, STEP_FILE
+from transduce.formats.artifact import cpu_step_graph
+from transduce.formats.contract import ENCODER_FILE, ORT_STEP_FILE, STEP_FILE
 from transduce.formats.kinds import (
     ARTIFACT_KIND,
     DESCRIPTION_FILES,
@@ -298,9 +301,39 @@ def inspect_artifact_dir(directory: str, verify: bool | None = None) -> dict[str
     }
     report["hashes"] = hashing(directory, recorded, verify)
     report["runtime_check"] = runtime_verdict(check_artifact, directory, report["hashes"]["checked"])
+    report["step_graph"] = step_graph_report(manifest, report["runtime_check"])
     report["files"] = files_report(directory, recorded, report["hashes"]["checked"], problems)
     report["problems"] = problems
     return report
+
+
+def step_graph_report(manifest: dict[str, Any], runtime_check: str) -> dict[str, Any]:
+    """Which decoder step graph ONNX Runtime decodes the artifact with on the CPU, and why: {"provider",
+    "graph" (None where the runtime refuses the artifact), "why"}. The choice is the backend's own
+    (formats.artifact.cpu_step_graph); the CUDA and TensorRT providers always run decoder_step.onnx."""
+    from transduce.exporter.ort_step import unsupported_reason
+
+    out: dict[str, Any] = {"provider": "onnxruntime cpu", "graph": None, "why": ""}
+    if not (runtime_check in ("ok", RUNTIME_OK_UNHASHED) or runtime_check.startswith("not checked")):
+        out["why"] = "none: the runtime refuses this artifact (see its runtime check)"
+        return out
+    out["graph"] = cpu_step_graph(manifest)
+    try:
+        unsupported = unsupported_reason(ModelConfig.from_dict(manifest.get("model")), manifest.get("precision"))
+    except (TransduceError, TypeError, ValueError):  # a manifest the runtime did not read: no reason to give
+        unsupported = None
+    if out["graph"] == ORT_STEP_FILE:
+        out["why"] = "fused, listed in the manifest"
+    elif manifest.get("ort_step_graph") is False:
+        out["why"] = "this export has no fused step graph (exported with --no-ort-step)"
+    elif unsupported:
+        out["why"] = f"this export has no fused step graph: {unsupported}"
+    elif "ort_step_graph" not in manifest:
+        out["why"] = "this export has no fused step graph (an older export, whose manifest does not say why)"
+    else:
+        out["why"] = (f"the manifest lists no {ORT_STEP_FILE} though it records an export with one: the manifest "
+                      f"was edited or the file removed (export again for the faster fused step graph)")
+    return out
 
 
 def runtime_verdict(check, directory: str, hashed: bool) -> str:

@@ -39,7 +39,7 @@ import numpy as np
 
 from transduce.errors import BackendUnavailable
 from transduce.formats import contract
-from transduce.formats.artifact import Artifact
+from transduce.formats.artifact import Artifact, cpu_step_graph
 from transduce.formats.dtypes import PRECISION_DTYPES
 from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.ort_cpu_policy import (
@@ -181,7 +181,7 @@ class OnnxRuntimeBackend(Backend):
     def _fused_graph_usable(self) -> bool:
         """Whether the step sessions run the artifact's ONNX Runtime step graph (ort_step.py): on the
         CPU provider, when the artifact has one."""
-        return not self.on_device and self.artifact.lists(contract.ORT_STEP_FILE)
+        return not self.on_device and cpu_step_graph(self.artifact.manifest) == contract.ORT_STEP_FILE
 
     def _provider_options(self, provider: str, user: dict) -> tuple[dict, dict]:
         """Per-session provider options for the encoder and the step session (ort_sessions.gpu_provider_options);
