@@ -14,7 +14,15 @@ from dataclasses import replace
 
 import pytest
 
-from tests.training.test_distributed import CFG, _args, _children, _command, _wait_for_checkpoint, corpus  # noqa: F401
+from tests.training.test_distributed import (  # noqa: F401 - corpus: the fixture
+    CFG,
+    _args,
+    _children,
+    _command,
+    _wait_for_checkpoint,
+    corpus,
+    signalled,
+)
 from transduce.errors import ConfigError
 from transduce.io.locks import output_lock
 from transduce.training import launch
@@ -70,15 +78,9 @@ def test_sigint_stops_a_launcher_that_started_with_it_ignored(tmp_path, corpus):
     after the same step, with a checkpoint, as Ctrl-C does."""
     data_dir, _, _ = corpus
     out = tmp_path / "background"
-    proc = subprocess.Popen(_command(_args(LONG, data_dir, out), 2), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        _wait_for_checkpoint(out, proc, 2)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=45)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, err
+    code, err = signalled(_args(LONG, data_dir, out), out, signal.SIGINT, timeout=45,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert code == 128 + signal.SIGINT, err
     step = _checkpoint_is_whole(out)
     assert f"interrupted at step {step} of" in err and "Traceback" not in err, err
 

@@ -152,6 +152,18 @@ def _wait_for_checkpoint(out, proc, at_least: int, timeout: float = 90) -> int:
     raise AssertionError("no checkpoint in time")
 
 
+def signalled(args: list[str], out, sig: int, timeout: float = 60, **popen) -> tuple[int, str]:
+    """A 2-rank run of `args` sent `sig` once its checkpoint of step 2 is written -> its exit status and stderr."""
+    proc = subprocess.Popen(_command(args, 2), stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        _wait_for_checkpoint(out, proc, 2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
 def _same_run(a, b) -> None:
     """Two model directories hold the same weights, optimizer and RNG states, bit for bit, at the same step."""
     for name in ("model.safetensors", os.path.join("training", "optimizer.safetensors")):
@@ -193,14 +205,8 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path, corpus):
     data_dir, _, _ = corpus
     cfg = replace(CFG, max_steps=10_000, save_every=2, eval_every=10_000, collective_timeout=60)
     out = tmp_path / "stopped"
-    proc = subprocess.Popen(_command(_args(cfg, data_dir, out), 2), stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_checkpoint(out, proc, 2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    code, err = signalled(_args(cfg, data_dir, out), out, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, err
     said = [line for line in err.splitlines() if line.startswith("interrupted at step")]
     assert len(said) == 1 and err.count("saving a checkpoint after this step") == 1, err  # rank 0 alone says it
     step = json.loads((out / "training" / "state.json").read_text())["step"]
