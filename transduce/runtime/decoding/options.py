@@ -7,6 +7,7 @@ DecodingOptions is the one list of the options: `Translator.translate`'s keyword
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -107,6 +108,9 @@ class DecodingOptions:
         """What these options do on a model of that vocabulary and max_positions that was likely not meant:
         a beam wider than the vocabulary, a min_length past the maximum length of some sentences (those
         end there, unfinished: forced() asks for exactly that). -> (message, parameters it names) each."""
+        return list(_model_warnings(self, vocab_size, max_positions))
+
+    def _model_warnings(self, vocab_size: int, max_positions: int) -> tuple[tuple[str, tuple[str, ...]], ...]:
         found = []
         if self.beam_size > vocab_size:
             found.append((f"beam_size {self.beam_size} is wider than the vocabulary ({vocab_size} tokens): each "
@@ -123,7 +127,7 @@ class DecodingOptions:
                           f"min_length {self.min_length} is more than the maximum length of sentences of up to "
                           f"{int(sources[reach[0] - 1])} source tokens ({formula}): they are cut there, unfinished",
                           ("min_length",)))
-        return found
+        return tuple(found)
 
     @classmethod
     def forced(cls, steps: int, beam_size: int = 1, **options) -> DecodingOptions:
@@ -158,6 +162,13 @@ class DecodeResult:
     @property
     def best(self) -> Hypothesis:
         return self.hypotheses[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _model_warnings(options: DecodingOptions, vocab_size: int, max_positions: int) -> tuple:
+    """DecodingOptions.model_warnings, worked out once per options and model (translate() asks on every call:
+    the min_length check spans every source length the model takes)."""
+    return options._model_warnings(vocab_size, max_positions)
 
 
 def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions: int) -> np.ndarray:
