@@ -99,12 +99,22 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
                    json={"text": ["one two", "three"], "beam_size": 3, "stream": True})
     kinds = [k for k, _ in _events(r.text)]
     assert kinds.count("translation") == 2 and "token" not in kinds and kinds[-1] == "done"
+    # a blank line gets its translation event too (first: it needs no decoding), alone or beside others
+    for text in (["", "three", "  "], [""]):
+        r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
+                       json={"text": text, "beam_size": 2, "stream": True})
+        events = _events(r.text)
+        said = sorted(d["sentence"] for k, d in events if k == "translation")
+        assert said == list(range(len(text))) and events[-1][0] == "done", events
+        blank = [d for k, d in events if k == "translation" and text[d["sentence"]].strip() == ""]
+        assert all(d["translation"]["empty"] for d in blank)
 
 
 @pytest.mark.parametrize("body, status, field, sentence, message", [
     ({"text": ["one", 5]}, 400, "text", 2, "sentence 2 is an int (5), not a str"),
     ({"text": ["one", "two " * 600]}, 400, "text", 2, "this model takes at most 511 (max_positions 512"),
     ({"text": "one"}, 400, None, None, "text takes a list of sentences, not one string"),
+    ({"text": {"one": 1}}, 400, None, None, "text takes a list of sentences, not an object (dict)"),
     ({"text": []}, 400, "text", None, "text is empty"),
     ({"text": ["a"] * 9}, 400, "text", None, "text has 9 sentences; this server takes at most 8"),
     ({"text": ["one"], "beam_size": 0}, 400, "beam_size", None, "beam_size must be >= 1, got 0"),

@@ -70,3 +70,27 @@ def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir):
     service, ident = build_service(tiny_artifact_dir, BackendSpec("torch", threads=1, precision="bf16"))
     service.stop()
     assert (ident["backend"], ident["precision"], ident["cuda_graph"]) == ("torch", "bf16", False)
+
+
+def test_a_request_past_its_deadline_is_told_the_timeout_it_asked_for(tiny_artifact_dir):
+    """The 504's message gives the request's own timeout (however small), never a negative one."""
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServeError, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions())
+    service.start()
+    try:
+        with pytest.raises(ServeError, match=r"passed its deadline of 1e-06 s") as e:
+            service.translate(["one two three"] * 4, {"beam_size": 4}, timeout=1e-6)
+        assert e.value.status == 504
+    finally:
+        service.stop()
+
+
+def test_a_mapping_is_not_a_list_of_sentences(tiny_artifact_dir):
+    from transduce.errors import InputError
+    from transduce.runtime.api import load
+
+    translator = load(tiny_artifact_dir, threads=1)
+    with pytest.raises(InputError, match=r"takes a list of sentences, not an object \(dict\)"):
+        translator.translate({"one": 1})

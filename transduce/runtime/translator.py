@@ -16,7 +16,7 @@ import itertools
 import os
 import reprlib
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,6 +219,9 @@ def _sentences(texts: object, call: str) -> Iterable:
     bytes would be read character by character, byte by byte)."""
     if isinstance(texts, str):
         raise InputError(f"{call} takes a list of sentences, not one string", hint="wrap it: [text]")
+    if isinstance(texts, Mapping):  # iterating it would translate its keys
+        raise InputError(f"{call} takes a list of sentences, not an object ({type(texts).__name__})",
+                         hint="pass a list of str: [text, ...]")
     if isinstance(texts, bytes | bytearray):
         raise InputError(f"{call} takes a list of sentences (str), not bytes ({reprlib.repr(texts)})",
                          hint="decode it first: [data.decode('utf-8')]")

@@ -79,12 +79,13 @@ class Request:
 
     _ids = itertools.count(1)
 
-    def __init__(self, n: int, options: DecodingOptions, deadline: float, listener: Listener | None):
+    def __init__(self, n: int, options: DecodingOptions, timeout: float, listener: Listener | None):
         self.id = next(self._ids)
         self.options = options
-        self.deadline = deadline  # time.monotonic() past which it is dropped
-        self.listener = listener
         self.created = time.monotonic()
+        self.timeout = timeout  # seconds it may take, as asked
+        self.deadline = self.created + timeout  # time.monotonic() past which it is dropped
+        self.listener = listener
         self.first_token: float | None = None  # when its first token (or result) was produced
         self.translations: list[Translation | None] = [None] * n
         self.todo: list[int] = []  # its sentences the model decodes (the others are blank)
@@ -154,7 +155,7 @@ class DecodeService:
             raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         tr = self.translator
         prepared = tr.prepare(texts, truncate, warn=False)
-        req = Request(len(texts), opts, time.monotonic() + timeout, listener)
+        req = Request(len(texts), opts, timeout, listener)
         req.prepared = prepared
         for i, (text, item) in enumerate(zip(texts, prepared, strict=True)):
             if tr.is_blank(text, item[0]):
@@ -173,6 +174,9 @@ class DecodeService:
                     self.metrics.rejected.inc()
                 raise ServeError(f"the queue is full ({self.options.max_queue} requests waiting)", 429,
                                  hint="retry later", retry_after=1.0)
+            for i, t in enumerate(req.translations):  # blank lines are translated already: said first
+                if t is not None:
+                    req.emit("translation", {"sentence": i, "translation": t})
             if not req.todo:  # only blank lines: answered at once
                 self._finish(req)
                 return req
@@ -349,8 +353,8 @@ class DecodeService:
         for req in [r for r in list(self._queue) + list(self._running.values()) if now > r.deadline]:
             if self.metrics:
                 self.metrics.timed_out.inc()
-            self._drop(req, ServeError(f"the request passed its deadline of "
-                                       f"{req.deadline - req.created:.3g} s", 504, hint="raise its timeout"))
+            self._drop(req, ServeError(f"the request passed its deadline of {req.timeout:.3g} s", 504,
+                                       hint="raise its timeout"))
 
     def _drop(self, req: Request, error: ServeError) -> None:
         if req in self._queue:
