@@ -269,3 +269,59 @@ def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
     for bad in ("0", "two"):
         r = CliRunner().invoke(main, ["loadtest", server.url, "--connections", bad, "--out", str(tmp_path / "x")])
         assert r.exit_code == 2 and "--connections" in r.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--port", "99999"], "--port must be 0..65535, got 99999"),
+    (["--max-body-bytes", "-5"], "--max-body-bytes must be an integer >= 1, got -5"),
+    (["--grace", "-1"], "--grace must be a number of seconds >= 0, got -1"),
+    (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0, got 0"),
+    (["--default-beam-size", "1000"], "--default-beam-size 1000 takes more rows than --max-rows (256)"),
+])
+def test_bad_serve_options_are_refused_before_the_model_loads(tiny_artifact_dir, monkeypatch, args, says):
+    from transduce.serve import server
+
+    monkeypatch.setattr(server, "build_service", lambda *a, **k: pytest.fail("the model was loaded"))
+    r = CliRunner().invoke(main, ["serve", tiny_artifact_dir, *args])
+    assert r.exit_code == 2 and says in r.stderr and "Traceback" not in r.output, r.output
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tiny_artifact_dir, monkeypatch):
+    import socket
+
+    from transduce.serve import server
+
+    monkeypatch.setattr(server, "build_service", lambda *a, **k: pytest.fail("the model was loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(main, ["serve", tiny_artifact_dir, "--port", str(port)])
+    assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--rates", "nan"], "--rates must be finite numbers > 0"),
+    (["--duration", "inf"], "--duration must be a finite number of seconds > 0"),
+    (["--api-key-file", "/nonexistent/key"], "cannot read --api-key-file"),
+])
+def test_bad_loadtest_input_is_an_error_not_a_traceback(args, says, tmp_path):
+    r = CliRunner().invoke(main, ["loadtest", "http://127.0.0.1:9", "--out", str(tmp_path / "r"), *args])
+    assert r.exit_code == 2 and says in r.stderr and "Traceback" not in r.output, r.output
+
+
+def test_an_unreachable_server_is_an_error_not_a_traceback(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(main, ["loadtest", f"http://127.0.0.1:{port}", "--duration", "1", "--out",
+                                  str(tmp_path / "r")])
+    assert r.exit_code == 2 and f"cannot reach http://127.0.0.1:{port}" in r.stderr, r.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_server_that_needs_a_key_the_loadtest_has_not_is_an_error(server, tmp_path):
+    r = CliRunner().invoke(main, ["loadtest", server.url, "--duration", "1", "--out", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "needs an API key" in r.stderr and "--api-key-file" in r.stderr, r.output

@@ -89,6 +89,7 @@ def loadtest(urls, rates, connections, duration, beam_size, deprecated_beam_size
     Compare schedulers by serving the same artifact three times (--scheduler continuous, static, single) and
     passing the three URLs. Writes loadtest.json, loadtest.md and loadtest.png (p99 latency against load).
     """
+    import math
     import os
 
     from transduce.errors import InputError
@@ -101,8 +102,10 @@ def loadtest(urls, rates, connections, duration, beam_size, deprecated_beam_size
         offered = [float(r) for r in rates.split(",") if r.strip()]
     except ValueError:
         raise InputError(f"--rates must be numbers separated by commas, got {rates!r}") from None
-    if not offered or min(offered) <= 0 or duration <= 0:
-        raise InputError("--rates and --duration must be positive")
+    if not offered or not all(0 < r < math.inf for r in offered):
+        raise InputError(f"--rates must be finite numbers > 0 (requests per second), got {rates!r}")
+    if not 0 < duration < math.inf:
+        raise InputError(f"--duration must be a finite number of seconds > 0, got {duration!r}")
     conns = None
     if connections is not None:
         try:

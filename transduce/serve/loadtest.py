@@ -154,7 +154,7 @@ def run_loadtest(urls: list[str], rates: list[float], duration: float, sentences
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     targets = []
     for url in urls:
-        model = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=10).json()["data"][0]
+        model = _served_model(httpx, url.rstrip("/"), headers)
         targets.append({"url": url.rstrip("/"), "scheduler": model.get("scheduler", "?"), "model": model})
     rng = np.random.default_rng(seed)
     rows = []
@@ -175,6 +175,24 @@ def run_loadtest(urls: list[str], rates: list[float], duration: float, sentences
                 f"{row['throughput']:.1f} sentences/s, rejected {row['rejected']}, timed out {row['timed_out']}")
     return {"targets": targets, "options": options, "duration_s": duration, "rates": [] if connections else rates,
             "connections": connections or [], "rows": rows}
+
+
+def _served_model(httpx, url: str, headers: dict) -> dict[str, Any]:
+    """What the server at `url` serves (its /v1/models), before any load: an InputError saying why not."""
+    from transduce.errors import InputError
+
+    try:
+        r = httpx.get(url + "/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise InputError(f"cannot reach {url}: {e}", hint="is `transduce serve` running there?",
+                         params=("urls",)) from None
+    if r.status_code == 401:
+        raise InputError(f"{url} needs an API key", hint="pass --api-key-file FILE", params=("api_key_file",))
+    try:
+        return r.json()["data"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise InputError(f"{url}/v1/models answered {r.status_code}, not a transduce server's model list",
+                         hint="give the URL of a `transduce serve`", params=("urls",)) from None
 
 
 def _ms(seconds: float | None) -> str:

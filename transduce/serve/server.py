@@ -72,6 +72,7 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     uvicorn = import_serving()
     from transduce.serve.app import create_app
 
+    check_listening(host, port, grace, max_body_bytes)  # before the model loads: a mistake costs no wait
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
     service, ident = build_service(path, spec, options)
@@ -89,6 +90,31 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     if not quiet:
         log("transduce serve: drained, exiting")
     return 0
+
+
+def check_listening(host: str, port: int, grace: float, max_body_bytes: int) -> None:
+    """The listening options, and the address free: an InputError naming the parameter otherwise."""
+    import math
+    import socket
+
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InputError(f"port must be 0..65535, got {port!r}", params=("port",))
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise InputError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}", params=("max_body_bytes",))
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
+        raise InputError(f"grace must be a number of seconds >= 0, got {grace!r}", params=("grace",))
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InputError(f"host {host!r} is not an address of this machine: {e.strerror}", params=("host",)) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise InputError(f"cannot listen on {host}:{port}: {e.strerror}",
+                             hint="another server may hold that port: choose another one", params=("port",)) from None
 
 
 def _server(config, service: DecodeService, grace: float):

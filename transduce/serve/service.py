@@ -70,8 +70,15 @@ class ServiceOptions:
                 raise InputError(f"{name} must be an integer >= 1, got {v!r}", params=(name,))
         for name in ("max_wait_ms", "request_timeout"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
                 raise InputError(f"{name} must be a number >= 0, got {v!r}", params=(name,))
+        if not self.request_timeout > 0:  # every request would time out at once
+            raise InputError(f"request_timeout must be a number of seconds > 0, got {self.request_timeout!r}",
+                             params=("request_timeout",))
+        if self.default_beam_size > self.max_rows:  # a request naming no beam could never be decoded
+            raise InputError(f"default_beam_size {self.default_beam_size} takes more rows than max_rows "
+                             f"({self.max_rows}) holds: every request naming no beam would be refused",
+                             hint="a smaller default beam, or more rows", params=("default_beam_size", "max_rows"))
 
 
 class Request:
