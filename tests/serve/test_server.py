@@ -200,6 +200,18 @@ def test_a_client_that_leaves_frees_its_rows(wide_server):
     assert _metric(server.url, "transduce_requests_cancelled_total") == cancelled + 2
     r = httpx.post(server.url + "/v1/translate", headers=AUTH, json={"text": ["one"]}, timeout=30)
     assert r.status_code == 200
+    # each one logged, the non-streamed one too (no response reached uvicorn's access log)
+    _wait_for(lambda: server.output().count("the client left before its answer") >= 2)
+
+
+def test_unknown_routes_and_methods_answer_in_the_documented_error_shape(server):
+    r = httpx.post(server.url + "/v1/translat", headers=AUTH, json={"text": ["one"]}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["message"] == "no such endpoint: POST /v1/translat"
+    assert "POST /v1/translate" in r.json()["error"]["hint"]
+    r = httpx.get(server.url + "/v1/translate", headers=AUTH, timeout=30)
+    assert r.status_code == 405 and r.json()["error"] == {
+        "message": "GET is not allowed on /v1/translate", "status": 405,
+        "hint": "POST /v1/translate; GET /v1/models, /healthz, /readyz, /metrics"}
 
 
 def test_metrics_count_what_happened(server):

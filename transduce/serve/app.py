@@ -17,6 +17,7 @@ Retry-After when the queue is full, 503 while draining, 504 past the request's d
 import asyncio
 import hmac
 import json
+import logging
 from typing import Any
 
 from transduce.errors import InputError, TransduceError
@@ -25,6 +26,7 @@ from transduce.serve.service import OPTION_FIELDS, DecodeService, ServeError
 REQUEST_FIELDS = ("text", "truncate", "timeout", "stream") + OPTION_FIELDS
 DISCONNECT_POLL_S = 0.05  # how often a waiting request checks that its client is still there
 SSE_KEEPALIVE_S = 1.0  # a stream with no event for this long gets a comment line
+ROUTES = "POST /v1/translate; GET /v1/models, /healthz, /readyz, /metrics"
 
 
 def error_body(e: TransduceError, status: int) -> dict[str, Any]:
@@ -85,6 +87,19 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
         if metrics and 400 <= status < 500 and status not in (429, 499):
             metrics.bad.inc()
         return JSONResponse(error_body(e, status), status_code=status, headers=headers)
+
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """404 and 405 in the documented error shape, not the framework's {"detail"}."""
+        if exc.status_code == 404:
+            e = ServeError(f"no such endpoint: {request.method} {request.url.path}", 404, hint=ROUTES)
+        elif exc.status_code == 405:
+            e = ServeError(f"{request.method} is not allowed on {request.url.path}", 405, hint=ROUTES)
+        else:
+            e = ServeError(str(exc.detail), exc.status_code)
+        return failed(e, exc.status_code)
 
     @app.get("/healthz")
     async def healthz():
@@ -150,6 +165,9 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
 def _client_left(service: DecodeService, req) -> None:
     if service.metrics:
         service.metrics.cancelled.inc()
+    # uvicorn's access log never sees a response that had no client to go to: one line here instead
+    logging.getLogger("uvicorn.error").info("request %d: the client left before its answer; its %d sentence(s) "
+                                            "were cancelled (499)", req.id, len(req.translations))
     service.cancel(req, ServeError("the client disconnected", 499))
 
 
