@@ -247,6 +247,60 @@ def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig):
         s.stop()
 
 
+def _signalled_while_under_way(s: Server, body: dict, signals: list[int]) -> httpx.Response:
+    """Send `body`, and once it is under way the signals, each after the server took in the one before."""
+    async def run():
+        async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+            task = asyncio.create_task(client.post("/v1/translate", json=body))
+            await _until(client, "transduce_live_rows", lambda rows: rows > 0, [task])  # under way
+            for i, sig in enumerate(signals):
+                if i:
+                    _wait_for(lambda: "Shutting down" in s.output())  # uvicorn took in the first
+                s.proc.send_signal(sig)
+            return await task
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_requests_still_running_when_the_grace_ends_are_answered_503(wide_artifact_dir, tmp_path, stream):
+    """--grace 1 and a request that needs longer: it gets the documented 503 (a stream its `error` event), the
+    log one line for it, and the exit status says that work was cut."""
+    s = Server(wide_artifact_dir, tmp_path, "--grace", "1")
+    try:
+        s.wait_ready()
+        answer = _signalled_while_under_way(s, {"text": ["one two three"] * 8, **SLOW, "stream": stream},
+                                            [signal.SIGTERM])
+        if stream:
+            kind, error = _events(answer.text)[-1]
+            assert kind == "error" and error["error"]["status"] == 503, answer.text
+        else:
+            assert answer.status_code == 503, answer.text
+            error = answer.json()
+        assert "stopped before this request finished: its --grace of 1 s ended" in error["error"]["message"]
+        assert s.proc.wait(timeout=30) == 1, s.output()
+        out = s.output()
+        assert out.count("cut short (8 sentence(s))") == 1 and "exiting 1" in out, out
+        assert "Traceback" not in out and "Event loop is closed" not in out and "drained" not in out, out
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_stops_at_once(wide_artifact_dir, tmp_path, sig):
+    s = Server(wide_artifact_dir, tmp_path, "--grace", "300")
+    try:
+        s.wait_ready()
+        start = time.monotonic()
+        answer = _signalled_while_under_way(s, {"text": ["one two three"] * 8, **SLOW}, [sig, sig])
+        assert answer.status_code == 503 and "a second signal stopped the server" in answer.text, answer.text
+        assert s.proc.wait(timeout=60) == 1, s.output()
+        assert time.monotonic() - start < 120  # not the 300 s of --grace
+        assert "Traceback" not in s.output() and "drained" not in s.output()
+    finally:
+        s.stop()
+
+
 def test_loadtest_drives_a_server_and_writes_its_report(server, tmp_path):
     key = tmp_path / "key"
     key.write_text(KEY)

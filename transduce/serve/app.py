@@ -133,7 +133,10 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
         events: asyncio.Queue = asyncio.Queue()
 
         def listener(kind: str, data: Any) -> None:  # on the decode thread
-            loop.call_soon_threadsafe(events.put_nowait, (kind, data))
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (kind, data))
+            except RuntimeError:  # the event loop has closed (the server stopped): nobody waits for it
+                pass
 
         options = {k: body[k] for k in OPTION_FIELDS if k in body}
         try:

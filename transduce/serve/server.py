@@ -7,12 +7,13 @@ Ctrl-C ends it at once."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
 from transduce.errors import BackendUnavailable, InputError
 from transduce.runtime.spec import BackendSpec
-from transduce.serve.service import DecodeService, ServiceOptions
+from transduce.serve.service import DecodeService, ServeError, ServiceOptions
 
 
 def import_serving():
@@ -77,16 +78,23 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     started = time.monotonic()
     service, ident = build_service(path, spec, options)
     app = create_app(service, ident, api_key, max_body_bytes)
+    # uvicorn's own limit only backs ours up: at --grace the requests still under way are answered 503 (_Drain),
+    # and their answers need a moment to go out
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
-                            timeout_graceful_shutdown=grace, lifespan="off", access_log=not quiet)
-    server = _server(config, service, grace)
+                            timeout_graceful_shutdown=grace + CUT_ANSWER_S, lifespan="off", access_log=not quiet)
+    drain = _Drain(service, grace, log)
+    server = _server(config, drain)
     if not quiet:
         log(f"transduce serve: {ident['id']} on {ident['backend']} ({ident['device']}), ready in "
             f"{time.monotonic() - started:.1f} s; http://{host}:{port}/v1/translate")
     try:
-        server.run()  # returns once the connections under way are answered, or the grace period has passed
+        server.run()  # returns once the connections under way are answered
     finally:
+        drain.done()
         service.stop(grace=0)
+    if drain.cut:
+        log(f"transduce serve: stopped with {drain.cut} request(s) cut short (503), exiting 1")
+        return 1
     if not quiet:
         log("transduce serve: drained, exiting")
     return 0
@@ -117,23 +125,63 @@ def check_listening(host: str, port: int, grace: float, max_body_bytes: int) -> 
                              hint="another server may hold that port: choose another one", params=("port",)) from None
 
 
-def _server(config, service: DecodeService, grace: float):
-    """A uvicorn.Server whose signal handler starts the drain (readyz fails at once) and whose exit is 0, not
-    the signal raised again (uvicorn's own way); the handler tells the command's SIGTERM watchdog how long the
-    drain may take (term_deadline)."""
+CUT_ANSWER_S = 5.0  # seconds the 503 answers of requests cut at the end of the grace period get to go out
+
+
+class _Drain:
+    """SIGTERM or Ctrl-C: the first starts the drain (readyz fails, nothing new is admitted) and gives the
+    requests under way `grace` seconds; then, or at a second signal, those still running are cut: each answered
+    503 (a stream gets its `error` event), one log line each, and the exit status is 1."""
+
+    def __init__(self, service: DecodeService, grace: float, log):
+        self.service, self.grace, self.log = service, grace, log
+        self.signals = 0
+        self.cut = 0
+        self.until: float | None = None
+        self._timer: threading.Timer | None = None
+
+    def signalled(self) -> bool:
+        """Take a signal in -> whether it is the first (the server is then to stop accepting)."""
+        self.signals += 1
+        if self.signals > 1:
+            self.cut_short("a second signal stopped the server")
+            return False
+        self.service.draining = True
+        self.until = time.monotonic() + self.grace + CUT_ANSWER_S + 10
+        self._timer = threading.Timer(self.grace, self.cut_short, (f"its --grace of {self.grace:g} s ended",))
+        self._timer.daemon = True
+        self._timer.start()
+        return True
+
+    def cut_short(self, why: str) -> None:
+        error = ServeError(f"the server stopped before this request finished: {why}", 503,
+                           hint="send it again (to another replica)")
+        for req in self.service.cut(error):
+            self.cut += 1
+            self.log(f"transduce serve: request {req.id} cut short ({len(req.translations)} sentence(s)): {why}")
+
+    def done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def term_deadline(self) -> float | None:
+        """For the command's SIGTERM watchdog: when the drain will be over at the latest."""
+        return self.until
+
+
+def _server(config, drain: _Drain):
+    """A uvicorn.Server whose signal handler is the drain's (see _Drain), and whose exit is the drain's status,
+    not the signal raised again (uvicorn's own way)."""
     import uvicorn
 
     class Handler:
-        until: float | None = None
-
         def __call__(self, sig, frame):
-            service.draining = True
-            self.until = time.monotonic() + grace + 10
-            uvicorn.Server.handle_exit(server, sig, frame)
-            server._captured_signals.clear()  # exit 0 once drained
+            if drain.signalled():
+                uvicorn.Server.handle_exit(server, sig, frame)  # stop accepting; wait for the connections
+            server._captured_signals.clear()
 
         def term_deadline(self) -> float | None:
-            return self.until
+            return drain.term_deadline()
 
     server = uvicorn.Server(config)
     server.handle_exit = Handler()  # what capture_signals installs for SIGINT and SIGTERM

@@ -216,6 +216,15 @@ class DecodeService:
                 self._cancelled.append((req, error))
                 self._lock.notify()
 
+    def cut(self, error: ServeError) -> list[Request]:
+        """Fail every request queued or under way with `error` at the next step boundary (a server that stops
+        before they finish) -> them."""
+        with self._lock:
+            cut = [r for r in list(self._queue) + list(self._running.values()) if not r.finished.is_set()]
+            self._cancelled.extend((r, error) for r in cut)
+            self._lock.notify()
+        return cut
+
     def translate(self, texts: Any, options: dict | None = None, truncate: bool = False,
                   timeout: float | None = None) -> list[Translation]:
         """Blocking: the translations of `texts` (a ServeError if it failed), for callers in their own thread."""
