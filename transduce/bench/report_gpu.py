@@ -68,8 +68,9 @@ def graph_speedup_table(cells: list[dict[str, Any]]) -> list[str]:
     rows = []
     for c in cells:
         for name, x in c["systems"].items():
-            spec = system_spec(name) if name in TORCH_CUDA_SYSTEMS or compiled_system(name) else None
-            if spec is None or not (spec.cuda_graph or compiled_system(name)):
+            compiled = compiled_system(name) is not None
+            spec = system_spec(name) if name in TORCH_CUDA_SYSTEMS or compiled else None
+            if spec is None or not (spec.cuda_graph or compiled):
                 continue
             eager = dataclasses.replace(spec, cuda_graph=False).name
             graph_ms, eager_ms = _step_ms(x), _step_ms(c["systems"].get(eager, {}))

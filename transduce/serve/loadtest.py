@@ -98,7 +98,6 @@ async def _closed_window(url: str, connections: int, duration: float, sentences:
     request's outcome, and the wall time until the last answer."""
     import httpx
 
-    picks = iter(rng.integers(len(sentences), size=10**7))
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits) as client:
         t0 = time.perf_counter()
@@ -106,7 +105,8 @@ async def _closed_window(url: str, connections: int, duration: float, sentences:
         async def loop() -> list[dict]:
             out = []
             while time.perf_counter() - t0 < duration:
-                out.append(await _one(client, {"text": [sentences[int(next(picks))]], "stream": True, **options}))
+                text = sentences[int(rng.integers(len(sentences)))]
+                out.append(await _one(client, {"text": [text], "stream": True, **options}))
             return out
 
         done = await asyncio.gather(*(loop() for _ in range(connections)))

@@ -81,9 +81,10 @@ def launch(args: Sequence[str], nproc: int, device: str = "cpu", threads: int = 
     # whatever SIGINT's inherited disposition (ignored in a background job), the launcher takes it as Ctrl-C
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        start = _rank_start(os.getpid())
         for r in range(nproc):
             procs.append(subprocess.Popen(command, env=rank_environment(r, nproc, port, device, threads),
-                                          preexec_fn=_rank_start(os.getpid())))
+                                          preexec_fn=start))
         return _wait(procs, timeout_s, forwarded, log)
     finally:
         for s, handler in previous.items():
@@ -110,16 +111,20 @@ def check_ranks(nproc: int, device: str, log: Callable[[str], None]) -> None:
 
 def _rank_start(launcher: int) -> Callable[[], None]:
     """What a rank's process does before it runs (in the child, between fork and exec): SIGINT back to its default
-    (a background job's launcher started with it ignored, and forwards it), and SIGTERM when the launcher dies."""
+    (a background job's launcher started with it ignored, and forwards it), and SIGTERM when the launcher dies.
+    prctl is looked up here, in the launcher, once: the child only calls it."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # no prctl (not Linux): watch_launcher's thread in the rank
+        prctl = None
 
     def start() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):  # no prctl (not Linux): watch_launcher's thread in the rank
+        if prctl is None:
             return
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != launcher:  # the launcher died before the signal was asked for
             os.kill(os.getpid(), signal.SIGTERM)
 
