@@ -195,14 +195,18 @@ def test_a_huge_max_length_is_the_models_cap():
     assert max_lengths(np.array([3, 1]), DecodingOptions(max_len_a=1e300, max_len_b=0), 256).tolist() == [256, 1]
 
 
-def test_stay_in_place_keeps_first_children_in_their_parents_rows():
+@pytest.mark.parametrize("vector_from", [10**9, 1], ids=["loop", "arrays"])
+def test_stay_in_place_keeps_first_children_in_their_parents_rows(monkeypatch, vector_from):
     """Each sentence's slot order is a permutation; the first child of every parent whose row is in the
-    sentence's block keeps that row, so a reorder moves only the other children (the minimum)."""
+    sentence's block keeps that row, so a reorder moves only the other children (the minimum). Both ways
+    of working it out (a loop for few sentences, flat arrays for many)."""
+    from transduce.runtime.decoding import search
     from transduce.runtime.decoding.search import _stay_in_place
 
+    monkeypatch.setattr(search, "STAY_VECTOR_FROM", vector_from)
     rng = np.random.default_rng(0)
     nones = 0
-    for ns, nb in [(1, 4), (16, 4), (3, 2), (5, 1)]:
+    for ns, nb in [(1, 4), (16, 4), (3, 2), (5, 1), (40, 4), (30, 8)]:
         for _ in range(50):
             # parents mostly in the sentence's own block, sometimes elsewhere (after sentences were dropped)
             parents = np.sort(rng.integers(0, nb, (ns, nb)), axis=1) + (np.arange(ns) * nb)[:, None]
@@ -220,6 +224,24 @@ def test_stay_in_place_keeps_first_children_in_their_parents_rows():
     # beams 0 and 3 in their parents' rows, 1 and 2 fill 1, 2
     assert _stay_in_place(np.array([[0, 0, 0, 3]]), 4) is None
     assert _stay_in_place(np.array([[0, 0, 1, 3]]), 4).tolist() == [[0, 2, 1, 3]]  # beam 2 to its parent's row 1
+
+
+def test_stay_in_place_loop_and_arrays_agree(monkeypatch):
+    """The flat-array slot order equals the loop's on shuffled parents, some outside their block."""
+    from transduce.runtime.decoding import search
+    from transduce.runtime.decoding.search import _stay_in_place, _stay_in_place_arrays
+
+    monkeypatch.setattr(search, "STAY_VECTOR_FROM", 10**9)
+    rng = np.random.default_rng(1)
+    for ns, nb in [(1, 4), (30, 4), (100, 2), (50, 1), (40, 8)]:
+        for _ in range(100):
+            parents = rng.integers(0, nb, (ns, nb)) + (np.arange(ns) * nb)[:, None]
+            parents[rng.random((ns, nb)) < 0.1] += nb
+            loop = _stay_in_place(parents, nb)
+            arrays = _stay_in_place_arrays(parents, nb)
+            assert (loop is None) == (arrays is None)
+            if loop is not None:
+                assert loop.tolist() == arrays.tolist()
 
 
 class _Parted:

@@ -265,6 +265,11 @@ def _next_beams(scores: np.ndarray, vals: np.ndarray, ids: np.ndarray, nb: int, 
     return sel // kk, ids.reshape(-1)[sel], vals.reshape(-1)[sel], n_score, ended
 
 
+# Sentences from which _stay_in_place works on flat arrays: below it, its Python loop is faster (a dozen numpy
+# calls cost ~13 us, the loop ~0.7 us a sentence); at 256 sentences of 4 beams the loop took 0.19 ms, the arrays 0.03
+STAY_VECTOR_FROM = 20
+
+
 def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
     """Slot order for each sentence's next beams: (ns, nb) parent rows -> (ns, nb) beam per slot, or None
     where every beam keeps its slot (the order is the identity: nothing to rearrange).
@@ -274,9 +279,10 @@ def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
     for it); the other beams fill the remaining rows in score order. Beam order within a sentence
     means nothing to the search (the candidates of all beams are ranked together; only exactly equal
     scores are ordered by it, for every backend alike), so this only changes which rows a reorder
-    moves: with beam 4, from most rows to the duplicated parents' children. A Python loop: a vectorised
-    numpy version (a dozen calls) took over twice as long at 16 sentences of 4 beams.
+    moves: with beam 4, from most rows to the duplicated parents' children.
     """
+    if len(parents) >= STAY_VECTOR_FROM:
+        return _stay_in_place_arrays(parents, nb)
     perm = []
     ident = list(range(nb))
     same = True
@@ -295,3 +301,23 @@ def _stay_in_place(parents: np.ndarray, nb: int) -> np.ndarray | None:
         same = same and order == ident
         perm.append(order)
     return None if same else np.array(perm, dtype=np.int64)
+
+
+def _stay_in_place_arrays(parents: np.ndarray, nb: int) -> np.ndarray | None:
+    """_stay_in_place on flat arrays: the same slot order, for many sentences."""
+    flat = parents.reshape(-1)
+    n = flat.size
+    beams = np.arange(n)
+    inside = np.flatnonzero((flat >= beams - beams % nb) & (flat < beams - beams % nb + nb))  # parent in block
+    # the first beam (in score order) continuing each in-block parent keeps that parent's row
+    rows, first = np.unique(flat[inside], return_index=True)
+    keepers = inside[first]
+    perm = np.empty(n, np.int64)
+    perm[rows] = keepers % nb
+    # the other beams fill the other rows, both in order: a sentence has as many of each
+    free = np.ones(n, bool)
+    free[rows] = False
+    rest = np.ones(n, bool)
+    rest[keepers] = False
+    perm[free] = beams[rest] % nb
+    return None if (perm == beams % nb).all() else perm.reshape(parents.shape)
