@@ -695,3 +695,68 @@ def test_parts_at_threads_0_follow_the_cpus_this_process_may_use(tiny_artifact_d
     monkeypatch.delattr(base.os, "sched_getaffinity")
     monkeypatch.setattr(base.os, "cpu_count", lambda: 6)
     assert base.usable_cpus() == 6  # no affinity on this OS: the machine's count
+
+
+def _one(cfg, length, seed):
+    """One source of `length` tokens (EOS included), as a (1, length) batch."""
+    src = np.random.default_rng(seed).integers(4, cfg.vocab_size, (1, length))
+    src[0, -1] = cfg.eos_id
+    return src, np.array([length])
+
+
+def _decoded(results):
+    return [[(h.tokens, h.score, h.token_log_probs) for h in r.hypotheses] for r in results]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_one_sentence_runs_reuse_a_spare_run_and_decode_as_a_fresh_backend(tiny_artifact_dir, monkeypatch, beam):
+    """A sentence decoded alone runs on the buffers and IO bindings of an earlier one-sentence run (no tensor
+    bound again), whatever was decoded before it: a longer sentence's stale cache slots and cross K/V beyond
+    this source's length change nothing, bit for bit (each sentence against a backend that decodes only it)."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+    cfg = be.config
+    opts = DecodingOptions(beam_size=beam, nbest=beam, max_len_b=12)
+    long, short = _one(cfg, 14, seed=1), _one(cfg, 5, seed=2)  # both in the first width bucket (16)
+    decode(be, *long, opts)
+    decode(be, *long, opts)  # beam search grew the first run from one row to k (new buffers): both bound now
+    binds = []
+    monkeypatch.setattr(ort_memory.NumpyMemory, "bind", lambda self, *a: binds.append(a[1]))
+    reused = decode(be, *short, opts)
+    assert binds == []  # every tensor was still bound from the long sentence's run
+    monkeypatch.undo()
+    fresh = make_backend(tiny_artifact_dir, "onnxruntime")
+    assert _decoded(reused) == _decoded(decode(fresh, *short, opts))
+    assert _decoded(decode(be, *long, opts)) == _decoded(decode(fresh, *long, opts))
+
+
+def test_spare_runs_are_kept_only_for_one_small_source_and_a_few(tiny_artifact_dir):
+    """Runs of several sources, runs whose rows were joined by another cohort (a server's admit), and runs on
+    a pinned step graph are given back, not kept; at most KEEP spares, the most recent; a source whose width
+    rounds up to another bucket gets a new run."""
+    be = make_backend(tiny_artifact_dir, "onnxruntime")
+    cfg = be.config
+    be._spares.clear()  # the run that timed one-row steps as the backend loaded
+    spares = be._spares._runs
+    opts = DecodingOptions(beam_size=1, max_len_b=4)
+    src, lens = _src(cfg, 3, seed=0)
+    decode(be, src, lens, opts)
+    assert spares == []  # three sources
+    decode(be, *_one(cfg, 5, seed=0), opts)
+    assert len(spares) == 1 and spares[0].cross["cross_key_0"].shape[2] == 16
+    first = spares[0]
+    decode(be, *_one(cfg, 7, seed=1), opts)
+    assert spares == [first]  # taken and given back
+    decode(be, *_one(cfg, 20, seed=2), opts)  # width 20 rounds up to 32: not the first's
+    assert len(spares) == 2 and spares[1].cross["cross_key_0"].shape[2] == 32
+    enc = be.encode(*_one(cfg, 5, seed=3))
+    state = be.begin(enc, np.zeros(1, np.int64), 8)
+    assert state is first and spares == [spares[0]]  # the width-16 spare, now in use
+    be.admit(state, be.encode(*_one(cfg, 6, seed=4)))
+    be.end(state)
+    assert first not in spares  # two sources now
+    with be.only_step_graph(contract.STEP_FILE):
+        decode(be, *_one(cfg, 5, seed=5), opts)
+    assert [s.cross["cross_key_0"].shape[2] for s in spares] == [32]
+    for seed, width in enumerate((40, 60, 5)):  # widths 48, 64, 16: three new runs, the three latest kept
+        decode(be, *_one(cfg, width, seed=seed), opts)
+    assert [s.cross["cross_key_0"].shape[2] for s in spares] == [48, 64, 16]

@@ -57,7 +57,7 @@ from transduce.runtime.backends.ort_cpu_policy import (
     wide_rule,
 )
 from transduce.runtime.backends.ort_memory import NumpyMemory, TorchCudaMemory
-from transduce.runtime.backends.ort_run import LAST_STEP, RunState, StepLayout
+from transduce.runtime.backends.ort_run import LAST_STEP, RunState, SpareRuns, StepLayout
 from transduce.runtime.backends.ort_sessions import OPTIMIZATION_LEVELS, PROVIDERS, SessionMaker, gpu_provider_options
 from transduce.runtime.backends.ort_topk import OrtTopK
 from transduce.runtime.backends.topk import ban_bias, banned_ids
@@ -115,6 +115,7 @@ class OnnxRuntimeBackend(Backend):
         self._topk_k: dict[int, np.ndarray] = {}
         self._ban_bias = {ban: ban_bias(self.config, ban) for ban in (False, True)}
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
+        self._spares = SpareRuns()  # ended one-sentence runs, kept for the next
         self._choose_wide_steps(wide_steps)
         # parts a large enough batch is decoded in (1: never): a small model's (it has a wide step session), on
         # the fused graph, and not for quantized graphs, whose rows' results depend on the rows beside them
@@ -323,11 +324,21 @@ class OnnxRuntimeBackend(Backend):
         view._wide_from = sys.maxsize
         view.threads = 1
         view.shard_count, view._shard_views = 1, None
+        view._spares = SpareRuns()  # its own: a view decodes in a thread of its own
         return view
 
     # -- decoding run -----------------------------------------------------------------------------
     def begin(self, enc: dict[str, Any], row_src: np.ndarray, capacity: int) -> RunState:
-        state = RunState.allocate(self.layout, self._mem, enc, len(row_src), max(int(capacity), 1))
+        capacity = max(int(capacity), 1)
+        # one sentence on the fused graph: a spare run's buffers and bindings (SpareRuns), else new ones that are
+        # kept when it ends
+        recycle = len(row_src) == 1 and self.fused and not self.on_device and self._pinned is None
+        state = self._spares.take(enc, 1, capacity, self.layout.cross_names[0]) if recycle else None
+        if state is None:
+            if recycle:
+                capacity = SpareRuns.capacity(capacity, self.config.max_positions)
+            state = RunState.allocate(self.layout, self._mem, enc, len(row_src), capacity)
+            state.recyclable = recycle
         self._gather_cross(state, np.asarray(row_src, np.int64))
         return state
 
@@ -406,7 +417,8 @@ class OnnxRuntimeBackend(Backend):
         """The run is over: its buffers go back to the pool for the next run (the state is dead)."""
         if self._topk is not None:
             self._topk.bindings.clear()  # they point into buffers that are about to be reused
-        state.release()
+        if self._pinned is not None or not self._spares.give(state):
+            state.release()
 
 
 def open_backend(path: str, spec) -> OnnxRuntimeBackend:

@@ -9,6 +9,7 @@ Big buffers come from the backend's memory pool and go back to it when the run e
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from transduce.errors import InputError
 from transduce.formats.model_config import ModelConfig
 
 LAST_STEP = "last step"  # the key of RunState.bindings' entry for the last step's (key, session, binding, fused)
+MAX_BINDINGS = 16  # a run's bindings of other row counts kept (rows that finish leave one behind each)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class RunState:
     owned: list = field(default_factory=list)  # pooled memory of this run, given back by release()
     position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
     row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (a running batch's admit)
+    # a run of one source kept for the next (SpareRuns): its cross K/V are written in place into buffers of a
+    # rounded-up width, so that the next run's bindings still point at them
+    recyclable: bool = False
 
     @classmethod
     def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int) -> RunState:
@@ -143,6 +148,8 @@ class RunState:
         rows = cross_rows(row_src, per_source)
         if np.array_equal(rows, self.cross_rows):
             return
+        if self.recyclable and len(rows) == 1 and self._cross_in_place(rows):
+            return
         mem = self.mem
         for name in self.layout.cross_names:
             old = self.cross.get(name)
@@ -152,6 +159,33 @@ class RunState:
         self.cross["src_lengths"] = mem.take(self.enc["src_lengths"], rows)
         self.cross_rows = rows.copy()
         self.bindings.clear()
+
+    def _cross_in_place(self, rows: np.ndarray) -> bool:
+        """A one-source run's cross K/V written into its buffers of width SpareRuns.width (the padding is
+        masked by the source's length, as a running batch's padding is), allocated once: -> False where they
+        cannot be (another width), after which they are gathered as for any run."""
+        first = self.enc[self.layout.cross_names[0]]
+        width = first.shape[2]
+        held = self.cross.get(self.layout.cross_names[0])
+        if held is None:
+            padded = SpareRuns.width(width)
+            for name in self.layout.cross_names:
+                self.cross[name] = np.zeros((1, first.shape[1], padded, first.shape[3]), first.dtype)
+            self.cross["src_lengths"] = np.zeros(1, np.int64)
+            self.bindings.clear()
+        elif held.shape[0] != 1 or not width <= held.shape[2] <= SpareRuns.width(width):
+            return False
+        for name in self.layout.cross_names:
+            self.cross[name][:, :, :width] = self.enc[name][rows]
+        self.cross["src_lengths"][:] = self.enc["src_lengths"][rows]
+        self.cross_rows = rows.copy()
+        return True
+
+    def reuse(self, enc: dict[str, Any], rows: int) -> None:
+        """This spare run made the state of a new run of `rows` rows over `enc` (one source): the buffers and
+        bindings are kept, the rest starts again (the step graph reads only the cache slots it wrote)."""
+        self.enc, self.rows, self.position, self.row_pos = enc, rows, 0, None
+        self.row_src_given, self.cross_rows = None, np.array([-1])
 
     def binding(self, session, fused: bool, k: int, ban_eos: bool, topk_k: np.ndarray, ban_bias: np.ndarray):
         """The IOBinding of the current row count on `session`; every tensor is bound by pointer once.
@@ -196,8 +230,8 @@ class RunState:
         moved = np.flatnonzero(rows != np.arange(len(rows)))  # rows whose content changes
         if moved.size and self.position:
             self.mem.move_rows(self.cache, moved, rows[moved], self.position)
-        if len(rows) != self.rows:
-            self.bindings.clear()
+        if len(rows) != self.rows and len(self.bindings) > MAX_BINDINGS:
+            self.bindings.clear()  # those of other row counts stay valid (their buffers are the same): a few are kept
         self.rows = len(rows)
         return grew
 
@@ -227,6 +261,7 @@ class RunState:
             self.row_pos = None
         self.rows = total
         self.bindings.clear()
+        self.recyclable = False  # its cross K/V are several sources' from now on
         self.row_src_given, self.cross_rows = None, np.array([-1])  # gathered again, from the merged results
         self.gather_cross(np.concatenate([inverse, len(kept) + np.arange(n_new)]), per_source)
 
@@ -248,3 +283,61 @@ class RunState:
         self.topk.clear()
         self.cache = None
         self.mem.release(self.owned)
+
+
+class SpareRuns:
+    """Runs of one source (a sentence decoded alone: greedy, or beam search's beams of it), kept once they end
+    with their buffers and IO bindings, for the next such run: binding ~20 tensors costs ~60 us a run, a tenth of
+    a short sentence's greedy decode. A spare serves a run whose cache fits its capacity and whose source width
+    rounds up to its cross K/V's (width()); a few are kept, the least recently used given back first."""
+
+    KEEP = 3
+    MAX_BYTES = 16 << 20  # runs whose cache is bigger are not kept (their binding is a small part of their time)
+    WIDTH_STEP = 16  # cross K/V widths are rounded up to a multiple of this
+    CAPACITY_STEP = 64  # and cache capacities
+
+    def __init__(self) -> None:
+        self._runs: list[RunState] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def width(cls, width: int) -> int:
+        return -(-width // cls.WIDTH_STEP) * cls.WIDTH_STEP
+
+    @classmethod
+    def capacity(cls, capacity: int, max_positions: int) -> int:
+        """The capacity a recyclable run allocates: rounded up, within the model's positions."""
+        return max(capacity, min(-(-capacity // cls.CAPACITY_STEP) * cls.CAPACITY_STEP, max_positions))
+
+    def take(self, enc: dict[str, Any], rows: int, capacity: int, cross_name: str) -> RunState | None:
+        """A spare that can run `rows` rows over `enc` (one source) up to `capacity` slots, made ready; else None."""
+        width = enc[cross_name].shape[2]
+        with self._lock:
+            for i in range(len(self._runs) - 1, -1, -1):
+                st = self._runs[i]
+                held = st.cross[cross_name].shape[2]
+                if st.cache.shape[1] >= rows and st.capacity >= capacity and width <= held <= self.width(width):
+                    del self._runs[i]
+                    st.reuse(enc, rows)
+                    return st
+        return None
+
+    def give(self, state: RunState) -> bool:
+        """Keep an ended run (-> True) if it is one source's, small, and on host memory; else the caller
+        releases it."""
+        if not state.recyclable or state.cache is None or state.cache.nbytes > self.MAX_BYTES or len(state.cross) == 0:
+            return False
+        state.enc = {}  # the encoder results of the run that ended are not kept alive
+        with self._lock:
+            self._runs.append(state)
+            dropped = self._runs[: -self.KEEP]
+            del self._runs[: -self.KEEP]
+        for st in dropped:
+            st.release()
+        return True
+
+    def clear(self) -> None:
+        with self._lock:
+            runs, self._runs = self._runs, []
+        for st in runs:
+            st.release()
