@@ -419,3 +419,29 @@ def test_id_lists_pad_into_one_batch_with_their_lead_and_end():
     assert ids.tolist() == [[1, 5, 6], [1, 9, 9]] and lens.tolist() == [3, 1]
     ids, lens = pad_ids([[], []], 0)
     assert ids.shape == (2, 1) and lens.tolist() == [0, 0]  # at least one column
+
+
+def test_max_lengths_of_a_few_sentences_equal_those_of_many():
+    """The few-sentence path (Python floats) gives what the array path gives, at awkward a and b."""
+    from transduce.runtime.decoding import max_lengths
+
+    rng = np.random.default_rng(0)
+    for a in (0.0, 1.0, 1.1, 1.3, 2.7, 1e300):
+        for b in (0, 5, 50, 10**9):
+            opts = DecodingOptions(max_len_a=a, max_len_b=b)
+            lens = rng.integers(1, 300, 3)
+            for positions in (16, 256):
+                many = max_lengths(np.concatenate([lens] * 3), opts, positions)[:3]
+                assert max_lengths(lens, opts, positions).tolist() == many.tolist()
+
+
+def test_options_made_once_still_refuse_what_equals_a_valid_value():
+    """DecodingOptions.of keeps the options it made; True (== 1) and 4.0 (== 4) are still refused after 1 and 4
+    were made, and an unhashable value gets its own message."""
+    assert DecodingOptions.of({"beam_size": 4}, "t()") is DecodingOptions.of({"beam_size": 4}, "t()")
+    DecodingOptions.of({"beam_size": 1}, "t()")
+    for bad in (True, 4.0, [4]):
+        with pytest.raises(InputError, match="beam_size must be an integer"):
+            DecodingOptions.of({"beam_size": bad}, "t()")
+    with pytest.raises(TypeError, match="t\\(\\) got unexpected option\\(s\\) beem"):
+        DecodingOptions.of({"beem": 4}, "t()")

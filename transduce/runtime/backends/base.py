@@ -106,6 +106,19 @@ def missing_members(backend: Any) -> list[str]:
     return sorted(n for n in CORE if not hasattr(backend, n))
 
 
+_HAS: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> isinstance's answer
+
+
+def has_capability(backend: Any, capability: type) -> bool:
+    """isinstance(backend, capability), asked once per backend class: a protocol's isinstance looks up each of
+    its members (~5 us cold), and decoding asks on every call."""
+    key = (type(backend), capability)
+    got = _HAS.get(key)
+    if got is None:
+        got = _HAS[key] = isinstance(backend, capability)
+    return got
+
+
 def capabilities(backend: Any) -> list[str]:
     """The names of the capabilities `backend` has, for messages and reports."""
     return [c.__name__ for c in CAPABILITIES if isinstance(backend, c)]

@@ -35,7 +35,7 @@ import threading
 import numpy as np
 
 from transduce.errors import BackendUnavailable, InputError
-from transduce.runtime.backends.base import Backend, FullOutputs, Shards
+from transduce.runtime.backends.base import Backend, FullOutputs, Shards, has_capability
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions
 from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.devices import usable_cpus
@@ -56,7 +56,8 @@ def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, optio
         return []
     greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
     search = "greedy" if greedy else "beam"  # resolved once, for every part
-    parts = backend.shards(len(src_ids), 1 if greedy else options.beam_size) if isinstance(backend, Shards) else None
+    shards = has_capability(backend, Shards)
+    parts = backend.shards(len(src_ids), 1 if greedy else options.beam_size) if shards else None
     if parts and len(parts) > 1:
         return _decode_in_parts(parts, src_ids, src_lengths, options, search)
     return _decode_one(backend, src_ids, src_lengths, options, search)

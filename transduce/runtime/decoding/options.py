@@ -53,7 +53,7 @@ class DecodingOptions:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """The options' names: translate()'s keywords, the HTTP API's fields."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return _names(cls)
 
     @classmethod
     def of(cls, given: dict, call: str, defaults: DecodingOptions | None = None) -> DecodingOptions:
@@ -62,7 +62,12 @@ class DecodingOptions:
         unknown = sorted(set(given) - set(cls.names()))
         if unknown:
             raise TypeError(f"{call} got unexpected option(s) {', '.join(unknown)}: it takes {', '.join(cls.names())}")
-        return dataclasses.replace(defaults, **given) if defaults is not None else cls(**given)
+        try:  # made once per distinct options (checking them costs ~10 us cold; translate() asks on every call)
+            key = tuple(sorted((name, type(v), v) for name, v in given.items()))  # the type: True == 1, 4.0 == 4
+            hash(key)
+        except TypeError:  # an unhashable value: made, and refused, without the cache
+            return _options_of.__wrapped__(cls, defaults, tuple((n, type(v), v) for n, v in given.items()))
+        return _options_of(cls, defaults, key)
 
     def __post_init__(self) -> None:
         # messages name the parameters as Python spells them (params=: a command line spells its flags)
@@ -164,6 +169,18 @@ class DecodeResult:
         return self.hypotheses[0]
 
 
+@functools.cache
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=256)
+def _options_of(cls: type, defaults: DecodingOptions | None, key: tuple) -> DecodingOptions:
+    """DecodingOptions.of's options for `key` ((name, type, value) each), made once."""
+    given = {name: v for name, _, v in key}
+    return dataclasses.replace(defaults, **given) if defaults is not None else cls(**given)
+
+
 @functools.lru_cache(maxsize=256)
 def _model_warnings(options: DecodingOptions, vocab_size: int, max_positions: int) -> tuple:
     """DecodingOptions.model_warnings, worked out once per options and model (translate() asks on every call:
@@ -176,6 +193,12 @@ def max_lengths(src_lengths: np.ndarray, options: DecodingOptions, max_positions
     # capped at max_positions before the int64 cast: a huge a or b (meaning "as long as the model allows")
     # would otherwise overflow to garbage, then clip to 1; b is capped first, exactly (a * (len - 1) >= 0)
     b = float(min(options.max_len_b, max_positions))
+    if len(src_lengths) <= 4:  # a few sentences (one at a time): the same formula on Python floats, 3x faster
+        out = []
+        for n in np.asarray(src_lengths).tolist():
+            x = min(options.max_len_a * (n - 1) + b, float(max_positions))
+            out.append(min(max(math.ceil(x - 1e-9 * max(1.0, abs(x))), 1), max_positions))
+        return np.array(out, dtype=np.int64)
     x = np.minimum(options.max_len_a * (np.asarray(src_lengths, dtype=np.float64) - 1) + b, float(max_positions))
     # less a relative 1e-9 first: 1.1 * 50 is 55.000000000000007 in floating point, whose ceiling would add a step
     n = np.ceil(x - 1e-9 * np.maximum(1.0, np.abs(x))).astype(np.int64)

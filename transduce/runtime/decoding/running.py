@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from transduce.errors import BackendUnavailable, TransduceError
-from transduce.runtime.backends.base import AdmitsRows, Backend, renumbered_sources
+from transduce.runtime.backends.base import AdmitsRows, Backend, has_capability, renumbered_sources
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, max_lengths
 from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
 
@@ -34,7 +34,7 @@ class RunningBatch:
         """capacity: cache positions per row of each state (None: the first cohort's longest maximum length,
         as offline decoding allocates; a server passes the model's max_positions)."""
         self.backend = backend
-        self.admits = isinstance(backend, AdmitsRows)  # rows join a running state (else only an empty batch)
+        self.admits = has_capability(backend, AdmitsRows)  # rows join a running state (else only an empty batch)
         self.capacity = capacity
         self.state = None
         self.state_capacity = 0
