@@ -361,17 +361,18 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
 
     from transduce.runtime.decoding import offline as decoding
 
-    def one(backend, src_ids, src_lengths, options, search):  # each sentence's "result": its first id
+    def one(backend, src_ids, src_lengths, options, search, keys):  # each sentence's "result": its first id
         return src_ids[:, 0].tolist()
 
     monkeypatch.setattr(decoding, "_decode_one", one)
     parts, src, lens = [object(), object()], np.arange(5)[:, None], np.ones(5, np.int64)
-    assert decoding._decode_in_parts(parts, src, lens, None, "auto") == [0, 1, 2, 3, 4]  # the pool exists here
+    assert decoding._decode_in_parts(parts, src, lens, None, "auto", np.arange(5)) == [0, 1, 2, 3, 4]  # pool made
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         signal.alarm(30)  # a hang shows as a failed status, not a stuck suite
         try:
-            os._exit(0 if decoding._decode_in_parts(parts, src, lens, None, "auto") == [0, 1, 2, 3, 4] else 1)
+            os._exit(0 if decoding._decode_in_parts(parts, src, lens, None, "auto", np.arange(5)) == [0, 1, 2, 3, 4]
+                     else 1)
         finally:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
@@ -381,11 +382,12 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
         import atexit
         import numpy as np
         from transduce.runtime.decoding import offline as decoding
-        def one(backend, src_ids, src_lengths, options, search):
+        def one(backend, src_ids, src_lengths, options, search, keys):
             return src_ids[:, 0].tolist()
         decoding._decode_one = one
         def at_exit():
-            print(decoding._decode_in_parts([None, None], np.arange(4)[:, None], np.ones(4, np.int64), None, "auto"))
+            print(decoding._decode_in_parts([None, None], np.arange(4)[:, None], np.ones(4, np.int64), None, "auto",
+                                            np.arange(4)))
         atexit.register(at_exit)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

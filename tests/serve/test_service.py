@@ -32,6 +32,28 @@ def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, schedu
     assert not service.alive()
 
 
+def test_sampled_requests_decoded_beside_others_get_their_offline_samples(tiny_artifact_dir):
+    """Requests that sample (greedy and beam), decoded at once beside each other and beside requests that do
+    not, each get what offline translation of their own sentences gives: a sentence's draws are keyed by its
+    number in its request, never by the running batch around it."""
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
+    service.start()
+    try:
+        sampled = {"sampling_topk": 0, "sampling_temperature": 1.5, "max_len_b": 8}
+        cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + 3 * (j % 2), "seed": j // 2, **sampled})
+                 for j in range(4)] + [(TEXTS, {"beam_size": 2})]
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        offline = load(tiny_artifact_dir, threads=1)
+        for (texts, opts), got in zip(cases, answers, strict=True):
+            assert [g.tokens for g in got] == [w.tokens for w in offline.translate(texts, **opts)]
+    finally:
+        service.stop()
+
+
 def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_model):
     """Concurrent clients on the CUDA-graph backend (its capture double on the CPU): each gets offline
     decoding's translations while the running batch admits and retires rows in its slabs."""

@@ -185,7 +185,8 @@ class Translator:
         for chunk in self.batches(lengths, opts.beam_size):
             idx = [todo[j] for j in chunk]
             src, lens = self.padded([encoded[i] for i in idx])
-            for i, res in zip(idx, decode(self.backend, src, lens, opts), strict=True):
+            keys = np.array(idx) + (first_line - 1)  # the texts' numbers: a sample is the same in any batch
+            for i, res in zip(idx, decode(self.backend, src, lens, opts, keys=keys), strict=True):
                 results[i] = self.translation(res, encoded[i])
             if progress is not None:
                 progress(len(idx), sum(len(results[i].tokens) for i in idx))

@@ -285,7 +285,8 @@ class DecodeService:
             self._queue.popleft()
             on_tokens = self._token_listener(req) if req.options.beam_size == 1 and req.listener else None
             try:
-                req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens)
+                req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens,
+                                          keys=np.array(req.todo))
             except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
                 self._fail(req, ServeError(e.args[0], 503, e.hint))
                 continue

@@ -49,6 +49,16 @@ class DecodingOptions:
                                      choices=EARLY_STOPPING)
     patience: float = documented(1.0, "early_stopping k-finished: the finished hypotheses to wait for, as a "
                                       "multiple of beam_size (CTranslate2's patience factor).")
+    # random sampling (sampling.py): on when sampling_topk is not 1, as CTranslate2's options
+    sampling_topk: int = documented(1, "Sample each token among the k most likely (0: the whole vocabulary); 1: no "
+                                       "sampling. With beam_size 1 a random sample; wider, each beam's candidates "
+                                       "are drawn instead of taken best first.")
+    sampling_topp: float = documented(1.0, "With sampling: only the fewest most likely tokens whose probabilities "
+                                           "(at the temperature) add up to at least p, in (0, 1] (1: no cut).")
+    sampling_temperature: float = documented(1.0, "With sampling: log-probs are divided by it first (> 0; below 1 "
+                                                  "sharper, above 1 flatter).")
+    seed: int = documented(0, "With sampling: the seed of the random draws. A sentence's draws depend on the seed and "
+                              "its number in the input (or request) only, not on the sentences decoded beside it.")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -71,11 +81,11 @@ class DecodingOptions:
 
     def __post_init__(self) -> None:
         # messages name the parameters as Python spells them (params=: a command line spells its flags)
-        for name in ("beam_size", "nbest", "min_length", "max_len_b"):
+        for name in ("beam_size", "nbest", "min_length", "max_len_b", "sampling_topk", "seed"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 raise InputError(f"{name} must be an integer, got {v!r}", params=(name,))
-        for name in ("length_penalty", "max_len_a", "patience"):
+        for name in ("length_penalty", "max_len_a", "patience", "sampling_topp", "sampling_temperature"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
                 raise InputError(f"{name} must be a finite number, got {v!r}", params=(name,))
@@ -102,6 +112,31 @@ class DecodingOptions:
         if self.patience <= 0:
             raise InputError(f"patience must be > 0, got {self.patience}",
                              hint="1: stop once beam_size hypotheses have finished", params=("patience",))
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        if self.sampling_topk < 0:
+            raise InputError(f"sampling_topk must be >= 0, got {self.sampling_topk}",
+                             hint="0 samples from the whole vocabulary, 1 does not sample", params=("sampling_topk",))
+        if not 0 < self.sampling_topp <= 1:
+            raise InputError(f"sampling_topp must be in (0, 1], got {self.sampling_topp}", hint="1: no cut",
+                             params=("sampling_topp",))
+        if self.sampling_temperature <= 0:
+            raise InputError(f"sampling_temperature must be > 0, got {self.sampling_temperature}",
+                             hint="1 samples from the model's own distribution", params=("sampling_temperature",))
+        if not 0 <= self.seed < 2**63:
+            raise InputError(f"seed must be in 0 .. 2**63 - 1, got {self.seed}", params=("seed",))
+        if not self.sampling:
+            for name, off in (("sampling_topp", 1.0), ("sampling_temperature", 1.0)):
+                if getattr(self, name) != off:
+                    raise InputError(f"{name} applies to sampling, which is off (sampling_topk 1)",
+                                     hint="set sampling_topk: 0 for the whole vocabulary, or k > 1",
+                                     params=(name, "sampling_topk"))
+
+    @property
+    def sampling(self) -> bool:
+        """Whether tokens are drawn at random (sampling_topk is not 1)."""
+        return self.sampling_topk != 1
 
     @property
     def finished_needed(self) -> int:

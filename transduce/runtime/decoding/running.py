@@ -55,13 +55,15 @@ class RunningBatch:
         return not self.cohorts or self.admits
 
     def admit(self, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions, search: str = "auto",
-              on_tokens: TokenListener | None = None) -> Cohort:
+              on_tokens: TokenListener | None = None, keys: np.ndarray | None = None) -> Cohort:
         """A cohort of the padded batch src_ids (B, S) / src_lengths (B,) (EOS included), decoded from the next
-        step on. search: "auto" (greedy for beam_size 1), "greedy" or "beam". on_tokens: greedy only."""
+        step on. search: "auto" (greedy for beam_size 1), "greedy" or "beam". on_tokens: greedy only. keys: each
+        sentence's key of its random draws (its number in its input or request; None: 0, 1, ...)."""
         backend, cfg = self.backend, self.backend.config
         greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
         lens = max_lengths(src_lengths, options, cfg.max_positions)
-        cohort: Cohort = GreedyCohort(lens, options, cfg, on_tokens) if greedy else BeamCohort(lens, options, cfg)
+        cohort: Cohort = (GreedyCohort(lens, options, cfg, on_tokens, keys) if greedy
+                          else BeamCohort(lens, options, cfg, keys))
         n = len(src_lengths)
         if self.state is not None and not self.cohorts:
             self._end()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from transduce.formats.model_config import ModelConfig
+from transduce.runtime.decoding import sampling
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, Hypothesis
 
 # on_tokens(sentences, tokens): after each greedy step, the cohort's sentences that stepped and their new
@@ -35,11 +36,14 @@ class Cohort:
     src_of: np.ndarray  # (sentences,) each sentence's source in the backend state (the running batch's)
     src_identity = False  # src_of is arange(sentences): row_sent is the rows' sources as it is
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig):
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None):
+        """keys: each sentence's key of its random draws (sampling.py; its number in its input or request),
+        None: 0, 1, ..."""
         self.max_len = max_len
         self.options = options
         self.eos = cfg.eos_id
         self.n = len(max_len)
+        self.keys = np.arange(self.n) if keys is None else np.asarray(keys, np.int64)
         self.t = 0  # steps made
         self.done = []
         self.moved = None
@@ -63,8 +67,10 @@ class GreedyCohort(Cohort):
     kk = 1
 
     def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig,
-                 on_tokens: TokenListener | None = None):
-        super().__init__(max_len, options, cfg)
+                 on_tokens: TokenListener | None = None, keys: np.ndarray | None = None):
+        super().__init__(max_len, options, cfg, keys)
+        if options.sampling:  # random sampling: the draw among this many candidates a row
+            self.kk = sampling.candidates(options, cfg.vocab_size)
         n = self.n
         cap = int(max_len.max())
         self.on_tokens = on_tokens
@@ -81,6 +87,10 @@ class GreedyCohort(Cohort):
         t, live = self.t, self.row_sent
         self.t += 1
         self.moved = None
+        if self.options.sampling:  # each row's draw
+            u = sampling.uniforms(self.options.seed, self.keys[live], t, 1)[:, 0]
+            pick = sampling.draw_one(vals, self.options, u)[:, None]
+            vals, ids = np.take_along_axis(vals, pick, axis=1), np.take_along_axis(ids, pick, axis=1)
         tok = ids[:, 0]
         if self.everyone:
             self.out_tok[:, t] = tok
@@ -121,13 +131,18 @@ class BeamCohort(Cohort):
     """Beam search; per step a handful of numpy operations whatever the cohort (the common step: no EOS near
     the top, nothing finished). Histories are back-pointers, followed only for the hypotheses that finish."""
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig):
-        super().__init__(max_len, options, cfg)
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None):
+        super().__init__(max_len, options, cfg, keys)
         n, k = self.n, options.beam_size
         self.k = k
-        self.kk = min(2 * k, cfg.vocab_size)  # candidates per row: 2k leaves k non-EOS even if k rows end
+        self.ranked = min(2 * k, cfg.vocab_size)  # candidates ranked per row: 2k leaves k non-EOS even if k rows end
+        self.kk = self.ranked  # candidates read per row: those ranked, or with sampling those they are drawn from
+        if options.sampling:
+            self.kk = sampling.candidates(options, cfg.vocab_size)
+            self.ranked = min(self.ranked, self.kk)
         self.sent = np.arange(n)  # live sentences, in row-block order
         self.nb = 1  # beams per live sentence (1 at step 0: all beams would be identical)
+        self.rank: np.ndarray | None = None  # (sentences, nb) each row's beam rank by score (None: rank = slot)
         self.row_sent = self.sent
         self.rows = n
         self.scores = np.zeros((n, 1), dtype=np.float64)  # raw beam scores (sentences, nb)
@@ -172,8 +187,18 @@ class BeamCohort(Cohort):
                 self.any_kth = True
 
     def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
-        t, kk, sent = self.t, self.kk, self.sent
+        t, kk, sent = self.t, self.ranked, self.sent
         self.t += 1
+        if self.options.sampling:  # each row's candidates drawn, not taken best first
+            # a row's draws are its sentence's lanes of its beam's rank: not its slot, which the sentences beside it
+            # can shift (_stay_in_place)
+            width = vals.shape[1]
+            u = sampling.uniforms(self.options.seed, self.keys[sent], t, self.nb * width).reshape(-1, self.nb, width)
+            if self.rank is not None:
+                u = np.take_along_axis(u, self.rank[:, :, None], axis=1)
+            u = u.reshape(-1, width)
+            pick = sampling.draw_many(vals, self.options, u, kk)
+            vals, ids = np.take_along_axis(vals, pick, axis=1), np.take_along_axis(ids, pick, axis=1)
         n_row, n_tok, n_lp, n_score, ended = _next_beams(self.scores, vals, ids, self.nb, kk, self.k, self.eos,
                                                          self.offsets)
         nb_next = n_row.shape[1]
@@ -209,8 +234,10 @@ class BeamCohort(Cohort):
             keep = np.flatnonzero(~done)
             n_row, n_tok, n_lp, n_score = n_row[keep], n_tok[keep], n_lp[keep], n_score[keep]
             sent = self.sent = sent[keep]
+        self.rank = None
         if nb_next > 1:  # beams in their parents' rows where they can be: fewer rows for reorder to move
             perm = _stay_in_place(n_row, nb_next)
+            self.rank = perm  # the beams are in rank order before it
             if perm is not None:
                 idx = perm + np.arange(0, n_row.size, nb_next)[:, None]  # flat
                 n_row, n_tok = n_row.ravel()[idx], n_tok.ravel()[idx]
