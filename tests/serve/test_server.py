@@ -85,6 +85,41 @@ def test_concurrent_requests_get_what_offline_decoding_gives(server, long_artifa
         assert [g["empty"] for g in got] == [t == "" for t in texts]
 
 
+def test_score_requests_get_what_offline_scoring_gives(server, long_artifact_dir):
+    """POST /v1/score beside translation requests: each target's teacher-forced score is Translator.score's; bad
+    score requests are 400s naming the field (and the pair), and the server goes on."""
+    from transduce.runtime.api import load
+
+    translator = load(long_artifact_dir, threads=1)
+    targets = [t.text for t in translator.translate(TEXTS, beam_size=1)]
+
+    async def send_all():
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+            return await asyncio.gather(
+                client.post("/v1/score", json={"source": TEXTS, "target": targets, "length_penalty": 1.0}),
+                client.post("/v1/translate", json={"text": TEXTS, "beam_size": 2}))
+
+    scored, translated = asyncio.run(send_all())
+    assert scored.status_code == 200 and translated.status_code == 200, (scored.text, translated.text)
+    want = translator.score(TEXTS, targets, length_penalty=1.0)
+    got = scored.json()["scores"]
+    assert [g["tokens"] for g in got] == [list(w.tokens) for w in want]
+    np.testing.assert_allclose([g["log_prob"] for g in got], [w.log_prob for w in want], atol=1e-5)
+    np.testing.assert_allclose([g["score"] for g in got], [w.score for w in want], atol=1e-5)
+    for body, field, sentence, message in [
+        ({"target": ["a"]}, "source", None, "the field 'source' (a list of sentences) is missing"),
+        ({"source": ["a", "b"], "target": ["x"]}, None, None, "got 2 sources and 1 targets"),
+        ({"source": ["a"], "target": [3]}, "target", 1, "sentence 1 is an int (3), not a str"),
+        ({"source": ["a"], "target": ["x"], "beam_size": 2}, "beam_size", None, "unknown field 'beam_size'"),
+        ({"source": "a", "target": ["x"]}, None, None, "source takes a list of sentences, not one string"),
+    ]:
+        r = httpx.post(server.url + "/v1/score", headers=AUTH, json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert message in err["message"] and err.get("field") == field and err.get("sentence") == sentence, err
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
 def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
     r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
                    json={"text": ["one two", "three"], "beam_size": 1, "max_len_b": 5, "stream": True})
@@ -148,7 +183,8 @@ def test_a_body_that_is_not_json_and_the_service_after_every_bad_request(server)
 
 def test_every_endpoint_but_healthz_needs_the_bearer_token(server):
     assert httpx.get(server.url + "/healthz").status_code == 200
-    for method, path in (("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/translate")):
+    for method, path in (("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/translate"),
+                         ("POST", "/v1/score")):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = httpx.request(method, server.url + path, headers=headers, json={"text": ["one"]})
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (path, headers)
@@ -211,7 +247,7 @@ def test_unknown_routes_and_methods_answer_in_the_documented_error_shape(server)
     r = httpx.get(server.url + "/v1/translate", headers=AUTH, timeout=30)
     assert r.status_code == 405 and r.json()["error"] == {
         "message": "GET is not allowed on /v1/translate", "status": 405,
-        "hint": "POST /v1/translate; GET /v1/models, /healthz, /readyz, /metrics"}
+        "hint": "POST /v1/translate, /v1/score; GET /v1/models, /healthz, /readyz, /metrics"}
 
 
 def test_metrics_count_what_happened(server):

@@ -154,7 +154,7 @@ def _register() -> None:
     import importlib
 
     for module in ("transduce.cli.train", "transduce.cli.export", "transduce.cli.build",
-                   "transduce.cli.import_", "transduce.cli.decode", "transduce.cli.parity",
+                   "transduce.cli.import_", "transduce.cli.decode", "transduce.cli.score", "transduce.cli.parity",
                    "transduce.cli.inspect", "transduce.cli.bench", "transduce.cli.demo",
                    "transduce.cli.serve"):
         try:

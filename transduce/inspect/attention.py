@@ -156,8 +156,8 @@ def _source_ids(tokenizer, config: ModelConfig, text: str, n: int) -> list[int]:
 
 
 def _target_ids(tokenizer, config: ModelConfig, text: str, n: int) -> list[int]:
-    """Given target text -> the tokens predicted at each decoder position: ids + EOS."""
-    ids = tokenizer.encode(text) + [config.eos_id]
+    """Given target text -> the tokens predicted at each decoder position: ids + EOS (the target vocabulary's)."""
+    ids = tokenizer.encode_target(text) + [config.eos_id]
     if len(ids) > config.max_positions:
         raise InputError(f"target sentence {n} has {len(ids)} tokens with EOS; the model takes at most "
                          f"{config.max_positions}", hint="use a shorter target")

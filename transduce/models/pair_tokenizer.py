@@ -213,6 +213,10 @@ class PairTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side text -> target vocabulary ids, never EOS or PAD (scoring a given translation)."""
+        return [self.unk_id if i in self._specials else i for i in self.target.encode(text.strip())]
+
     def normalize(self, text: str) -> str:
         """What decoded text is compared with: the text itself (the source projects score detokenized text)."""
         return text

@@ -92,6 +92,10 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [_text_ids(e.ids) for e in self._tok.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side text -> token ids: the shared vocabulary's, as encode."""
+        return self.encode(text)
+
     def normalize(self, text: str) -> str:
         """`text` as this tokenizer's normalizer (NFKC, whitespace runs as one space) makes it: the closest
         a decode can come to it, so the form to compare decoded text with (a no-break space or a ligature

@@ -52,6 +52,16 @@ class Translation:
     empty: bool = False  # the source was blank: no decoding was run
 
 
+@dataclass(frozen=True)
+class Score:
+    """A target's teacher-forced score (Translator.score): what decode reports for that output."""
+    tokens: tuple[int, ...]  # the target's token ids, EOS excluded
+    log_prob: float  # sum of the token log-probs, EOS included (decode's Hypothesis.log_prob)
+    score: float  # log_prob / the length penalty at len(tokens) + 1 (decode's Hypothesis.score)
+    token_log_probs: tuple[float, ...]  # one per token, EOS's last
+    truncated: bool = False  # the source or the target was cut to fit max_positions
+
+
 class Translator:
     def __init__(self, backend, tokenizer, max_batch_tokens: int = 4096, max_batch_size: int = 256):
         for name, v in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
@@ -138,6 +148,12 @@ class Translator:
         """Each text checked and tokenized -> (token ids, unknown tokens, truncated) each; the InputError of the
         first text that cannot be translated carries its number as `sentence`. warn: a TruncatedInput warning
         for each truncated text (a server reports `truncated` in its answer instead)."""
+        self._check_texts(texts, first_line)
+        return self._encode(texts, truncate, first_line, warn)
+
+    @staticmethod
+    def _check_texts(texts: list, first_line: int) -> None:
+        """Each text a str of valid Unicode; else the InputError of the first that is not, with its number."""
         for n, text in enumerate(texts, first_line):
             if not isinstance(text, str):
                 raise _about(InputError(f"sentence {n} is {_described(text)}, not a str",
@@ -149,7 +165,6 @@ class Translator:
                 hint = "decode bytes with errors='strict' (or 'replace'), not 'surrogateescape'"
                 raise _about(InputError(f"sentence {n} is not valid Unicode text: {e.reason} at character {e.start}",
                                         hint=hint), n) from None
-        return self._encode(texts, truncate, first_line, warn)
 
     @staticmethod
     def is_blank(text: str, ids: list[int]) -> bool:
@@ -192,6 +207,45 @@ class Translator:
                 progress(len(idx), sum(len(results[i].tokens) for i in idx))
         return results  # type: ignore[return-value]
 
+    def score(self, sources: Iterable[str], targets: Iterable[str], options: DecodingOptions | None = None, *,
+              truncate: bool = False, first_line: int = 1, **fields) -> list[Score]:
+        """Each target's teacher-forced Score given its source, in their order (as decode scores what it
+        produces). options: a DecodingOptions or its fields by name; only the length penalty's are read (score).
+        truncate: cut an over-long source or target to the model's positions (else an InputError naming its
+        line); first_line: the number of the first pair in messages."""
+        from transduce.runtime.decoding.scoring import score_ids
+
+        sources, targets = list(_sentences(sources, "score()")), list(_sentences(targets, "score() targets"))
+        if len(sources) != len(targets):
+            raise InputError(f"score() got {len(sources)} sources and {len(targets)} targets",
+                             hint="give one target per source")
+        opts = DecodingOptions.of(fields, "score()", options)
+        encoded = _on_side(lambda: self.prepare(sources, truncate, first_line), "source")
+        wanted = _on_side(lambda: self._targets(targets, truncate, first_line), "target")
+        results: list[Score | None] = [None] * len(sources)
+        lengths = [max(len(e[0]), len(t)) + 1 for e, (t, _) in zip(encoded, wanted, strict=True)]
+        for chunk in self.batches(lengths, 1):
+            src, lens = self.padded([encoded[i] for i in chunk])
+            for i, lp in zip(chunk, score_ids(self.backend, src, lens, [wanted[i][0] for i in chunk]), strict=True):
+                raw = float(lp.astype(np.float64).sum())
+                results[i] = Score(tuple(wanted[i][0]), raw, raw / opts.penalty(len(lp)), tuple(lp.tolist()),
+                                   encoded[i][2] or wanted[i][1])
+        return results  # type: ignore[return-value]
+
+    def _targets(self, targets: list, truncate: bool, first_line: int) -> list[tuple[list[int], bool]]:
+        """Each target text checked and tokenized (the target vocabulary's) -> (ids, truncated) each."""
+        self._check_texts(targets, first_line)
+        out = []
+        limit = self.config.max_positions - 1  # BOS and the target's tokens fill the decoder's positions
+        for n, text in enumerate(targets, first_line):
+            ids = self.tokenizer.encode_target(text)
+            if len(ids) > limit and not truncate:
+                raise _about(InputError(f"target line {n} has {len(ids)} tokens; this model takes at most {limit}",
+                                        hint="pass truncate=True to score its first tokens",
+                                        params=("truncate=True",)), n)
+            out.append((ids[:limit], len(ids) > limit))
+        return out
+
     def translate_stream(self, texts: Iterable[str], chunk_lines: int, first_line: int = 1,
                          options: DecodingOptions | None = None, *, truncate: bool = False,
                          progress: Progress | None = None, **fields) -> Iterator[Translation]:
@@ -232,6 +286,16 @@ def _sentences(texts: object, call: str) -> Iterable:
         raise InputError(f"{call} takes a list of sentences, got {_described(texts)}",
                          hint="pass a list of str: [text]") from None
     return texts  # type: ignore[return-value]
+
+
+def _on_side(work: Callable, side: str):
+    """work()'s result; an InputError about one of its texts names `side` ("source", "target") as its field."""
+    try:
+        return work()
+    except InputError as e:
+        if getattr(e, "sentence", None) is not None:
+            e.field = side  # type: ignore[attr-defined]
+        raise
 
 
 def _about(error: InputError, sentence: int) -> InputError:

@@ -4,6 +4,8 @@ waits for their events; the event loop never runs model code.
   POST /v1/translate   {"text": [...], options, "truncate", "timeout", "stream"} -> translations, or with
                        "stream": true Server-Sent Events: "token" (greedy), "translation" (each sentence as it
                        finishes), then "done" with the whole answer, or "error"
+  POST /v1/score       {"source": [...], "target": [...], "length_penalty", "length_penalty_form", "truncate"}
+                       -> each target's teacher-forced score: {"scores": [{"log_prob", "score", ...}]}
   GET  /v1/models      the artifact's identity
   GET  /healthz        the process and its decode thread are alive (no auth)
   GET  /readyz         loaded, warmed up and not draining
@@ -21,12 +23,13 @@ import logging
 from typing import Any
 
 from transduce.errors import InputError, TransduceError
-from transduce.serve.service import OPTION_FIELDS, DecodeService, ServeError
+from transduce.serve.service import OPTION_FIELDS, SCORE_OPTION_FIELDS, DecodeService, ServeError
 
 REQUEST_FIELDS = ("text", "truncate", "timeout", "stream") + OPTION_FIELDS
+SCORE_FIELDS = ("source", "target", "truncate") + SCORE_OPTION_FIELDS
 DISCONNECT_POLL_S = 0.05  # how often a waiting request checks that its client is still there
 SSE_KEEPALIVE_S = 1.0  # a stream with no event for this long gets a comment line
-ROUTES = "POST /v1/translate; GET /v1/models, /healthz, /readyz, /metrics"
+ROUTES = "POST /v1/translate, /v1/score; GET /v1/models, /healthz, /readyz, /metrics"
 
 
 def error_body(e: TransduceError, status: int) -> dict[str, Any]:
@@ -35,7 +38,7 @@ def error_body(e: TransduceError, status: int) -> dict[str, Any]:
         err["hint"] = e.hint
     sentence = getattr(e, "sentence", None)
     if sentence is not None:
-        err["field"], err["sentence"] = "text", sentence
+        err["field"], err["sentence"] = getattr(e, "field", "text"), sentence
     elif e.params:
         err["field"] = e.params[0].split("=")[0]
     return {"error": err}
@@ -123,6 +126,20 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
     async def models():
         return {"data": [identity]}
 
+    @app.post("/v1/score")
+    async def score(request: Request):
+        try:
+            body = await _read_json(request, max_body_bytes, SCORE_FIELDS, ("source", "target"))
+            scores = await run_in_threadpool(service.score, body["source"], body["target"],
+                                             {k: body[k] for k in SCORE_OPTION_FIELDS if k in body},
+                                             body.get("truncate", False))
+        except InputError as e:
+            return failed(e, 400)
+        except ServeError as e:
+            return failed(e, e.status)
+        return {"scores": [{"log_prob": s.log_prob, "score": s.score, "tokens": list(s.tokens),
+                            "token_log_probs": list(s.token_log_probs), "truncated": s.truncated} for s in scores]}
+
     @app.post("/v1/translate")
     async def translate(request: Request):
         try:
@@ -174,8 +191,10 @@ def _client_left(service: DecodeService, req) -> None:
     service.cancel(req, ServeError("the client disconnected", 499))
 
 
-async def _read_json(request, limit: int) -> dict[str, Any]:
-    """The request's JSON object, its fields checked by name (ServeError 400 or 413)."""
+async def _read_json(request, limit: int, fields: tuple[str, ...] = REQUEST_FIELDS,
+                     required: tuple[str, ...] = ("text",)) -> dict[str, Any]:
+    """The request's JSON object, its fields checked by name against `fields`, `required` there (ServeError 400
+    or 413)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ServeError(f"the request body has {declared} bytes; this server takes at most {limit}", 413,
@@ -194,15 +213,17 @@ async def _read_json(request, limit: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ServeError(f"the request body must be a JSON object, got {type(body).__name__}", 400,
                          hint='send {"text": ["a sentence"]}')
-    unknown = sorted(set(body) - set(REQUEST_FIELDS))
+    unknown = sorted(set(body) - set(fields))
     if unknown:
-        e = ServeError(f"unknown field {unknown[0]!r}", 400, hint=f"fields: {', '.join(REQUEST_FIELDS)}")
+        e = ServeError(f"unknown field {unknown[0]!r}", 400, hint=f"fields: {', '.join(fields)}")
         e.params = (unknown[0],)
         raise e
-    if "text" not in body:
-        e = ServeError("the field 'text' (a list of sentences) is missing", 400, hint='send {"text": ["a sentence"]}')
-        e.params = ("text",)
-        raise e
+    for name in required:
+        if name not in body:
+            example = ", ".join(f'"{n}": ["a sentence"]' for n in required)
+            e = ServeError(f"the field {name!r} (a list of sentences) is missing", 400, hint=f"send {{{example}}}")
+            e.params = (name,)
+            raise e
     if not isinstance(body.get("stream", False), bool):
         e = ServeError(f"stream must be true or false, got {body['stream']!r}", 400)
         e.params = ("stream",)

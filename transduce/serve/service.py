@@ -15,6 +15,7 @@ turns them into its answers; it must not block.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import math
 import threading
@@ -30,11 +31,12 @@ from transduce.errors import InputError, TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
-from transduce.runtime.translator import Translation, Translator, _sentences
+from transduce.runtime.translator import Score, Translation, Translator, _sentences
 
 Listener = Callable[[str, Any], None]
 SCHEDULERS = ("continuous", "static", "single")
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
+SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
 
 
 class ServeError(TransduceError):
@@ -123,6 +125,8 @@ class DecodeService:
         self._queue: deque[Request] = deque()
         self._cancelled: list[tuple[Request, ServeError]] = []
         self._running: dict[Any, Request] = {}  # cohort -> request
+        self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # run between two steps
+        self._ended = False  # the decode thread has failed what it held and is ending
         self._stop = False
         self.draining = False
         self.ready = False
@@ -234,6 +238,40 @@ class DecodeService:
             raise req.error
         return req.translations  # type: ignore[return-value]
 
+    def score(self, sources: Any, targets: Any, options: dict | None = None, truncate: bool = False) -> list[Score]:
+        """Blocking: each target's teacher-forced Score (Translator.score), worked out on the decode thread between
+        two steps of the running batch (the backend is the decode thread's alone). options: the length penalty's
+        fields only. InputError for bad input, ServeError when the service cannot take it."""
+        if self.draining or self._stop:
+            raise ServeError("the server is shutting down", 503, hint="retry on another replica")
+        given = dict(options or {})
+        unknown = sorted(set(given) - set(SCORE_OPTION_FIELDS))
+        if unknown:
+            raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(SCORE_OPTION_FIELDS)}",
+                             params=(unknown[0],))
+        opts = self.decoding_options(given)
+        sources, targets = list(_sentences(sources, "source")), list(_sentences(targets, "target"))
+        if len(sources) > self.options.max_sentences:
+            raise InputError(f"source has {len(sources)} sentences; this server takes at most "
+                             f"{self.options.max_sentences} per request", params=("source",))
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._ended:
+                raise ServeError("the decode thread has stopped", 503, hint="see the server's log")
+            self._jobs.append((lambda: self.translator.score(sources, targets, opts, truncate=bool(truncate)), done))
+            self._lock.notify()
+        return done.result()
+
+    def _run_jobs(self) -> None:
+        """The jobs queued for the decode thread, each with its future's result or exception."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, []
+        for job, done in jobs:
+            try:
+                done.set_result(job())
+            except Exception as e:  # noqa: BLE001 - the caller's to raise (an InputError names its pair)
+                done.set_exception(e)
+
     def stop(self, grace: float = 0.0) -> None:
         """Stop admitting; let what runs finish for up to `grace` seconds, fail the rest, end the thread."""
         self.draining = True
@@ -255,10 +293,12 @@ class DecodeService:
                         break
                     self._settle_cancellations()
                     self._expire(time.monotonic())
-                    if not self._running and not self._queue:
+                    if not self._running and not self._queue and not self._jobs:
                         self._lock.wait(timeout=0.05)
                         continue
                     self._admit()
+                if self._jobs:
+                    self._run_jobs()
                 if self._running:
                     self._step()
         except BaseException as e:  # noqa: BLE001 - recorded: healthz and check_health report it
@@ -404,3 +444,7 @@ class DecodeService:
             self._queue.clear()
             self._running.clear()
             self._cancelled.clear()
+            for _, done in self._jobs:
+                done.set_exception(error)
+            self._jobs.clear()
+            self._ended = True  # no job may wait for this thread now
