@@ -126,19 +126,7 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
     async def models():
         return {"data": [identity]}
 
-    @app.post("/v1/score")
-    async def score(request: Request):
-        try:
-            body = await _read_json(request, max_body_bytes, SCORE_FIELDS, ("source", "target"))
-            scores = await run_in_threadpool(service.score, body["source"], body["target"],
-                                             {k: body[k] for k in SCORE_OPTION_FIELDS if k in body},
-                                             body.get("truncate", False))
-        except InputError as e:
-            return failed(e, 400)
-        except ServeError as e:
-            return failed(e, e.status)
-        return {"scores": [{"log_prob": s.log_prob, "score": s.score, "tokens": list(s.tokens),
-                            "token_log_probs": list(s.token_log_probs), "truncated": s.truncated} for s in scores]}
+    _add_score_route(app, service, failed, max_body_bytes)
 
     @app.post("/v1/translate")
     async def translate(request: Request):
@@ -180,6 +168,26 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
                 return failed(data, data.status)
 
     return app
+
+
+def _add_score_route(app, service: DecodeService, failed, max_body_bytes: int) -> None:
+    """POST /v1/score: the pairs' teacher-forced scores, worked out on the decode thread (service.score)."""
+    from fastapi import Request
+    from starlette.concurrency import run_in_threadpool
+
+    @app.post("/v1/score")
+    async def score(request: Request):
+        try:
+            body = await _read_json(request, max_body_bytes, SCORE_FIELDS, ("source", "target"))
+            scores = await run_in_threadpool(service.score, body["source"], body["target"],
+                                             {k: body[k] for k in SCORE_OPTION_FIELDS if k in body},
+                                             body.get("truncate", False))
+        except InputError as e:
+            return failed(e, 400)
+        except ServeError as e:
+            return failed(e, e.status)
+        return {"scores": [{"log_prob": s.log_prob, "score": s.score, "tokens": list(s.tokens),
+                            "token_log_probs": list(s.token_log_probs), "truncated": s.truncated} for s in scores]}
 
 
 def _client_left(service: DecodeService, req) -> None:
