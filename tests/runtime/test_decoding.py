@@ -361,7 +361,7 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
 
     from transduce.runtime.decoding import offline as decoding
 
-    def one(backend, src_ids, src_lengths, options, search, keys):  # each sentence's "result": its first id
+    def one(backend, src_ids, src_lengths, options, search, keys, prefixes=None):  # a sentence's result: its first id
         return src_ids[:, 0].tolist()
 
     monkeypatch.setattr(decoding, "_decode_one", one)
@@ -382,7 +382,7 @@ def test_parts_after_fork_and_at_exit(monkeypatch):
         import atexit
         import numpy as np
         from transduce.runtime.decoding import offline as decoding
-        def one(backend, src_ids, src_lengths, options, search, keys):
+        def one(backend, src_ids, src_lengths, options, search, keys, prefixes=None):
             return src_ids[:, 0].tolist()
         decoding._decode_one = one
         def at_exit():

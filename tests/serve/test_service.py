@@ -54,6 +54,33 @@ def test_sampled_requests_decoded_beside_others_get_their_offline_samples(tiny_a
         service.stop()
 
 
+def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_artifact_dir):
+    """Requests with target prefixes (forced through them in the running batch beside free rows) get what offline
+    translation with the same prefixes gives; a bad prefix is an InputError naming the field and sentence."""
+    from transduce.errors import InputError
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
+    service.start()
+    try:
+        prefixes = ["two", None, "three four", "", "one", [5, 6]]
+        cases = [(TEXTS, {"beam_size": 1}, prefixes), (TEXTS, {"beam_size": 3}, prefixes[::-1]), (TEXTS, {}, None)]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            reqs = list(pool.map(lambda c: service.submit(c[0], c[1], prefixes=c[2]), cases))
+        offline = load(tiny_artifact_dir, threads=1)
+        for req, (texts, opts, pre) in zip(reqs, cases, strict=True):
+            req.finished.wait()
+            assert req.error is None
+            want = offline.translate(texts, prefixes=pre, **opts)
+            assert [t.tokens for t in req.translations] == [w.tokens for w in want]
+        with pytest.raises(InputError, match="the prefix of sentence 2 has token id 2") as e:
+            service.submit(TEXTS, {}, prefixes=[None, [2], None, None, None, None])
+        assert e.value.field == "prefix" and e.value.sentence == 2
+    finally:
+        service.stop()
+
+
 def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_model):
     """Concurrent clients on the CUDA-graph backend (its capture double on the CPU): each gets offline
     decoding's translations while the running batch admits and retires rows in its slabs."""

@@ -127,6 +127,9 @@ class _LineWarnings:
                 help="Budget of rows x beam x source tokens per batch.  [default: 4096]")
 @click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
 @click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
+@click.option("--prefix", "prefix_path", default=None,
+              help="Target prefixes, one per input line (an empty line: none): each translation begins with its "
+                   "line's prefix and decoding goes on from there (interactive translation, a fixed opening).")
 @click.option("--chunk-lines", default=0, show_default=True,
               help="Decode the input this many lines at a time, each part's output written as soon as it is done "
                    "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
@@ -136,7 +139,7 @@ class _LineWarnings:
                               "model's larger batches in this many parts at the same time, one thread each.")
 @decoding_options(helps={"nbest": "Hypotheses per sentence (written as 'i ||| text ||| score')."})
 def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_batch_tokens, deprecated_max_batch_tokens,
-           truncate, scores, chunk_lines, spec, decoding):
+           truncate, scores, prefix_path, chunk_lines, spec, decoding):
     """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
 
     The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'); stdout holds the
@@ -162,6 +165,10 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_bat
     lines = iter_lines(input_path, InputError)
     # the first part is read before the model loads: its input errors (all of them, without --chunk-lines) come first
     first = list(lines) if chunk_lines == 0 else list(itertools.islice(lines, chunk_lines))
+    prefixes = None if prefix_path is None else list(iter_lines(prefix_path, InputError, "--prefix file"))
+    if prefixes is not None and chunk_lines == 0 and len(prefixes) != len(first):
+        raise InputError(f"--prefix has {len(prefixes)} lines and the input {len(first)}",
+                         hint="give one prefix line per input line (an empty one for none)")
     translator = load(artifact_dir, spec, max_batch_tokens=max_batch_tokens)
     part = chunk_lines or max(len(first), 1)
     progress = None if quiet else Progress(None if chunk_lines else len(first))
@@ -170,7 +177,7 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_bat
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results = translator.translate_stream(itertools.chain(first, lines), part, options=decoding,
-                                                  truncate=truncate, progress=progress)
+                                                  truncate=truncate, progress=progress, prefixes=prefixes)
             said = _LineWarnings(caught, command_names(click.get_current_context().command), progress)
             said.flush(0)  # the options' warnings (a beam wider than the vocabulary) before decoding
             # the first part is decoded before the output is opened: an error in it (all of them, without

@@ -25,6 +25,7 @@ from transduce.errors import InputError, TransduceWarning, TruncatedInput
 from transduce.runtime.backends.base import missing_members
 from transduce.runtime.decoding import DecodeResult, DecodingOptions, decode
 from transduce.runtime.decoding.batch import pad_ids
+from transduce.runtime.prefixes import prefix_ids
 
 # progress(sentences, tokens): called as each batch is done, with its sentences and the tokens of their
 # translations (the CLI's progress bar); blank lines count as sentences of no tokens
@@ -126,14 +127,16 @@ class Translator:
         return out
 
     def translate(self, texts: Iterable[str], options: DecodingOptions | None = None, *, truncate: bool = False,
-                  first_line: int = 1, progress: Progress | None = None, **fields) -> list[Translation]:
+                  first_line: int = 1, progress: Progress | None = None, prefixes: list | None = None,
+                  **fields) -> list[Translation]:
         """Translations of `texts`, in their order. options: a DecodingOptions, and/or its fields by name over it
         (beam_size=4, nbest=2, ...; the paper's settings where not given). truncate: cut over-long texts (else
         an InputError). first_line: the number of texts[0] in messages (input line N), for a part of a longer
-        input (translate_stream). progress: see Progress."""
+        input (translate_stream). progress: see Progress. prefixes: one target prefix per text (text, token ids,
+        or None), which its translation begins with (runtime.prefixes)."""
         texts = _sentences(texts, "translate()")
         opts = self._options(options, fields, "translate()")
-        return self._translate(list(texts), opts, truncate, first_line, progress)
+        return self._translate(list(texts), opts, truncate, first_line, progress, prefixes)
 
     def _options(self, options: DecodingOptions | None, fields: dict, call: str) -> DecodingOptions:
         """The DecodingOptions of translate()'s options, with a warning for each of their model_warnings
@@ -185,8 +188,11 @@ class Translator:
         return pad_ids([ids for ids, _, _ in prepared], self.config.pad_id, end=self.config.eos_id)
 
     def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
-                   progress: Progress | None) -> list[Translation]:
+                   progress: Progress | None, prefixes: list | None = None) -> list[Translation]:
         encoded = self.prepare(texts, truncate, first_line)
+        if prefixes is not None:
+            prefixes = prefix_ids(self.tokenizer, self.config, prefixes, [len(e[0]) for e in encoded], opts,
+                                  first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
         for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded, strict=True)):
@@ -201,7 +207,8 @@ class Translator:
             idx = [todo[j] for j in chunk]
             src, lens = self.padded([encoded[i] for i in idx])
             keys = np.array(idx) + (first_line - 1)  # the texts' numbers: a sample is the same in any batch
-            for i, res in zip(idx, decode(self.backend, src, lens, opts, keys=keys), strict=True):
+            given = None if prefixes is None else [prefixes[i] for i in idx]
+            for i, res in zip(idx, decode(self.backend, src, lens, opts, keys=keys, prefixes=given), strict=True):
                 results[i] = self.translation(res, encoded[i])
             if progress is not None:
                 progress(len(idx), sum(len(results[i].tokens) for i in idx))
@@ -248,12 +255,14 @@ class Translator:
 
     def translate_stream(self, texts: Iterable[str], chunk_lines: int, first_line: int = 1,
                          options: DecodingOptions | None = None, *, truncate: bool = False,
-                         progress: Progress | None = None, **fields) -> Iterator[Translation]:
+                         progress: Progress | None = None, prefixes: list | None = None,
+                         **fields) -> Iterator[Translation]:
         """translate(), chunk_lines sentences at a time: each chunk's translations are yielded, in input
         order, as soon as it is decoded, and `texts` is read only as far as the chunk being decoded (a
         pipe can be answered line by line with chunk_lines=1). Memory is bounded by one chunk; batches
         are sorted by length within a chunk, so larger chunks batch better. Options: those of translate(),
-        checked here, before anything is read; first_line: the number of the first text in messages."""
+        checked here, before anything is read; first_line: the number of the first text in messages; prefixes: one
+        per text (the whole list, read chunk by chunk)."""
         it = iter(_sentences(texts, "translate_stream()"))
         if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int | np.integer) or chunk_lines < 1:
             raise InputError(f"chunk_lines must be an integer >= 1, got {chunk_lines!r}", params=("chunk_lines",))
@@ -263,7 +272,8 @@ class Translator:
         def stream() -> Iterator[Translation]:
             first = first_line
             while chunk := list(itertools.islice(it, chunk_lines)):
-                yield from self._translate(chunk, opts, truncate, first, progress)
+                part = None if prefixes is None else list(prefixes[first - first_line: first - first_line + len(chunk)])
+                yield from self._translate(chunk, opts, truncate, first, progress, part)
                 first += len(chunk)
 
         return stream()

@@ -1,7 +1,7 @@
 """The HTTP API (FastAPI): it checks requests, hands them to the decode service through a worker thread and
 waits for their events; the event loop never runs model code.
 
-  POST /v1/translate   {"text": [...], options, "truncate", "timeout", "stream"} -> translations, or with
+  POST /v1/translate   {"text": [...], "prefix", options, "truncate", "timeout", "stream"} -> translations, or with
                        "stream": true Server-Sent Events: "token" (greedy), "translation" (each sentence as it
                        finishes), then "done" with the whole answer, or "error"
   POST /v1/score       {"source": [...], "target": [...], "length_penalty", "length_penalty_form", "truncate"}
@@ -25,7 +25,7 @@ from typing import Any
 from transduce.errors import InputError, TransduceError
 from transduce.serve.service import OPTION_FIELDS, SCORE_OPTION_FIELDS, DecodeService, ServeError
 
-REQUEST_FIELDS = ("text", "truncate", "timeout", "stream") + OPTION_FIELDS
+REQUEST_FIELDS = ("text", "prefix", "truncate", "timeout", "stream") + OPTION_FIELDS
 SCORE_FIELDS = ("source", "target", "truncate") + SCORE_OPTION_FIELDS
 DISCONNECT_POLL_S = 0.05  # how often a waiting request checks that its client is still there
 SSE_KEEPALIVE_S = 1.0  # a stream with no event for this long gets a comment line
@@ -146,7 +146,7 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
         options = {k: body[k] for k in OPTION_FIELDS if k in body}
         try:
             req = await run_in_threadpool(service.submit, body.get("text"), options, body.get("truncate", False),
-                                          body.get("timeout"), listener)
+                                          body.get("timeout"), listener, body.get("prefix"))
         except InputError as e:
             return failed(e, 400)
         except ServeError as e:

@@ -31,6 +31,7 @@ from transduce.errors import InputError, TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
+from transduce.runtime.prefixes import prefix_ids
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 
 Listener = Callable[[str, Any], None]
@@ -101,6 +102,7 @@ class Request:
         self.src: np.ndarray | None = None
         self.lens: np.ndarray | None = None
         self.prepared: list = []
+        self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
         self.cohort = None
         self.error: ServeError | None = None
         self.finished = threading.Event()
@@ -147,7 +149,7 @@ class DecodeService:
         return len(self._queue)
 
     def submit(self, texts: Any, options: dict | None = None, truncate: bool = False, timeout: float | None = None,
-               listener: Listener | None = None) -> Request:
+               listener: Listener | None = None, prefixes: Any = None) -> Request:
         """Check and tokenize `texts`, queue them -> the Request (InputError for bad input, ServeError when the
         service cannot take it now)."""
         if self.draining or self._stop:
@@ -168,6 +170,9 @@ class DecodeService:
         prepared = tr.prepare(texts, truncate, warn=False)
         req = Request(len(texts), opts, timeout, listener)
         req.prepared = prepared
+        if prefixes is not None:
+            req.prefixes = prefix_ids(tr.tokenizer, tr.config, prefixes, [len(p[0]) for p in prepared], opts,
+                                      field="prefix")
         for i, (text, item) in enumerate(zip(texts, prepared, strict=True)):
             if tr.is_blank(text, item[0]):
                 req.translations[i] = tr.translation(None, item)
@@ -326,7 +331,8 @@ class DecodeService:
             on_tokens = self._token_listener(req) if req.options.beam_size == 1 and req.listener else None
             try:
                 req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens,
-                                          keys=np.array(req.todo))
+                                          keys=np.array(req.todo), prefixes=None if req.prefixes is None else
+                                          [req.prefixes[i] for i in req.todo])
             except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
                 self._fail(req, ServeError(e.args[0], 503, e.hint))
                 continue

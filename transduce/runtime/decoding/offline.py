@@ -31,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -42,12 +43,15 @@ from transduce.runtime.devices import usable_cpus
 
 
 def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
-           search: str = "auto", keys: np.ndarray | None = None) -> list[DecodeResult]:
+           search: str = "auto", keys: np.ndarray | None = None,
+           prefixes: Sequence[Sequence[int]] | None = None) -> list[DecodeResult]:
     """Decode one padded batch. src_ids (B, S) int64, src_lengths (B,) int64 (EOS included).
 
     search: "auto" (greedy for beam_size 1, else beam), "greedy" or "beam" (beam search even for k=1).
     keys: (B,) each sentence's key of its random draws when sampling (its number in the caller's input, so that
-    its sample does not depend on the batch it is decoded in); None: 0 .. B-1.
+    its sample does not depend on the batch it is decoded in); None: 0 .. B-1. prefixes: B target prefixes
+    (token ids; empty: none) each sentence's first steps are forced through; its hypotheses begin with it and
+    their log-probs count its tokens (None: none).
     """
     if search not in ("auto", "greedy", "beam"):
         raise InputError(f"search must be 'auto', 'greedy' or 'beam', got {search!r}")
@@ -64,8 +68,8 @@ def decode(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, optio
     shards = has_capability(backend, Shards)
     parts = backend.shards(len(src_ids), 1 if greedy else options.beam_size) if shards else None
     if parts and len(parts) > 1:
-        return _decode_in_parts(parts, src_ids, src_lengths, options, search, keys)
-    return _decode_one(backend, src_ids, src_lengths, options, search, keys)
+        return _decode_in_parts(parts, src_ids, src_lengths, options, search, keys, prefixes)
+    return _decode_one(backend, src_ids, src_lengths, options, search, keys, prefixes)
 
 
 def _check_batch(src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
@@ -83,10 +87,10 @@ def _check_batch(src_ids: np.ndarray, src_lengths: np.ndarray) -> None:
 
 
 def _decode_one(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
-                search: str, keys: np.ndarray) -> list[DecodeResult]:
+                search: str, keys: np.ndarray, prefixes: Sequence[Sequence[int]] | None = None) -> list[DecodeResult]:
     """One batch (or part) with the search decode resolved: "greedy" or "beam"."""
     batch = RunningBatch(backend)
-    cohort = batch.admit(src_ids, src_lengths, options, search, keys=keys)
+    cohort = batch.admit(src_ids, src_lengths, options, search, keys=keys, prefixes=prefixes)
     results = batch.run_until_empty()
     return [r for _, r in sorted(results[cohort], key=lambda ir: ir[0])]
 
@@ -107,7 +111,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def _decode_in_parts(parts: list[Backend], src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions,
-                     search: str, keys: np.ndarray) -> list[DecodeResult]:
+                     search: str, keys: np.ndarray,
+                     prefixes: Sequence[Sequence[int]] | None = None) -> list[DecodeResult]:
     """The batch's sentences dealt round-robin to the backend's parts (sentence i to part i % n: a batch sorted
     by length gives each part a like share), each part decoded by the same search, at the same time: the
     first in this thread, the others in a pool's threads. Each sentence is decoded exactly as in one batch
@@ -128,20 +133,26 @@ def _decode_in_parts(parts: list[Backend], src_ids: np.ndarray, src_lengths: np.
                 _PARTS_POOL = (size, pool)
             for j in range(1, n):
                 futures.append(_PARTS_POOL[1].submit(_decode_one, parts[j], src_ids[index[j]], src_lengths[index[j]],
-                                                     options, search, keys[index[j]]))
+                                                     options, search, keys[index[j]], _part(prefixes, index[j])))
         except RuntimeError:  # the interpreter is shutting down (atexit): no new threads; the rest in this one
             pass
     try:
-        first = _decode_one(parts[0], src_ids[index[0]], src_lengths[index[0]], options, search, keys[index[0]])
+        first = _decode_one(parts[0], src_ids[index[0]], src_lengths[index[0]], options, search, keys[index[0]],
+                            _part(prefixes, index[0]))
     finally:
         concurrent.futures.wait(futures)  # no part runs on once this returns or raises
-    rest = [_decode_one(parts[j], src_ids[index[j]], src_lengths[index[j]], options, search, keys[index[j]])
+    rest = [_decode_one(parts[j], src_ids[index[j]], src_lengths[index[j]], options, search, keys[index[j]],
+                        _part(prefixes, index[j]))
             for j in range(1 + len(futures), n)]
     results: list[DecodeResult | None] = [None] * len(src_ids)
     for idx, got in zip(index, [first] + [f.result() for f in futures] + rest, strict=True):
         for i, r in zip(idx.tolist(), got, strict=True):
             results[i] = r
     return results  # type: ignore[return-value]
+
+
+def _part(prefixes: Sequence[Sequence[int]] | None, index: np.ndarray) -> list | None:
+    return None if prefixes is None else [prefixes[i] for i in index.tolist()]
 
 
 def teacher_forced_log_probs(backend: Backend, src_ids: np.ndarray, src_lengths: np.ndarray,

@@ -15,10 +15,13 @@ the backend's to grow; the scheduler above bounds them (reserved_rows).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from transduce.errors import BackendUnavailable, TransduceError
 from transduce.runtime.backends.base import AdmitsRows, Backend, has_capability, renumbered_sources
+from transduce.runtime.backends.topk import banned_ids, numpy_topk
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, max_lengths
 from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
 
@@ -55,15 +58,17 @@ class RunningBatch:
         return not self.cohorts or self.admits
 
     def admit(self, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions, search: str = "auto",
-              on_tokens: TokenListener | None = None, keys: np.ndarray | None = None) -> Cohort:
+              on_tokens: TokenListener | None = None, keys: np.ndarray | None = None,
+              prefixes: Sequence[Sequence[int]] | None = None) -> Cohort:
         """A cohort of the padded batch src_ids (B, S) / src_lengths (B,) (EOS included), decoded from the next
         step on. search: "auto" (greedy for beam_size 1), "greedy" or "beam". on_tokens: greedy only. keys: each
-        sentence's key of its random draws (its number in its input or request; None: 0, 1, ...)."""
+        sentence's key of its random draws (its number in its input or request; None: 0, 1, ...). prefixes: each
+        sentence's target prefix (token ids), which its first steps are forced through (None: none)."""
         backend, cfg = self.backend, self.backend.config
         greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
         lens = max_lengths(src_lengths, options, cfg.max_positions)
-        cohort: Cohort = (GreedyCohort(lens, options, cfg, on_tokens, keys) if greedy
-                          else BeamCohort(lens, options, cfg, keys))
+        cohort: Cohort = (GreedyCohort(lens, options, cfg, on_tokens, keys, prefixes) if greedy
+                          else BeamCohort(lens, options, cfg, keys, prefixes))
         n = len(src_lengths)
         if self.state is not None and not self.cohorts:
             self._end()
@@ -108,13 +113,15 @@ class RunningBatch:
         kk = max(c.kk for c in cohorts)
         mixed = any(bans) and not all(bans)  # then EOS is taken out here, for the cohorts that ban it
         tokens = cohorts[0].tokens if len(cohorts) == 1 else np.concatenate([c.tokens for c in cohorts])
-        vals, ids = backend.step(self.state, tokens, min(kk + mixed, vocab), ban_eos=bans[0] and not mixed)
+        forced = [c.forced_ids() for c in cohorts]
+        vals, ids, full = self._run_step(tokens, min(kk + mixed, vocab), bans[0] and not mixed,
+                                         any(f is not None for f in forced))
         self.steps += 1
         finished: Finished = []
         starts = []  # each cohort's first row in the state that stepped
         changed = False
         off = 0
-        for c, ban in zip(cohorts, bans, strict=True):
+        for c, ban, f in zip(cohorts, bans, forced, strict=True):
             r = c.rows
             v, i = (vals, ids) if len(cohorts) == 1 else (vals[off: off + r], ids[off: off + r])
             if mixed and ban:
@@ -123,7 +130,7 @@ class RunningBatch:
                 v, i = v[:, : c.kk], i[:, : c.kk]
             starts.append((off, r))
             try:
-                c.advance(v, i)
+                c.advance(v, i, None if f is None else _chosen(full[off: off + r], f))
             except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
                 self.failed.append((c, e))
                 c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
@@ -141,10 +148,19 @@ class RunningBatch:
             backend.reorder(self.state, moves[0] if len(moves) == 1 else np.concatenate(moves), self._row_sources())
         return finished
 
+    def _run_step(self, tokens: np.ndarray, k: int, ban_eos: bool, full: bool):
+        """One step of every row -> its top-k (values, ids) and, where `full` (a row is forced through its
+        prefix: its token's log-prob is needed, whatever its rank), the full (R, V) log-probs, else None."""
+        if not full:
+            return *self.backend.step(self.state, tokens, k, ban_eos=ban_eos), None
+        log_probs = self.backend.step_log_probs(self.state, tokens)
+        return *numpy_topk(log_probs, k, banned_ids(self.backend.config, ban_eos)), log_probs
+
     def _step_one(self, c: Cohort) -> Finished:
-        vals, ids = self.backend.step(self.state, c.tokens, c.kk, ban_eos=c.ban_eos)
+        forced = c.forced_ids()
+        vals, ids, full = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None)
         self.steps += 1
-        c.advance(vals, ids)
+        c.advance(vals, ids, None if forced is None else _chosen(full, forced))
         finished: Finished = []
         if c.done:
             finished = [(c, s, res) for s, res in c.done]
@@ -192,6 +208,11 @@ class RunningBatch:
         if self.state is not None:
             state, self.state = self.state, None
             self.backend.end(state)
+
+
+def _chosen(log_probs: np.ndarray, forced: np.ndarray) -> np.ndarray:
+    """(R,) the log-prob of each row's forced token (any value where it has none: forced -1)."""
+    return log_probs[np.arange(len(forced)), np.maximum(forced, 0)]
 
 
 def _without_eos(vals: np.ndarray, ids: np.ndarray, k: int, eos: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,10 +11,11 @@ sees exactly the calls that the search made before it ran in a running batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from transduce.errors import InputError
 from transduce.formats.model_config import ModelConfig
 from transduce.runtime.decoding import sampling
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, Hypothesis
@@ -36,14 +37,17 @@ class Cohort:
     src_of: np.ndarray  # (sentences,) each sentence's source in the backend state (the running batch's)
     src_identity = False  # src_of is arange(sentences): row_sent is the rows' sources as it is
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None):
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None,
+                 prefixes: Sequence[Sequence[int]] | None = None):
         """keys: each sentence's key of its random draws (sampling.py; its number in its input or request),
-        None: 0, 1, ..."""
+        None: 0, 1, ... prefixes: each sentence's target prefix (token ids; None or empty: none), which its
+        first steps are forced through."""
         self.max_len = max_len
         self.options = options
         self.eos = cfg.eos_id
         self.n = len(max_len)
         self.keys = np.arange(self.n) if keys is None else np.asarray(keys, np.int64)
+        self.prefix, self.prefix_steps = _prefix_table(prefixes, max_len)
         self.t = 0  # steps made
         self.done = []
         self.moved = None
@@ -56,7 +60,17 @@ class Cohort:
         """The most rows this cohort can take from now on."""
         return self.rows
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
+    def forced_ids(self) -> np.ndarray | None:
+        """(rows,) the token each row is forced to take this step (its sentence's prefix), -1 where it is free;
+        None while no row is forced."""
+        if self.t >= self.prefix_steps:
+            return None
+        forced = self.prefix[self.row_sent, self.t]
+        return forced if (forced >= 0).any() else None
+
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None) -> None:
+        """This step's candidates of every row (kk each, best first); forced_lp: with forced_ids(), the log-prob
+        the step gave each row's forced token."""
         raise NotImplementedError
 
 
@@ -67,8 +81,9 @@ class GreedyCohort(Cohort):
     kk = 1
 
     def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig,
-                 on_tokens: TokenListener | None = None, keys: np.ndarray | None = None):
-        super().__init__(max_len, options, cfg, keys)
+                 on_tokens: TokenListener | None = None, keys: np.ndarray | None = None,
+                 prefixes: Sequence[Sequence[int]] | None = None):
+        super().__init__(max_len, options, cfg, keys, prefixes)
         if options.sampling:  # random sampling: the draw among this many candidates a row
             self.kk = sampling.candidates(options, cfg.vocab_size)
         n = self.n
@@ -83,7 +98,7 @@ class GreedyCohort(Cohort):
         self.out_tok = np.zeros((n, cap), dtype=np.int64)
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None) -> None:
         t, live = self.t, self.row_sent
         self.t += 1
         self.moved = None
@@ -91,13 +106,16 @@ class GreedyCohort(Cohort):
             u = sampling.uniforms(self.options.seed, self.keys[live], t, 1)[:, 0]
             pick = sampling.draw_one(vals, self.options, u)[:, None]
             vals, ids = np.take_along_axis(vals, pick, axis=1), np.take_along_axis(ids, pick, axis=1)
-        tok = ids[:, 0]
+        tok, lp = ids[:, 0], vals[:, 0]
+        if forced_lp is not None:  # rows still in their prefix take its token
+            forced = self.prefix[live, t]
+            tok, lp = np.where(forced >= 0, forced, tok), np.where(forced >= 0, forced_lp, lp)
         if self.everyone:
             self.out_tok[:, t] = tok
-            self.out_lp[:, t] = vals[:, 0]
+            self.out_lp[:, t] = lp
         else:
             self.out_tok[live, t] = tok
-            self.out_lp[live, t] = vals[:, 0]
+            self.out_lp[live, t] = lp
         if self.on_tokens is not None:
             self.on_tokens(live, tok)
         eos = tok == self.eos
@@ -131,8 +149,9 @@ class BeamCohort(Cohort):
     """Beam search; per step a handful of numpy operations whatever the cohort (the common step: no EOS near
     the top, nothing finished). Histories are back-pointers, followed only for the hypotheses that finish."""
 
-    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None):
-        super().__init__(max_len, options, cfg, keys)
+    def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None,
+                 prefixes: Sequence[Sequence[int]] | None = None):
+        super().__init__(max_len, options, cfg, keys, prefixes)
         n, k = self.n, options.beam_size
         self.k = k
         self.ranked = min(2 * k, cfg.vocab_size)  # candidates ranked per row: 2k leaves k non-EOS even if k rows end
@@ -186,9 +205,14 @@ class BeamCohort(Cohort):
                                sorted((h.score for h in hyps), reverse=True)[self.k - 1])
                 self.any_kth = True
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray) -> None:
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None) -> None:
         t, kk, sent = self.t, self.ranked, self.sent
         self.t += 1
+        if forced_lp is not None:  # a row in its prefix has one candidate, the prefix's token: one live beam
+            forced = self.prefix[self.row_sent, t]
+            rows = np.flatnonzero(forced >= 0)
+            vals, ids = vals.copy(), ids.copy()
+            vals[rows, 0], ids[rows, 0], vals[rows, 1:] = forced_lp[rows], forced[rows], -np.inf
         if self.options.sampling:  # each row's candidates drawn, not taken best first
             # a row's draws are its sentence's lanes of its beam's rank: not its slot, which the sentences beside it
             # can shift (_stay_in_place)
@@ -253,6 +277,24 @@ class BeamCohort(Cohort):
         self.lps.append(n_lp.reshape(-1))
         self.rows = len(rows)
         self.moved = rows  # beam search reorders every step (the backend moves only the rows that change)
+
+
+def _prefix_table(prefixes: Sequence[Sequence[int]] | None, max_len: np.ndarray) -> tuple[np.ndarray, int]:
+    """(sentences, longest prefix) token table, -1 past each prefix, and the longest prefix's length (0: none)."""
+    lengths = np.array([len(p) for p in prefixes] if prefixes is not None else [0], np.int64)
+    if prefixes is None or not lengths.any():
+        return np.full((len(max_len), 1), -1, np.int64), 0
+    if len(prefixes) != len(max_len):
+        raise InputError(f"{len(prefixes)} prefixes for {len(max_len)} sentences: give one per sentence (or none)")
+    over = np.flatnonzero(lengths > max_len)
+    if over.size:
+        i = int(over[0])
+        raise InputError(f"a prefix of {lengths[i]} tokens is longer than its sentence's maximum length "
+                         f"({max_len[i]})", hint="shorten it, or raise max_len_b", params=("prefix",))
+    table = np.full((len(max_len), int(lengths.max())), -1, np.int64)
+    for i, p in enumerate(prefixes):
+        table[i, : len(p)] = p
+    return table, int(lengths.max())
 
 
 def _next_beams(scores: np.ndarray, vals: np.ndarray, ids: np.ndarray, nb: int, kk: int, k: int, eos: int,
