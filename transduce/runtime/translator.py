@@ -90,17 +90,20 @@ class Translator:
         return cls(factory(os.fspath(path), device=device), load_tokenizer(path), **kwargs)
 
     def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1,
-                warn: bool = True) -> list[tuple[list[int], int, bool]]:
-        limit = self.config.max_positions - 1  # room for EOS
+                warn: bool = True, max_input_length: int = 0) -> list[tuple[list[int], int, bool]]:
+        model_limit = self.config.max_positions - 1  # room for EOS
+        limit = min(max_input_length, model_limit) if max_input_length else model_limit
         unk = self.config.unk_id
         out = []
         for n, ids in enumerate(self.tokenizer.encode_batch(list(texts)), first_line):
             cut = False
             if len(ids) > limit:
                 if not truncate:
+                    why = (f"max_input_length is {limit}" if limit < model_limit else
+                           f"this model takes at most {limit} (max_positions {self.config.max_positions} including "
+                           "EOS)")
                     raise _about(InputError(
-                        f"input line {n} has {len(ids)} tokens; this model takes at most {limit} "
-                        f"(max_positions {self.config.max_positions} including EOS)",
+                        f"input line {n} has {len(ids)} tokens; {why}",
                         hint="split the line, or pass truncate=True to keep its first tokens",
                         params=("truncate=True",)), n)
                 if warn:  # stacklevel: _encode, prepare, _translate, translate (or translate_stream's), its caller
@@ -146,13 +149,14 @@ class Translator:
             warnings.warn(TransduceWarning(message, params=params), stacklevel=3)
         return opts
 
-    def prepare(self, texts: list, truncate: bool, first_line: int = 1,
-                warn: bool = True) -> list[tuple[list[int], int, bool]]:
+    def prepare(self, texts: list, truncate: bool, first_line: int = 1, warn: bool = True,
+                max_input_length: int = 0) -> list[tuple[list[int], int, bool]]:
         """Each text checked and tokenized -> (token ids, unknown tokens, truncated) each; the InputError of the
         first text that cannot be translated carries its number as `sentence`. warn: a TruncatedInput warning
-        for each truncated text (a server reports `truncated` in its answer instead)."""
+        for each truncated text (a server reports `truncated` in its answer instead). max_input_length: source
+        tokens taken at most (0: the model's positions)."""
         self._check_texts(texts, first_line)
-        return self._encode(texts, truncate, first_line, warn)
+        return self._encode(texts, truncate, first_line, warn, max_input_length)
 
     @staticmethod
     def _check_texts(texts: list, first_line: int) -> None:
@@ -189,7 +193,7 @@ class Translator:
 
     def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
                    progress: Progress | None, prefixes: list | None = None) -> list[Translation]:
-        encoded = self.prepare(texts, truncate, first_line)
+        encoded = self.prepare(texts, truncate, first_line, max_input_length=opts.max_input_length)
         if prefixes is not None:
             prefixes = prefix_ids(self.tokenizer, self.config, prefixes, [len(e[0]) for e in encoded], opts,
                                   first_line)

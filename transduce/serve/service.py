@@ -167,7 +167,7 @@ class DecodeService:
         if not isinstance(truncate, bool):
             raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         tr = self.translator
-        prepared = tr.prepare(texts, truncate, warn=False)
+        prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length)
         req = Request(len(texts), opts, timeout, listener)
         req.prepared = prepared
         if prefixes is not None:

@@ -59,6 +59,14 @@ class DecodingOptions:
                                                   "sharper, above 1 flatter).")
     seed: int = documented(0, "With sampling: the seed of the random draws. A sentence's draws depend on the seed and "
                               "its number in the input (or request) only, not on the sentences decoded beside it.")
+    # repetition control (repetition.py) and the input's length
+    no_repeat_ngram_size: int = documented(0, "No n-gram of this size twice in an output (0: no limit), as Hugging "
+                                              "Face's and CTranslate2's option.")
+    repetition_penalty: float = documented(1.0, "Log-probs of the tokens already in an output are multiplied by it "
+                                                "(> 1 makes them less likely; 1: off), as Hugging Face's beam search "
+                                                "applies its repetition_penalty.")
+    max_input_length: int = documented(0, "Source tokens taken at most, EOS excluded (0: what the model's positions "
+                                          "allow); a longer source is refused, or cut with truncate.")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -81,11 +89,13 @@ class DecodingOptions:
 
     def __post_init__(self) -> None:
         # messages name the parameters as Python spells them (params=: a command line spells its flags)
-        for name in ("beam_size", "nbest", "min_length", "max_len_b", "sampling_topk", "seed"):
+        for name in ("beam_size", "nbest", "min_length", "max_len_b", "sampling_topk", "seed", "no_repeat_ngram_size",
+                     "max_input_length"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 raise InputError(f"{name} must be an integer, got {v!r}", params=(name,))
-        for name in ("length_penalty", "max_len_a", "patience", "sampling_topp", "sampling_temperature"):
+        for name in ("length_penalty", "max_len_a", "patience", "sampling_topp", "sampling_temperature",
+                     "repetition_penalty"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v):
                 raise InputError(f"{name} must be a finite number, got {v!r}", params=(name,))
@@ -103,7 +113,8 @@ class DecodingOptions:
         if self.length_penalty_form not in LENGTH_PENALTIES:
             raise InputError(f"length_penalty_form must be one of {', '.join(LENGTH_PENALTIES)}, got "
                              f"{self.length_penalty_form!r}", params=("length_penalty_form",))
-        for name in ("length_penalty", "min_length", "max_len_a", "max_len_b"):
+        for name in ("length_penalty", "min_length", "max_len_a", "max_len_b", "no_repeat_ngram_size",
+                     "max_input_length"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", params=(name,))
         if self.early_stopping not in EARLY_STOPPING:
@@ -124,6 +135,10 @@ class DecodingOptions:
         if self.sampling_temperature <= 0:
             raise InputError(f"sampling_temperature must be > 0, got {self.sampling_temperature}",
                              hint="1 samples from the model's own distribution", params=("sampling_temperature",))
+        if self.repetition_penalty <= 0:
+            raise InputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+                             hint="1 is off; above 1 repeated tokens become less likely",
+                             params=("repetition_penalty",))
         if not 0 <= self.seed < 2**63:
             raise InputError(f"seed must be in 0 .. 2**63 - 1, got {self.seed}", params=("seed",))
         if not self.sampling:
@@ -132,6 +147,11 @@ class DecodingOptions:
                     raise InputError(f"{name} applies to sampling, which is off (sampling_topk 1)",
                                      hint="set sampling_topk: 0 for the whole vocabulary, or k > 1",
                                      params=(name, "sampling_topk"))
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether each step's log-probs are adjusted by the output so far (repetition.py)."""
+        return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0
 
     @property
     def sampling(self) -> bool:

@@ -115,7 +115,7 @@ class RunningBatch:
         tokens = cohorts[0].tokens if len(cohorts) == 1 else np.concatenate([c.tokens for c in cohorts])
         forced = [c.forced_ids() for c in cohorts]
         vals, ids, full = self._run_step(tokens, min(kk + mixed, vocab), bans[0] and not mixed,
-                                         any(f is not None for f in forced))
+                                         any(f is not None or c.adjusts for f, c in zip(forced, cohorts)))
         self.steps += 1
         finished: Finished = []
         starts = []  # each cohort's first row in the state that stepped
@@ -130,7 +130,8 @@ class RunningBatch:
                 v, i = v[:, : c.kk], i[:, : c.kk]
             starts.append((off, r))
             try:
-                c.advance(v, i, None if f is None else _chosen(full[off: off + r], f))
+                rows = None if full is None else full[off: off + r]
+                c.advance(v, i, None if f is None else _chosen(rows, f), rows)
             except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
                 self.failed.append((c, e))
                 c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
@@ -158,9 +159,9 @@ class RunningBatch:
 
     def _step_one(self, c: Cohort) -> Finished:
         forced = c.forced_ids()
-        vals, ids, full = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None)
+        vals, ids, full = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None or c.adjusts)
         self.steps += 1
-        c.advance(vals, ids, None if forced is None else _chosen(full, forced))
+        c.advance(vals, ids, None if forced is None else _chosen(full, forced), full)
         finished: Finished = []
         if c.done:
             finished = [(c, s, res) for s, res in c.done]

@@ -17,8 +17,10 @@ import numpy as np
 
 from transduce.errors import InputError
 from transduce.formats.model_config import ModelConfig
+from transduce.runtime.backends.topk import banned_ids, numpy_topk
 from transduce.runtime.decoding import sampling
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, Hypothesis
+from transduce.runtime.decoding.repetition import adjusted
 
 # on_tokens(sentences, tokens): after each greedy step, the cohort's sentences that stepped and their new
 # tokens (EOS included): a server streams them as they are produced
@@ -48,6 +50,8 @@ class Cohort:
         self.n = len(max_len)
         self.keys = np.arange(self.n) if keys is None else np.asarray(keys, np.int64)
         self.prefix, self.prefix_steps = _prefix_table(prefixes, max_len)
+        self.cfg = cfg
+        self.adjusts = options.adjusts  # it reads each step's full log-probs, adjusted by the outputs so far
         self.t = 0  # steps made
         self.done = []
         self.moved = None
@@ -68,10 +72,15 @@ class Cohort:
         forced = self.prefix[self.row_sent, self.t]
         return forced if (forced >= 0).any() else None
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None) -> None:
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
+                full: np.ndarray | None = None) -> None:
         """This step's candidates of every row (kk each, best first); forced_lp: with forced_ids(), the log-prob
-        the step gave each row's forced token."""
+        the step gave each row's forced token; full: where the cohort adjusts, the rows' full log-probs."""
         raise NotImplementedError
+
+    def _adjusted(self, full: np.ndarray, history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """This step's candidates from the full log-probs adjusted by each row's output so far (repetition.py)."""
+        return numpy_topk(adjusted(full, history, self.options), self.kk, banned_ids(self.cfg, self.ban_eos))
 
 
 class GreedyCohort(Cohort):
@@ -98,8 +107,11 @@ class GreedyCohort(Cohort):
         self.out_tok = np.zeros((n, cap), dtype=np.int64)
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None) -> None:
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
+                full: np.ndarray | None = None) -> None:
         t, live = self.t, self.row_sent
+        if full is not None and self.adjusts:
+            vals, ids = self._adjusted(full, self.out_tok[live, :t])
         self.t += 1
         self.moved = None
         if self.options.sampling:  # each row's draw
@@ -176,6 +188,7 @@ class BeamCohort(Cohort):
         self.offsets: dict[tuple[int, int], np.ndarray] = {}  # (ns, w) -> (ns, 1) first flat index per sentence
         # back-pointers: after step u, row r holds token toks[u][r] (log-prob lps[u][r]) and continues
         # row parents[u][r] of the state after step u - 1
+        self.history = np.zeros((n, 0), np.int64)  # (rows, t) each row's tokens, where the cohort adjusts
         self.parents: list[np.ndarray] = []
         self.toks: list[np.ndarray] = []
         self.lps: list[np.ndarray] = []
@@ -205,8 +218,11 @@ class BeamCohort(Cohort):
                                sorted((h.score for h in hyps), reverse=True)[self.k - 1])
                 self.any_kth = True
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None) -> None:
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
+                full: np.ndarray | None = None) -> None:
         t, kk, sent = self.t, self.ranked, self.sent
+        if full is not None and self.adjusts:
+            vals, ids = self._adjusted(full, self.history)
         self.t += 1
         if forced_lp is not None:  # a row in its prefix has one candidate, the prefix's token: one live beam
             forced = self.prefix[self.row_sent, t]
@@ -274,6 +290,8 @@ class BeamCohort(Cohort):
         self.scores = n_score
         self.parents.append(rows)
         self.toks.append(self.tokens)
+        if self.adjusts:  # each row's output so far, kept only where it is read every step
+            self.history = np.concatenate([self.history[rows], self.tokens[:, None]], axis=1)
         self.lps.append(n_lp.reshape(-1))
         self.rows = len(rows)
         self.moved = rows  # beam search reorders every step (the backend moves only the rows that change)
