@@ -198,6 +198,24 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
     assert ("§ on the GPU" in md) == cuda
     # ONNX Runtime's thread rules, as the backend applies them (at --threads 1: one thread throughout)
     assert "ONNX Runtime's threads: steps 1 always; encoder 1; every batch whole." in md
+    # end to end: the quick preset's 8 held-out sentences, both shapes, both rules in beam2; first in the report
+    e2e = result["e2e"]
+    assert list(result).index("e2e") < list(result).index("sizes")
+    assert e2e["run"] and e2e["sentences"] == 8 and e2e["trained"] is False  # the tiny model's weights are random
+    assert [(c["mode"], c["shape"], c["rules"]) for c in e2e["cells"]] == [
+        ("greedy", "all", "default"), ("greedy", "one", "default"), ("beam2", "all", "default"),
+        ("beam2", "all", "matched"), ("beam2", "one", "default"), ("beam2", "one", "matched")]
+    for cell in e2e["cells"]:
+        assert {"torch", "onnxruntime"} <= set(cell["systems"])
+        for name in ("torch", "onnxruntime"):
+            x = cell["systems"][name]
+            assert x["stats"]["pass_ms"]["n"] == 1 and x["steps_per_pass"] > 0 and 0 <= x["bleu"] <= 100
+        if "ctranslate2" in backends:
+            assert set(cell["ratios"]) == {"torch", "onnxruntime"} and cell["identical_to"] == "ctranslate2"
+            assert all(r["median"] > 0 and r["vs"].startswith("ctranslate2") for r in cell["ratios"].values())
+            assert all(0 <= x["identical"] <= 8 for x in cell["systems"].values())
+    assert md.index("## End to end") < md.index("## Machine ceilings") < md.index("| mode | batch | system |")
+    assert "The demo model is untrained (random weights)" in md
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 

@@ -15,7 +15,9 @@ measurements: docs/design/bench.md):
   workers.py             the client side of a worker process (Worker, WorkerError)
   stats.py               one cell's summaries over rounds and ratios to CTranslate2
   cells.py               one cell (mode x batch): its inputs, its interleaved rounds, its statistics
+  e2e.py                 the end-to-end cells: the demo's held-out sentences as text, each system's defaults, all at
+                         once and one at a time, both stopping rules, BLEU and outputs identical to CTranslate2's
   harness.py             the run: every size, its gates, its systems loaded, its cells; one JSON-able result
-  report.py              bench.json, bench.md
+  report.py              bench.json, bench.md (report_e2e.py: its "End to end" section; report_gpu.py: the GPU's)
   plot.py                bench.png
 """

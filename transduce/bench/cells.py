@@ -3,6 +3,7 @@ that repeat another there, and its statistics."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,16 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
                 raw[name]["direct_encode"].append(direct["encode_seconds"])
                 raw[name]["direct_step"].append(float(np.mean(direct["step_seconds"])))
 
+    interleaved(names, cfg, measure, failed)
+    for n, msg in failed.items():
+        raw[n]["error"] = msg  # type: ignore[assignment]
+    return raw
+
+
+def interleaved(names: list[str], cfg: BenchConfig, measure: Callable[[str, bool, int], None],
+                failed: dict[str, str]) -> None:
+    """cfg.warmup rounds, then cfg.repeats recorded ones: each round calls measure(name, record, position) once for
+    every name not in `failed` (which measure fills), in an order rotated by one each round (A B C, B C A, ...)."""
     for _ in range(cfg.warmup):
         for i, n in enumerate(names):
             if n not in failed:
@@ -93,9 +104,6 @@ def _time_cell(workers: dict[str, Worker], names: list[str], src: list[list[int]
         for i, n in enumerate(order):
             if n not in failed:
                 measure(n, True, i)
-    for n, msg in failed.items():
-        raw[n]["error"] = msg  # type: ignore[assignment]
-    return raw
 
 
 def log_cell(cell: dict[str, Any], size: str, log) -> None:

@@ -26,6 +26,9 @@ OUR_BACKENDS = ("torch", *TORCH_CUDA_SYSTEMS, *TORCH_COMPILE_SYSTEMS, "onnxrunti
 GPU_SYSTEMS = (*TORCH_CUDA_SYSTEMS, *TORCH_COMPILE_SYSTEMS, "tensorrt")
 
 MAX_BATCH = 4096  # sentences per benchmarked batch: beyond it the inputs alone are of no machine's size
+# held-out sentences in the end-to-end cells, at most: there one pass one at a time already takes tens of seconds per
+# system on the demo model
+MAX_E2E_SENTENCES = 10_000
 
 
 @dataclass
@@ -53,6 +56,10 @@ class BenchConfig:
     min_seconds: float = 0.2
     check_sentences: int = 100  # held-out demo sentences for the natural-stopping check
     check_inputs: int = 4  # random inputs for the forced-length check
+    # the end-to-end cells (e2e.py): the demo size's first e2e_sentences held-out sentences as text, translated
+    # with each system's defaults (natural stopping), all at once and one at a time
+    e2e: bool = True
+    e2e_sentences: int = 300
     ceilings: bool = True
     quick: bool = False
     seed: int = 0
@@ -98,6 +105,8 @@ class BenchConfig:
             problems.append(f"--seed must be >= 0, got {self.seed}")
         if self.check_sentences < 1:
             problems.append(f"--check-sentences must be >= 1, got {self.check_sentences}")
+        if not 1 <= self.e2e_sentences <= MAX_E2E_SENTENCES:
+            problems.append(f"--e2e-sentences must be between 1 and {MAX_E2E_SENTENCES}, got {self.e2e_sentences}")
         if self.check_inputs < 1:
             problems.append(f"check_inputs must be >= 1, got {self.check_inputs}")
         if "tensorrt" in self.backends and not self.engines:
@@ -124,9 +133,9 @@ class BenchConfig:
 
     @classmethod
     def quick_preset(cls, **overrides) -> BenchConfig:
-        """A smoke run: the demo size, a few steps, two rounds, small ceilings."""
+        """A smoke run: the demo size, a few steps, two rounds, small ceilings, a few end-to-end sentences."""
         base = dict(sizes=["demo"], batches=[1, 4], modes=["greedy", "beam2"], repeats=2, warmup=1, steps=6,
-                    src_len=8, check_sentences=8, check_inputs=2, quick=True, min_seconds=0.0)
+                    src_len=8, check_sentences=8, check_inputs=2, e2e_sentences=8, quick=True, min_seconds=0.0)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

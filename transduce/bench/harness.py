@@ -23,6 +23,8 @@ Per model size:
     demo size runs first, and other sizes are quantized only after it passed).
  4. ratios (stats.py): per round, our throughput / the fastest CTranslate2 setting's (the one with the lower
     median decode time in that cell), from the same round; the median over rounds and its min and max.
+ 5. end to end (e2e.py; the demo size only, unless --no-e2e): the held-out sentences as text, translated with
+    each system's defaults all at once and one at a time, timed and compared in the same way.
 
 Every system lives in its own worker process (workers.py, worker.py); the machine's ceilings (ceilings.py) are
 measured at the start and at the end of the run, and the GPU's (gpu_ceilings.py) at the end where a GPU system ran.
@@ -54,6 +56,7 @@ from transduce.bench.ctranslate2.settings import (
     ct2_threads,
     is_ct2,
 )
+from transduce.bench.e2e import E2E_SIZE, e2e_plan, run_e2e
 from transduce.bench.gates import divergence_text, equality_checks, quality_gate
 from transduce.bench.gpu_ceilings import add_gpu_ceilings
 from transduce.bench.inputs import id_limit, random_sources
@@ -127,7 +130,7 @@ def _run(cfg: BenchConfig, cache: str, log: Callable[[str], None]) -> dict[str, 
     result: dict[str, Any] = {
         "format": "transduce-bench", "format_version": 1,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config": asdict(cfg), "machine": machine_info(), "sizes": [],
+        "config": asdict(cfg), "machine": machine_info(), "e2e": e2e_plan(cfg), "sizes": [],
     }
     ct2_missing = _missing_packages(cfg, log)
     copy_mib, matmul_n = (32, 512) if cfg.quick else (256, 1536)
@@ -147,7 +150,7 @@ def _run(cfg: BenchConfig, cache: str, log: Callable[[str], None]) -> dict[str, 
             env = CT2_SETTINGS[ct2_setting(n)].env() if is_ct2(n) else {}
             workers[n] = Worker(n, env, os.path.join(logs, f"worker-{n}.log"))
         for i, size in enumerate(cfg.sizes):
-            result["sizes"].append(_run_size(size, cfg, cache, workers, ct2_missing, log, gates))
+            result["sizes"].append(_run_size(size, cfg, cache, workers, ct2_missing, log, gates, result["e2e"]))
             if i + 1 < len(cfg.sizes):
                 measure_ceilings(f"after {size}")
     finally:
@@ -217,8 +220,9 @@ def _add_floors(result: dict[str, Any], cfg: BenchConfig, ceilings_runs: list[tu
 
 
 def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker], ct2_missing: str | None,
-              log, gates: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One model size; `gates` holds the quantized exports' quality gates, set by the demo size."""
+              log, gates: dict[str, dict[str, Any]], e2e: dict[str, Any]) -> dict[str, Any]:
+    """One model size; `gates` holds the quantized exports' quality gates, set by the demo size; `e2e` (e2e_plan's)
+    gets the end-to-end cells, on the demo size."""
     from transduce.bench.models import prepare
 
     log(f"[{size}] preparing the model, its ONNX export and its CTranslate2 conversion")
@@ -248,6 +252,8 @@ def _run_size(size: str, cfg: BenchConfig, cache: str, workers: dict[str, Worker
         log(f"[{size}] nothing to time: every system was skipped")
         return entry
     _time_cells(size, prepared, cfg, workers, active, cpu, entry, log)
+    if size == E2E_SIZE and e2e["run"]:
+        run_e2e(prepared, cfg, workers, active, cpu, e2e, log)
     return entry
 
 
@@ -298,12 +304,12 @@ def _load_request(name: str, size: str, prepared, cfg: BenchConfig, gates: dict[
     """The load request of system `name` for this size -> (request, None), or (None, why it is skipped). A
     quantized row on a size after the demo records the demo size's gate in entry["quality_gates"]."""
     if is_ct2(name):
-        return {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir,
+        return {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir, "model_dir": prepared.model_dir,
                 "threads": ct2_threads(ct2_setting(name), cfg.threads),
                 "inter_threads": ct2_inter_threads(ct2_setting(name), cfg.threads)}, None
     if name == CT2_INT8:  # its default setting, with CTranslate2's int8 weights and GEMMs
-        return {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir, "threads": cfg.threads,
-                "inter_threads": 1, "compute_type": "int8"}, None
+        return {"op": "load", "system": "ctranslate2", "path": prepared.ct2_dir, "model_dir": prepared.model_dir,
+                "threads": cfg.threads, "inter_threads": 1, "compute_type": "int8"}, None
     q = quantized_system(name)
     if q:
         gate = gates.get(q)

@@ -9,6 +9,7 @@ from typing import Any
 from transduce.bench.config import GPU_SYSTEMS, quantized_system
 from transduce.bench.ctranslate2.settings import CT2_INT8, ct2_setting, is_ct2
 from transduce.bench.plot import plot
+from transduce.bench.report_e2e import e2e_section
 from transduce.bench.report_gpu import (
     floor_row,
     gpu_ceilings_section,
@@ -35,9 +36,11 @@ def _digits(ms: float) -> int:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """bench.md: how the run was made, the machine's ceilings, then each size's checks and tables."""
+    """bench.md: how the run was made, the end-to-end cells, the machine's ceilings, then each size's checks and
+    tables."""
     cfg = result["config"]
     lines = _intro(result)
+    lines += e2e_section(result.get("e2e"))  # what users feel, before the forced cells that isolate the step
     c = result.get("ceilings")
     if c:
         lines += _ceilings_section(c)

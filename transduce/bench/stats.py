@@ -27,30 +27,31 @@ def throughput_ratios(ours: list[float], theirs: list[float]) -> dict[str, Any] 
     return {"per_round": per_round, **summary(per_round)}
 
 
-def ct2_ratios(raw: dict[str, dict[str, list]], active: list[str]) -> dict[str, Any]:
+def ct2_ratios(raw: dict[str, dict[str, list]], active: list[str], key: str = "decode") -> dict[str, Any]:
     """One cell's ratios to CTranslate2 (its fastest setting there): {"ratios": {system: ...}} for our CPU
     systems (the GPU ones get none: CTranslate2 runs on the CPU here), plus "ct2_best" and, with several
     settings timed, "ct2_settings_ratio" (the fastest's throughput over each other's); {"ratios": {}}
     when no CTranslate2 setting was timed. An int8 row is held against CTranslate2's own int8 (CT2_INT8), never
-    its fp32: no ratio where that was not timed."""
+    its fp32: no ratio where that was not timed. key: the per-round seconds in each system's raw (the forced
+    decode's "decode"; the end-to-end cells' "seconds": a pass over their sentences)."""
     out: dict[str, Any] = {"ratios": {}}
-    ct2_names = [n for n in active if is_ct2(n) and raw[n]["decode"]]
+    ct2_names = [n for n in active if is_ct2(n) and raw[n][key]]
     if not ct2_names:
         return out
-    best = min(ct2_names, key=lambda n: statistics.median(raw[n]["decode"]))
+    best = min(ct2_names, key=lambda n: statistics.median(raw[n][key]))
     out["ct2_best"] = best
     for n in active:
         if not is_ct2(n) and n not in GPU_SYSTEMS and n != CT2_INT8:
             vs = best
             if quantized_system(n) == "int8":
-                if CT2_INT8 not in active or not raw[CT2_INT8]["decode"]:
+                if CT2_INT8 not in active or not raw[CT2_INT8][key]:
                     continue
                 vs = CT2_INT8
-            r = throughput_ratios(raw[n]["decode"], raw[vs]["decode"])
+            r = throughput_ratios(raw[n][key], raw[vs][key])
             if r:
                 out["ratios"][n] = {"vs": vs, **r}
     if len(ct2_names) > 1:
-        out["ct2_settings_ratio"] = {n: throughput_ratios(raw[best]["decode"], raw[n]["decode"])
+        out["ct2_settings_ratio"] = {n: throughput_ratios(raw[best][key], raw[n][key])
                                      for n in ct2_names if n != best}
     return out
 
@@ -78,4 +79,16 @@ def cell_stats(raw: dict[str, Any], batch: int, steps: int) -> dict[str, Any]:
     if raw.get("direct_encode"):
         out["encoder_ms_direct"] = summary([t * 1e3 for t in raw["direct_encode"]])
         out["step_ms_direct"] = summary([t * 1e3 for t in raw["direct_step"]])
+    return out
+
+
+def e2e_stats(seconds: list[float], sentences: int) -> dict[str, Any]:
+    """Summaries of one system's passes over an end-to-end cell's sentences (one pass a round): the pass in ms,
+    sentences/s (the rate at the median time, as in cell_stats) and ms per sentence; {} for no pass."""
+    if not seconds:
+        return {}
+    out = {"pass_ms": summary([t * 1e3 for t in seconds]),
+           "sentences_per_s": summary([sentences / t for t in seconds]),
+           "ms_per_sentence": summary([t * 1e3 / sentences for t in seconds])}
+    out["sentences_per_s"]["median"] = float(sentences / statistics.median(seconds))
     return out

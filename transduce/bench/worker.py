@@ -20,17 +20,28 @@ pointed at stderr, so anything a library prints cannot corrupt the protocol):
       MAX_CALLS times) -> {"seconds": the calls' median, "calls": c, "tokens": n}
   {"op": "direct", "src": ..., "beam": K, "steps": N}      (our backends only) encoder alone, then N calls
       of backend.step at batch x beam rows -> {"encode_seconds": s, "step_seconds": [s, ...]}
+  {"op": "translate", "texts": [str, ...], "beam": K, "early_stopping": RULE|null, "one_at_a_time": B,
+   "min_seconds": T}
+      end to end: the texts translated with the system's defaults (natural stopping, maximum length source
+      tokens + 50), tokenisation and detokenisation inside the timed call; all at once (one call for the whole
+      list) or one at a time (a loop of one-sentence calls); timed as decode is -> {"seconds": the median of one
+      pass over the texts, "calls": c, "outputs": [text, ...], "steps": n}. Ours: Translator.translate with
+      beam_size K and early_stopping RULE (null: our default), steps = backend.step calls in one pass (one at a
+      time, each is one sentence's). CTranslate2: RULE must be null (its own rule), no "steps"; the load
+      request must have given "model_dir" (the tokenizer).
   {"op": "quit"}
 Times are taken inside the worker around the call (perf_counter), not including the pipe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -85,6 +96,57 @@ def ort_info(tuning: dict[str, Any], threads: int) -> dict[str, Any]:
             "step_graph": tuning["step_graph"], "pool_spin_us": tuning["pool_spin_us"]}
 
 
+def tokenizer_of(model_dir: str | None, backend=None):
+    """The model's tokenizer, for the translate op: the model directory's, else the one in the artifact the backend
+    decodes (as transduce.runtime.api.load takes it)."""
+    if model_dir:
+        from transduce.models.checkpoint import load_tokenizer
+
+        return load_tokenizer(model_dir)
+    artifact = getattr(backend, "artifact", None)
+    if artifact is None:
+        raise RuntimeError("the translate op needs the model's tokenizer: load the system with its model_dir")
+    from transduce.formats.model_dir import TOKENIZER_FILE
+    from transduce.models.tokenizer import Tokenizer
+
+    return Tokenizer.from_file(artifact.file(TOKENIZER_FILE))
+
+
+@contextlib.contextmanager
+def counted_steps(backend):
+    """The step calls of the backend's class counted while inside: the backend's, and those of the one-thread views
+    a batch may be dealt out to (backend.shards: copies of it, each stepped on a thread of its own). Patched on the
+    class, not the instance: a view copied from a patched instance would keep the patch. A call and a lock more per
+    step, well under a microsecond. -> a function giving the calls so far."""
+    cls = type(backend)
+    own = cls.__dict__.get("step")  # None: inherited
+    step = cls.step
+    count, lock = [0], threading.Lock()
+
+    def counted(self, *args, **kwargs):
+        with lock:
+            count[0] += 1
+        return step(self, *args, **kwargs)
+
+    cls.step = counted
+    try:
+        yield lambda: count[0]
+    finally:
+        if own is not None:
+            cls.step = own
+        else:
+            del cls.step
+
+
+def max_decoding_length(source_tokens: int) -> int:
+    """Our default maximum output length for a source of that many tokens (DecodingOptions' max_len_a and
+    max_len_b: source tokens + 50), which CTranslate2 is given for the longest source of a call."""
+    from transduce.runtime.decoding import DecodingOptions
+
+    d = DecodingOptions()
+    return math.ceil(d.max_len_a * source_tokens) + d.max_len_b
+
+
 def compile_step(backend) -> None:
     """The eager torch backend's decoder step through torch.compile(mode="reduce-overhead"): Inductor's kernels,
     replayed from torch's own CUDA graphs, each shape compiled on its first call (the bench's warm-up). Shapes are
@@ -124,6 +186,8 @@ class _Ours:
 
                 torch_device(spec.device, unavailable=BackendUnavailable)
         self.backend = open_backend(path, spec)
+        self.model_dir = model_dir
+        self._translator = None  # made by the first translate op
         if compiled_system(system):
             compile_step(self.backend)
         self.cfg = self.backend.config
@@ -185,9 +249,27 @@ class _Ours:
         be.end(state)
         return {"encode_seconds": encode_seconds, "step_seconds": times}
 
+    def translate(self, texts: list[str], beam: int, early_stopping: str | None, one_at_a_time: bool) -> dict[str, Any]:
+        """One pass over `texts` with Translator.translate (our defaults but the beam size and the stopping rule),
+        and the backend.step calls it took."""
+        if self._translator is None:
+            from transduce.runtime.translator import Translator
+
+            self._translator = Translator(self.backend, tokenizer_of(self.model_dir, self.backend))
+        tr = self._translator
+        fields: dict[str, Any] = {"beam_size": beam}
+        if early_stopping is not None:
+            fields["early_stopping"] = early_stopping
+        with counted_steps(self.backend) as steps:
+            t = time.perf_counter()
+            out = [tr.translate([x], **fields)[0] for x in texts] if one_at_a_time else tr.translate(texts, **fields)
+            seconds = time.perf_counter() - t
+            return {"seconds": seconds, "steps": steps(), "outputs": [x.text for x in out]}
+
 
 class _CTranslate2:
-    def __init__(self, path: str, threads: int, inter_threads: int = 1, compute_type: str = "float32"):
+    def __init__(self, path: str, threads: int, inter_threads: int = 1, compute_type: str = "float32",
+                 model_dir: str | None = None):
         import ctranslate2
 
         from transduce.bench.ctranslate2.convert import ct2_vocab, suppressed
@@ -197,6 +279,9 @@ class _CTranslate2:
         self.translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
                                                  inter_threads=inter_threads, intra_threads=threads)
         self.vocab = ct2_vocab(path)
+        self.index = {t: i for i, t in enumerate(self.vocab)}  # CTranslate2's token -> our id
+        self.model_dir = model_dir
+        self.tokenizer = None  # loaded by the first translate op
         self.info = {"ctranslate2": ctranslate2.__version__, "intra_threads": threads, "inter_threads": inter_threads,
                      "compute_type": self.translator.compute_type,
                      "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
@@ -216,13 +301,55 @@ class _CTranslate2:
             raise RuntimeError(f"forced decoding produced lengths {sorted(set(lengths))}, not {steps}")
         return {"seconds": seconds, "tokens": int(sum(lengths))}
 
+    def translate(self, texts: list[str], beam: int, early_stopping: str | None, one_at_a_time: bool) -> dict[str, Any]:
+        """One pass over `texts`: our tokenizer, translate_batch with CTranslate2's defaults (its own stopping
+        rule), our tokenizer back to text, all inside the timed call."""
+        if early_stopping is not None:
+            raise RuntimeError("CTranslate2 stops beam search by its own rule only (beam_size x patience hypotheses "
+                               f"finished): early_stopping must be null, got {early_stopping!r}")
+        if self.tokenizer is None:
+            if not self.model_dir:
+                raise RuntimeError("the translate op needs the model's tokenizer: load the system with its model_dir")
+            self.tokenizer = tokenizer_of(self.model_dir)
+        t = time.perf_counter()
+        out = [self._texts([x], beam)[0] for x in texts] if one_at_a_time else self._texts(texts, beam)
+        return {"seconds": time.perf_counter() - t, "outputs": out}
+
+    def _texts(self, texts: list[str], beam: int) -> list[str]:
+        """texts -> their translations, as a user of CTranslate2 with our tokenizer would get them."""
+        tok = self.tokenizer
+        ids = tok.encode_batch(texts)  # without EOS (our tokenizer never adds one): CTranslate2 appends it
+        parts = math.ceil(len(ids) / self.inter) if self.inter > 1 else 0  # as in decode
+        # the tokens our search never proposes are banned here too (suppress, as in decode): the same model
+        results = self.translator.translate_batch(
+            [[self.vocab[i] for i in x] for x in ids], beam_size=beam, max_batch_size=parts,
+            max_decoding_length=max_decoding_length(max((len(x) for x in ids), default=0)),
+            suppress_sequences=self.suppress or None)
+        return [tok.decode([self.index[w] for w in r.hypotheses[0]]) for r in results]
+
 
 def _load(req: dict[str, Any]):
     system = req["system"]
     if system == "ctranslate2":
         return _CTranslate2(req["path"], int(req["threads"]), int(req.get("inter_threads", 1)),
-                            req.get("compute_type", "float32"))
+                            req.get("compute_type", "float32"), req.get("model_dir"))
     return _Ours(system, req["path"], req.get("model_dir"), int(req["threads"]))
+
+
+def _measure(system, op: str, req: dict[str, Any]) -> dict[str, Any]:
+    """A decode, direct or translate request on the loaded system -> its reply."""
+    if system is None:
+        raise RuntimeError("no system loaded")
+    if not hasattr(system, op):
+        raise RuntimeError(f"{op!r} is not available for this system")
+    min_seconds = float(req.get("min_seconds", 0.0))
+    if op == "translate":
+        return repeated(functools.partial(system.translate, list(req["texts"]), int(req["beam"]),
+                                          req.get("early_stopping"), bool(req.get("one_at_a_time"))), min_seconds)
+    args = (req["src"], int(req["beam"]), int(req["steps"]))
+    if op == "decode":
+        return repeated(functools.partial(system.decode, *args), min_seconds)
+    return system.direct(*args)
 
 
 def main() -> None:
@@ -244,16 +371,8 @@ def main() -> None:
                 system = None
                 system = _load(req)
                 reply = {"ok": True, "info": system.info, "pid": os.getpid()}
-            elif op in ("decode", "direct"):
-                if system is None:
-                    raise RuntimeError("no system loaded")
-                if not hasattr(system, op):
-                    raise RuntimeError(f"{op!r} is not available for this system")
-                args = (req["src"], int(req["beam"]), int(req["steps"]))
-                if op == "decode":
-                    reply = repeated(functools.partial(system.decode, *args), float(req.get("min_seconds", 0.0)))
-                else:
-                    reply = system.direct(*args)
+            elif op in ("decode", "direct", "translate"):
+                reply = _measure(system, op, req)
             else:
                 raise RuntimeError(f"unknown op {op!r}")
         except Exception as e:  # reported to the parent, which decides

@@ -85,6 +85,10 @@ def _check_reports(out_dir: str, force: bool) -> None:
                    "BLEU on the demo data is within 0.5 of fp32's. Repeatable.")
 @click.option("--check-sentences", type=int, help="Held-out demo sentences in the CTranslate2 equality check and "
               "the --quantize BLEU gate.  [default: 100]")
+@click.option("--e2e-sentences", type=int, help="Held-out demo sentences in the end-to-end cells (text in, text out, "
+              "each system's defaults; all of them where there are fewer).  [default: 300; --quick: 8]")
+@click.option("--no-e2e", is_flag=True, help="Skip the end-to-end cells (the demo size's held-out sentences "
+              "translated all at once and one at a time).")
 @click.option("--no-ceilings", is_flag=True, help="Skip measuring memory bandwidth and matmul rate, the CPU's and "
               "the GPU's (no floors).")
 @click.option("--cache-dir", type=click.Path(),
@@ -98,10 +102,11 @@ def _check_reports(out_dir: str, force: bool) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed of the random source sentences every cell decodes.")
 @cli_errors
 def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, warmup, min_seconds, steps, src_len,
-          threads, ct2_settings, engines, quantize, check_sentences, no_ceilings, cache_dir, out_dir, force, quiet,
-          quick, seed):
+          threads, ct2_settings, engines, quantize, check_sentences, e2e_sentences, no_e2e, no_ceilings, cache_dir,
+          out_dir, force, quiet, quick, seed):
     """Benchmark our backends against CTranslate2 on identical weights: encoder and per-step latency,
-    tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings.
+    tokens/s and sentences/s at each batch size, greedy and beam search, with the machine's ceilings; and end to
+    end, the demo task's held-out sentences translated with each system's defaults, all at once and one at a time.
 
     CTranslate2 is timed only after its greedy output matched ours token for token.
     """
@@ -113,7 +118,7 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
                    repeats=repeats, warmup=warmup, min_seconds=min_seconds, steps=steps, src_len=src_len,
                    threads=threads, ct2_settings=_csv(ct2_settings), check_sentences=check_sentences,
                    model_dir=model_dir, artifact_dir=artifact_dir, cache_dir=cache_dir, out_dir=out_dir,
-                   engines=_engines(engines),
+                   engines=_engines(engines), e2e=not no_e2e, e2e_sentences=e2e_sentences,
                    ceilings=not no_ceilings, seed=seed, quantize=list(quantize) or None)
     given = {k: v for k, v in options.items() if v is not None}
     cfg = BenchConfig.quick_preset(**given) if quick else BenchConfig(**given)
