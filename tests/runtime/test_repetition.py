@@ -121,3 +121,40 @@ def test_max_input_length_refuses_or_cuts_longer_sources(tiny_artifact_dir):
 def test_bad_repetition_options_are_refused(given, says):
     with pytest.raises(InputError, match=says):
         DecodingOptions(**given)
+
+
+def _holds(tokens, seq) -> bool:
+    return any(tuple(tokens[i: i + len(seq)]) == tuple(seq) for i in range(len(tokens) - len(seq) + 1))
+
+
+@pytest.mark.parametrize("name", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_suppressed_sequences_never_appear(tiny_model, tiny_artifact_dir, name, beam):
+    """The sequences the free decode produced most (a token, a bigram) appear in no hypothesis once suppressed,
+    given as token ids or as text; the rest of the vocabulary stays free."""
+    tr = load(tiny_artifact_dir, backend=name, threads=1)
+    texts = ["one two three", "four hundred and five", "twelve", "seven thousand and one"]
+    free = tr.translate(texts, beam_size=beam, max_len_b=10)
+    tokens = [t for r in free for t in r.tokens]
+    top = max(set(tokens), key=tokens.count)
+    bigrams = [b for r in free for b in _ngrams(r.tokens, 2) if top not in b]
+    assert bigrams, "the free decode has no bigram to suppress"
+    pair = max(set(bigrams), key=bigrams.count)
+    out = tr.translate(texts, beam_size=beam, nbest=beam, max_len_b=10, suppress=[[top], list(pair)])
+    assert not any(top in c.tokens or _holds(c.tokens, pair) for r in out for c in r.nbest)
+    # as text: the most produced token whose text tokenizes back to it (a piece inside a word may not)
+    spelt = [t for t in sorted(set(tokens), key=tokens.count, reverse=True)
+             if tr.tokenizer.encode_target(tr.tokenizer.decode([t])) == [t]]
+    assert spelt
+    out = tr.translate(texts, beam_size=beam, max_len_b=10, suppress=[tr.tokenizer.decode([spelt[0]])])
+    assert not any(spelt[0] in r.tokens for r in out)
+
+
+def test_bad_suppress_values_are_refused_naming_it(tiny_artifact_dir):
+    tr = load(tiny_artifact_dir, threads=1)
+    for bad, says in (("the", "suppress must be a list of sequences"), ([""], "each sequence is a non-blank text"),
+                      ([[]], "each sequence is a non-blank text"), ([[10**6]], "is no token sequence"),
+                      (["\u2603"], "has characters the tokenizer does not know")):
+        with pytest.raises(InputError, match=says) as e:
+            tr.translate(["one"], suppress=bad)
+        assert e.value.params == ("suppress",)

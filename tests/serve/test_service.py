@@ -81,6 +81,27 @@ def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_art
         service.stop()
 
 
+def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir):
+    """suppress (texts, resolved to token ids by the service), no_repeat_ngram_size and repetition_penalty in a
+    request give offline translation's output; a bad suppress is an InputError naming it."""
+    from transduce.errors import InputError
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
+    service.start()
+    try:
+        opts = {"suppress": ["the", [5, 6]], "no_repeat_ngram_size": 2, "repetition_penalty": 1.3, "beam_size": 2}
+        got = service.translate(TEXTS, opts)
+        want = load(tiny_artifact_dir, threads=1).translate(TEXTS, **opts)
+        assert [g.tokens for g in got] == [w.tokens for w in want]
+        with pytest.raises(InputError, match="suppress must be a list") as e:
+            service.translate(TEXTS, {"suppress": "the"})
+        assert e.value.params == ("suppress",)
+    finally:
+        service.stop()
+
+
 def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_model):
     """Concurrent clients on the CUDA-graph backend (its capture double on the CPU): each gets offline
     decoding's translations while the running batch admits and retires rows in its slabs."""

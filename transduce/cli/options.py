@@ -46,7 +46,7 @@ def _take(kwargs: dict[str, Any], names, renamed: Mapping[str, str]) -> dict[str
                                            f"{flag(name)} alone")
                 deprecated(renamed[name], flag(name))
                 value = old
-        if value is not None:
+        if value is not None and value != ():  # () : a multiple flag not given
             out[name] = value
     return out
 
@@ -82,7 +82,10 @@ def dataclass_options(cls: type, into: str, *, only: tuple[str, ...] | None = No
             kind = click.Choice(choices) if choices else {"int": int, "float": float, "bool": bool}.get(
                 str(f.type), str)
             shown = f"  [default: {default}]" if default is not None and kind is not bool else ""
-            if kind is bool:
+            if f.metadata.get("multiple"):  # a list field: the flag given once per item
+                options.append(click.option(flag(f.name), f.name, multiple=True, default=None,
+                                            help=helps.get(f.name, f.metadata.get("help", ""))))
+            elif kind is bool:
                 options.append(click.option(flag(f.name), f.name, is_flag=True, default=None,
                                             help=helps.get(f.name, f.metadata.get("help", ""))))
             else:

@@ -12,6 +12,7 @@ Input rules (each tested):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import reprlib
@@ -144,10 +145,27 @@ class Translator:
     def _options(self, options: DecodingOptions | None, fields: dict, call: str) -> DecodingOptions:
         """The DecodingOptions of translate()'s options, with a warning for each of their model_warnings
         (pointing at the caller of translate or translate_stream)."""
-        opts = DecodingOptions.of(fields, call, options)
+        opts = self.resolved(DecodingOptions.of(fields, call, options))
         for message, params in opts.model_warnings(self.config.vocab_size, self.config.max_positions):
             warnings.warn(TransduceWarning(message, params=params), stacklevel=3)
         return opts
+
+    def resolved(self, opts: DecodingOptions) -> DecodingOptions:
+        """`opts` with the texts of `suppress` as target token ids, checked against the vocabulary (InputError
+        naming suppress for an unknown character or an id out of range)."""
+        if not opts.suppress:
+            return opts
+        out = []
+        for seq in opts.suppress:
+            ids = tuple(self.tokenizer.encode_target(seq)) if isinstance(seq, str) else seq
+            if isinstance(seq, str) and self.config.unk_id in ids:
+                raise InputError(f"suppress: {seq!r} has characters the tokenizer does not know (<unk>)",
+                                 params=("suppress",))
+            if not ids or max(ids) >= self.config.vocab_size:
+                raise InputError(f"suppress: {seq!r} is no token sequence of this model's vocabulary (ids 0.."
+                                 f"{self.config.vocab_size - 1})", params=("suppress",))
+            out.append(ids)
+        return dataclasses.replace(opts, suppress=tuple(out))
 
     def prepare(self, texts: list, truncate: bool, first_line: int = 1, warn: bool = True,
                 max_input_length: int = 0) -> list[tuple[list[int], int, bool]]:

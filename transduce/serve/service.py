@@ -208,7 +208,7 @@ class DecodeService:
         if unknown:
             raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(OPTION_FIELDS)}",
                              params=(unknown[0],))
-        opts = DecodingOptions(**{"beam_size": self.options.default_beam_size, **given})
+        opts = self.translator.resolved(DecodingOptions(**{"beam_size": self.options.default_beam_size, **given}))
         try:  # the normalisation of the longest translation must be a number (a huge alpha overflows)
             ok = math.isfinite(opts.penalty(self.translator.config.max_positions))
         except OverflowError:

@@ -67,6 +67,11 @@ class DecodingOptions:
                                                 "applies its repetition_penalty.")
     max_input_length: int = documented(0, "Source tokens taken at most, EOS excluded (0: what the model's positions "
                                           "allow); a longer source is refused, or cut with truncate.")
+    # texts (tokenized with the target vocabulary by the translator) or token id sequences
+    suppress: tuple = documented((), "A token sequence no output may hold (repeat the flag for several): text in the "
+                                     "target language, or token ids; one token is never produced, a longer "
+                                     "sequence's last token never after the rest (CTranslate2's "
+                                     "suppress_sequences).", multiple=True)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -117,6 +122,7 @@ class DecodingOptions:
                      "max_input_length"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", params=(name,))
+        object.__setattr__(self, "suppress", _sequences(self.suppress))
         if self.early_stopping not in EARLY_STOPPING:
             raise InputError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got "
                              f"{self.early_stopping!r}", params=("early_stopping",))
@@ -151,7 +157,7 @@ class DecodingOptions:
     @property
     def adjusts(self) -> bool:
         """Whether each step's log-probs are adjusted by the output so far (repetition.py)."""
-        return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0
+        return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0 or bool(self.suppress)
 
     @property
     def sampling(self) -> bool:
@@ -222,6 +228,24 @@ class DecodeResult:
     @property
     def best(self) -> Hypothesis:
         return self.hypotheses[0]
+
+
+def _sequences(given) -> tuple:
+    """suppress as a tuple of texts and of tuples of token ids (an InputError naming it for anything else)."""
+    if isinstance(given, str | bytes) or not isinstance(given, list | tuple):
+        raise InputError(f"suppress must be a list of sequences (texts or lists of token ids), got {given!r}",
+                         hint='suppress=["a phrase", [12, 7]]', params=("suppress",))
+    out = []
+    for seq in given:
+        if isinstance(seq, str) and seq.strip():
+            out.append(seq)
+        elif (isinstance(seq, list | tuple) and seq
+              and all(isinstance(i, int | np.integer) and not isinstance(i, bool) and i >= 0 for i in seq)):
+            out.append(tuple(int(i) for i in seq))
+        else:
+            raise InputError(f"suppress holds {seq!r}: each sequence is a non-blank text or a non-empty list of "
+                             "token ids", params=("suppress",))
+    return tuple(out)
 
 
 @functools.cache

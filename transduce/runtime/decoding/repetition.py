@@ -3,6 +3,9 @@ picks from them (DecodingOptions.no_repeat_ngram_size, repetition_penalty).
 
   no_repeat_ngram_size n   a token that would complete an n-gram already in the hypothesis gets -inf
                            (Hugging Face's and CTranslate2's rule; n = 1: no token twice);
+  suppress                 token sequences no output may hold: one token gets -inf always, a longer
+                           sequence's last token -inf where the hypothesis ends with the rest (CTranslate2's
+                           suppress_sequences; the options hold them as token ids by then: Translator.resolved);
   repetition_penalty p     the log-prob of every token already in the hypothesis is multiplied by p (log-probs
                            are <= 0, so p > 1 makes them less likely): Hugging Face's repetition_penalty as its
                            beam search applies it, to log-probs (on logits, as its greedy search and CTranslate2
@@ -23,6 +26,13 @@ def adjusted(log_probs: np.ndarray, history: np.ndarray, options: DecodingOption
     """(R, V) log-probs of the next token and (R, t) the tokens each row's hypothesis holds -> an adjusted copy."""
     out = np.array(log_probs, dtype=np.float32, copy=True)
     t = history.shape[1]
+    for seq in options.suppress:
+        if isinstance(seq, str):
+            raise TypeError("suppress holds text: the translator turns it into token ids (Translator.resolved)")
+        if len(seq) == 1:
+            out[:, seq[0]] = -np.inf
+        elif t >= len(seq) - 1:
+            out[(history[:, t - len(seq) + 1:] == seq[:-1]).all(axis=1), seq[-1]] = -np.inf
     if t == 0:
         return out
     rows = np.arange(len(out))[:, None]
