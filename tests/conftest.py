@@ -7,6 +7,7 @@ import os
 import warnings
 
 import background  # tests/background.py: this directory is on sys.path, as for every conftest here
+import numpy as np
 import pytest
 import torch
 
@@ -175,3 +176,15 @@ def edited_copy(tmp_path):
         return dst
 
     return copy
+
+
+def random_sources(cfg, n: int, seed: int, high: int = 8):
+    """n random sources of 2..high-1 tokens plus EOS, padded: -> (src (n, S) int64, lengths (n,), the generator,
+    to draw more from)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(3, high, n)
+    src = np.full((n, int(lens.max())), cfg.pad_id, np.int64)
+    for i, m in enumerate(lens):
+        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
+        src[i, m - 1] = cfg.eos_id
+    return src, lens, rng

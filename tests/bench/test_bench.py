@@ -11,23 +11,12 @@ import sys
 import numpy as np
 import pytest
 
+from tests.bench.conftest import require_ct2
 from transduce.bench import ceilings
 from transduce.bench.config import BenchConfig, beam_of
 from transduce.bench.stats import cell_stats, summary, throughput_ratios
 from transduce.errors import TransduceError
 from transduce.formats.artifact import read_manifest
-
-
-def _ct2():
-    return pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'transduce[bench]')")
-
-
-@pytest.fixture(scope="module")
-def tiny_ct2_dir(tmp_path_factory, tiny_model_dir):
-    _ct2()
-    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
-
-    return convert_to_ctranslate2(tiny_model_dir, str(tmp_path_factory.mktemp("ct2") / "tiny"))
 
 
 # -- the CTranslate2 conversion --------------------------------------------------------------------
@@ -92,7 +81,7 @@ def test_ct2_vocabulary_is_ours_in_id_order(tiny_ct2_dir, tiny_tokenizer):
 
 def test_check_reports_where_other_weights_diverge(tmp_path, tiny_model, tiny_tokenizer, tiny_model_dir, small_corpus):
     """A CTranslate2 model of different weights must fail the check and say where."""
-    _ct2()
+    require_ct2()
     import torch
 
     from transduce.bench.ctranslate2.check import check_greedy_equality
@@ -116,7 +105,7 @@ def test_check_reports_where_other_weights_diverge(tmp_path, tiny_model, tiny_to
 
 def test_check_catches_a_shifted_position_table(tmp_path, tiny_model_dir, tiny_tokenizer, small_corpus, monkeypatch):
     """Fairseq's sinusoidal table starts at offset padding_idx + 1; given that table, the check must fail."""
-    _ct2()
+    require_ct2()
     from transduce.bench.ctranslate2 import convert as ce
     from transduce.bench.ctranslate2.check import check_greedy_equality
 
@@ -223,7 +212,7 @@ def test_quick_bench_writes_json_markdown_png(tmp_path, tiny_model_dir, tiny_art
 def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny_artifact_dir, monkeypatch):
     """A failed CTranslate2 check skips CTranslate2 with that reason, whatever the quantized rows before it
     were skipped for (they shared one variable)."""
-    _ct2()
+    require_ct2()
     from click.testing import CliRunner
 
     from transduce.bench import harness, models
@@ -258,7 +247,7 @@ def test_each_skipped_system_gives_its_own_reason(tmp_path, tiny_model_dir, tiny
 
 def test_a_conversion_ctranslate2_cannot_load_skips_it_and_times_the_rest(tmp_path, tiny_model_dir, tiny_artifact_dir,
                                                                           monkeypatch):
-    _ct2()
+    require_ct2()
     import ctranslate2
     from click.testing import CliRunner
 

@@ -13,18 +13,6 @@ from transduce.errors import TransduceError
 TEXTS = ["two hundred and five", "three", "seventy-one thousand, two hundred and five", "forty-two"]
 
 
-def _ct2():
-    return pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'transduce[bench]')")
-
-
-@pytest.fixture(scope="module")
-def tiny_ct2_dir(tmp_path_factory, tiny_model_dir):
-    _ct2()
-    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
-
-    return convert_to_ctranslate2(tiny_model_dir, str(tmp_path_factory.mktemp("ct2") / "tiny"))
-
-
 # -- the worker's translate op ----------------------------------------------------------------------
 @pytest.mark.parametrize("beam, rule", [(1, None), (3, None), (3, "k-finished")])
 def test_our_translate_op_is_translator_translate_and_counts_its_steps(tiny_artifact_dir, tiny_model_dir, beam, rule):

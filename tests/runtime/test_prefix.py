@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import random_sources
 from transduce.cli import main
 from transduce.errors import InputError
 from transduce.formats import contract
@@ -22,12 +23,8 @@ TEXTS = ["one two three", "four hundred and five", "twelve", "seven thousand and
 
 
 def _batch(cfg, n, seed):
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(3, 8, n)
-    src = np.full((n, int(lens.max())), cfg.pad_id, np.int64)
-    for i, m in enumerate(lens):
-        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
-        src[i, m - 1] = cfg.eos_id
+    """Random sources and prefixes of 0-4 tokens (none for the first sentence)."""
+    src, lens, rng = random_sources(cfg, n, seed)
     prefixes = [rng.integers(4, cfg.vocab_size, int(p)).tolist() for p in rng.integers(0, 5, n)]
     prefixes[0] = []
     return src, lens, prefixes

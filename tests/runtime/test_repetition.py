@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
+from tests.conftest import random_sources
 from transduce.errors import InputError
 from transduce.formats import contract
 from transduce.runtime.api import load
@@ -20,12 +21,7 @@ from transduce.runtime.decoding.running import RunningBatch
 
 
 def _sources(cfg, n, seed):
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(3, 8, n)
-    src = np.full((n, int(lens.max())), cfg.pad_id, np.int64)
-    for i, m in enumerate(lens):
-        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
-        src[i, m - 1] = cfg.eos_id
+    src, lens, _ = random_sources(cfg, n, seed, high=8)
     return src, lens
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tests.conftest import random_sources
 from transduce.errors import InputError
 from transduce.formats import contract
 from transduce.runtime.api import make_backend
@@ -18,12 +19,7 @@ from transduce.runtime.decoding import DecodingOptions, decode, sampling, teache
 
 
 def _sources(cfg, n, seed):
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(3, 9, n)
-    src = np.full((n, int(lens.max())), cfg.pad_id, np.int64)
-    for i, m in enumerate(lens):
-        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
-        src[i, m - 1] = cfg.eos_id
+    src, lens, _ = random_sources(cfg, n, seed, high=9)
     return src, lens
 
 
