@@ -185,6 +185,20 @@ def test_decoding_replays_the_same_graphs_across_batches(graphed, tiny_model):
     assert t["idle_step_slabs"] == t["step_slabs"] <= MAX_FREE_SLABS  # every run handed its slab back
 
 
+@pytest.mark.parametrize("given", [dict(beam_size=1, sampling_topk=0, sampling_temperature=1.3, seed=2),
+                                   dict(beam_size=3, nbest=2, sampling_topk=10, seed=1),
+                                   dict(beam_size=2, no_repeat_ngram_size=2, repetition_penalty=1.4,
+                                        suppress=((5,), (6, 7)))], ids=["sampling", "beam-sampling", "repetition"])
+def test_decoding_features_under_graphs_decode_as_eager(graphed, tiny_model, given):
+    """Sampling, target prefixes and repetition control (full log-probs on the steps that force or adjust, the
+    graphs' top-k on the others) decode as the eager backend does."""
+    src, lens = _batch(graphed.config, 5, 4)
+    opts = DecodingOptions(max_len_b=12, **given)
+    prefixes = [[], [9, 10], [], [11], []]
+    _same(decode(graphed, src, lens, opts, prefixes=prefixes),
+          decode(TorchBackend(tiny_model), src, lens, opts, prefixes=prefixes))
+
+
 def test_a_step_writes_in_place_and_rows_shrinking_within_a_bucket_stay(graphed):
     src, lens = _batch(graphed.config, 16, 3)
     state = graphed.begin(graphed.encode(src, lens), np.arange(16), 10)

@@ -466,3 +466,19 @@ def test_gpu_engine_refused_on_other_runtime(gpu):
     with pytest.raises(ArtifactError, match="rebuild the engines with: transduce build"):
         TensorRTBackend(gpu["engines"]["fp32"], _runtime=RuntimeInfo("0.0.0", "NVIDIA Nothing", "1.0"))
 
+
+
+FEATURES = [dict(beam_size=1, sampling_topk=0, sampling_temperature=1.3, seed=2),
+            dict(beam_size=3, nbest=2, sampling_topk=10, seed=1),
+            dict(beam_size=2, no_repeat_ngram_size=2, repetition_penalty=1.4, suppress=((5,), (6, 7)))]
+
+
+@pytest.mark.parametrize("given", FEATURES, ids=["sampling", "beam-sampling", "repetition"])
+def test_decoding_features_decode_like_the_torch_backend(wide, given, batch, reference, device):
+    """Sampling, target prefixes and repetition control (which read full log-probs where rows are forced or
+    adjusted) give on TensorRT what they give on torch."""
+    backend = _backend(wide, device)
+    src, lens = batch
+    opts = DecodingOptions(max_len_a=0, max_len_b=20, **given)
+    prefixes = [[], [9, 10], [], [11], [], [], [12, 13, 14]]
+    _same(decode(backend, src, lens, opts, prefixes=prefixes), decode(reference, src, lens, opts, prefixes=prefixes))
