@@ -146,3 +146,27 @@ def test_a_killed_replica_is_replaced_and_no_answer_is_wrong(ray_url, tiny_artif
                 break
         assert time.monotonic() < end, "the new replica never answered"
         time.sleep(0.5)
+
+
+def test_replicas_this_ray_cannot_place_are_refused_before_serving(tiny_artifact_dir):
+    """More replicas than the local Ray has CPUs: an error naming --replicas and what there is, exit 2, and none of
+    the Ray processes the command started left behind (the replicas would otherwise wait forever for a CPU, and
+    the server never become ready)."""
+    import os
+    import subprocess
+    import sys
+
+    def ray_processes() -> set[int]:
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+        return {int(line.split()[0]) for line in ps if "raylet" in line or "gcs_server" in line}
+
+    before = ray_processes()
+    n = len(os.sched_getaffinity(0)) + 1
+    out = subprocess.run([sys.executable, "-m", "transduce.cli", "serve", tiny_artifact_dir, "--ray", "--replicas",
+                          str(n), "--port", str(free_port()), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"error: --replicas {n} need {n} CPUs (one per replica); this machine's Ray has" in out.stderr
+    end = time.monotonic() + 30
+    while ray_processes() - before:
+        assert time.monotonic() < end, f"Ray processes left behind: {ray_processes() - before}"
+        time.sleep(0.5)

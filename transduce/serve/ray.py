@@ -162,24 +162,72 @@ def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0
         def term_deadline(self) -> float | None:
             return self.until
 
-    ray.init(address=address, include_dashboard=False, log_to_driver=not quiet)
     stop = Stop()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=not quiet)
+        _check_room(ray, spec or BackendSpec(), replicas, address)
         serve.start(http_options={"host": host, "port": port})
         if api_key_file:
             from transduce.serve.server import read_api_key
 
             read_api_key(api_key_file)  # refused here, before any replica starts, if it cannot be read
-        serve.run(build_app(artifact, spec, options, replicas, grace=grace, api_key_file=api_key_file,
-                            max_body_bytes=max_body_bytes), name="transduce", route_prefix="/")
+        serve._run(build_app(artifact, spec, options, replicas, grace=grace, api_key_file=api_key_file,
+                             max_body_bytes=max_body_bytes), name="transduce", route_prefix="/", _blocking=False)
+        if not _until_running(serve, stop, log, quiet):
+            return 1  # a signal came while the replicas were starting
         if not quiet:
             log(f"transduce serve --ray: {replicas} replica(s) of {artifact} on http://{host}:{port}/v1/translate")
         while stop.until is None:
             time.sleep(0.2)
     finally:
-        serve.shutdown()
+        if ray.is_initialized():  # a failed ray.init leaves nothing to shut down
+            serve.shutdown()
         ray.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _check_room(ray, spec: BackendSpec, replicas: int, address: str | None) -> None:
+    """Refuse, before anything is deployed, replicas that this Ray cannot place: each takes one CPU (and a GPU
+    where its backend runs on one), and a replica that cannot be placed waits forever."""
+    have = ray.cluster_resources()
+    gpus = 1.0 if spec.device.startswith("cuda") or entry(spec.backend).opens == "engine" else 0.0
+    where = f"the Ray cluster at {address}" if address else "this machine's Ray"
+    for kind, each in (("CPU", 1.0), ("GPU", gpus)):
+        need, got = replicas * each, have.get(kind, 0.0)
+        if need > got:
+            raise InputError(f"--replicas {replicas} need {need:g} {kind}s (one per replica); {where} has {got:g}",
+                             hint=f"give --replicas {int(got // each) if each else 0} or fewer, or a larger cluster "
+                                  "(--address)", params=("replicas",))
+
+
+READY_TIMEOUT_S = 600.0  # replicas that are not running by then (loading, or waiting for resources) are an error
+READY_LOG_S = 15.0  # while they start, a line this often saying what they wait for
+
+
+def _until_running(serve, stop, log, quiet: bool) -> bool:
+    """Wait for the application's replicas, saying what they wait for; -> False if a signal came meanwhile (a
+    TransduceError if deploying failed or took past READY_TIMEOUT_S)."""
+    from transduce.errors import TransduceError
+
+    start = last = time.monotonic()
+    while stop.until is None:
+        app = serve.status().applications.get("transduce")
+        state = str(getattr(app, "status", "")) if app is not None else ""
+        if state.endswith("RUNNING"):
+            return True
+        message = getattr(app, "message", "") if app is not None else ""
+        if state.endswith("DEPLOY_FAILED"):
+            raise TransduceError(f"the Ray Serve deployment failed: {message}", hint="see the replicas' log above")
+        now = time.monotonic()
+        if now - start > READY_TIMEOUT_S:
+            raise TransduceError(f"the replicas were not running after {READY_TIMEOUT_S:.0f} s ({state}: {message})",
+                                 hint="check the cluster's free CPUs and GPUs (ray status)")
+        if not quiet and now - last >= READY_LOG_S:
+            last = now
+            log(f"transduce serve --ray: waiting for the replicas ({state or 'deploying'}{': ' if message else ''}"
+                f"{message})")
+        time.sleep(0.2)
+    return False
