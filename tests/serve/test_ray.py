@@ -170,3 +170,30 @@ def test_replicas_this_ray_cannot_place_are_refused_before_serving(tiny_artifact
     while ray_processes() - before:
         assert time.monotonic() < end, f"Ray processes left behind: {ray_processes() - before}"
         time.sleep(0.5)
+
+
+def test_serve_ray_stops_on_sigterm_with_status_0(tiny_artifact_dir):
+    """`transduce serve --ray` answers, then SIGTERM shuts Serve and Ray down and exits 0 (Ray's own SIGTERM
+    handler, installed by ray.init, aborted the process: status 134)."""
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "transduce.cli", "serve", tiny_artifact_dir, "--ray",
+                             "--replicas", "1", "--port", str(port), "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 240
+        for line in proc.stdout:
+            if "replica(s) of" in line:
+                break
+            assert time.monotonic() < end, "not ready in time"
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"text": ["one"], "beam_size": 1},
+                          timeout=60).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.stdout.read()
+        assert proc.wait(timeout=240) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

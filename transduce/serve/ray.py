@@ -163,9 +163,11 @@ def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0
             return self.until
 
     stop = Stop()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {}
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=not quiet)
+        # after ray.init, which installs handlers of its own (its SIGTERM one aborts the process)
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         _check_room(ray, spec or BackendSpec(), replicas, address)
         serve.start(http_options={"host": host, "port": port})
         if api_key_file:
