@@ -445,5 +445,9 @@ def test_options_made_once_still_refuse_what_equals_a_valid_value():
     for bad in (True, 4.0, [4]):
         with pytest.raises(InputError, match="beam_size must be an integer"):
             DecodingOptions.of({"beam_size": bad}, "t()")
+    DecodingOptions.of({"suppress": ((1,),)}, "t()")
+    for bad in (((True,),), ((1.0,),)):  # equal to ((1,),) as Python compares them
+        with pytest.raises(InputError, match="each sequence is a non-blank text"):
+            DecodingOptions.of({"suppress": bad}, "t()")
     with pytest.raises(TypeError, match="t\\(\\) got unexpected option\\(s\\) beem"):
         DecodingOptions.of({"beem": 4}, "t()")

@@ -109,9 +109,20 @@ def test_bad_prefixes_are_refused_naming_the_sentence(tiny_artifact_dir):
         ([None, None, None, None, 3.5], "the prefix of sentence 5 is float"),
         ([None], "prefixes has 1 prefixes for 5 sentences"),
         ("two", "prefixes must be a list"),
+        ({"two": 1}, "prefixes must be a list .*, got dict"),
+        ({"two"}, "prefixes must be a list .*, got set"),
     ]:
         with pytest.raises(InputError, match=says):
             tr.translate(TEXTS, beam_size=2, prefixes=prefixes)
+    as_ids = [None, np.array([5, 6]), [np.int64(7)], None, None]
+    assert [t.tokens[:2] for t in tr.translate(TEXTS, beam_size=1, max_len_b=4, prefixes=as_ids)][1:3] == \
+        [(5, 6), (7,) + tr.translate([TEXTS[2]], beam_size=1, max_len_b=4, prefixes=[[7]])[0].tokens[1:2]]
+    for prefixes, says in (([None] * 3, "prefixes has 3 entries: text 4 has none"),
+                           ([None] * 7, "prefixes has 7 entries for 5 texts")):
+        with pytest.raises(InputError, match=says):
+            list(tr.translate_stream(TEXTS, 2, beam_size=1, max_len_b=4, prefixes=prefixes))
+    with pytest.raises(InputError, match="prefixes must be a list .*, got generator"):
+        tr.translate_stream(TEXTS, 2, prefixes=(p for p in [None] * 5))
 
 
 def test_decode_command_takes_a_prefix_file(tiny_artifact_dir, tmp_path):

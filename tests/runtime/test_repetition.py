@@ -35,13 +35,17 @@ def test_adjusted_bans_what_would_repeat_an_ngram_and_penalises_seen_tokens():
         for _ in range(50):
             history = rng.integers(0, 6, (4, int(rng.integers(0, 9))))
             lp = np.log(rng.dirichlet(np.ones(8), 4)).astype(np.float32)
-            got = adjusted(lp, history, DecodingOptions(no_repeat_ngram_size=n, repetition_penalty=1.5))
+            suppress = ((7,), (3, 5), (1, 2, 4))
+            got = adjusted(lp, history, DecodingOptions(no_repeat_ngram_size=n, repetition_penalty=1.5,
+                                                        suppress=suppress))
             for r in range(4):
                 h = history[r].tolist()
                 for w in range(8):
                     want = lp[r, w] * np.float32(1.5) if w in h else lp[r, w]
                     if len(h) >= n - 1 and tuple(h[len(h) - n + 1:] + [w]) in _ngrams(h, n):
                         want = -np.inf
+                    if any(tuple(h[len(h) - len(q) + 1:] + [w]) == q for q in suppress if len(h) >= len(q) - 1):
+                        want = -np.inf  # whatever the penalty would make of it
                     assert got[r, w] == want, (n, h, w)
 
 

@@ -112,6 +112,7 @@ def test_score_requests_get_what_offline_scoring_gives(server, long_artifact_dir
         ({"source": ["a"], "target": [3]}, "target", 1, "sentence 1 is an int (3), not a str"),
         ({"source": ["a"], "target": ["x"], "beam_size": 2}, "beam_size", None, "unknown field 'beam_size'"),
         ({"source": "a", "target": ["x"]}, None, None, "source takes a list of sentences, not one string"),
+        ({"source": ["a"], "target": ["x"], "truncate": "false"}, "truncate", None, "truncate must be true or false"),
     ]:
         r = httpx.post(server.url + "/v1/score", headers=AUTH, json=body, timeout=30)
         assert r.status_code == 400, r.text

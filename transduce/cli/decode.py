@@ -133,7 +133,7 @@ class _LineWarnings:
 @click.option("--chunk-lines", default=0, show_default=True,
               help="Decode the input this many lines at a time, each part's output written as soon as it is done "
                    "(memory bounded by one part; 1 answers a pipe line by line). 0: the whole input at once.")
-@cli_errors
+@cli_errors(names={"prefixes": "--prefix"})
 @backend_options(model_help="Model directory for --backend torch (default: the one the artifact names).",
                  threads_help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small "
                               "model's larger batches in this many parts at the same time, one thread each.")

@@ -26,7 +26,7 @@ from transduce.errors import InputError, TransduceWarning, TruncatedInput
 from transduce.runtime.backends.base import missing_members
 from transduce.runtime.decoding import DecodeResult, DecodingOptions, decode
 from transduce.runtime.decoding.batch import pad_ids
-from transduce.runtime.prefixes import prefix_ids
+from transduce.runtime.prefixes import check_prefix_list, prefix_ids
 
 # progress(sentences, tokens): called as each batch is done, with its sentences and the tokens of their
 # translations (the CLI's progress bar); blank lines count as sentences of no tokens
@@ -242,16 +242,26 @@ class Translator:
         produces). options: a DecodingOptions or its fields by name; only the length penalty's are read (score).
         truncate: cut an over-long source or target to the model's positions (else an InputError naming its
         line); first_line: the number of the first pair in messages."""
-        from transduce.runtime.decoding.scoring import score_ids
+        opts = DecodingOptions.of(fields, "score()", options)
+        return self.score_prepared(self.prepare_pairs(sources, targets, truncate, first_line), opts)
 
+    def prepare_pairs(self, sources: Iterable[str], targets: Iterable[str], truncate: bool = False,
+                      first_line: int = 1) -> tuple[list, list]:
+        """score()'s checks and tokenization: -> (each source's prepare() item, each target's (ids, truncated)),
+        an InputError naming the side ("source", "target") and the pair for what is wrong."""
         sources, targets = list(_sentences(sources, "score()")), list(_sentences(targets, "score() targets"))
         if len(sources) != len(targets):
             raise InputError(f"score() got {len(sources)} sources and {len(targets)} targets",
                              hint="give one target per source")
-        opts = DecodingOptions.of(fields, "score()", options)
         encoded = _on_side(lambda: self.prepare(sources, truncate, first_line), "source")
-        wanted = _on_side(lambda: self._targets(targets, truncate, first_line), "target")
-        results: list[Score | None] = [None] * len(sources)
+        return encoded, _on_side(lambda: self._targets(targets, truncate, first_line), "target")
+
+    def score_prepared(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
+        """The Scores of prepare_pairs()'s pairs: the backend's work, batched by length under the token budget."""
+        from transduce.runtime.decoding.scoring import score_ids
+
+        encoded, wanted = pairs
+        results: list[Score | None] = [None] * len(encoded)
         lengths = [max(len(e[0]), len(t)) + 1 for e, (t, _) in zip(encoded, wanted, strict=True)]
         for chunk in self.batches(lengths, 1):
             src, lens = self.padded([encoded[i] for i in chunk])
@@ -290,13 +300,23 @@ class Translator:
             raise InputError(f"chunk_lines must be an integer >= 1, got {chunk_lines!r}", params=("chunk_lines",))
         opts = self._options(options, fields, "translate_stream()")
         truncate = bool(truncate)
+        if prefixes is not None:
+            check_prefix_list(prefixes)
 
         def stream() -> Iterator[Translation]:
             first = first_line
             while chunk := list(itertools.islice(it, chunk_lines)):
-                part = None if prefixes is None else list(prefixes[first - first_line: first - first_line + len(chunk)])
+                part = None
+                if prefixes is not None:
+                    part = list(prefixes[first - first_line: first - first_line + len(chunk)])
+                    if len(part) < len(chunk):
+                        raise InputError(f"prefixes has {len(prefixes)} entries: text {first + len(part)} has none",
+                                         hint="give one per text (null or \"\" for none)", params=("prefixes",))
                 yield from self._translate(chunk, opts, truncate, first, progress, part)
                 first += len(chunk)
+            if prefixes is not None and len(prefixes) > first - first_line:
+                raise InputError(f"prefixes has {len(prefixes)} entries for {first - first_line} texts",
+                                 hint="give one per text", params=("prefixes",))
 
         return stream()
 

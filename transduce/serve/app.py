@@ -186,6 +186,9 @@ def _add_score_route(app, service: DecodeService, failed, max_body_bytes: int) -
             return failed(e, 400)
         except ServeError as e:
             return failed(e, e.status)
+        except Exception as e:  # noqa: BLE001 - the backend failed: the documented error shape, not a bare 500
+            logging.getLogger("uvicorn.error").exception("a score request failed")
+            return failed(ServeError(f"scoring failed: {type(e).__name__}: {e}", 500), 500)
         return {"scores": [{"log_prob": s.log_prob, "score": s.score, "tokens": list(s.tokens),
                             "token_log_probs": list(s.token_log_probs), "truncated": s.truncated} for s in scores]}
 

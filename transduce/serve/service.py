@@ -255,15 +255,18 @@ class DecodeService:
             raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(SCORE_OPTION_FIELDS)}",
                              params=(unknown[0],))
         opts = self.decoding_options(given)
+        if not isinstance(truncate, bool):
+            raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         sources, targets = list(_sentences(sources, "source")), list(_sentences(targets, "target"))
         if len(sources) > self.options.max_sentences:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))
+        pairs = self.translator.prepare_pairs(sources, targets, truncate)  # here: only the model's work waits
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._ended:
                 raise ServeError("the decode thread has stopped", 503, hint="see the server's log")
-            self._jobs.append((lambda: self.translator.score(sources, targets, opts, truncate=bool(truncate)), done))
+            self._jobs.append((lambda: self.translator.score_prepared(pairs, opts), done))
             self._lock.notify()
         return done.result()
 

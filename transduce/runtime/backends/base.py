@@ -112,6 +112,8 @@ _HAS: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> isins
 def has_capability(backend: Any, capability: type) -> bool:
     """isinstance(backend, capability), asked once per backend class: a protocol's isinstance looks up each of
     its members (~5 us cold), and decoding asks on every call."""
+    if hasattr(type(backend), "__getattr__"):  # a wrapper answers for whatever it wraps: asked each time
+        return isinstance(backend, capability)
     key = (type(backend), capability)
     got = _HAS.get(key)
     if got is None:

@@ -86,11 +86,12 @@ class DecodingOptions:
         if unknown:
             raise TypeError(f"{call} got unexpected option(s) {', '.join(unknown)}: it takes {', '.join(cls.names())}")
         try:  # made once per distinct options (checking them costs ~10 us cold; translate() asks on every call)
-            key = tuple(sorted((name, type(v), v) for name, v in given.items()))  # the type: True == 1, 4.0 == 4
-            hash(key)
+            key = tuple(sorted((name, _typed(v)) for name, v in given.items()))  # the types: True == 1, 4.0 == 4
+            items = tuple(given.items())
+            hash((key, items))
         except TypeError:  # an unhashable value: made, and refused, without the cache
-            return _options_of.__wrapped__(cls, defaults, tuple((n, type(v), v) for n, v in given.items()))
-        return _options_of(cls, defaults, key)
+            return dataclasses.replace(defaults, **given) if defaults is not None else cls(**given)
+        return _options_of(cls, defaults, key, items)
 
     def __post_init__(self) -> None:
         # messages name the parameters as Python spells them (params=: a command line spells its flags)
@@ -253,10 +254,17 @@ def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+def _typed(value) -> tuple:
+    """A value with its type, and its items' types, for a cache key (True == 1 and (1.0,) == (1,) in Python)."""
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_typed(v) for v in value))
+    return (type(value), value)
+
+
 @functools.lru_cache(maxsize=256)
-def _options_of(cls: type, defaults: DecodingOptions | None, key: tuple) -> DecodingOptions:
-    """DecodingOptions.of's options for `key` ((name, type, value) each), made once."""
-    given = {name: v for name, _, v in key}
+def _options_of(cls: type, defaults: DecodingOptions | None, key: tuple, items: tuple) -> DecodingOptions:
+    """DecodingOptions.of's options `items` (name, value), made once per `key` (their typed form)."""
+    given = dict(items)
     return dataclasses.replace(defaults, **given) if defaults is not None else cls(**given)
 
 

@@ -26,6 +26,9 @@ def adjusted(log_probs: np.ndarray, history: np.ndarray, options: DecodingOption
     """(R, V) log-probs of the next token and (R, t) the tokens each row's hypothesis holds -> an adjusted copy."""
     out = np.array(log_probs, dtype=np.float32, copy=True)
     t = history.shape[1]
+    rows = np.arange(len(out))[:, None]
+    if options.repetition_penalty != 1.0 and t:  # first: the bans below must stay -inf whatever the penalty
+        out[rows, history] = out[rows, history] * np.float32(options.repetition_penalty)
     for seq in options.suppress:
         if isinstance(seq, str):
             raise TypeError("suppress holds text: the translator turns it into token ids (Translator.resolved)")
@@ -35,9 +38,6 @@ def adjusted(log_probs: np.ndarray, history: np.ndarray, options: DecodingOption
             out[(history[:, t - len(seq) + 1:] == seq[:-1]).all(axis=1), seq[-1]] = -np.inf
     if t == 0:
         return out
-    rows = np.arange(len(out))[:, None]
-    if options.repetition_penalty != 1.0:
-        out[rows, history] = log_probs[rows, history] * np.float32(options.repetition_penalty)
     n = options.no_repeat_ngram_size
     if n == 1:
         out[rows, history] = -np.inf
