@@ -89,8 +89,12 @@ def test_greedy_with_a_repetition_penalty_is_the_definitions(tiny_model):
         np.testing.assert_allclose(r.best.token_log_probs, lps, atol=1e-4)
 
 
-def test_a_cohort_that_adjusts_beside_one_that_does_not_decodes_as_alone(tiny_artifact_dir):
+def test_a_cohort_that_adjusts_beside_one_that_does_not_decodes_as_alone(tiny_artifact_dir, monkeypatch):
+    """Each cohort decodes as alone; the step stays the backend's own (its top-k for the cohort that takes it as
+    is, its last full log-probs for the one that adjusts): no step_log_probs, whose host top-k breaks ties its own
+    way."""
     backend = load(tiny_artifact_dir, threads=1).backend
+    monkeypatch.setattr(backend, "step_log_probs", lambda *a: pytest.fail("a second kind of step"))
     src, lens = _sources(backend.config, 6, seed=3)
     plain, ngram = DecodingOptions(beam_size=2, max_len_b=10), DecodingOptions(beam_size=1, max_len_b=10,
                                                                                no_repeat_ngram_size=2)

@@ -26,6 +26,9 @@ Capabilities, each a protocol of its own; callers ask with isinstance and do wit
                  results do not depend on the sentences decoded beside it.
   FullOutputs    step_log_probs(state, tokens): the full (R, vocab) fp32 log-probs, with step's side
                  effects; encoder_outputs(encoded): the encoder's outputs as fp32 numpy (parity, tests)
+  KeepsLogProbs  last_log_probs(state): the full (R, vocab) fp32 log-probs of the state's last `step`, on the
+                 host, valid until its next step (the ids a step bans may or may not read -inf): what a search
+                 that forces or adjusts some rows reads beside the top-k, without a second kind of step
   StepGraphs     step_graphs() and only_step_graph(g): the step graph files a backend decodes with, and a
                  context in which it runs every step on one of them (parity checks each)
   Tuned          tuning(): what the backend chose when it loaded (threads, sessions, parts), JSON-ready
@@ -85,6 +88,11 @@ class FullOutputs(Protocol):
 
 
 @runtime_checkable
+class KeepsLogProbs(Protocol):
+    def last_log_probs(self, state: Any) -> np.ndarray: ...
+
+
+@runtime_checkable
 class StepGraphs(Protocol):
     def step_graphs(self) -> list[str]: ...
 
@@ -96,7 +104,7 @@ class Tuned(Protocol):
     def tuning(self) -> dict[str, Any]: ...
 
 
-CAPABILITIES = (AdmitsRows, Shards, FullOutputs, StepGraphs, Tuned)
+CAPABILITIES = (AdmitsRows, Shards, FullOutputs, KeepsLogProbs, StepGraphs, Tuned)
 CORE = ("name", "config", "device", "precision", "encode", "begin", "step", "reorder", "end")
 
 

@@ -396,6 +396,10 @@ class OnnxRuntimeBackend(Backend):
             return self._topk(state.outputs["log_probs"], state.rows, k, ban_eos)
         return self._mem.topk(log_probs, k, banned_ids(self.config, ban_eos))
 
+    def last_log_probs(self, state: RunState) -> np.ndarray:
+        """The last step's full log-probs, as its run wrote them (a view on the CPU, valid until the next step)."""
+        return self._mem.to_numpy(state.outputs["log_probs"][: state.rows])
+
     def step_log_probs(self, state: RunState, tokens: np.ndarray) -> np.ndarray:
         self._run(state, tokens)
         return self._mem.to_numpy(state.outputs["log_probs"][: state.rows]).copy()

@@ -398,6 +398,11 @@ class TensorRTBackend(Backend):
             both = torch.stack([vals.float(), ids.float()]).cpu().numpy()
         return both[0].astype(np.float32), both[1].astype(np.int64)
 
+    def last_log_probs(self, state: _State) -> np.ndarray:
+        """The last step's full log-probs (its banned ids at -inf), copied to the host."""
+        with self._on_stream():
+            return state.outputs["log_probs"][: state.rows].float().cpu().numpy()
+
     def step_log_probs(self, state: _State, tokens: np.ndarray) -> np.ndarray:
         self._run(state, tokens)
         with self._on_stream():

@@ -42,6 +42,7 @@ class _State:
     cache_v: list
     position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
     row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (admit)
+    last_lp: Any = None  # (R, V) the last step's log-probs (last_log_probs)
 
 
 def merge_padded(a, keep, b, dim: int):
@@ -164,7 +165,12 @@ class TorchBackend(Backend):
         with self.torch.inference_mode():
             lp[:, banned] = float("-inf")
             vals, ids = lp.topk(min(k, lp.shape[1]), dim=-1)
+        state.last_lp = lp
         return vals.cpu().numpy(), ids.cpu().numpy()
+
+    def last_log_probs(self, state: _State) -> np.ndarray:
+        """The last step's full log-probs (its banned ids at -inf), on the host."""
+        return state.last_lp.float().cpu().numpy()
 
     def step_log_probs(self, state: _State, tokens: np.ndarray) -> np.ndarray:
         return self._run(state, tokens).cpu().numpy()

@@ -102,6 +102,10 @@ class _State:
 class TorchGraphBackend(TorchBackend):
     """The eager model under CUDA graphs (the module's docstring); `_capturer`: a test double for the CPU."""
 
+    # not KeepsLogProbs: a graph that picks the top-k keeps no full log-probs (a search that needs them steps with
+    # step_log_probs); None hides the eager backend's method from the capability's isinstance
+    last_log_probs = None
+
     def __init__(self, model, device: str = "cuda", precision: str = "fp32", *, _capturer=None):
         super().__init__(model, device, precision)
         torch = self.torch

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from transduce.errors import BackendUnavailable, TransduceError
-from transduce.runtime.backends.base import AdmitsRows, Backend, has_capability, renumbered_sources
+from transduce.runtime.backends.base import AdmitsRows, Backend, KeepsLogProbs, has_capability, renumbered_sources
 from transduce.runtime.backends.topk import banned_ids, numpy_topk
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, max_lengths
 from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
@@ -154,6 +154,9 @@ class RunningBatch:
         prefix: its token's log-prob is needed, whatever its rank), the full (R, V) log-probs, else None."""
         if not full:
             return *self.backend.step(self.state, tokens, k, ban_eos=ban_eos), None
+        if has_capability(self.backend, KeepsLogProbs):  # the backend's own top-k for the rows that take it as is
+            vals, ids = self.backend.step(self.state, tokens, k, ban_eos=ban_eos)
+            return vals, ids, self.backend.last_log_probs(self.state)
         log_probs = self.backend.step_log_probs(self.state, tokens)
         return *numpy_topk(log_probs, k, banned_ids(self.backend.config, ban_eos)), log_probs
 
