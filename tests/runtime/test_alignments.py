@@ -151,3 +151,78 @@ def test_an_artifact_without_the_attention_graph_decodes_but_refuses_alignments(
     with pytest.raises(BackendUnavailable, match="has no decoder_step.attn.onnx") as info:
         tr.translate(["one two"], return_attention=True)
     assert "transduce export" in info.value.hint
+
+
+def test_translations_carry_alignments_as_pharaoh_pairs(tiny_artifact_dir):
+    """Translator: each candidate's alignment is its attention's argmax per output token (EOS excluded), pairs
+    whose source is the source's EOS left out; without return_attention there is none."""
+    tr = load(tiny_artifact_dir, threads=1)
+    texts = ["one two three", "four hundred and five", ""]
+    out = tr.translate(texts, beam_size=2, nbest=2, max_len_b=6, return_attention=True)
+    for t in out[:2]:
+        for c in t.nbest:
+            assert c.attention.shape == (len(c.tokens) + c.finished, t.source_tokens + 1)
+            peaks = c.attention[: len(c.tokens)].argmax(axis=1)
+            assert c.alignment == tuple((int(s), j) for j, s in enumerate(peaks) if s < t.source_tokens)
+            assert c.pharaoh() == " ".join(f"{s}-{j}" for s, j in c.alignment)
+        assert t.alignment == t.nbest[0].alignment
+    assert out[2].empty and out[2].alignment == () and out[2].attention is None
+    plain = tr.translate(texts[:1], beam_size=2, max_len_b=6)[0]
+    assert plain.attention is None and plain.alignment == () and plain.text == out[0].text
+
+
+def test_replace_unknowns_copies_the_aligned_source_tokens_text(tiny_artifact_dir):
+    """<unk> outputs (forced here as the prefix) become the text of the source token their attention peaks on (an
+    unknown character kept from the source as it was typed)."""
+    tr = load(tiny_artifact_dir, threads=1)
+    unk = tr.config.unk_id
+    text = "one ☃ two"
+    pieces = tr.tokenizer.source_pieces(text)
+    assert pieces == ["▁one", "▁", "☃", "▁two"]  # the unknown character's own text, after its word's "▁"
+    got = tr.translate([text], beam_size=1, max_len_b=4, prefixes=[[unk] * 3], replace_unknowns=True)[0]
+    assert got.tokens[:3] == (unk,) * 3
+    source_of = {j: s for s, j in got.alignment}
+    assert source_of[2] == 2  # the tiny model's attention: the third <unk> peaks on the snowman
+    want = [pieces[source_of[j]] if i == unk else tr.tokenizer.id_to_token(i)
+            for j, i in enumerate(got.tokens) if i != unk or j in source_of]
+    assert got.text == tr.tokenizer.decode_pieces(want) and "☃" in got.text
+    plain = tr.translate([text], beam_size=1, max_len_b=4, prefixes=[[unk] * 3])[0]
+    assert plain.text == tr.tokenizer.decode(got.tokens) and plain.text != got.text
+
+
+def test_replaced_unknowns_on_a_constructed_alignment(tiny_artifact_dir):
+    """Translator.replaced_unknowns: each <unk> takes its aligned source piece; one without a pair is dropped."""
+    tr = load(tiny_artifact_dir, threads=1)
+    tok, unk = tr.tokenizer, tr.config.unk_id
+    pieces = tok.source_pieces("☃ two ❄")
+    assert pieces == ["▁", "☃", "▁two", "▁", "❄"]
+    two = tok.encode("two")
+    assert tr.replaced_unknowns([unk, *two, unk], {0: 4, len(two) + 1: 1}, pieces) == "❄ two☃"
+    assert tr.replaced_unknowns([unk, *two, unk], {0: 4}, pieces) == "❄ two"  # the last <unk> has no pair
+
+
+def test_cli_decode_writes_alignments(tiny_artifact_dir, tmp_path):
+    """decode --alignments: 'text ||| pairs' per line (after the score with --scores, and in n-best lines),
+    the pairs the Python API gives."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    texts = ["one two three", "", "twelve"]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n")
+    run = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--alignments", "--quiet",
+                                    "--beam-size", "2", "--max-len-b", "6", "--threads", "1"])
+    assert run.exit_code == 0, run.output
+    want = load(tiny_artifact_dir, threads=1).translate(texts, beam_size=2, max_len_b=6, return_attention=True)
+    lines = run.output.splitlines()
+    assert lines == [f"{t.text} ||| {t.nbest[0].pharaoh()}" for t in want]
+    assert lines[0].split(" ||| ")[1] and lines[1] == " ||| "
+    for pair in lines[0].split(" ||| ")[1].split():
+        s, j = map(int, pair.split("-"))
+        assert 0 <= s < want[0].source_tokens and 0 <= j < len(want[0].tokens)
+    run = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(src), "--alignments", "--scores",
+                                    "--quiet", "--beam-size", "2", "--max-len-b", "6", "--nbest", "2"])
+    assert run.exit_code == 0, run.output
+    first = run.output.splitlines()[0].split(" ||| ")
+    assert len(first) == 4 and first[0] == "0" and first[3] == want[0].nbest[0].pharaoh()

@@ -102,6 +102,7 @@ class Request:
         self.src: np.ndarray | None = None
         self.lens: np.ndarray | None = None
         self.prepared: list = []
+        self.texts: list[str] = []  # its sentences as given (replace_unknowns reads their tokens' text)
         self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
         self.cohort = None
         self.error: ServeError | None = None
@@ -169,7 +170,7 @@ class DecodeService:
         tr = self.translator
         prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length)
         req = Request(len(texts), opts, timeout, listener)
-        req.prepared = prepared
+        req.prepared, req.texts = prepared, texts
         if prefixes is not None:
             req.prefixes = prefix_ids(tr.tokenizer, tr.config, prefixes, [len(p[0]) for p in prepared], opts,
                                       field="prefix")
@@ -394,7 +395,8 @@ class DecodeService:
             if req is None:
                 continue
             i = req.todo[s]
-            req.translations[i] = self.translator.translation(result, req.prepared[i])
+            req.translations[i] = self.translator.translation(
+                result, req.prepared[i], req.texts[i] if req.options.replace_unknowns else None)
             if req.first_token is None:
                 self._first_token(req)
             if self.metrics:
