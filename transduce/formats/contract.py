@@ -1,6 +1,6 @@
 """The IO contract between the exporter, the engine builder and the runtime, written once.
 
-An artifact directory holds two graphs (and an optional third) and a manifest (transduce.formats.artifact):
+An artifact directory holds two graphs (and optional others) and a manifest (transduce.formats.artifact):
 
   encoder.onnx       once per batch of sources
     in   src_ids        (batch, src_len)                int64   source token ids, right-padded

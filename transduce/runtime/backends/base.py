@@ -172,8 +172,7 @@ def require_attention(backend: Any) -> None:
     problem = backend.attention_problem()
     if problem:
         hint = backend.artifact.rebuild_hint() if backend.artifact is not None else "decode with the torch backend"
-        raise BackendUnavailable(problem, hint=f"re-export it: {hint}" if "transduce export" in hint else hint,
-                                 params=("return_attention",))
+        raise BackendUnavailable(problem, hint=hint, params=("return_attention",))
 
 
 def renumbered_sources(row_src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

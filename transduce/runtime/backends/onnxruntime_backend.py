@@ -442,7 +442,7 @@ class OnnxRuntimeBackend(Backend):
         if self._attention is None:
             problem = self.attention_problem()
             if problem:
-                raise BackendUnavailable(problem, hint=f"re-export it: {self.artifact.rebuild_hint()}")
+                raise BackendUnavailable(problem, hint=self.artifact.rebuild_hint())
             self._attention = self._sessions.make(contract.ATTN_STEP_FILE, self.threads, self.pool_spin_us["steps"])
         return self._attention
 
