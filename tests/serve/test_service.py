@@ -186,3 +186,31 @@ def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(t
         assert "alignment" not in body["translations"][0] and "alignment" not in body["translations"][0]["nbest"][0]
     finally:
         service.stop()
+
+
+def test_alignments_the_model_or_artifact_cannot_give_are_refused_at_submit(tiny_artifact_dir, tmp_path):
+    """An alignment_layer past the decoder's layers is an InputError naming it; an artifact without the attention
+    step graph is a 400 whose hint re-exports it; both before anything is queued."""
+    import json
+    import os
+    import shutil
+
+    from transduce.errors import InputError
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServeError
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1))
+    with pytest.raises(InputError, match="alignment_layer 9 is past") as info:
+        service.submit(["one"], {"return_attention": True, "alignment_layer": 9})
+    assert info.value.params == ("alignment_layer",)
+    old = tmp_path / "old"
+    shutil.copytree(tiny_artifact_dir, old)
+    os.remove(old / "decoder_step.attn.onnx")
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["files"]["decoder_step.attn.onnx"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    service = DecodeService(load(str(old), threads=1))
+    with pytest.raises(ServeError, match="has no decoder_step.attn.onnx") as info:
+        service.submit(["one"], {"replace_unknowns": True})
+    assert info.value.status == 400 and "transduce export" in info.value.hint
+    assert service.queue_depth() == 0

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import InputError, TransduceError
+from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
@@ -168,6 +169,12 @@ class DecodeService:
         if not isinstance(truncate, bool):
             raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         tr = self.translator
+        if opts.attention:  # alignments the model or backend cannot give: the client's to change (400)
+            alignment_layer(opts.alignment_layer, tr.config.decoder_layers)
+            try:
+                require_attention(tr.backend)
+            except TransduceError as e:
+                raise ServeError(e.args[0], 400, e.hint) from None
         prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length)
         req = Request(len(texts), opts, timeout, listener)
         req.prepared, req.texts = prepared, texts

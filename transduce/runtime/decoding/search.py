@@ -122,7 +122,7 @@ class GreedyCohort(Cohort):
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         t, live = self.t, self.row_sent
         if attention is not None and self.attention_layer >= 0:
-            self.atts.append((live, attention[:, self.attention_layer]))
+            self.atts.append((live, np.ascontiguousarray(attention[:, self.attention_layer])))
         if full is not None and self.adjusts:
             vals, ids = self._adjusted(full, self.out_tok[live, :t])
         self.t += 1
@@ -246,7 +246,7 @@ class BeamCohort(Cohort):
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         t, kk, sent = self.t, self.ranked, self.sent
         if attention is not None and self.attention_layer >= 0:
-            self.atts.append(attention[:, self.attention_layer])
+            self.atts.append(np.ascontiguousarray(attention[:, self.attention_layer]))  # not a view of every layer's
         if full is not None and self.adjusts:
             vals, ids = self._adjusted(full, self.history)
         self.t += 1
