@@ -38,7 +38,8 @@ def copied_graphs(artifact_fp32, monkeypatch):
     from transduce.exporter import onnx_export
 
     def fake_export_graphs(model, directory, precision, opset, log=None, ort_step_graph=True):
-        names = ["encoder.onnx", "decoder_step.onnx"] + (["decoder_step.ort.onnx"] if ort_step_graph else [])
+        names = (["encoder.onnx", "decoder_step.onnx", "decoder_step.attn.onnx"]
+                 + (["decoder_step.ort.onnx"] if ort_step_graph else []))
         for name in names:
             shutil.copyfile(os.path.join(artifact_fp32.path, name), os.path.join(directory, name))
         return {name.removesuffix(".onnx"): 0.0 for name in names}

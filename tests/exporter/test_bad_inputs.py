@@ -107,7 +107,7 @@ def test_failed_validation_leaves_no_artifact(tiny_model_dir, tmp_path, copied_g
 
     from transduce.verify.tolerances import POLICIES, Tolerance
 
-    tight = {k: Tolerance(1e-12, 0.0) for k in ("memory", "cross_kv", "log_probs", "new_kv")}
+    tight = {k: Tolerance(1e-12, 0.0) for k in ("memory", "cross_kv", "log_probs", "new_kv", "attention")}
     monkeypatch.setitem(POLICIES, "fp32", dataclasses.replace(POLICIES["fp32"], outputs=tight))
     out = tmp_path / "out"
     output = _fail(tiny_model_dir, str(out), match="do not match eager PyTorch")
@@ -161,3 +161,28 @@ def test_untraceable_model_is_an_export_error(tmp_path):
         export_graph(DataDependent(), (torch.ones(2, 3),), {"x": {0: Dim("batch")}}, ["x"], ["y"], str(path), 18)
     assert "\x1b[" not in str(info.value)
     assert not path.exists()
+
+
+def test_a_wrong_attention_graph_is_caught_by_validation(artifact_fp32, tiny_model_dir, tmp_path, monkeypatch):
+    """decoder_step.attn.onnx is validated against eager PyTorch as the others are: one whose cross-attention
+    query's input differs slightly (the first decoder layer's norm1 scale) fails, naming its attention output, and
+    nothing is written."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from transduce.exporter import onnx_export
+
+    def export_perturbed(model, directory, precision, opset, log=None, ort_step_graph=True):
+        for name in ("encoder.onnx", "decoder_step.onnx"):
+            shutil.copyfile(os.path.join(artifact_fp32.path, name), os.path.join(directory, name))
+        step = onnx.load(os.path.join(artifact_fp32.path, "decoder_step.attn.onnx"))
+        init = next(t for t in step.graph.initializer if t.name.endswith("decoder_layers.0.norm1.weight"))
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(1.05), init.name))
+        onnx.save(step, os.path.join(directory, "decoder_step.attn.onnx"))
+        return {"encoder": 0.0, "decoder_step": 0.0, "decoder_step.attn": 0.0}
+
+    monkeypatch.setattr(onnx_export, "export_graphs", export_perturbed)
+    output = _fail(tiny_model_dir, str(tmp_path / "out"), match="do not match eager PyTorch")
+    assert "decoder_step.attn attention" in output
+    assert not (tmp_path / "out").exists()

@@ -43,7 +43,8 @@ def test_export_copies_the_config_and_tokenizer_it_loaded(tiny_model_dir, tmp_pa
 
 def test_export_writes_an_artifact(artifact_fp32):
     names = set(os.listdir(artifact_fp32.path))
-    assert names == {"encoder.onnx", "decoder_step.onnx", "decoder_step.ort.onnx", "manifest.json", "config.json",
+    assert names == {"encoder.onnx", "decoder_step.onnx", "decoder_step.ort.onnx", "decoder_step.attn.onnx",
+                     "manifest.json", "config.json",
                      "tokenizer.json"}
     parent = os.path.dirname(artifact_fp32.path)
     assert not [n for n in os.listdir(parent) if ".tmp-" in n], "a temporary directory was left behind"
@@ -124,7 +125,9 @@ def test_validation_is_recorded(artifact_fp32):
     n = artifact_fp32.manifest["model"]["decoder_layers"]
     expected = {s.name for s in contract.encoder_outputs(n) + contract.step_outputs(n)}
     # the latter of decoder_step.ort.onnx: its top-k and the whole cache its in-place write leaves
-    assert set(rows) == expected | {"topk_values", "topk_ids"} | {s.name for s in contract.ort_step_outputs(n)}
+    # and the attention step graph's own output, attention
+    assert set(rows) == (expected | {"topk_values", "topk_ids", "attention"}
+                         | {s.name for s in contract.ort_step_outputs(n)})
     for r in rows.values():
         assert r["passed"] and 0 <= r["max_abs"] <= r["atol"]
     assert rows["log_probs"]["atol"] == POLICIES["fp32"].outputs["log_probs"][0] == 1e-4
@@ -161,7 +164,8 @@ def test_one_straight_line_step_graph(artifact_fp32):
         assert "Constant" not in ops and "Identity" not in ops  # constants folded into initializers
         assert "LayerNormalization" in ops  # opset >= 17: one node, not a decomposition
     onnx_files = [n for n in os.listdir(artifact_fp32.path) if n.endswith(".onnx")]
-    assert sorted(onnx_files) == ["decoder_step.onnx", "decoder_step.ort.onnx", "encoder.onnx"]
+    assert sorted(onnx_files) == ["decoder_step.attn.onnx", "decoder_step.onnx", "decoder_step.ort.onnx",
+                                  "encoder.onnx"]
 
 
 @pytest.mark.parametrize("batch,src_len,cache_len", [(1, 1, 1), (1, 64, 64), (5, 3, 1), (4, 17, 30), (9, 2, 5)])

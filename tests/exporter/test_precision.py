@@ -140,7 +140,7 @@ def test_reduced_precision_errors_are_recorded(reduced):
     precision, art = reduced
     rows = {r["output"]: r for r in art.manifest["validation"]["errors"]}
     n = art.manifest["model"]["decoder_layers"]
-    assert set(rows) == {s.name for s in contract.encoder_outputs(n) + contract.step_outputs(n)}
+    assert set(rows) == {s.name for s in contract.encoder_outputs(n) + contract.attn_step_outputs(n)}
     for name, r in rows.items():
         atol, rtol = POLICIES[precision].outputs[output_kind(name)]
         assert r["passed"] and (r["atol"], r["rtol"]) == (atol, rtol)

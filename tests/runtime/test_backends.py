@@ -367,7 +367,7 @@ def test_the_core_protocol_and_the_capabilities_are_declared_apart(tiny_model, t
 
     eager = TorchBackend(tiny_model)
     assert Backend in TorchBackend.__mro__ and eager.artifact is None and not base.missing_members(eager)
-    assert base.capabilities(eager) == ["AdmitsRows", "FullOutputs", "KeepsLogProbs", "Tuned"]
+    assert base.capabilities(eager) == ["AdmitsRows", "FullOutputs", "KeepsLogProbs", "Tuned", "ReturnsAttention"]
     assert not isinstance(eager, Shards) and base.step_graphs(eager) == []
     assert eager.tuning() == {"precision": "fp32", "cuda_graph": False}
     state = eager.begin(eager.encode(np.array([[5, 2]]), np.array([2])), np.arange(1), 2)

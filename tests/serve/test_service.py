@@ -164,3 +164,74 @@ def test_a_mapping_is_not_a_list_of_sentences(tiny_artifact_dir):
     translator = load(tiny_artifact_dir, threads=1)
     with pytest.raises(InputError, match=r"takes a list of sentences, not an object \(dict\)"):
         translator.translate({"one": 1})
+
+
+def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(tiny_artifact_dir):
+    """Requests with return_attention beside one without: the service's alignments and attention are offline
+    translation's; POST /v1/translate answers each candidate's "alignment" (and "attention", the matrix, only
+    with return_attention; replace_unknowns alone gives the alignment), none without."""
+    from fastapi.testclient import TestClient
+
+    from transduce.runtime.api import load
+    from transduce.serve.app import create_app
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
+    service.start()
+    try:
+        cases = [(TEXTS, {"beam_size": 2, "return_attention": True, "max_len_b": 6}),
+                 (TEXTS[::-1], {"beam_size": 1, "max_len_b": 6}),
+                 (TEXTS[1:], {"beam_size": 1, "return_attention": True, "alignment_layer": 0, "max_len_b": 6})]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        offline = load(tiny_artifact_dir, threads=1)
+        for (texts, opts), got in zip(cases, answers, strict=True):
+            want = offline.translate(texts, **opts)
+            assert [g.tokens for g in got] == [w.tokens for w in want]
+            assert [g.alignment for g in got] == [w.alignment for w in want]
+            for g, w in zip(got, want, strict=True):
+                if w.attention is None:
+                    assert g.attention is None
+                else:
+                    np.testing.assert_allclose(g.attention, w.attention, atol=1e-5)
+        client = TestClient(create_app(service, {"id": "tiny"}))
+        body = client.post("/v1/translate", json={"text": TEXTS[:2], "return_attention": True,
+                                                  "max_len_b": 6}).json()
+        want = offline.translate(TEXTS[:2], return_attention=True, max_len_b=6)
+        for t, w in zip(body["translations"], want, strict=True):
+            assert t["alignment"] == [list(p) for p in w.alignment] == t["nbest"][0]["alignment"]
+            np.testing.assert_allclose(t["attention"], w.attention, atol=1e-5)
+        body = client.post("/v1/translate", json={"text": TEXTS[:1], "replace_unknowns": True}).json()
+        assert "alignment" in body["translations"][0] and "attention" not in body["translations"][0]
+        body = client.post("/v1/translate", json={"text": TEXTS[:1]}).json()
+        assert "alignment" not in body["translations"][0] and "alignment" not in body["translations"][0]["nbest"][0]
+    finally:
+        service.stop()
+
+
+def test_alignments_the_model_or_artifact_cannot_give_are_refused_at_submit(tiny_artifact_dir, tmp_path):
+    """An alignment_layer past the decoder's layers is an InputError naming it; an artifact without the attention
+    step graph is a 400 whose hint re-exports it; both before anything is queued."""
+    import json
+    import os
+    import shutil
+
+    from transduce.errors import InputError
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServeError
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1))
+    with pytest.raises(InputError, match="alignment_layer 9 is past") as info:
+        service.submit(["one"], {"return_attention": True, "alignment_layer": 9})
+    assert info.value.params == ("alignment_layer",)
+    old = tmp_path / "old"
+    shutil.copytree(tiny_artifact_dir, old)
+    os.remove(old / "decoder_step.attn.onnx")
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["files"]["decoder_step.attn.onnx"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    service = DecodeService(load(str(old), threads=1))
+    with pytest.raises(ServeError, match="has no decoder_step.attn.onnx") as info:
+        service.submit(["one"], {"replace_unknowns": True})
+    assert info.value.status == 400 and "transduce export" in info.value.hint
+    assert service.queue_depth() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import sys
@@ -127,6 +128,10 @@ class _LineWarnings:
                 help="Budget of rows x beam x source tokens per batch.  [default: 4096]")
 @click.option("--truncate", is_flag=True, help="Cut over-long lines to the model's maximum instead of failing.")
 @click.option("--scores", is_flag=True, help="Append the score to each line: 'text ||| score'.")
+@click.option("--alignments", is_flag=True,
+              help="Append each line's alignment in Pharaoh format, source-target token positions from 0 (as "
+                   "fast_align and Marian write them): 'text ||| 0-0 2-1 1-2' (after the score with --scores or "
+                   "--nbest). Implies --return-attention; docs/cli.md, \"Alignments\".")
 @click.option("--prefix", "prefix_path", default=None,
               help="Target prefixes, one per input line (an empty line: none): each translation begins with its "
                    "line's prefix and decoding goes on from there (interactive translation, a fixed opening).")
@@ -139,7 +144,7 @@ class _LineWarnings:
                               "model's larger batches in this many parts at the same time, one thread each.")
 @decoding_options(helps={"nbest": "Hypotheses per sentence (written as 'i ||| text ||| score')."})
 def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_batch_tokens, deprecated_max_batch_tokens,
-           truncate, scores, prefix_path, chunk_lines, spec, decoding):
+           truncate, scores, alignments, prefix_path, chunk_lines, spec, decoding):
     """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
 
     The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'); stdout holds the
@@ -157,6 +162,8 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_bat
     max_batch_tokens = renamed(max_batch_tokens, deprecated_max_batch_tokens, "--max-batch-tokens", "--batch-tokens")
     max_batch_tokens = 4096 if max_batch_tokens is None else max_batch_tokens
     _check_counts(chunk_lines, max_batch_tokens)
+    if alignments:
+        decoding = dataclasses.replace(decoding, return_attention=True)
     if chunk_lines and _written_over(input_path, out_path):  # what --force could not allow is said first
         raise InputError(f"--out {out_path!r} leads to the file the input is read from: "
                          "with --chunk-lines it would be overwritten while its later lines are still to be read",
@@ -184,7 +191,7 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_bat
             # --chunk-lines) leaves a file, or what a link, FIFO or device --out leads to, as it was
             head = next(results, None)
             results = itertools.chain([] if head is None else [head], results)
-            _write_output(out_path, results, said, decoding.nbest, scores, part, progress)
+            _write_output(out_path, results, said, _Fields(decoding.nbest, scores, alignments), part, progress)
         finished = True
     finally:
         if progress is not None:
@@ -199,7 +206,25 @@ def _check_counts(chunk_lines: int, max_batch_tokens: int) -> None:
                          hint="a batch holds sentences x beam x source tokens up to this budget")
 
 
-def _write_output(out_path: str, results, said: _LineWarnings, nbest: int, scores: bool, part: int,
+@dataclasses.dataclass(frozen=True)
+class _Fields:
+    """What each output line holds besides the text: the n-best number and score (nbest > 1), the score, the
+    alignment."""
+
+    nbest: int = 1
+    scores: bool = False
+    alignments: bool = False
+
+    def line(self, i: int, c) -> str:
+        """Candidate c of input line i's output line."""
+        fields = [str(i), c.text, f"{c.score:.4f}"] if self.nbest > 1 else [c.text] + (
+            [f"{c.score:.4f}"] if self.scores else [])
+        if self.alignments:
+            fields.append(c.pharaoh())
+        return " ||| ".join(fields) + "\n"
+
+
+def _write_output(out_path: str, results, said: _LineWarnings, fields: _Fields, part: int,
                   progress: Progress | None) -> None:
     """The translations to standard output ('-') or, whole or not at all, to the file out_path."""
     if out_path == "-":
@@ -216,7 +241,7 @@ def _write_output(out_path: str, results, said: _LineWarnings, nbest: int, score
                                  hint="free disk space, or give --out FILE" if e.errno in (errno.ENOSPC, errno.EDQUOT)
                                  else "give --out FILE") from None
 
-        _write_translations(results, said, nbest, scores, part, write)
+        _write_translations(results, said, fields, part, write)
         return
     from transduce.io.atomic import atomic_file
 
@@ -230,10 +255,10 @@ def _write_output(out_path: str, results, said: _LineWarnings, nbest: int, score
             except OSError as e:
                 raise cannot_write(e) from None
 
-        _write_translations(results, said, nbest, scores, part, write)
+        _write_translations(results, said, fields, part, write)
 
 
-def _write_translations(results, said: _LineWarnings, nbest: int, scores: bool, part: int, write) -> None:
+def _write_translations(results, said: _LineWarnings, fields: _Fields, part: int, write) -> None:
     """Write each translation's line(s) as it comes, with its warnings on stderr, in line order (a part's
     warnings are recorded before its first line is written); write("") after every part of `part` lines and
     at the end: a flush."""
@@ -241,11 +266,9 @@ def _write_translations(results, said: _LineWarnings, nbest: int, scores: bool, 
         said.flush(i + 1)
         if r.unknown:
             said.say(f"input line {i + 1}: {r.unknown} token(s) unknown to the tokenizer became <unk>")
-        if nbest > 1:
-            # nbest lines for every input, a blank one included (its one empty candidate, repeated)
-            write("".join(f"{i} ||| {c.text} ||| {c.score:.4f}\n" for c in (r.nbest * nbest if r.empty else r.nbest)))
-        else:
-            write(f"{r.text} ||| {r.score:.4f}\n" if scores else f"{r.text}\n")
+        # nbest lines for every input, a blank one included (its one empty candidate, repeated)
+        cands = (r.nbest * fields.nbest if r.empty else r.nbest) if fields.nbest > 1 else r.nbest[:1]
+        write("".join(fields.line(i, c) for c in cands))
         if (i + 1) % part == 0:
             write("")
     said.flush(None)

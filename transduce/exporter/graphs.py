@@ -56,6 +56,23 @@ class StepGraph(nn.Module):
         return (log_probs, *interleave(new_k, new_v))
 
 
+class AttentionStepGraph(nn.Module):
+    """StepGraph's inputs and outputs, then attention (B, layers, S) fp32: every decoder layer's cross-attention
+    weights averaged over the heads (contract.ATTN_STEP_FILE; alignments read it)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, tokens: Tensor, positions: Tensor, src_lengths: Tensor, past: list[Tensor], cross: list[Tensor]
+    ) -> tuple[Tensor, ...]:
+        log_probs, new_k, new_v, attention = self.model.decode_step(
+            tokens, positions, src_lengths, past[0::2], past[1::2], cross[0::2], cross[1::2], return_attention=True
+        )
+        return (log_probs, *interleave(new_k, new_v), attention)
+
+
 def trace_sizes(cfg: ModelConfig) -> dict[str, int]:
     """Sizes of the dynamic axes in the example inputs: distinct and >= 2, so torch.export neither
     specializes an axis to 0/1 nor unifies two axes that happen to have the same size."""

@@ -278,6 +278,8 @@ def export_graphs(model, directory: str, precision: str, opset: int, log: Log = 
          contract.encoder_outputs(n), contract.ENCODER_FILE),
         ("decoder_step", graphs.StepGraph(traced), step_args, step_shapes, contract.step_inputs(n),
          contract.step_outputs(n), contract.STEP_FILE),
+        ("decoder_step.attn", graphs.AttentionStepGraph(traced), step_args, step_shapes, contract.step_inputs(n),
+         contract.attn_step_outputs(n), contract.ATTN_STEP_FILE),
     ]
     seconds = {}
     for name, module, args, shapes, ins, outs, filename in jobs:
@@ -380,6 +382,9 @@ def _export(source: ModelDir, out_dir: str, replaces: bool, opset: int, precisio
             contract.STEP_FILE: check_graph(os.path.join(tmp, contract.STEP_FILE), "decoder_step",
                                                      config, precision, opset),
         }
+        if os.path.exists(os.path.join(tmp, contract.ATTN_STEP_FILE)):  # export_graphs writes it; checked as it is
+            graph_info[contract.ATTN_STEP_FILE] = check_graph(os.path.join(tmp, contract.ATTN_STEP_FILE),
+                                                              "decoder_step.attn", config, precision, opset)
         if os.path.exists(os.path.join(tmp, contract.ORT_STEP_FILE)):
             from transduce.exporter.ort_step import REVISION
 

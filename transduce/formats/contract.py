@@ -1,6 +1,6 @@
 """The IO contract between the exporter, the engine builder and the runtime, written once.
 
-An artifact directory holds two graphs (and an optional third) and a manifest (transduce.formats.artifact):
+An artifact directory holds two graphs (and optional others) and a manifest (transduce.formats.artifact):
 
   encoder.onnx       once per batch of sources
     in   src_ids        (batch, src_len)                int64   source token ids, right-padded
@@ -36,6 +36,14 @@ An artifact directory holds two graphs (and an optional third) and a manifest (t
          topk_values    (batch, k)                      float32 the k best of log_probs + topk_bias
          topk_ids       (batch, k)                      int64   their ids, best first (ties: lower id)
 
+  decoder_step.attn.onnx  optional (artifacts exported before it have none): the standard step graph with
+                     one more output, read only when alignments are asked for (decoding without them never
+                     runs it)
+    in   the standard step's inputs
+    out  the standard step's outputs, then
+         attention      (batch, layers, src_len)        float32 each decoder layer's cross-attention weights
+                                                                averaged over the heads (0 past src_lengths)
+
 "float" is the graph's precision (the manifest's "precision": fp32, fp16 or bf16).
 
 The runtime owns the self-attention cache, preallocated to the batch's longest target: each step the graph
@@ -58,8 +66,11 @@ CONTRACT_VERSION = 2  # 2: decoder_step.ort.onnx takes cross K/V per source and 
 ENCODER_FILE = "encoder.onnx"
 STEP_FILE = "decoder_step.onnx"
 ORT_STEP_FILE = "decoder_step.ort.onnx"  # optional: fp32 post-norm models (transduce/exporter/ort_step.py)
+# optional, and new within contract version 2: an artifact without it loads and decodes as before, only
+# alignments need it (the runtime asks for a re-export then), so the version did not change for it
+ATTN_STEP_FILE = "decoder_step.attn.onnx"
 # every graph file an export writes (transduce/exporter/onnx_export.py): an artifact must list each it holds
-GRAPH_FILES = (ENCODER_FILE, STEP_FILE, ORT_STEP_FILE)
+GRAPH_FILES = (ENCODER_FILE, STEP_FILE, ORT_STEP_FILE, ATTN_STEP_FILE)
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,12 @@ def step_outputs(decoder_layers: int) -> list[TensorSpec]:
     return [TensorSpec("log_probs", ("batch", "vocab"), "float32")] + _per_layer("new", NEW_AXES, decoder_layers)
 
 
+def attn_step_outputs(decoder_layers: int) -> list[TensorSpec]:
+    """Outputs of the optional attention step graph: the step's, and every layer's head-averaged
+    cross-attention weights."""
+    return step_outputs(decoder_layers) + [TensorSpec("attention", ("batch", "layers", "src_len"), "float32")]
+
+
 def ort_step_inputs(decoder_layers: int) -> list[TensorSpec]:
     """Inputs of the optional ONNX Runtime step graph: the step's, with cross K/V and src_lengths per
     source (a divisor of the rows), and the top-k's k and additive bias."""
@@ -132,6 +149,8 @@ def graph_io(graph_file: str, decoder_layers: int) -> tuple[list[TensorSpec], li
         return step_inputs(decoder_layers), step_outputs(decoder_layers)
     if graph_file == ORT_STEP_FILE:
         return ort_step_inputs(decoder_layers), ort_step_outputs(decoder_layers)
+    if graph_file == ATTN_STEP_FILE:
+        return step_inputs(decoder_layers), attn_step_outputs(decoder_layers)
     raise KeyError(graph_file)
 
 
@@ -158,6 +177,7 @@ def static_axis_sizes(config: ModelConfig) -> dict[str, int]:
         "head_dim": config.head_dim,
         "d_model": config.d_model,
         "vocab": config.vocab_size,
+        "layers": config.decoder_layers,
         "one": 1,
     }
 

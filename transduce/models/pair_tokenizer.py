@@ -232,6 +232,14 @@ class PairTokenizer:
     def tokens(self, text: str) -> list[str]:
         return self.source.pieces(text.strip())
 
+    def source_pieces(self, text: str) -> list[str]:
+        """The piece of each source token (SentencePiece keeps an unknown piece's text), as decode_pieces reads it."""
+        return self.tokens(text)
+
+    def decode_pieces(self, pieces: Sequence[str]) -> str:
+        """Target pieces -> detokenized text."""
+        return self.target.decode(list(pieces))
+
 
 def is_pair_file(head: bytes) -> bool:
     """Whether a tokenizer file's first bytes are a tokenizer pair's JSON (its "format" is written first)."""

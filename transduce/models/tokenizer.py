@@ -113,6 +113,19 @@ class Tokenizer:
     def tokens(self, text: str) -> list[str]:
         return self._tok.encode(text, add_special_tokens=False).tokens
 
+    def source_pieces(self, text: str) -> list[str]:
+        """The piece of each token encode(text) gives, as decode_pieces reads it; an unknown token's is the text
+        it stands for, which <unk> would lose (a word's first character comes after a piece of its own, "\u2581")."""
+        enc = self._tok.encode(text.strip(), add_special_tokens=False)
+        unk = SPECIALS[UNK]
+        return [piece if piece != unk else text.strip()[start:end]
+                for piece, (start, end) in zip(enc.tokens, enc.offsets, strict=True)]
+
+    def decode_pieces(self, pieces: Sequence[str]) -> str:
+        """Token pieces (id_to_token's, source_pieces') -> text, as decode makes it from ids."""
+        decoder = self._tok.decoder
+        return decoder.decode(list(pieces)) if decoder is not None else "".join(pieces)
+
 
 def _read_pair(path: str):
     """The PairTokenizer a tokenizer file holds, or None when it is a `tokenizers` file."""

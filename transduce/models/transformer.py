@@ -146,12 +146,15 @@ class MultiHeadAttention(nn.Module):
             outs[0] = outs[0] * (1.0 / math.sqrt(self.head_dim))
         return [o.reshape(x.shape[0], self.n_heads, 1, self.head_dim) for o in outs]  # (B, H, 1, Dh)
 
-    def step_cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """Attention of one position over precomputed K/V: x (B,1,D), k/v (B,H,S,Dh) -> (B,1,D)."""
+    def step_cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor,
+                   need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Attention of one position over precomputed K/V: x (B,1,D), k/v (B,H,S,Dh) -> (B,1,D), and with
+        need_weights its weights averaged over the heads, (B, S) fp32."""
         (q,) = self._step_linear(x, [self.q_proj], scale_first=True)
         weights = masked_softmax(q @ k.transpose(-2, -1), mask)  # (B, H, 1, S)
         out = weights.to(v.dtype) @ v  # (B, H, 1, Dh)
-        return self.out_proj(out.reshape(x.shape[0], 1, -1))  # (B, 1, D)
+        out = self.out_proj(out.reshape(x.shape[0], 1, -1))  # (B, 1, D)
+        return (out, weights[:, :, 0].mean(dim=1)) if need_weights else out
 
     def step(
         self, x: Tensor, k_cache: Tensor, v_cache: Tensor, cache_mask: Tensor
@@ -255,10 +258,19 @@ class DecoderLayer(_Block):
         cross_k: Tensor,
         cross_v: Tensor,
         src_mask: Tensor,
+        weights: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """One position; where `weights` is a list, the cross-attention's head-averaged weights (B, S) are
+        appended to it (the step's outputs stay the same)."""
         a, k_new, v_new = self.self_attn.step(self._pre(x, self.norm1), k_cache, v_cache, cache_mask)
         x = self._post(x, a, self.norm1)
-        x = self._post(x, self.cross_attn.step_cross(self._pre(x, self.norm2), cross_k, cross_v, src_mask), self.norm2)
+        h = self._pre(x, self.norm2)
+        if weights is None:
+            c = self.cross_attn.step_cross(h, cross_k, cross_v, src_mask)
+        else:
+            c, w = self.cross_attn.step_cross(h, cross_k, cross_v, src_mask, need_weights=True)
+            weights.append(w)
+        x = self._post(x, c, self.norm2)
         return self._ffn_block(x), k_new, v_new
 
 
@@ -381,27 +393,32 @@ class Transformer(nn.Module):
         past_values: list[Tensor],
         cross_keys: list[Tensor],
         cross_values: list[Tensor],
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        return_attention: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]] | tuple[Tensor, list[Tensor], list[Tensor], Tensor]:
         """One target position for every row.
 
         tokens (B,) the current token; positions (B,) its position (= number of cached steps);
         src_lengths (B,); past_keys/past_values per layer (B, H, C, Dh) with slots < position
         filled (C >= 1; other slots are ignored); cross_keys/values per layer (B, H, S, Dh).
         Returns log_probs (B, V) fp32 and per layer this step's key and value (B, H, 1, Dh),
-        which the caller writes into slot `position` of its cache.
+        which the caller writes into slot `position` of its cache. With return_attention also every decoder
+        layer's cross-attention weights averaged over the heads, (B, layers, S) fp32 (zero past src_lengths).
         """
         x = self._embed(self.embed, tokens[:, None], positions[:, None])  # (B, 1, D)
         cap = past_keys[0].shape[2]
         cache_mask = length_mask(positions, cap)[:, None, None, :]  # (B, 1, 1, C)
         src_mask = length_mask(src_lengths, cross_keys[0].shape[2])[:, None, None, :]  # (B, 1, 1, S)
         new_keys, new_values = [], []
+        weights: list[Tensor] | None = [] if return_attention else None
         for i, layer in enumerate(self.decoder_layers):
             x, k, v = layer.step(
-                x, past_keys[i], past_values[i], cache_mask, cross_keys[i], cross_values[i], src_mask
+                x, past_keys[i], past_values[i], cache_mask, cross_keys[i], cross_values[i], src_mask, weights
             )
             new_keys.append(k)
             new_values.append(v)
         if self.cfg.norm_first:
             x = self.decoder_norm(x)
         log_probs = torch.log_softmax(self._logits(x[:, 0]).float(), dim=-1)  # (B, V) fp32
+        if weights is not None:
+            return log_probs, new_keys, new_values, torch.stack(weights, dim=1)
         return log_probs, new_keys, new_values

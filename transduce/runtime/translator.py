@@ -8,6 +8,13 @@ Input rules (each tested):
   truncate=True, which keeps the first max_positions-1 tokens and warns;
 - characters the tokenizer does not know become <unk>; the count is returned in Translation.unknown
   and the CLI warns about it.
+
+Alignments (return_attention): each candidate's `attention`, (output tokens + EOS, source tokens + EOS), and its
+`alignment`, the (source, target) token positions (0-based, Pharaoh's i-j) of each output token and the source
+token its attention peaks on; a token whose attention peaks on the source's EOS has no pair. Positions count
+the model's tokens (subwords), as Marian's and fast_align's do of theirs. replace_unknowns: each <unk> output
+token becomes the text of the source token it is aligned with (one aligned with EOS is dropped, as decode drops
+<unk>).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import os
 import reprlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +47,14 @@ class Candidate:
     score: float  # length-normalised log-prob
     log_prob: float
     finished: bool  # False if cut at the maximum length
+    # return_attention: (len(tokens) + 1 where finished, source tokens + 1) cross-attention, and the
+    # (source, target) positions of each output token aligned with a source token (the module's docstring)
+    attention: np.ndarray | None = field(default=None, compare=False, repr=False)
+    alignment: tuple[tuple[int, int], ...] = ()
+
+    def pharaoh(self) -> str:
+        """The alignment as fast_align and Marian write it: "0-0 1-2 ..." (source-target)."""
+        return " ".join(f"{s}-{t}" for s, t in self.alignment)
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,16 @@ class Translation:
     unknown: int = 0  # source tokens that became <unk>
     truncated: bool = False  # the source was cut to fit max_positions
     empty: bool = False  # the source was blank: no decoding was run
+
+    @property
+    def alignment(self) -> tuple[tuple[int, int], ...]:
+        """The best candidate's alignment (return_attention; () without it)."""
+        return self.nbest[0].alignment
+
+    @property
+    def attention(self) -> np.ndarray | None:
+        """The best candidate's attention (return_attention; None without it)."""
+        return self.nbest[0].attention
 
 
 @dataclass(frozen=True)
@@ -196,14 +221,41 @@ class Translator:
         """A text translated to an empty string without running the model."""
         return not text.strip() or not ids
 
-    def translation(self, result: DecodeResult | None, encoded: tuple[list[int], int, bool]) -> Translation:
-        """The Translation of one prepared text from its decoding result (None: a blank text, not decoded)."""
+    def translation(self, result: DecodeResult | None, encoded: tuple[list[int], int, bool],
+                    source: str | None = None) -> Translation:
+        """The Translation of one prepared text from its decoding result (None: a blank text, not decoded).
+        source: the text itself, whose tokens replace <unk> outputs where the result has attention and
+        replace_unknowns was asked for (None: none replaced)."""
         if result is None:
             return Translation("", (), 0.0, (Candidate("", (), 0.0, 0.0, True),), 0, empty=True)
-        cands = tuple(Candidate(self.tokenizer.decode(h.tokens), h.tokens, h.score, h.log_prob, h.finished)
-                      for h in result.hypotheses)
+        pieces = None
+        cands = []
+        for h in result.hypotheses:
+            if h.attention is None:
+                cands.append(Candidate(self.tokenizer.decode(h.tokens), h.tokens, h.score, h.log_prob, h.finished))
+                continue
+            pairs = tuple((s, t) for s, t in h.alignment() if s < len(encoded[0]))  # not EOS
+            text = None
+            if source is not None and self.config.unk_id in h.tokens:
+                pieces = self.tokenizer.source_pieces(source) if pieces is None else pieces
+                text = self.replaced_unknowns(h.tokens, dict((t, s) for s, t in pairs), pieces)
+            cands.append(Candidate(self.tokenizer.decode(h.tokens) if text is None else text, h.tokens, h.score,
+                                   h.log_prob, h.finished, h.attention, pairs))
+        cands = tuple(cands)
         ids, unk, cut = encoded
         return Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
+
+    def replaced_unknowns(self, tokens: Sequence[int], source_of: dict[int, int], pieces: Sequence[str]) -> str:
+        """The text of `tokens` with each <unk> at target position t replaced by source piece source_of[t] (its
+        aligned source token's text); a <unk> without one is dropped, as decode drops it."""
+        unk = self.config.unk_id
+        out = []
+        for t, tok in enumerate(tokens):
+            if tok != unk:
+                out.append(self.tokenizer.id_to_token(tok))
+            elif t in source_of:
+                out.append(pieces[source_of[t]])
+        return self.tokenizer.decode_pieces(out)
 
     def padded(self, prepared: list[tuple[list[int], int, bool]]) -> tuple[np.ndarray, np.ndarray]:
         """Prepared texts as a padded batch: (B, S) source ids with EOS, (B,) lengths (EOS included)."""
@@ -231,7 +283,7 @@ class Translator:
             keys = np.array(idx) + (first_line - 1)  # the texts' numbers: a sample is the same in any batch
             given = None if prefixes is None else [prefixes[i] for i in idx]
             for i, res in zip(idx, decode(self.backend, src, lens, opts, keys=keys, prefixes=given), strict=True):
-                results[i] = self.translation(res, encoded[i])
+                results[i] = self.translation(res, encoded[i], texts[i] if opts.replace_unknowns else None)
             if progress is not None:
                 progress(len(idx), sum(len(results[i].tokens) for i in idx))
         return results  # type: ignore[return-value]

@@ -44,11 +44,26 @@ def error_body(e: TransduceError, status: int) -> dict[str, Any]:
     return {"error": err}
 
 
-def translation_json(t) -> dict[str, Any]:
-    return {"text": t.text, "score": t.score, "tokens": list(t.tokens), "source_tokens": t.source_tokens,
-            "unknown": t.unknown, "truncated": t.truncated, "empty": t.empty,
-            "nbest": [{"text": c.text, "score": c.score, "log_prob": c.log_prob, "finished": c.finished,
-                       "tokens": list(c.tokens)} for c in t.nbest]}
+def translation_json(t, matrix: bool = False) -> dict[str, Any]:
+    """A Translation as the API answers it; with alignments (return_attention or replace_unknowns) each candidate's
+    "alignment", [[source, target], ...], and with matrix (return_attention) its "attention" rows too."""
+    out = {"text": t.text, "score": t.score, "tokens": list(t.tokens), "source_tokens": t.source_tokens,
+           "unknown": t.unknown, "truncated": t.truncated, "empty": t.empty,
+           "nbest": [_candidate_json(c, matrix) for c in t.nbest]}
+    if t.attention is not None:
+        out["alignment"] = out["nbest"][0]["alignment"]
+        if matrix:
+            out["attention"] = out["nbest"][0]["attention"]
+    return out
+
+
+def _candidate_json(c, matrix: bool) -> dict[str, Any]:
+    out = {"text": c.text, "score": c.score, "log_prob": c.log_prob, "finished": c.finished, "tokens": list(c.tokens)}
+    if c.attention is not None:
+        out["alignment"] = [list(pair) for pair in c.alignment]
+        if matrix:
+            out["attention"] = c.attention.round(6).tolist()
+    return out
 
 
 class BearerAuth:
@@ -163,7 +178,7 @@ def create_app(service: DecodeService, identity: dict[str, Any], api_key: str | 
                     return Response(status_code=499)
                 continue
             if kind == "done":
-                return {"translations": [translation_json(t) for t in req.translations]}
+                return {"translations": [translation_json(t, req.options.return_attention) for t in req.translations]}
             if kind == "error":
                 return failed(data, data.status)
 
@@ -255,9 +270,11 @@ async def _sse(service: DecodeService, req, events: asyncio.Queue):
                 yield _event("token", data)
             elif kind == "translation":
                 yield _event("translation", {"sentence": data["sentence"],
-                                             "translation": translation_json(data["translation"])})
+                                             "translation": translation_json(data["translation"],
+                                                                             req.options.return_attention)})
             elif kind == "done":
-                yield _event("done", {"translations": [translation_json(t) for t in req.translations]})
+                yield _event("done", {"translations": [translation_json(t, req.options.return_attention)
+                                                       for t in req.translations]})
                 return
             else:
                 yield _event("error", error_body(data, data.status))

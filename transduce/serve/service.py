@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from transduce.errors import InputError, TransduceError
+from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
@@ -102,6 +103,7 @@ class Request:
         self.src: np.ndarray | None = None
         self.lens: np.ndarray | None = None
         self.prepared: list = []
+        self.texts: list[str] = []  # its sentences as given (replace_unknowns reads their tokens' text)
         self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
         self.cohort = None
         self.error: ServeError | None = None
@@ -167,9 +169,15 @@ class DecodeService:
         if not isinstance(truncate, bool):
             raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         tr = self.translator
+        if opts.attention:  # alignments the model or backend cannot give: the client's to change (400)
+            alignment_layer(opts.alignment_layer, tr.config.decoder_layers)
+            try:
+                require_attention(tr.backend)
+            except TransduceError as e:
+                raise ServeError(e.args[0], 400, e.hint) from None
         prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length)
         req = Request(len(texts), opts, timeout, listener)
-        req.prepared = prepared
+        req.prepared, req.texts = prepared, texts
         if prefixes is not None:
             req.prefixes = prefix_ids(tr.tokenizer, tr.config, prefixes, [len(p[0]) for p in prepared], opts,
                                       field="prefix")
@@ -397,7 +405,8 @@ class DecodeService:
             if req is None:
                 continue
             i = req.todo[s]
-            req.translations[i] = self.translator.translation(result, req.prepared[i])
+            req.translations[i] = self.translator.translation(
+                result, req.prepared[i], req.texts[i] if req.options.replace_unknowns else None)
             if req.first_token is None:
                 self._first_token(req)
             if self.metrics:

@@ -79,14 +79,16 @@ def precision_problems(inferred_model, precision: str) -> list[str]:
 
 
 def check_graph(path: str, graph: str, config: ModelConfig, precision: str, opset: int) -> dict[str, Any]:
-    """Structural checks of one exported graph ('encoder' or 'decoder_step'); ExportError on any failure.
+    """Structural checks of one exported graph ('encoder', 'decoder_step' or 'decoder_step.attn'); ExportError on
+    any failure.
 
     Returns the manifest's record of the graph (IO, opset, node count, op histogram, weight bytes).
     """
     import onnx
 
-    inputs, outputs = contract.graph_io(contract.ENCODER_FILE if graph == "encoder" else contract.STEP_FILE,
-                                        config.decoder_layers)
+    files = {"encoder": contract.ENCODER_FILE, "decoder_step": contract.STEP_FILE,
+             "decoder_step.attn": contract.ATTN_STEP_FILE}
+    inputs, outputs = contract.graph_io(files[graph], config.decoder_layers)
     name = os.path.basename(path)
     try:
         onnx.checker.check_model(path, full_check=True)

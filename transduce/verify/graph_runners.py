@@ -94,6 +94,8 @@ class ArtifactRunner:
         self.decoder = GraphRunner(step_path, evaluator, threads)
         ort_path = os.path.join(self.directory, contract.ORT_STEP_FILE)
         self.ort_decoder = GraphRunner(ort_path, "onnxruntime", threads) if os.path.exists(ort_path) else None
+        attn_path = os.path.join(self.directory, contract.ATTN_STEP_FILE)  # optional (older artifacts lack it)
+        self.attn_decoder = GraphRunner(attn_path, evaluator, threads) if os.path.exists(attn_path) else None
 
     def _float(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.asarray(a).astype(self.float_dtype))
@@ -105,7 +107,8 @@ class ArtifactRunner:
     def step(self, tokens: np.ndarray, positions: np.ndarray, src_lengths: np.ndarray,
              past: list[np.ndarray], cross: list[np.ndarray], graph: str = "decoder_step",
              topk: tuple[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """One step of decoder_step.onnx, or with graph="decoder_step.ort" of decoder_step.ort.onnx,
+        """One step of decoder_step.onnx (graph="decoder_step.attn": of decoder_step.attn.onnx, the same step with
+        its attention output), or with graph="decoder_step.ort" of decoder_step.ort.onnx,
         whose written cache slots are returned as new_key_i/new_value_i like the standard graph's.
 
         The ONNX Runtime graph runs as the runtime runs it: present_key_i/present_value_i bound onto
@@ -119,9 +122,10 @@ class ArtifactRunner:
         tokens, positions = np.ascontiguousarray(tokens, np.int64), np.ascontiguousarray(positions, np.int64)
         cross_in = {"src_lengths": np.ascontiguousarray(src_lengths, np.int64)}
         cross_in.update({f"cross_{nm}": self._float(a) for nm, a in zip(names, cross)})
-        if graph == "decoder_step":
-            return self.decoder.run({"tokens": tokens, "positions": positions, **cross_in,
-                                     **{f"past_{nm}": self._float(a) for nm, a in zip(names, past)}})
+        if graph in ("decoder_step", "decoder_step.attn"):
+            runner = self.decoder if graph == "decoder_step" else self.attn_decoder
+            return runner.run({"tokens": tokens, "positions": positions, **cross_in,
+                               **{f"past_{nm}": self._float(a) for nm, a in zip(names, past)}})
         if topk is None:
             vocab = next(i.shape[0] for i in self.ort_decoder.session.get_inputs() if i.name == "topk_bias")
             topk = (1, np.zeros(vocab, np.float32))

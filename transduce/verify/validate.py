@@ -153,15 +153,20 @@ def _eager_encode(model, src_ids: np.ndarray, src_lengths: np.ndarray) -> dict[s
     return out
 
 
-def _eager_step(model, tokens, positions, src_lengths, past: list[np.ndarray], cross: list[np.ndarray]):
+def _eager_step(model, tokens, positions, src_lengths, past: list[np.ndarray], cross: list[np.ndarray],
+                attention: bool = False):
+    """The eager step's outputs by contract name (with attention: the attention step graph's, "attention" too)."""
     import torch
 
     t = torch.from_numpy
     with torch.inference_mode():
-        lp, nk, nv = model.decode_step(t(tokens), t(positions), t(src_lengths), [t(a) for a in past[0::2]],
-                                       [t(a) for a in past[1::2]], [t(a) for a in cross[0::2]],
-                                       [t(a) for a in cross[1::2]])
+        got = model.decode_step(t(tokens), t(positions), t(src_lengths), [t(a) for a in past[0::2]],
+                                [t(a) for a in past[1::2]], [t(a) for a in cross[0::2]],
+                                [t(a) for a in cross[1::2]], return_attention=attention)
+    lp, nk, nv = got[:3]
     out = {"log_probs": lp.float().numpy()}
+    if attention:
+        out["attention"] = got[3].float().numpy()
     for i, (k, v) in enumerate(zip(nk, nv)):
         out[f"new_key_{i}"], out[f"new_value_{i}"] = k.float().numpy(), v.float().numpy()
     return out
@@ -189,6 +194,10 @@ def _run_case(case: Case, model, runner: ArtifactRunner, table: ErrorTable, rng:
         for g in step_graphs:
             want = ref if g == "decoder_step" else {**ref, **written(past, positions, ref)}
             table.add(g, case.name, runner.step(tok, positions, src_lengths, past, cross, graph=g), want)
+        if runner.attn_decoder is not None:  # the attention step graph: the step's outputs and its attention
+            want = _eager_step(model, tok, positions, src_lengths, past, cross, attention=True)
+            got = runner.step(tok, positions, src_lengths, past, cross, graph="decoder_step.attn")
+            table.add("decoder_step.attn", case.name, got, want)
         if runner.ort_decoder is not None:
             check_beams(tok, positions, past, ref)
 

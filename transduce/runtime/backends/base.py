@@ -32,6 +32,11 @@ Capabilities, each a protocol of its own; callers ask with isinstance and do wit
   StepGraphs     step_graphs() and only_step_graph(g): the step graph files a backend decodes with, and a
                  context in which it runs every step on one of them (parity checks each)
   Tuned          tuning(): what the backend chose when it loaded (threads, sessions, parts), JSON-ready
+  ReturnsAttention  step_attention(state, tokens): a step with step's side effects -> the full (R, vocab) fp32
+                 log-probs and every decoder layer's cross-attention weights averaged over the heads,
+                 (R, layers, S) fp32 over the state's source positions (0 past each row's source length);
+                 attention_problem(): why it cannot now (an artifact exported without the attention step
+                 graph), or None. Decoding calls it only for steps where a cohort asks for alignments.
 
 Tokens and token ids cross the protocol as numpy int64 arrays; everything else stays on the backend's
 device. PAD and BOS are never proposed by `step` (their log-probs are excluded from the top-k: topk.py), and
@@ -104,7 +109,14 @@ class Tuned(Protocol):
     def tuning(self) -> dict[str, Any]: ...
 
 
-CAPABILITIES = (AdmitsRows, Shards, FullOutputs, KeepsLogProbs, StepGraphs, Tuned)
+@runtime_checkable
+class ReturnsAttention(Protocol):
+    def step_attention(self, state: Any, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def attention_problem(self) -> str | None: ...
+
+
+CAPABILITIES = (AdmitsRows, Shards, FullOutputs, KeepsLogProbs, StepGraphs, Tuned, ReturnsAttention)
 CORE = ("name", "config", "device", "precision", "encode", "begin", "step", "reorder", "end")
 
 
@@ -146,6 +158,31 @@ def only_step_graph(backend: Any, graph: str | None) -> contextlib.AbstractConte
     if graph is not None:
         raise ValueError(f"{graph!r} is not one of this backend's step graphs []")
     return contextlib.nullcontext()
+
+
+def alignment_layer(layer: int, layers: int) -> int:
+    """The decoder layer (0-based) that option alignment_layer names in a decoder of `layers` layers: negative
+    counts from the last, and a negative one past the first is the first (-2 on a one-layer decoder: layer 0)."""
+    from transduce.errors import InputError
+
+    if layer >= layers:
+        raise InputError(f"alignment_layer {layer} is past this model's {layers} decoder layers (0..{layers - 1})",
+                         hint="negative values count from the last layer (-1: the last)", params=("alignment_layer",))
+    return layer if layer >= 0 else max(layers + layer, 0)
+
+
+def require_attention(backend: Any) -> None:
+    """BackendUnavailable unless `backend` can give the attention alignments are read from (ReturnsAttention)."""
+    from transduce.errors import BackendUnavailable
+
+    if not has_capability(backend, ReturnsAttention):
+        raise BackendUnavailable(f"the {backend.name} backend does not give attention weights, which alignments "
+                                 "(return_attention) are read from",
+                                 hint="decode with the torch or onnxruntime backend", params=("return_attention",))
+    problem = backend.attention_problem()
+    if problem:
+        hint = backend.artifact.rebuild_hint() if backend.artifact is not None else "decode with the torch backend"
+        raise BackendUnavailable(problem, hint=hint, params=("return_attention",))
 
 
 def renumbered_sources(row_src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -111,6 +111,7 @@ class OnnxRuntimeBackend(Backend):
         self._sessions = SessionMaker(ort, self.artifact, optimization)
         self._load_sessions(wanted, threads, fused, provider_options or {})
         self._topk: OrtTopK | None = None  # the standard graph's top-k session (made when first needed)
+        self._attention = None  # the attention step graph's session (made when alignments are first asked for)
         # the fused graph's top-k inputs: k, and the additive bias banning PAD, BOS (and EOS)
         self._topk_k: dict[int, np.ndarray] = {}
         self._ban_bias = {ban: ban_bias(self.config, ban) for ban in (False, True)}
@@ -403,6 +404,51 @@ class OnnxRuntimeBackend(Backend):
     def step_log_probs(self, state: RunState, tokens: np.ndarray) -> np.ndarray:
         self._run(state, tokens)
         return self._mem.to_numpy(state.outputs["log_probs"][: state.rows]).copy()
+
+    # -- attention (alignments) ----------------------------------------------------------------------
+    def attention_problem(self) -> str | None:
+        if contract.ATTN_STEP_FILE not in self.artifact.manifest["files"]:
+            return (f"{self.artifact.path} has no {contract.ATTN_STEP_FILE} (it was exported before transduce "
+                    "exported one), which alignments are read from")
+        return None
+
+    def step_attention(self, state: RunState, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A step on the attention step graph (contract.ATTN_STEP_FILE), run on numpy feeds gathered from the
+        state (a step that asks for alignments is not the fast path), its K/V written into the cache as the
+        standard graph's are -> the full log-probs and every layer's head-averaged cross-attention (R, layers, S)."""
+        session = self._attention_session()
+        each = state.row_pos
+        p = state.position if each is None else int(each.max())
+        if p >= state.capacity:
+            raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
+        r, mem, lay = state.rows, self._mem, self.layout
+        row_src = np.frombuffer(state.row_src_given, np.int64)  # every row's source, as last given
+        feeds = {"tokens": np.ascontiguousarray(tokens, np.int64),
+                 "positions": np.full(r, p, np.int64) if each is None else np.ascontiguousarray(each, np.int64),
+                 "src_lengths": np.asarray(mem.to_numpy(state.enc["src_lengths"]))[row_src]}
+        for i, name in enumerate(lay.cache_names):
+            feeds[name] = np.ascontiguousarray(mem.to_numpy(state.cache[i, :r]))
+        for name in lay.cross_names:
+            feeds[name] = np.ascontiguousarray(np.asarray(mem.to_numpy(state.enc[name]))[row_src])
+        got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        new = mem.from_numpy(np.stack([got[name] for name in lay.new_names]))  # (2L, R, H, 1, Dh)
+        if each is None:
+            mem.write_slot(state.cache, new, r, p)
+        else:
+            mem.write_slots(state.cache, new, r, each)
+        state.position = p + 1
+        if each is not None:
+            state.row_pos = each + 1
+        return got["log_probs"], got["attention"]
+
+    def _attention_session(self):
+        """The attention step graph's session on the CPU, made when first needed."""
+        if self._attention is None:
+            problem = self.attention_problem()
+            if problem:
+                raise BackendUnavailable(problem, hint=self.artifact.rebuild_hint())
+            self._attention = self._sessions.make(contract.ATTN_STEP_FILE, self.threads, self.pool_spin_us["steps"])
+        return self._attention
 
     def reorder(self, state: RunState, rows: np.ndarray, row_src: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64)

@@ -4,7 +4,7 @@ Opened over an artifact (open_backend), it decodes the model directory the artif
 checked to hold the same weights and config; made from a model, it has no artifact. It has one step
 function rather than step graphs, nothing to hand back at `end`, no parts. Capabilities: it admits rows
 into a running batch (their own positions; cross K/V padded to the widest source), gives full log-probs
-and encoder outputs, and reports its precision (tuning)."""
+and encoder outputs, the cross-attention alignments are read from, and reports its precision (tuning)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class TorchBackend(Backend):
             state.src_lengths = enc.src_lengths.index_select(0, idx)
         state.row_src = row_src.copy()
 
-    def _run(self, state: _State, tokens: np.ndarray):
+    def _run(self, state: _State, tokens: np.ndarray, attention: bool = False):
         torch = self.torch
         rows = len(tokens)
         p = state.position if state.row_pos is None else int(state.row_pos.max())
@@ -142,10 +142,11 @@ class TorchBackend(Backend):
         else:
             positions = self._long(state.row_pos)
         with torch.inference_mode():
-            lp, nk, nv = self.model.decode_step(
+            got = self.model.decode_step(
                 self._long(tokens), positions, state.src_lengths, state.cache_k, state.cache_v,
-                state.cross_k, state.cross_v,
+                state.cross_k, state.cross_v, return_attention=attention,
             )
+            lp, nk, nv = got[:3]
             every = torch.arange(rows, device=self.device)
             for i in range(len(nk)):
                 if state.row_pos is None:
@@ -157,7 +158,7 @@ class TorchBackend(Backend):
         state.position = p + 1
         if state.row_pos is not None:
             state.row_pos = state.row_pos + 1
-        return lp
+        return got if attention else lp
 
     def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False):
         lp = self._run(state, tokens)
@@ -174,6 +175,14 @@ class TorchBackend(Backend):
 
     def step_log_probs(self, state: _State, tokens: np.ndarray) -> np.ndarray:
         return self._run(state, tokens).cpu().numpy()
+
+    def step_attention(self, state: _State, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The step's full log-probs and every layer's head-averaged cross-attention (R, layers, S)."""
+        lp, _, _, attention = self._run(state, tokens, attention=True)
+        return lp.cpu().numpy(), attention.float().cpu().numpy()
+
+    def attention_problem(self) -> str | None:
+        return None  # the model's own step gives its attention
 
     def reorder(self, state: _State, rows: np.ndarray, row_src: np.ndarray) -> None:
         idx = self._long(rows)

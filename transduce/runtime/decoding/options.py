@@ -72,6 +72,18 @@ class DecodingOptions:
                                      "target language, or token ids; one token is never produced, a longer "
                                      "sequence's last token never after the rest (CTranslate2's "
                                      "suppress_sequences).", multiple=True)
+    # alignments: each output token's cross-attention over the source, read from one decoder layer's heads averaged
+    return_attention: bool = documented(False, "Also return each output token's cross-attention over the source "
+                                               "(alignment_layer's, averaged over its heads) and its alignment: the "
+                                               "source position it attends most (Pharaoh i-j pairs).")
+    # the second-to-last layer by default: Garg et al. (2019, "Jointly Learning to Align and Translate with
+    # Transformer Models") found the penultimate layer's head-averaged attention the best aligned of a 6-layer
+    # Transformer's (the last layer's attends more to what the next token needs than to what it translates)
+    alignment_layer: int = documented(-2, "The decoder layer whose cross-attention gives the alignments, 0-based; "
+                                          "negative counts from the last (-2: the second-to-last, the first on a "
+                                          "one-layer decoder).")
+    replace_unknowns: bool = documented(False, "Replace each <unk> output token by the text of the source token it "
+                                               "is aligned with (reads the attention as return_attention does).")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -95,8 +107,11 @@ class DecodingOptions:
 
     def __post_init__(self) -> None:
         # messages name the parameters as Python spells them (params=: a command line spells its flags)
+        for name in ("return_attention", "replace_unknowns"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}", params=(name,))
         for name in ("beam_size", "nbest", "min_length", "max_len_b", "sampling_topk", "seed", "no_repeat_ngram_size",
-                     "max_input_length"):
+                     "max_input_length", "alignment_layer"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 raise InputError(f"{name} must be an integer, got {v!r}", params=(name,))
@@ -161,6 +176,11 @@ class DecodingOptions:
         return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0 or bool(self.suppress)
 
     @property
+    def attention(self) -> bool:
+        """Whether the search keeps each output token's attention (return_attention, or replace_unknowns)."""
+        return self.return_attention or self.replace_unknowns
+
+    @property
     def sampling(self) -> bool:
         """Whether tokens are drawn at random (sampling_topk is not 1)."""
         return self.sampling_topk != 1
@@ -220,6 +240,16 @@ class Hypothesis:
     log_prob: float  # sum of token log-probs, EOS included
     token_log_probs: tuple[float, ...]  # one per generated token, EOS included when finished
     finished: bool  # False if cut at the maximum length
+    # with return_attention: (len(token_log_probs), source length) fp32, each generated token's (EOS included)
+    # cross-attention over the source's real positions (EOS included), the alignment layer's averaged over heads
+    attention: np.ndarray | None = field(default=None, compare=False)
+
+    def alignment(self) -> tuple[tuple[int, int], ...]:
+        """(source position, target position) of each output token (EOS excluded): the source position its
+        attention is highest on (Pharaoh's i-j, 0-based); () without attention."""
+        if self.attention is None:
+            return ()
+        return tuple((int(s), t) for t, s in enumerate(self.attention[: len(self.tokens)].argmax(axis=1).tolist()))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from transduce.errors import BackendUnavailable, TransduceError
-from transduce.runtime.backends.base import AdmitsRows, Backend, KeepsLogProbs, has_capability, renumbered_sources
+from transduce.runtime.backends.base import (
+    AdmitsRows,
+    Backend,
+    KeepsLogProbs,
+    alignment_layer,
+    has_capability,
+    renumbered_sources,
+    require_attention,
+)
 from transduce.runtime.backends.topk import banned_ids, numpy_topk
 from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, max_lengths
 from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
@@ -69,6 +77,10 @@ class RunningBatch:
         lens = max_lengths(src_lengths, options, cfg.max_positions)
         cohort: Cohort = (GreedyCohort(lens, options, cfg, on_tokens, keys, prefixes) if greedy
                           else BeamCohort(lens, options, cfg, keys, prefixes))
+        if options.attention:  # refused here, before it joins, where the backend cannot give attention
+            require_attention(backend)
+            cohort.attention_layer = alignment_layer(options.alignment_layer, cfg.decoder_layers)
+            cohort.src_len = np.asarray(src_lengths, np.int64)
         n = len(src_lengths)
         if self.state is not None and not self.cohorts:
             self._end()
@@ -114,8 +126,9 @@ class RunningBatch:
         mixed = any(bans) and not all(bans)  # then EOS is taken out here, for the cohorts that ban it
         tokens = cohorts[0].tokens if len(cohorts) == 1 else np.concatenate([c.tokens for c in cohorts])
         forced = [c.forced_ids() for c in cohorts]
-        vals, ids, full = self._run_step(tokens, min(kk + mixed, vocab), bans[0] and not mixed,
-                                         any(f is not None or c.adjusts for f, c in zip(forced, cohorts)))
+        vals, ids, full, att = self._run_step(tokens, min(kk + mixed, vocab), bans[0] and not mixed,
+                                              any(f is not None or c.adjusts for f, c in zip(forced, cohorts)),
+                                              any(c.attention_layer >= 0 for c in cohorts))
         self.steps += 1
         finished: Finished = []
         starts = []  # each cohort's first row in the state that stepped
@@ -131,7 +144,8 @@ class RunningBatch:
             starts.append((off, r))
             try:
                 rows = None if full is None else full[off: off + r]
-                c.advance(v, i, None if f is None else _chosen(rows, f), rows)
+                a = None if att is None or c.attention_layer < 0 else att[off: off + r]
+                c.advance(v, i, None if f is None else _chosen(rows, f), rows, a)
             except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
                 self.failed.append((c, e))
                 c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
@@ -149,22 +163,28 @@ class RunningBatch:
             backend.reorder(self.state, moves[0] if len(moves) == 1 else np.concatenate(moves), self._row_sources())
         return finished
 
-    def _run_step(self, tokens: np.ndarray, k: int, ban_eos: bool, full: bool):
+    def _run_step(self, tokens: np.ndarray, k: int, ban_eos: bool, full: bool, attention: bool = False):
         """One step of every row -> its top-k (values, ids) and, where `full` (a row is forced through its
-        prefix: its token's log-prob is needed, whatever its rank), the full (R, V) log-probs, else None."""
+        prefix or adjusted: its tokens' log-probs are needed, whatever their rank), the full (R, V) log-probs, else
+        None; and where `attention` (a cohort keeps it: one step for every row on the attention step), every
+        layer's head-averaged cross-attention (R, layers, S), else None."""
+        if attention:
+            log_probs, att = self.backend.step_attention(self.state, tokens)
+            return *numpy_topk(log_probs, k, banned_ids(self.backend.config, ban_eos)), log_probs, att
         if not full:
-            return *self.backend.step(self.state, tokens, k, ban_eos=ban_eos), None
+            return *self.backend.step(self.state, tokens, k, ban_eos=ban_eos), None, None
         if has_capability(self.backend, KeepsLogProbs):  # the backend's own top-k for the rows that take it as is
             vals, ids = self.backend.step(self.state, tokens, k, ban_eos=ban_eos)
-            return vals, ids, self.backend.last_log_probs(self.state)
+            return vals, ids, self.backend.last_log_probs(self.state), None
         log_probs = self.backend.step_log_probs(self.state, tokens)
-        return *numpy_topk(log_probs, k, banned_ids(self.backend.config, ban_eos)), log_probs
+        return *numpy_topk(log_probs, k, banned_ids(self.backend.config, ban_eos)), log_probs, None
 
     def _step_one(self, c: Cohort) -> Finished:
         forced = c.forced_ids()
-        vals, ids, full = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None or c.adjusts)
+        vals, ids, full, att = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None or c.adjusts,
+                                              c.attention_layer >= 0)
         self.steps += 1
-        c.advance(vals, ids, None if forced is None else _chosen(full, forced), full)
+        c.advance(vals, ids, None if forced is None else _chosen(full, forced), full, att)
         finished: Finished = []
         if c.done:
             finished = [(c, s, res) for s, res in c.done]

@@ -38,6 +38,10 @@ class Cohort:
     done: list[tuple[int, DecodeResult]]  # finished sentences not collected yet
     src_of: np.ndarray  # (sentences,) each sentence's source in the backend state (the running batch's)
     src_identity = False  # src_of is arange(sentences): row_sent is the rows' sources as it is
+    # return_attention: each sentence's source length (EOS included; the running batch sets it) and the decoder
+    # layer whose attention it keeps (-1: it keeps none)
+    src_len: np.ndarray | None = None
+    attention_layer = -1
 
     def __init__(self, max_len: np.ndarray, options: DecodingOptions, cfg: ModelConfig, keys: np.ndarray | None = None,
                  prefixes: Sequence[Sequence[int]] | None = None):
@@ -73,10 +77,16 @@ class Cohort:
         return forced if (forced >= 0).any() else None
 
     def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
-                full: np.ndarray | None = None) -> None:
+                full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         """This step's candidates of every row (kk each, best first); forced_lp: with forced_ids(), the log-prob
-        the step gave each row's forced token; full: where the cohort adjusts, the rows' full log-probs."""
+        the step gave each row's forced token; full: where the cohort adjusts, the rows' full log-probs;
+        attention: where it keeps attention (attention_layer >= 0), every layer's (rows, layers, S)."""
         raise NotImplementedError
+
+    def _attention_of(self, sentences: np.ndarray, steps: list[np.ndarray]) -> list[np.ndarray]:
+        """Each sentence's (T, source length) attention from `steps`: step u's (len(sentences), S_u) rows."""
+        return [np.stack([a[j, : int(self.src_len[s])] for a in steps]).astype(np.float32)
+                for j, s in enumerate(sentences.tolist())]
 
     def _adjusted(self, full: np.ndarray, history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """This step's candidates from the full log-probs adjusted by each row's output so far (repetition.py)."""
@@ -106,10 +116,13 @@ class GreedyCohort(Cohort):
         self.tokens = np.full(n, cfg.bos_id, dtype=np.int64)
         self.out_tok = np.zeros((n, cap), dtype=np.int64)
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
+        self.atts: list[tuple[np.ndarray, np.ndarray]] = []  # return_attention: each step's (row_sent, (rows, S))
 
     def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
-                full: np.ndarray | None = None) -> None:
+                full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         t, live = self.t, self.row_sent
+        if attention is not None and self.attention_layer >= 0:
+            self.atts.append((live, np.ascontiguousarray(attention[:, self.attention_layer])))
         if full is not None and self.adjusts:
             vals, ids = self._adjusted(full, self.out_tok[live, :t])
         self.t += 1
@@ -152,8 +165,12 @@ class GreedyCohort(Cohort):
     def _result(self, i: int, m: int, ended: bool) -> DecodeResult:
         raw = float(self.out_lp[i, :m].astype(np.float64).sum())
         toks = self.out_tok[i, : m - 1] if ended else self.out_tok[i, :m]
+        attention = None
+        if self.attention_layer >= 0:  # sentence i's row of each step (row_sent stays ascending)
+            steps = [a[np.searchsorted(live, i)][None] for live, a in self.atts[:m]]
+            attention = self._attention_of(np.array([i]), steps)[0]
         hyp = Hypothesis(tuple(toks.tolist()), raw / self.options.penalty(m), raw,
-                         tuple(self.out_lp[i, :m].tolist()), ended)
+                         tuple(self.out_lp[i, :m].tolist()), ended, attention)
         return DecodeResult((hyp,))
 
 
@@ -192,6 +209,7 @@ class BeamCohort(Cohort):
         self.parents: list[np.ndarray] = []
         self.toks: list[np.ndarray] = []
         self.lps: list[np.ndarray] = []
+        self.atts: list[np.ndarray] = []  # return_attention: step u's (rows, S) of the state that made it
 
     def reserved_rows(self) -> int:
         return len(self.sent) * self.k
@@ -203,15 +221,21 @@ class BeamCohort(Cohort):
         hist_tok = np.empty((m, t + 1), np.int64)
         hist_lp = np.empty((m, t + 1), np.float32)
         hist_tok[:, t], hist_lp[:, t] = last_tok, last_lp
+        keep = self.attention_layer >= 0
+        hist_att = [self.atts[t][rows]] if keep else []  # newest first: step t's, by the row that made it
         for u in range(t - 1, -1, -1):  # follow the back-pointers of all of them at once
             hist_tok[:, u], hist_lp[:, u] = self.toks[u][rows], self.lps[u][rows]
             rows = self.parents[u][rows]
+            if keep:  # token u was chosen from the attention of the row it continued at step u
+                hist_att.append(self.atts[u][rows])
+        attention = self._attention_of(ss, hist_att[::-1]) if keep else [None] * m
         penalty = self.options.penalty(t + 1)
         for i, s in enumerate(ss.tolist()):
             ts = hist_tok[i, :t] if finished else hist_tok[i]
             raw = float(raws[i])
             hyps = self.final[s]
-            hyps.append(Hypothesis(tuple(ts.tolist()), raw / penalty, raw, tuple(hist_lp[i].tolist()), finished))
+            hyps.append(Hypothesis(tuple(ts.tolist()), raw / penalty, raw, tuple(hist_lp[i].tolist()), finished,
+                                   attention[i]))
             if len(hyps) >= self.need:
                 # k-finished reads only that there are enough; the other rules the k-th best score
                 self.kth[s] = (np.inf if self.rule == "k-finished" else
@@ -219,8 +243,10 @@ class BeamCohort(Cohort):
                 self.any_kth = True
 
     def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
-                full: np.ndarray | None = None) -> None:
+                full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         t, kk, sent = self.t, self.ranked, self.sent
+        if attention is not None and self.attention_layer >= 0:
+            self.atts.append(np.ascontiguousarray(attention[:, self.attention_layer]))  # not a view of every layer's
         if full is not None and self.adjusts:
             vals, ids = self._adjusted(full, self.history)
         self.t += 1
