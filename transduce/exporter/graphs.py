@@ -43,6 +43,8 @@ class StepGraph(nn.Module):
     cross = [cross_key_0, cross_value_0, ...] (B, H, S, Dh) -> log_probs (B, V) fp32, new_key_0,
     new_value_0, ... (B, H, 1, Dh)."""
 
+    attention = False  # AttentionStepGraph: every decoder layer's cross-attention too
+
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
@@ -50,27 +52,18 @@ class StepGraph(nn.Module):
     def forward(
         self, tokens: Tensor, positions: Tensor, src_lengths: Tensor, past: list[Tensor], cross: list[Tensor]
     ) -> tuple[Tensor, ...]:
-        log_probs, new_k, new_v = self.model.decode_step(
-            tokens, positions, src_lengths, past[0::2], past[1::2], cross[0::2], cross[1::2]
+        log_probs, new_k, new_v, *attention = self.model.decode_step(
+            tokens, positions, src_lengths, past[0::2], past[1::2], cross[0::2], cross[1::2],
+            return_attention=self.attention,
         )
-        return (log_probs, *interleave(new_k, new_v))
+        return (log_probs, *interleave(new_k, new_v), *attention)
 
 
-class AttentionStepGraph(nn.Module):
+class AttentionStepGraph(StepGraph):
     """StepGraph's inputs and outputs, then attention (B, layers, S) fp32: every decoder layer's cross-attention
     weights averaged over the heads (contract.ATTN_STEP_FILE; alignments read it)."""
 
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, tokens: Tensor, positions: Tensor, src_lengths: Tensor, past: list[Tensor], cross: list[Tensor]
-    ) -> tuple[Tensor, ...]:
-        log_probs, new_k, new_v, attention = self.model.decode_step(
-            tokens, positions, src_lengths, past[0::2], past[1::2], cross[0::2], cross[1::2], return_attention=True
-        )
-        return (log_probs, *interleave(new_k, new_v), attention)
+    attention = True
 
 
 def trace_sizes(cfg: ModelConfig) -> dict[str, int]:
