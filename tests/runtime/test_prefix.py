@@ -139,3 +139,32 @@ def test_decode_command_takes_a_prefix_file(tiny_artifact_dir, tmp_path):
     r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, "--input", str(tmp_path / "in"), "--prefix",
                                   str(tmp_path / "pre")])
     assert r.exit_code == 2 and "--prefix has 1 lines and the input 5" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_forced_eos_ends_every_hypothesis_at_the_maximum_length(tiny_model, tiny_artifact_dir, name, beam):
+    """Without forced_eos, hypotheses that reach the maximum length are cut there unfinished (that many tokens);
+    with it every hypothesis is finished, those at the maximum length by an EOS (one token fewer) counted at
+    log-prob 0, as Hugging Face's forced_eos_token_id counts it; greedy search (which never ends by itself on the
+    tiny random model) keeps the tokens before it. The same with prefixes, and in any batch."""
+    backend = TorchBackend(tiny_model) if name == "torch" else load(tiny_artifact_dir, threads=1).backend
+    src, lens, prefixes = _batch(backend.config, 5, seed=5)
+    base = dict(beam_size=beam, nbest=beam, max_len_a=0.0, max_len_b=6)
+    cut = decode(backend, src, lens, DecodingOptions(**base), prefixes=prefixes)
+    ended = decode(backend, src, lens, DecodingOptions(**base, forced_eos=True), prefixes=prefixes)
+    assert all(len(h.tokens) == 6 for r in cut for h in r.hypotheses if not h.finished)
+    assert any(not h.finished for r in cut for h in r.hypotheses)
+    for c, e in zip(cut, ended, strict=True):
+        assert all(h.finished for h in e.hypotheses)
+        for h in e.hypotheses:
+            if len(h.tokens) == 5:  # ended at the maximum length: EOS forced, at 0
+                assert h.token_log_probs[-1] == 0.0
+            assert h.log_prob == pytest.approx(sum(h.token_log_probs), abs=1e-4)
+        if beam == 1:  # greedy never ends by itself here: the same tokens, then EOS
+            assert len(e.best.tokens) == 5 and e.best.tokens == c.best.tokens[:5]
+    alone = [decode(backend, src[i: i + 1, : lens[i]], lens[i: i + 1], DecodingOptions(**base, forced_eos=True),
+                    prefixes=[prefixes[i]])[0] for i in range(5)]
+    assert [[h.tokens for h in r.hypotheses] for r in alone] == [[h.tokens for h in r.hypotheses] for r in ended]
+    with pytest.raises(InputError, match="forced_eos must be true or false"):
+        DecodingOptions(forced_eos="yes")

@@ -67,6 +67,9 @@ class DecodingOptions:
                                                 "applies its repetition_penalty.")
     max_input_length: int = documented(0, "Source tokens taken at most, EOS excluded (0: what the model's positions "
                                           "allow); a longer source is refused, or cut with truncate.")
+    forced_eos: bool = documented(False, "End a hypothesis that reaches the maximum length with EOS (its last token "
+                                         "forced, counted at log-prob 0) instead of cutting it there unfinished, as "
+                                         "Hugging Face's forced_eos_token_id does.")
     # texts (tokenized with the target vocabulary by the translator) or token id sequences
     suppress: tuple = documented((), "A token sequence no output may hold (repeat the flag for several): text in the "
                                      "target language, or token ids; one token is never produced, a longer "
@@ -138,6 +141,8 @@ class DecodingOptions:
                      "max_input_length"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", params=(name,))
+        if not isinstance(self.forced_eos, bool | np.bool_):
+            raise InputError(f"forced_eos must be true or false, got {self.forced_eos!r}", params=("forced_eos",))
         object.__setattr__(self, "suppress", _sequences(self.suppress))
         if self.early_stopping not in EARLY_STOPPING:
             raise InputError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got "

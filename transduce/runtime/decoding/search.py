@@ -69,12 +69,22 @@ class Cohort:
         return self.rows
 
     def forced_ids(self) -> np.ndarray | None:
-        """(rows,) the token each row is forced to take this step (its sentence's prefix), -1 where it is free;
-        None while no row is forced."""
-        if self.t >= self.prefix_steps:
-            return None
-        forced = self.prefix[self.row_sent, self.t]
-        return forced if (forced >= 0).any() else None
+        """(rows,) the token each row is forced to take this step (its sentence's prefix; EOS at its maximum
+        length with forced_eos), -1 where it is free; None while no row is forced."""
+        return self._forced(self.t)
+
+    def _forced(self, t: int) -> np.ndarray | None:
+        forced = self.prefix[self.row_sent, t] if t < self.prefix_steps else None
+        if self.options.forced_eos:
+            last = self.max_len[self.row_sent] == t + 1
+            if last.any():
+                forced = np.where(last, self.eos, -1 if forced is None else forced)
+        return forced if forced is not None and (forced >= 0).any() else None
+
+    def _forced_lp(self, forced: np.ndarray, forced_lp: np.ndarray) -> np.ndarray:
+        """The log-probs forced tokens count: the model's, but 0 for forced_eos's EOS (Hugging Face's
+        forced_eos_token_id leaves it the only token, at log-prob 0)."""
+        return np.where(forced == self.eos, 0.0, forced_lp) if self.options.forced_eos else forced_lp
 
     def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
@@ -132,8 +142,9 @@ class GreedyCohort(Cohort):
             pick = sampling.draw_one(vals, self.options, u)[:, None]
             vals, ids = np.take_along_axis(vals, pick, axis=1), np.take_along_axis(ids, pick, axis=1)
         tok, lp = ids[:, 0], vals[:, 0]
-        if forced_lp is not None:  # rows still in their prefix take its token
-            forced = self.prefix[live, t]
+        if forced_lp is not None:  # rows still in their prefix (or at their last step, forced_eos) take its token
+            forced = self._forced(t)
+            forced_lp = self._forced_lp(forced, forced_lp)
             tok, lp = np.where(forced >= 0, forced, tok), np.where(forced >= 0, forced_lp, lp)
         if self.everyone:
             self.out_tok[:, t] = tok
@@ -251,7 +262,8 @@ class BeamCohort(Cohort):
             vals, ids = self._adjusted(full, self.history)
         self.t += 1
         if forced_lp is not None:  # a row in its prefix has one candidate, the prefix's token: one live beam
-            forced = self.prefix[self.row_sent, t]
+            forced = self._forced(t)
+            forced_lp = self._forced_lp(forced, forced_lp)
             rows = np.flatnonzero(forced >= 0)
             vals, ids = vals.copy(), ids.copy()
             vals[rows, 0], ids[rows, 0], vals[rows, 1:] = forced_lp[rows], forced[rows], -np.inf
