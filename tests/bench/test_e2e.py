@@ -219,7 +219,8 @@ def test_e2e_options_are_checked():
 
 
 @pytest.mark.parametrize("args, says", [(["--e2e-sentences", "0"], "--e2e-sentences must be between 1 and"),
-                                        (["--e2e-sentences", "many"], "'many' is not a valid integer")])
+                                        (["--e2e-sentences", "many"], "'many' is not a valid integer"),
+                                        (["--e2e-sentences", "5", "--no-e2e"], "which --no-e2e leaves out")])
 def test_bad_e2e_options_are_a_clear_error(tmp_path, args, says):
     from click.testing import CliRunner
 

@@ -9,7 +9,7 @@ import click
 
 from transduce.bench.ctranslate2.settings import DEFAULT_CT2_SETTINGS
 from transduce.cli.errors import QUIET_HELP, cli_errors
-from transduce.errors import TransduceError
+from transduce.errors import InputError, TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 
 
@@ -114,6 +114,9 @@ def bench(model_dir, artifact_dir, sizes, backends, batches, modes, repeats, war
     from transduce.bench.harness import run_bench
     from transduce.bench.report import markdown, write_reports
 
+    if no_e2e and e2e_sentences is not None:
+        raise InputError("--e2e-sentences sizes the end-to-end cells, which --no-e2e leaves out",
+                         hint="give one of the two")
     options = dict(sizes=_csv(sizes), backends=_csv(backends), batches=_ints(batches), modes=_csv(modes),
                    repeats=repeats, warmup=warmup, min_seconds=min_seconds, steps=steps, src_len=src_len,
                    threads=threads, ct2_settings=_csv(ct2_settings), check_sentences=check_sentences,
