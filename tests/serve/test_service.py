@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 
 import numpy as np
 import pytest
@@ -10,25 +11,39 @@ import pytest
 TEXTS = ["one two three", "four hundred and five", "twelve", "", "seven thousand and one", "nine"]
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "static", "single"])
-def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, scheduler):
+@contextlib.contextmanager
+def _started(artifact_dir: str, **options):
+    """A started DecodeService over the artifact (ServiceOptions `options`), stopped when the block ends."""
     from transduce.runtime.api import load
     from transduce.serve.service import DecodeService, ServiceOptions
 
-    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(scheduler=scheduler, max_rows=16))
+    service = DecodeService(load(artifact_dir, threads=1), ServiceOptions(**options))
     service.start()
     try:
+        yield service
+    finally:
+        service.stop()
+
+
+def _concurrently(service, cases: list) -> list:
+    """Each case's (texts, options) translated by the service at the same time, one client thread each."""
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        return list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static", "single"])
+def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, scheduler):
+    from transduce.runtime.api import load
+
+    with _started(tiny_artifact_dir, scheduler=scheduler, max_rows=16) as service:
         cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + j % 3}) for j in range(6)]
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        answers = _concurrently(service, cases)
         offline = load(tiny_artifact_dir, threads=1)
         for (texts, opts), got in zip(cases, answers, strict=True):
             want = offline.translate(texts, **opts)
             assert [g.tokens for g in got] == [w.tokens for w in want]
             np.testing.assert_allclose([g.score for g in got], [w.score for w in want], atol=1e-5)
         assert service.batch.rows == 0 and service.queue_depth() == 0
-    finally:
-        service.stop()
     assert not service.alive()
 
 
@@ -37,21 +52,15 @@ def test_sampled_requests_decoded_beside_others_get_their_offline_samples(tiny_a
     not, each get what offline translation of their own sentences gives: a sentence's draws are keyed by its
     number in its request, never by the running batch around it."""
     from transduce.runtime.api import load
-    from transduce.serve.service import DecodeService, ServiceOptions
 
-    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
-    service.start()
-    try:
+    with _started(tiny_artifact_dir, max_rows=32) as service:
         sampled = {"sampling_topk": 0, "sampling_temperature": 1.5, "max_len_b": 8}
         cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + 3 * (j % 2), "seed": j // 2, **sampled})
                  for j in range(4)] + [(TEXTS, {"beam_size": 2})]
-        with concurrent.futures.ThreadPoolExecutor(5) as pool:
-            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        answers = _concurrently(service, cases)
         offline = load(tiny_artifact_dir, threads=1)
         for (texts, opts), got in zip(cases, answers, strict=True):
             assert [g.tokens for g in got] == [w.tokens for w in offline.translate(texts, **opts)]
-    finally:
-        service.stop()
 
 
 def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_artifact_dir):
@@ -59,11 +68,8 @@ def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_art
     translation with the same prefixes gives; a bad prefix is an InputError naming the field and sentence."""
     from transduce.errors import InputError
     from transduce.runtime.api import load
-    from transduce.serve.service import DecodeService, ServiceOptions
 
-    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
-    service.start()
-    try:
+    with _started(tiny_artifact_dir, max_rows=32) as service:
         prefixes = ["two", None, "three four", "", "one", [5, 6]]
         cases = [(TEXTS, {"beam_size": 1}, prefixes), (TEXTS, {"beam_size": 3}, prefixes[::-1]), (TEXTS, {}, None)]
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -77,8 +83,6 @@ def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_art
         with pytest.raises(InputError, match="the prefix of sentence 2 has token id 2") as e:
             service.submit(TEXTS, {}, prefixes=[None, [2], None, None, None, None])
         assert e.value.field == "prefix" and e.value.sentence == 2
-    finally:
-        service.stop()
 
 
 def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir):
@@ -86,11 +90,8 @@ def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir):
     request give offline translation's output; a bad suppress is an InputError naming it."""
     from transduce.errors import InputError
     from transduce.runtime.api import load
-    from transduce.serve.service import DecodeService, ServiceOptions
 
-    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
-    service.start()
-    try:
+    with _started(tiny_artifact_dir, max_rows=32) as service:
         opts = {"suppress": ["the", [5, 6]], "no_repeat_ngram_size": 2, "repetition_penalty": 1.3, "beam_size": 2}
         got = service.translate(TEXTS, opts)
         want = load(tiny_artifact_dir, threads=1).translate(TEXTS, **opts)
@@ -98,8 +99,6 @@ def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir):
         with pytest.raises(InputError, match="suppress must be a list") as e:
             service.translate(TEXTS, {"suppress": "the"})
         assert e.value.params == ("suppress",)
-    finally:
-        service.stop()
 
 
 def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_model):
@@ -121,8 +120,7 @@ def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_
     service.start()
     try:
         cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + j % 3}) for j in range(6)]
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        answers = _concurrently(service, cases)
         offline = load(tiny_artifact_dir, backend="torch")
         for (texts, opts), got in zip(cases, answers, strict=True):
             want = offline.translate(texts, **opts)
@@ -144,17 +142,12 @@ def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir):
 
 def test_a_request_past_its_deadline_is_told_the_timeout_it_asked_for(tiny_artifact_dir):
     """The 504's message gives the request's own timeout (however small), never a negative one."""
-    from transduce.runtime.api import load
-    from transduce.serve.service import DecodeService, ServeError, ServiceOptions
+    from transduce.serve.service import ServeError
 
-    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions())
-    service.start()
-    try:
+    with _started(tiny_artifact_dir) as service:
         with pytest.raises(ServeError, match=r"passed its deadline of 1e-06 s") as e:
             service.translate(["one two three"] * 4, {"beam_size": 4}, timeout=1e-6)
         assert e.value.status == 504
-    finally:
-        service.stop()
 
 
 def test_a_mapping_is_not_a_list_of_sentences(tiny_artifact_dir):
@@ -174,16 +167,12 @@ def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(t
 
     from transduce.runtime.api import load
     from transduce.serve.app import create_app
-    from transduce.serve.service import DecodeService, ServiceOptions
 
-    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=32))
-    service.start()
-    try:
+    with _started(tiny_artifact_dir, max_rows=32) as service:
         cases = [(TEXTS, {"beam_size": 2, "return_attention": True, "max_len_b": 6}),
                  (TEXTS[::-1], {"beam_size": 1, "max_len_b": 6}),
                  (TEXTS[1:], {"beam_size": 1, "return_attention": True, "alignment_layer": 0, "max_len_b": 6})]
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
+        answers = _concurrently(service, cases)
         offline = load(tiny_artifact_dir, threads=1)
         for (texts, opts), got in zip(cases, answers, strict=True):
             want = offline.translate(texts, **opts)
@@ -205,8 +194,6 @@ def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(t
         assert "alignment" in body["translations"][0] and "attention" not in body["translations"][0]
         body = client.post("/v1/translate", json={"text": TEXTS[:1]}).json()
         assert "alignment" not in body["translations"][0] and "alignment" not in body["translations"][0]["nbest"][0]
-    finally:
-        service.stop()
 
 
 def test_alignments_the_model_or_artifact_cannot_give_are_refused_at_submit(tiny_artifact_dir, tmp_path):
