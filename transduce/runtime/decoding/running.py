@@ -145,7 +145,7 @@ class RunningBatch:
             try:
                 rows = None if full is None else full[off: off + r]
                 a = None if att is None or c.attention_layer < 0 else att[off: off + r]
-                c.advance(v, i, None if f is None else _chosen(rows, f), rows, a)
+                c.advance(v, i, None if f is None else (f, _chosen(rows, f)), rows, a)
             except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
                 self.failed.append((c, e))
                 c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
@@ -184,7 +184,7 @@ class RunningBatch:
         vals, ids, full, att = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None or c.adjusts,
                                               c.attention_layer >= 0)
         self.steps += 1
-        c.advance(vals, ids, None if forced is None else _chosen(full, forced), full, att)
+        c.advance(vals, ids, None if forced is None else (forced, _chosen(full, forced)), full, att)
         finished: Finished = []
         if c.done:
             finished = [(c, s, res) for s, res in c.done]

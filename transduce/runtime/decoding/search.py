@@ -71,9 +71,7 @@ class Cohort:
     def forced_ids(self) -> np.ndarray | None:
         """(rows,) the token each row is forced to take this step (its sentence's prefix; EOS at its maximum
         length with forced_eos), -1 where it is free; None while no row is forced."""
-        return self._forced(self.t)
-
-    def _forced(self, t: int) -> np.ndarray | None:
+        t = self.t
         forced = self.prefix[self.row_sent, t] if t < self.prefix_steps else None
         if self.options.forced_eos:
             last = self.max_len[self.row_sent] == t + 1
@@ -86,10 +84,10 @@ class Cohort:
         forced_eos_token_id leaves it the only token, at log-prob 0)."""
         return np.where(forced == self.eos, 0.0, forced_lp) if self.options.forced_eos else forced_lp
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None = None,
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
-        """This step's candidates of every row (kk each, best first); forced_lp: with forced_ids(), the log-prob
-        the step gave each row's forced token; full: where the cohort adjusts, the rows' full log-probs;
+        """This step's candidates of every row (kk each, best first); forced: forced_ids() and the log-prob the
+        step gave each row's forced token; full: where the cohort adjusts, the rows' full log-probs;
         attention: where it keeps attention (attention_layer >= 0), every layer's (rows, layers, S)."""
         raise NotImplementedError
 
@@ -128,7 +126,7 @@ class GreedyCohort(Cohort):
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
         self.atts: list[tuple[np.ndarray, np.ndarray]] = []  # return_attention: each step's (row_sent, (rows, S))
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None = None,
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         t, live = self.t, self.row_sent
         if attention is not None and self.attention_layer >= 0:
@@ -142,10 +140,9 @@ class GreedyCohort(Cohort):
             pick = sampling.draw_one(vals, self.options, u)[:, None]
             vals, ids = np.take_along_axis(vals, pick, axis=1), np.take_along_axis(ids, pick, axis=1)
         tok, lp = ids[:, 0], vals[:, 0]
-        if forced_lp is not None:  # rows still in their prefix (or at their last step, forced_eos) take its token
-            forced = self._forced(t)
-            forced_lp = self._forced_lp(forced, forced_lp)
-            tok, lp = np.where(forced >= 0, forced, tok), np.where(forced >= 0, forced_lp, lp)
+        if forced is not None:  # rows still in their prefix (or at their last step, forced_eos) take its token
+            f_ids, f_lp = forced[0], self._forced_lp(*forced)
+            tok, lp = np.where(f_ids >= 0, f_ids, tok), np.where(f_ids >= 0, f_lp, lp)
         if self.everyone:
             self.out_tok[:, t] = tok
             self.out_lp[:, t] = lp
@@ -253,7 +250,7 @@ class BeamCohort(Cohort):
                                sorted((h.score for h in hyps), reverse=True)[self.k - 1])
                 self.any_kth = True
 
-    def advance(self, vals: np.ndarray, ids: np.ndarray, forced_lp: np.ndarray | None = None,
+    def advance(self, vals: np.ndarray, ids: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None = None,
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
         t, kk, sent = self.t, self.ranked, self.sent
         if attention is not None and self.attention_layer >= 0:
@@ -261,12 +258,11 @@ class BeamCohort(Cohort):
         if full is not None and self.adjusts:
             vals, ids = self._adjusted(full, self.history)
         self.t += 1
-        if forced_lp is not None:  # a row in its prefix has one candidate, the prefix's token: one live beam
-            forced = self._forced(t)
-            forced_lp = self._forced_lp(forced, forced_lp)
-            rows = np.flatnonzero(forced >= 0)
+        if forced is not None:  # a row in its prefix has one candidate, the prefix's token: one live beam
+            f_ids, f_lp = forced[0], self._forced_lp(*forced)
+            rows = np.flatnonzero(f_ids >= 0)
             vals, ids = vals.copy(), ids.copy()
-            vals[rows, 0], ids[rows, 0], vals[rows, 1:] = forced_lp[rows], forced[rows], -np.inf
+            vals[rows, 0], ids[rows, 0], vals[rows, 1:] = f_lp[rows], f_ids[rows], -np.inf
         if self.options.sampling:  # each row's candidates drawn, not taken best first
             # a row's draws are its sentence's lanes of its beam's rank: not its slot, which the sentences beside it
             # can shift (_stay_in_place)
