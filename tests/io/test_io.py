@@ -540,3 +540,25 @@ def test_a_command_that_ends_stops_the_sigterm_watchdog():
         assert any(t.name == "transduce-sigterm-watchdog" for t in threading.enumerate())
     assert not any(t.name == "transduce-sigterm-watchdog" for t in threading.enumerate())
     assert signal.set_wakeup_fd(-1) == -1 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_sigterm_during_an_import_ends_the_command_after_it(tmp_path):
+    """A SIGTERM that lands while a module is being imported (an export imports parts of torch late) waits for the
+    import to finish: raised inside it, the exit would leave the module half-made for whatever catches it (seen as
+    a TypeError and exit 1 from inside torch's imports). The command still ends with 143, at the import's end."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, pathlib\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "total = sum(range(200_000))  # bytecode after the signal: where a handler would run\n"
+        "pathlib.Path(os.environ['MARKER']).write_text('imported')\n")
+    script = ("import time; from transduce import cli\n"
+              "with cli._terminate_like_interrupt():\n"
+              "    import slow_module\n"
+              "    while True:\n"
+              "        time.sleep(0.01)\n")
+    marker = tmp_path / "marker"
+    env = {**os.environ, "MARKER": str(marker), "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert marker.read_text() == "imported", "the SIGTERM cut the import short"
+    assert "Traceback" not in proc.stderr, proc.stderr

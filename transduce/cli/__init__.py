@@ -49,6 +49,9 @@ def _terminate_like_interrupt():
 
     def terminate(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        if _importing(frame):  # raised inside a module's body, the exit leaves it half-made for its importers
+            _exit_after_import(threading.main_thread().ident)
+            return
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
@@ -58,6 +61,38 @@ def _terminate_like_interrupt():
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         stop_watchdog()
+
+
+class _Terminated(SystemExit):
+    """SystemExit(143), raised in the main thread by another one (which can give only the class)."""
+
+    def __init__(self, *args):
+        super().__init__(143)
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs inside an import (a module's body under importlib's machinery)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _exit_after_import(main_ident: int) -> None:
+    """Raise SystemExit(143) in the main thread as soon as it is past the import it is in."""
+    import ctypes
+    import sys
+    import threading
+    import time
+
+    def wait() -> None:
+        while (frame := sys._current_frames().get(main_ident)) is not None and _importing(frame):
+            time.sleep(0.005)
+        if frame is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main_ident), ctypes.py_object(_Terminated))
+
+    threading.Thread(target=wait, name="transduce-sigterm-after-import", daemon=True).start()
 
 
 def _start_term_watchdog():
