@@ -98,6 +98,7 @@ def test_requests_are_encoded_once_as_whole_http_requests():
     (["--connections", "1", "--warmup", "-1"], "--warmup must be a finite number of seconds >= 0"),
     (["--data", "/nonexistent/sentences.txt"], "cannot read --data '/nonexistent/sentences.txt'"),
     (["--data", "EMPTY"], "holds no sentences"),
+    (["--artifact", "/nonexistent/artifact"], "--artifact '/nonexistent/artifact' is not a directory"),
 ])
 def test_bad_closed_loop_input_is_an_error_not_a_traceback(args, says, tmp_path):
     empty = tmp_path / "empty.txt"
@@ -149,6 +150,18 @@ def test_the_closed_loop_counts_errors_by_status(server, tmp_path):
     assert row["answered"] == 0 and row["sent"] >= 1 and row["errors"] == {"400": row["sent"]}
     assert row["failed"] == row["sent"] and row["latency_p50"] is None and row["cpu_s_per_request"] is None
     assert "400: " in (out / "loadtest.md").read_text()
+
+
+def test_the_open_loop_sends_several_sentences_a_request_and_costs_them(server, tmp_path):
+    out = tmp_path / "report"
+    r = CliRunner().invoke(main, ["loadtest", server.url, "--rates", "20", "--duration", "1",
+                                  "--sentences-per-request", "3", "--api-key-file", _key(tmp_path), "--out", str(out),
+                                  "--quiet"])
+    assert r.exit_code == 0, r.output
+    [row] = json.loads((out / "loadtest.json").read_text())["rows"]
+    assert row["answered"] == row["sent"] >= 1 and row["sentences_per_request"] == 3
+    assert row["sentences_per_s"] == pytest.approx(3 * row["requests_per_s"]) and row["ttft_p50"] is not None
+    assert row["server_cpu_s"] > 0 and row["cpu_s_per_request"] == pytest.approx(3 * row["cpu_s_per_sentence"])
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install -y wrk)")

@@ -109,6 +109,8 @@ def loadtest(urls, rates, connections, processes, warmup, duration, sentences_pe
                        warmup=warmup, processes=lt.default_processes() if processes is None else processes,
                        sentences_per_request=sentences_per_request, beam_size=1 if beam is None else beam,
                        timeout=timeout, seed=seed)
+    if artifact and not os.path.isdir(artifact):  # found out now, not after the load
+        raise InputError(f"--artifact {artifact!r} is not a directory", hint="give an exported artifact directory")
     if os.path.exists(os.path.join(out_dir, "loadtest.json")) and not force:
         raise InputError(f"{out_dir} already holds a load-test report (loadtest.json)",
                          hint="pass --force to replace it")

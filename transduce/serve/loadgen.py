@@ -174,25 +174,33 @@ def run_closed_loop(url: str, requests: tuple[bytes, ...], load: ClosedLoop, dur
         part = Part(u.hostname or "127.0.0.1", port, tls, n, first, requests, load.timeout)
         p = ctx.Process(target=_child, args=(part, there), daemon=True)
         p.start()
+        there.close()  # the child's end: only the child holds it now, so its death reads as EOF here
         procs.append(p)
         pipes.append(here)
     try:
         for pipe in pipes:
-            if pipe.recv() != "ready":
-                raise RuntimeError("a load generator process did not start")
+            _receive(pipe)  # "ready"
         start = time.monotonic() + load.warmup
         end = start + load.duration
         for pipe in pipes:
             pipe.send(end)
         if during is not None:
             during(start, end)
-        parts = [pipe.recv() for pipe in pipes]
+        parts = [_receive(pipe) for pipe in pipes]
     finally:
         for p in procs:
             p.join(timeout=load.timeout + 10)
             if p.is_alive():
                 p.kill()
     return merge(parts), start, end
+
+
+def _receive(pipe):
+    """The next message of a generator process; a RuntimeError where it died (its traceback is on stderr)."""
+    try:
+        return pipe.recv()
+    except EOFError:
+        raise RuntimeError("a load generator process exited before sending its records") from None
 
 
 def merge(parts: list[list[Record]]) -> list[Record]:

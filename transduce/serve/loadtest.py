@@ -24,7 +24,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -239,7 +239,7 @@ def run_loadtest(urls: list[str], sentences: list[str], plan: LoadPlan, api_key:
                 f"errors {_errors(row)}, server CPU {_ms(row['cpu_s_per_sentence'])}/sentence")
     if any(r["server_cpu_s"] is None for r in rows):
         log("note: a server's /metrics has no process_cpu_seconds_total: its CPU cost is not reported")
-    return {"targets": targets, "plan": plan.__dict__, "options": {"beam_size": plan.beam_size},
+    return {"targets": targets, "plan": asdict(plan), "options": {"beam_size": plan.beam_size},
             "duration_s": plan.duration, "rates": [] if plan.connections else list(plan.rates),
             "connections": list(plan.connections), "rows": rows}
 
