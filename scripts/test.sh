@@ -5,5 +5,11 @@ cd "$(dirname "$0")/.."
 # bench: CTranslate2, for the converter's token-equality test; import: the importers' tokenizers and test models;
 # serve: FastAPI, uvicorn, Ray Serve
 EXTRAS=${EXTRAS:-cpu,dev,bench,import,serve} bash scripts/setup.sh
+# wrk: the load test's cross-check (tests/serve/test_loadtest.py runs scripts/wrk_translate.lua; skipped without it)
+if ! command -v wrk >/dev/null; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq wrk; } >/dev/null 2>&1 \
+        || echo "wrk could not be installed: its test is skipped" >&2
+fi
 .venv/bin/python -m ruff check transduce tests scripts
 .venv/bin/python -m pytest -q "$@"

@@ -64,14 +64,20 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray
 @click.option("--connections", default=None,
               help="Closed loop instead of --rates: connection counts, comma-separated, each connection sending its "
                    "next request as soon as its last is answered (the load a server sustains).")
-@click.option("--duration", default=10.0, show_default=True, help="Seconds of arrivals per load and server.")
+@click.option("--processes", default=None, type=int,
+              help="Closed loop: generator processes the connections are spread over.  [default: min(2, cores)]")
+@click.option("--warmup", default=2.0, show_default=True,
+              help="Closed loop: seconds of load before each measured window, not counted.")
+@click.option("--duration", default=10.0, show_default=True, help="Seconds measured per load and server.")
+@click.option("--sentences-per-request", default=1, show_default=True, help="Sentences in each request.")
 @renamed_option("--beam-size", "--beam", "beam_size", default=None, type=int,
                 help="Beam size of every request (1 = greedy).  [default: 1]")
 @click.option("--data", "data_path", default=None, type=click.Path(),
               help="Sentences to send, one per line (a TSV's first column); default: the demo corpus's held-out "
                    "sources.")
 @click.option("--artifact", default=None, type=click.Path(),
-              help="Also time offline decoding of the same sentences with this artifact, on this machine.")
+              help="Also time offline decoding of the same sentences with this artifact, on this machine (in a "
+                   "process of its own), and give each load's ratio to it.")
 @click.option("--api-key-file", type=click.Path(), default=None, help="Bearer token for servers that need one.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds a request may take (client side).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the arrivals and the sentences drawn.")
@@ -80,40 +86,31 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray
 @click.option("--force", is_flag=True, help="Replace an earlier report in --out.")
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
 @cli_errors
-def loadtest(urls, rates, connections, duration, beam_size, deprecated_beam_size, data_path, artifact, api_key_file,
-             timeout, seed, out_dir, force, quiet):
+def loadtest(urls, rates, connections, processes, warmup, duration, sentences_per_request, beam_size,
+             deprecated_beam_size, data_path, artifact, api_key_file, timeout, seed, out_dir, force, quiet):
     """Open-loop load on running servers (URLs of `transduce serve`; several: interleaved, one window per rate
-    and server in turn), or closed-loop with --connections: throughput, latency and time-to-first-token
-    percentiles, rejections and timeouts.
+    and server in turn), or closed-loop with --connections (keep-alive connections spread over --processes
+    generator processes): requests and sentences per second, latency percentiles, errors by status, the
+    server's CPU seconds per request and per sentence.
 
     Compare schedulers by serving the same artifact three times (--scheduler continuous, static, single) and
     passing the three URLs. Writes loadtest.json, loadtest.md and loadtest.png (p99 latency against load).
     """
-    import math
     import os
 
     from transduce.errors import InputError
-    from transduce.serve.loadtest import offline_throughput, run_loadtest, sentences_from, write_report
+    from transduce.serve import loadtest as lt
+    from transduce.serve.loadcost import offline_figures
     from transduce.serve.server import read_api_key
 
     beam = renamed(beam_size, deprecated_beam_size, "--beam-size", "--beam")
-    beam = 1 if beam is None else beam
-    try:
-        offered = [float(r) for r in rates.split(",") if r.strip()]
-    except ValueError:
-        raise InputError(f"--rates must be numbers separated by commas, got {rates!r}") from None
-    if not offered or not all(0 < r < math.inf for r in offered):
-        raise InputError(f"--rates must be finite numbers > 0 (requests per second), got {rates!r}")
-    if not 0 < duration < math.inf:
-        raise InputError(f"--duration must be a finite number of seconds > 0, got {duration!r}")
-    conns = None
-    if connections is not None:
-        try:
-            conns = [int(n) for n in connections.split(",") if n.strip()]
-        except ValueError:
-            raise InputError(f"--connections must be whole numbers separated by commas, got {connections!r}") from None
-        if not conns or min(conns) < 1:
-            raise InputError(f"--connections must be at least 1 each, got {connections!r}")
+    conns = () if connections is None else _numbers(connections, int, "--connections", "whole numbers")
+    plan = lt.LoadPlan(rates=_numbers(rates, float, "--rates", "numbers"), connections=conns, duration=duration,
+                       warmup=warmup, processes=lt.default_processes() if processes is None else processes,
+                       sentences_per_request=sentences_per_request, beam_size=1 if beam is None else beam,
+                       timeout=timeout, seed=seed)
+    if artifact and not os.path.isdir(artifact):  # found out now, not after the load
+        raise InputError(f"--artifact {artifact!r} is not a directory", hint="give an exported artifact directory")
     if os.path.exists(os.path.join(out_dir, "loadtest.json")) and not force:
         raise InputError(f"{out_dir} already holds a load-test report (loadtest.json)",
                          hint="pass --force to replace it")
@@ -122,15 +119,29 @@ def loadtest(urls, rates, connections, duration, beam_size, deprecated_beam_size
         if not quiet:
             click.echo(text, err=True)
 
-    sentences = sentences_from(data_path)
+    sentences = lt.sentences_from(data_path)
     key = read_api_key(api_key_file) if api_key_file else None
-    report = run_loadtest(list(urls), offered, duration, sentences, {"beam_size": beam}, key, seed, timeout, log,
-                          connections=conns)
+    report = lt.run_loadtest(list(urls), sentences, plan, key, log)
     if artifact:
-        report["offline"] = offline_throughput(artifact, sentences, beam)
-        log(f"offline decode: {report['offline']['throughput']:.1f} sentences/s")
-    for path in write_report(report, out_dir):
+        offline = offline_figures(artifact, sentences, plan.beam_size, plan.sentences_per_request)
+        lt.compare_offline(report, offline)
+        log(f"offline decode: {offline['throughput']:.1f} sentences/s, one request at a time p50 "
+            f"{offline['request_latency_p50'] * 1000:.1f} ms")
+    for path in lt.write_report(report, out_dir):
         log(f"wrote {path}")
+
+
+def _numbers(text: str, kind: type, flag: str, what: str) -> tuple:
+    """A comma-separated list of numbers, or an InputError naming `flag`."""
+    from transduce.errors import InputError
+
+    try:
+        out = tuple(kind(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        raise InputError(f"{flag} must be {what} separated by commas, got {text!r}") from None
+    if not out:
+        raise InputError(f"{flag} must be {what} separated by commas, got {text!r}")
+    return out
 
 
 COMMANDS = [serve, loadtest]

@@ -4,7 +4,9 @@ service.py  the decode service: a bounded queue and one decode thread driving th
 app.py      the HTTP API (FastAPI) over it
 server.py   uvicorn, signals and draining; `transduce serve`
 ray.py      the Ray Serve deployment: one service per replica
-loadtest.py `transduce loadtest`: Poisson load on running servers
+loadtest.py `transduce loadtest`: Poisson (open-loop) or closed-loop load on running servers, its report
+loadgen.py  the closed loop's lean generator: keep-alive connections over several processes
+loadcost.py the server's CPU seconds per request (/metrics) and offline decoding to compare with
 metrics.py  the Prometheus metrics
 
 The commands are transduce.cli.serve.

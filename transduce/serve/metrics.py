@@ -5,9 +5,10 @@ from __future__ import annotations
 
 class ServeMetrics:
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_cpu_seconds_total and memory: what a load test's answers cost
         self.queue_depth = Gauge("transduce_queue_depth", "Requests waiting for admission", registry=r)
         self.live_rows = Gauge("transduce_live_rows", "Decoding rows in the running batch", registry=r)
         self.admitted = Counter("transduce_sentences_admitted", "Sentences admitted into the running batch",
