@@ -141,3 +141,32 @@ def test_beams_reorder_in_place(tiny_model):
     got = decode(backend, src, lens, opts)
     for s in range(2):
         _assert_same(got[s], decode(backend, src[s: s + 1, : lens[s]], lens[s: s + 1], opts)[0])
+
+
+def test_admitting_one_sentence_on_onnxruntime_writes_its_rows_only(tiny_artifact_dir):
+    """ONNX Runtime's step graphs are bound to per-row cross K/V: an admission writes its source's slot in the
+    pool and its row in the bound buffers, whose addresses stay (the bindings stay valid but for the row count)."""
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    backend = OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    cfg = backend.config
+    rng = np.random.default_rng(6)
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    batch.admit(*_batch(cfg, [6, 9, 4, 7, 8, 5, 9, 3], rng), GREEDY)
+    batch.step()
+    batch.admit(*_batch(cfg, [5], rng), GREEDY)  # the pool and the row buffers double once
+    batch.step()
+    pooled = batch.state.pooled
+
+    def addresses():
+        return [a.__array_interface__["data"][0] for a in [*pooled.pool.values(), *pooled.rows.values()]]
+
+    pointers = addresses()
+    one = sum(pooled.pool[name][0].nbytes for name in pooled.cross_names)
+    for _ in range(3):
+        before = pooled.copied
+        batch.admit(*_batch(cfg, [7], rng), GREEDY)
+        batch.step()
+        assert pooled.copied - before == 2 * one  # its slot in the pool, its row of the bound buffers
+    assert addresses() == pointers
+    batch.abort()
