@@ -482,3 +482,70 @@ def test_decoding_features_decode_like_the_torch_backend(wide, given, batch, ref
     opts = DecodingOptions(max_len_a=0, max_len_b=20, **given)
     prefixes = [[], [9, 10], [], [11], [], [], [12, 13, 14]]
     _same(decode(backend, src, lens, opts, prefixes=prefixes), decode(reference, src, lens, opts, prefixes=prefixes))
+
+
+@pytest.mark.parametrize("engines", ["wide", "narrow"])
+def test_a_running_batch_admits_rows_as_the_torch_backend_does(request, engines, reference, device):
+    """Sentences admitted at different steps beside others (their own positions, their sources in the pool,
+    a wider source growing it, rows run in chunks on the narrow engines) decode as the torch backend decodes
+    each alone; the pool reuses the slots of sentences that finished."""
+    from transduce.runtime.decoding.running import RunningBatch
+
+    backend = _backend(request.getfixturevalue(engines), device)
+    cfg = backend.config
+    rng = np.random.default_rng(7)
+    arrivals = []  # (step, src, lens, options)
+    for step, lengths, opts in [(0, [5, 7], OPTS[0]), (0, [4], OPTS[1]), (2, [6], OPTS[2]),
+                                (3, [18, 3], OPTS[0]), (9, [9], OPTS[1]), (30, [20, 5], OPTS[2])]:
+        src = np.full((len(lengths), max(lengths)), cfg.pad_id, np.int64)
+        for i, n in enumerate(lengths):
+            src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
+            src[i, n - 1] = cfg.eos_id
+        arrivals.append((step, src, np.array(lengths, np.int64), opts))
+    batch = RunningBatch(backend, capacity=40)
+    pending, cohorts, got, widths = list(arrivals), [], {}, set()
+    while pending or batch.cohorts:
+        while pending and pending[0][0] <= batch.steps:
+            _, src, lens, opts = pending.pop(0)
+            assert batch.can_admit(src)
+            cohorts.append(batch.admit(src, lens, opts))
+        if not batch.cohorts:
+            batch.steps = pending[0][0]
+            continue
+        widths.add(batch.state.enc.src_len)
+        for c, s, res in batch.step():
+            got[(c, s)] = res
+    assert min(widths) == 7 and max(widths) >= 20  # the pool widened for the 18- and 20-token sources
+    for cohort, (_, src, lens, opts) in zip(cohorts, arrivals, strict=True):
+        for s in range(len(lens)):
+            _same([got[(cohort, s)]], decode(reference, src[s: s + 1, : lens[s]], lens[s: s + 1], opts))
+
+
+def test_sources_no_profile_takes_beside_the_cache_wait_for_an_empty_batch(wide, reference, device):
+    """Where no step profile takes the widened source length beside the run's cache, the running batch does not
+    admit (can_admit says so, admit refuses before anything changed) until it is empty. (Profiles of that shape
+    are hand-made: `transduce build` gives every profile the same source lengths.)"""
+    import dataclasses
+
+    from transduce.formats.profiles import AxisRange
+    from transduce.runtime.decoding.running import CapacityError, RunningBatch
+
+    backend = _backend(wide, device)
+    plan = backend.plan
+    short_cache, long_cache = plan.decoder_step[0], plan.decoder_step[-1]
+    backend.plan = dataclasses.replace(plan, decoder_step=[  # long sources only beside short caches
+        dataclasses.replace(short_cache, src_len=AxisRange(1, 8, 24), cache_len=AxisRange(1, 8, 16)),
+        dataclasses.replace(long_cache, batch=AxisRange(1, 4, 32), src_len=AxisRange(1, 8, 8),
+                            cache_len=AxisRange(1, 16, 40))])
+    cfg = backend.config
+    batch = RunningBatch(backend, capacity=40)
+    first = batch.admit(np.array([[5, 6, 7, cfg.eos_id]]), np.array([4]), OPTS[0])
+    wide_src = np.array([[5] * 11 + [cfg.eos_id]])
+    assert batch.can_admit(np.array([[5, 6, cfg.eos_id]])) and not batch.can_admit(wide_src)
+    with pytest.raises(CapacityError, match="sources of 12 tokens do not fit the tensorrt backend's running batch"):
+        batch.admit(wide_src, np.array([12]), OPTS[0])
+    assert batch.cohorts == [first]
+    backend.plan = plan  # the engines' own profiles (the test double runs those) to decode
+    out = batch.run_until_empty()
+    _same([out[first][0][1]], decode(reference, np.array([[5, 6, 7, cfg.eos_id]]), np.array([4]), OPTS[0]))
+    assert batch.can_admit(wide_src)

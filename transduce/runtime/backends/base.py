@@ -20,6 +20,9 @@ Capabilities, each a protocol of its own; callers ask with isinstance and do wit
                  position 0 beside rows further on; the state's sources become those its rows decode,
                  ascending, then encoded's (renumbered_sources); cross K/V of every width share the state,
                  padded and masked by source length. Without it a running batch admits only when empty.
+  AdmitsWithin   admits(state, rows, src_len): whether admit can take `rows` more sources of src_len tokens
+                 into `state` now (a backend whose engines have fixed ranges); where not, a running batch
+                 keeps them until it is empty, as one without AdmitsRows does.
   Shards         shards(batch, beam): None, or backends (views of this one) that decode parts of a batch
                  faster at the same time than this one decodes it whole; decoding then deals the sentences
                  out to them, one search per part, each in its own thread. Offered only where a sentence's
@@ -81,6 +84,11 @@ class AdmitsRows(Protocol):
 
 
 @runtime_checkable
+class AdmitsWithin(Protocol):
+    def admits(self, state: Any, rows: int, src_len: int) -> bool: ...
+
+
+@runtime_checkable
 class Shards(Protocol):
     def shards(self, batch: int, beam: int) -> list[Backend] | None: ...
 
@@ -116,7 +124,7 @@ class ReturnsAttention(Protocol):
     def attention_problem(self) -> str | None: ...
 
 
-CAPABILITIES = (AdmitsRows, Shards, FullOutputs, KeepsLogProbs, StepGraphs, Tuned, ReturnsAttention)
+CAPABILITIES = (AdmitsRows, AdmitsWithin, Shards, FullOutputs, KeepsLogProbs, StepGraphs, Tuned, ReturnsAttention)
 CORE = ("name", "config", "device", "precision", "encode", "begin", "step", "reorder", "end")
 
 

@@ -422,14 +422,11 @@ class OnnxRuntimeBackend(Backend):
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
         r, mem, lay = state.rows, self._mem, self.layout
-        row_src = np.frombuffer(state.row_src_given, np.int64)  # every row's source, as last given
         feeds = {"tokens": np.ascontiguousarray(tokens, np.int64),
                  "positions": np.full(r, p, np.int64) if each is None else np.ascontiguousarray(each, np.int64),
-                 "src_lengths": np.asarray(mem.to_numpy(state.enc["src_lengths"]))[row_src]}
+                 **state.of_rows(np.frombuffer(state.row_src_given, np.int64))}  # every row's, as last given
         for i, name in enumerate(lay.cache_names):
             feeds[name] = np.ascontiguousarray(mem.to_numpy(state.cache[i, :r]))
-        for name in lay.cross_names:
-            feeds[name] = np.ascontiguousarray(np.asarray(mem.to_numpy(state.enc[name]))[row_src])
         got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
         new = mem.from_numpy(np.stack([got[name] for name in lay.new_names]))  # (2L, R, H, 1, Dh)
         if each is None:
@@ -459,7 +456,8 @@ class OnnxRuntimeBackend(Backend):
 
     def admit(self, state: RunState, enc: dict[str, Any]) -> None:
         """New rows at position 0 for `enc`'s sources, after the state's (RunState.admit)."""
-        state.admit(enc, per_source=self.fused and not self._pinned_to_standard())
+        state.admit(enc, per_source=self.fused and not self._pinned_to_standard(),
+                    most_width=self.config.max_positions)
         if self._topk is not None:
             self._topk.bindings.clear()  # the buffers may have grown
 

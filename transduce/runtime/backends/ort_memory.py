@@ -139,20 +139,20 @@ class NumpyMemory:
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]] = src
 
+    def put_rows(self, dst, rows, src):
+        """Rows `rows` of dst take src's, in place: (n,) lengths, or (n, H, S, Dh) K/V as wide as dst or
+        narrower (dst's positions past them zeroed: padding, as the encoder's)."""
+        if dst.ndim == 1:
+            dst[rows] = src
+            return
+        width = src.shape[2]
+        dst[rows, :, :width] = src
+        if width < dst.shape[2]:
+            dst[rows, :, width:] = 0
+
     def write_slots(self, cache, new, rows, positions):
         """Row r's new K/V into its own slot positions[r] (rows at different positions: a running batch)."""
         cache[:, np.arange(rows), :, positions] = new[:, :rows, :, 0].transpose(1, 0, 2, 3)
-
-    def stack_padded(self, parts, width):
-        """Arrays (B_i, H, S_i, Dh) or (B_i,) stacked along the rows, the former zero-padded to S = width."""
-        if parts[0].ndim == 1:
-            return np.concatenate(parts)
-        out = np.zeros((sum(len(p) for p in parts), parts[0].shape[1], width) + parts[0].shape[3:], parts[0].dtype)
-        start = 0
-        for p in parts:
-            out[start: start + len(p), :, : p.shape[2]] = p
-            start += len(p)
-        return out
 
     def topk(self, log_probs, k, banned):
         log_probs[:, banned] = -np.inf  # our output buffer: overwritten by the next run anyway
@@ -256,16 +256,20 @@ class TorchCudaMemory:
         dst[:, : src.shape[1]].copy_(src)
 
     @on_stream
+    def put_rows(self, dst, rows, src):
+        idx = self.from_numpy(np.asarray(rows, np.int64))
+        if dst.dim() == 1:
+            dst.index_copy_(0, idx, src.to(dst.dtype))
+            return
+        width = src.shape[2]
+        dst[:, :, :width].index_copy_(0, idx, src)  # a view: index_copy_ writes through it
+        if width < dst.shape[2]:
+            dst[:, :, width:].index_fill_(0, idx, 0)
+
+    @on_stream
     def write_slots(self, cache, new, rows, positions):
         every = self.torch.arange(rows, device=self.device)
         cache[:, every, :, self.from_numpy(positions)] = new[:, :rows, :, 0].transpose(0, 1)
-
-    @on_stream
-    def stack_padded(self, parts, width):
-        if parts[0].dim() == 1:
-            return self.torch.cat(parts)
-        pad = self.torch.nn.functional.pad
-        return self.torch.cat([pad(p, (0, 0, 0, width - p.shape[2])) for p in parts]).contiguous()
 
     @on_stream
     def topk(self, log_probs, k, banned):

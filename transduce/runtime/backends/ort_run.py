@@ -18,6 +18,7 @@ import numpy as np
 
 from transduce.errors import InputError
 from transduce.formats.model_config import ModelConfig
+from transduce.runtime.backends.ort_slots import PooledCross
 
 LAST_STEP = "last step"  # the key of RunState.bindings' entry for the last step's (key, session, binding, fused)
 MAX_BINDINGS = 16  # a run's bindings of other row counts kept (rows that finish leave one behind each)
@@ -115,6 +116,9 @@ class RunState:
     # a run of one source kept for the next (SpareRuns): its cross K/V are written in place into buffers of a
     # rounded-up width, so that the next run's bindings still point at them
     recyclable: bool = False
+    # the sources' cross K/V in a slot pool and the per-entry buffers bound from it (ort_slots), from the first
+    # gather that is not a one-source run's in-place write
+    pooled: PooledCross | None = None
 
     @classmethod
     def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int) -> RunState:
@@ -136,29 +140,34 @@ class RunState:
         self.bindings.clear()
 
     def gather_cross(self, row_src: np.ndarray, per_source: bool) -> None:
-        """The cross K/V of rows decoding sources row_src (see cross_rows), gathered only when they change."""
+        """The cross K/V of rows decoding sources row_src (see cross_rows), rewritten in place only for the
+        entries whose source changed (ort_slots.PooledCross)."""
         given = row_src.tobytes()  # a content check as cheap as an identity one
         if given == self.row_src_given:
             return  # decoding passes the same rows again while they are unchanged
-        n = len(self.enc["src_lengths"])
+        n = self.pooled.sources() if self.pooled is not None else len(self.enc["src_lengths"])
         if row_src.size and (row_src.min() < 0 or row_src.max() >= n):
             raise InputError(f"row_src names sentences {row_src.min()}..{row_src.max()}; "
                              f"the batch has {n} (0..{n - 1})")
         self.row_src_given = given
         rows = cross_rows(row_src, per_source)
-        if np.array_equal(rows, self.cross_rows):
-            return
-        if self.recyclable and len(rows) == 1 and self._cross_in_place(rows):
-            return
-        mem = self.mem
-        for name in self.layout.cross_names:
-            old = self.cross.get(name)
-            self.cross[name] = mem.take(self.enc[name], rows, self.owned)
-            if old is not None:
-                mem.free(old, self.owned)  # its bindings are cleared below
-        self.cross["src_lengths"] = mem.take(self.enc["src_lengths"], rows)
+        if self.pooled is None:
+            if np.array_equal(rows, self.cross_rows):
+                return
+            if self.recyclable and len(rows) == 1 and self._cross_in_place(rows):
+                return
+            self.pooled = PooledCross(self.mem, self.enc, self.layout.cross_names)
+        if self.pooled.bind(rows, self.cache.shape[1], self.owned):
+            self.cross = self.pooled.bound
+            self.bindings.clear()
         self.cross_rows = rows.copy()
-        self.bindings.clear()
+
+    def of_rows(self, row_src: np.ndarray) -> dict[str, np.ndarray]:
+        """Host copies of the cross K/V and source lengths of rows decoding sources row_src."""
+        if self.pooled is not None:
+            return self.pooled.of_rows(row_src)
+        return {name: np.ascontiguousarray(np.asarray(self.mem.to_numpy(self.enc[name]))[row_src])
+                for name in self.layout.cross_names + ["src_lengths"]}
 
     def _cross_in_place(self, rows: np.ndarray) -> bool:
         """A one-source run's cross K/V written into its buffers of width SpareRuns.width (the padding is
@@ -185,7 +194,7 @@ class RunState:
         """This spare run made the state of a new run of `rows` rows over `enc` (one source): the buffers and
         bindings are kept, the rest starts again (the step graph reads only the cache slots it wrote)."""
         self.enc, self.rows, self.position, self.row_pos = enc, rows, 0, None
-        self.row_src_given, self.cross_rows = None, np.array([-1])
+        self.row_src_given, self.cross_rows, self.pooled = None, np.array([-1]), None
 
     def binding(self, session, fused: bool, k: int, ban_eos: bool, topk_k: np.ndarray, ban_bias: np.ndarray):
         """The IOBinding of the current row count on `session`; every tensor is bound by pointer once.
@@ -242,16 +251,15 @@ class RunState:
             if self.row_pos.size and (self.row_pos == self.row_pos[0]).all():
                 self.position, self.row_pos = int(self.row_pos[0]), None
 
-    def admit(self, enc: dict[str, Any], per_source: bool) -> None:
-        """One new row per source of `enc` after the current rows, at position 0: the encoder results merged
-        with the sources the rows decode (backends.base.renumbered_sources), padded to the widest source."""
-        from transduce.runtime.backends.base import renumbered_sources
-
-        kept, inverse = renumbered_sources(np.frombuffer(self.row_src_given, np.int64))
-        mem, n_new = self.mem, len(enc["src_lengths"])
-        width = max(self.enc[self.layout.cross_names[0]].shape[2], enc[self.layout.cross_names[0]].shape[2])
-        self.enc = {name: mem.stack_padded([mem.take(self.enc[name], kept), enc[name]], width)
-                    for name in self.layout.cross_names + ["src_lengths"]}
+    def admit(self, enc: dict[str, Any], per_source: bool, most_width: int) -> None:
+        """One new row per source of `enc` after the current rows, at position 0: its sources written into free
+        slots of the pool (ort_slots.PooledCross; renumbered as backends.base.renumbered_sources says), only the
+        new rows' cross K/V written into the bound buffers."""
+        if self.pooled is None:
+            self.pooled = PooledCross(self.mem, self.enc, self.layout.cross_names)
+        row_src = self.pooled.admit(np.frombuffer(self.row_src_given, np.int64), enc, most_width, self.owned)
+        self.enc = {}  # the pool holds what the step reads from now on
+        n_new = len(row_src) - self.rows
         total = self.rows + n_new
         if total > self.cache.shape[1]:  # doubled: rows admitted one request at a time copy the cache rarely
             self.grow(max(total, 2 * self.cache.shape[1]))
@@ -262,8 +270,8 @@ class RunState:
         self.rows = total
         self.bindings.clear()
         self.recyclable = False  # its cross K/V are several sources' from now on
-        self.row_src_given, self.cross_rows = None, np.array([-1])  # gathered again, from the merged results
-        self.gather_cross(np.concatenate([inverse, len(kept) + np.arange(n_new)]), per_source)
+        self.row_src_given = None  # bound again: only the new rows are written
+        self.gather_cross(row_src, per_source)
 
     def grow(self, rows: int) -> None:
         """More rows than allocated (beam expansion after step 0): reallocate once, keep contents."""
@@ -278,7 +286,8 @@ class RunState:
     def release(self) -> None:
         """The run is over: its buffers go back to the pool for the next run (the state is dead)."""
         self.bindings.clear()
-        self.cross.clear()
+        self.cross = {}
+        self.pooled = None
         self.outputs.clear()
         self.topk.clear()
         self.cache = None

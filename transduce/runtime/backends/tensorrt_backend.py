@@ -10,7 +10,9 @@ A decoding run (`begin` .. `end`) allocates its buffers once: the self-attention
 every layer's K and V, whose per-layer views the step engine binds; beam reorders move rows within it in
 place), the step's outputs (new K/V are copied into slot `position` after each run), tokens and
 positions, and gathered cross K/V once the row -> source mapping is no longer the identity. The buffers
-are reallocated once when beam search grows the rows after step 0.
+are reallocated once when beam search grows the rows after step 0. A running batch admits rows into a run
+(tensorrt_admit: their sources into free slots of the run's encoder results, each row at its own position)
+where the step profiles take the widened source length beside the run's cache (AdmitsWithin).
 
 Profiles: one execution context per optimization profile of engine.json (tensorrt_runner.py); each run
 picks the profile for its shapes, a batch wider than every profile runs in chunks of rows, and a source
@@ -40,6 +42,8 @@ from transduce.formats.profiles import choose_chunks
 from transduce.runtime.backends import tensorrt_support as trt_support
 from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.cuda_graphs import CudaCapturer, GraphSet, GraphStats
+from transduce.runtime.backends.slots import SlotTable
+from transduce.runtime.backends.tensorrt_admit import admit, admits, rows_moved, write_slots
 from transduce.runtime.backends.tensorrt_runner import ALIGN, EngineRunner, freeze
 from transduce.runtime.backends.topk import banned_ids
 from transduce.runtime.backends.torch_cache import move_rows_torch
@@ -70,7 +74,8 @@ class _State:
     rows: int  # current decoding rows
     row_cap: int  # rows the buffers hold
     capacity: int  # cache slots
-    row_src: np.ndarray
+    row_src: np.ndarray  # the slot of enc's each row's cross K/V are bound from ([-1]: to bind again)
+    slots: SlotTable  # enc's sources as a slot pool (tensorrt_admit): the protocol's numbering -> slots
     cache: Any = None  # every layer's K and V: (2 x layers, row_cap, H, C, Dh)
     caches: list[Any] = field(default_factory=list)  # its views past_key_0, past_value_0, ... (row_cap, H, C, Dh)
     outputs: dict[str, Any] = field(default_factory=dict)  # log_probs, new_* (row_cap, ...)
@@ -79,7 +84,9 @@ class _State:
     positions: Any = None  # (row_cap,) device
     cross: dict[str, Any] = field(default_factory=dict)  # bound cross K/V + "src_lengths": enc's or gathered
     cross_buf: dict[str, Any] | None = None  # gather destinations (row_cap rows), allocated when first needed
-    position: int = 0
+    position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
+    row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (admit)
+    given: np.ndarray = field(default_factory=lambda: np.array([-1]))  # each row's source, as last given
     graphs: GraphSet | None = None  # the step's graphs over this run's buffers (cuda_graph=True)
 
 
@@ -257,7 +264,8 @@ class TensorRTBackend(Backend):
         cap = max(int(capacity), 1)
         choose_chunks(1, self.plan.decoder_step, enc.src_len, cap)  # refuse a cache the engines cannot take
         rows = len(row_src)
-        state = _State(enc=enc, rows=rows, row_cap=0, capacity=cap, row_src=np.array([-1]))
+        state = _State(enc=enc, rows=rows, row_cap=0, capacity=cap, row_src=np.array([-1]),
+                       slots=SlotTable(np.full(enc.batch, enc.src_len), enc.src_len))
         with self._on_stream():
             self._allocate(state, rows)
         self._gather_cross(state, np.asarray(row_src, np.int64))
@@ -292,28 +300,31 @@ class TensorRTBackend(Backend):
             state.graphs = GraphSet(self._capturer, self.graph_stats, "TensorRT step")
 
     def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
-        """Bind the encoder's cross K/V for rows decoding sources row_src: as they are for the identity
-        mapping, else gathered per row into this run's own buffers (only when the mapping changes)."""
-        if np.array_equal(row_src, state.row_src):
+        """Bind the encoder's cross K/V for rows decoding sources row_src: as they are where row r decodes
+        slot r of the pool, else gathered per row into this run's own buffers (only when the mapping changes)."""
+        state.given = row_src = np.asarray(row_src, np.int64)
+        slots = state.slots.row_slots(row_src)
+        if np.array_equal(slots, state.row_src):
             return
         enc, torch = state.enc, self.torch
-        n = len(row_src)
-        if n == enc.batch and np.array_equal(row_src, np.arange(enc.batch)):
-            state.cross = dict(enc.cross)
-            state.cross["src_lengths"] = enc.src_lengths
+        n = len(slots)
+        if np.array_equal(slots, np.arange(n)):
+            state.cross = {name: enc.cross[name][:n] for name in self.cross_names}
+            state.cross["src_lengths"] = enc.src_lengths[:n]
         else:
             with self._on_stream():
-                if state.cross_buf is None or state.cross_buf["src_lengths"].shape[0] < n:
+                buf = state.cross_buf
+                if buf is None or buf["src_lengths"].shape[0] < n or buf[self.cross_names[0]].shape[2] != enc.src_len:
                     rows = max(n, state.row_cap)
                     state.cross_buf = {name: self._empty((rows,) + tuple(enc.cross[name].shape[1:]),
                                                          enc.cross[name].dtype) for name in self.cross_names}
                     state.cross_buf["src_lengths"] = self._empty((rows,), enc.src_lengths.dtype)
-                idx = self._to_device(row_src, torch.long)
+                idx = self._to_device(slots, torch.long)
                 for name in self.cross_names:
                     torch.index_select(enc.cross[name], 0, idx, out=state.cross_buf[name][:n])
                 torch.index_select(enc.src_lengths, 0, idx, out=state.cross_buf["src_lengths"][:n])
             state.cross = state.cross_buf
-        state.row_src = row_src.copy()
+        state.row_src = slots
 
     def _step_io(self, state: _State, a: int, b: int):
         """Shapes, addresses and output shapes of the step engine's run over rows a:b (plus the chunk's
@@ -364,7 +375,8 @@ class TensorRTBackend(Backend):
         return self.graph_stats.error
 
     def _run(self, state: _State, tokens: np.ndarray) -> None:
-        p = state.position
+        each = state.row_pos  # None: every row at `position`
+        p = state.position if each is None else int(each.max())
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
         r = state.rows
@@ -375,16 +387,20 @@ class TensorRTBackend(Backend):
         with self._on_stream():
             state.tokens_host[:r].numpy()[:] = tokens
             state.tokens[:r].copy_(state.tokens_host[:r], non_blocking=self.on_cuda)
-            state.positions[:r].fill_(p)
+            if each is None:
+                state.positions[:r].fill_(p)
+            else:
+                state.positions[:r].copy_(self.torch.from_numpy(each).to(state.positions.dtype), non_blocking=False)
             for a, b, prof in chunks:
                 shapes, addresses, out_shapes, keep, copy_back = self._step_io(state, a, b)
                 # staged (scratch) addresses are new every step: only a run bound in place is captured
                 self._launch(state, prof, shapes, addresses, out_shapes, len(chunks) == 1 and not (keep or copy_back))
                 for dst, scratch in copy_back:
                     dst.copy_(scratch)
-            for cache, name in zip(state.caches, self.new_names, strict=True):
-                cache[:r, :, p : p + 1].copy_(state.outputs[name][:r])  # slot p, in place
+            write_slots(self.torch, state, self.new_names, r, p, each)
         state.position = p + 1
+        if each is not None:
+            state.row_pos = each + 1
 
     def step(self, state: _State, tokens: np.ndarray, k: int, ban_eos: bool = False) -> tuple[np.ndarray, np.ndarray]:
         self._run(state, tokens)
@@ -414,7 +430,7 @@ class TensorRTBackend(Backend):
         may be a destination too)."""
         torch = self.torch
         rows = np.asarray(rows, np.int64)
-        n, p = len(rows), state.position
+        n, p = len(rows), state.position if state.row_pos is None else int(state.row_pos.max())
         with self._on_stream():
             if n > state.row_cap:  # beams expand after step 0: a new cache, gathered into directly
                 old, old_rows = state.cache, state.rows
@@ -426,7 +442,18 @@ class TensorRTBackend(Backend):
                     idx = self._to_device(np.concatenate([moved, rows[moved]]), torch.long)  # one copy to the device
                     move_rows_torch(state.cache, idx[: moved.size], idx[moved.size:], p)
         state.rows = n
+        rows_moved(state, rows)
         self._gather_cross(state, np.asarray(row_src, np.int64))
+
+    def admits(self, state: _State, rows: int, src_len: int) -> bool:
+        """Whether `rows` sources of src_len tokens join `state` now: the pool widened to them must be a source
+        length a step profile takes beside the run's cache (rows are run in chunks: any count fits)."""
+        return admits(self, state, src_len)
+
+    def admit(self, state: _State, enc: _Encoded) -> None:
+        """New rows at position 0 for `enc`'s sources after the state's, their K/V written into free slots of
+        the pool (tensorrt_admit.admit)."""
+        admit(self, state, enc)
 
 
 def open_backend(path: str, spec) -> TensorRTBackend:

@@ -3,14 +3,15 @@
 Opened over an artifact (open_backend), it decodes the model directory the artifact was exported from,
 checked to hold the same weights and config; made from a model, it has no artifact. It has one step
 function rather than step graphs, nothing to hand back at `end`, no parts. Capabilities: it admits rows
-into a running batch (their own positions; cross K/V padded to the widest source), gives full log-probs
+into a running batch (their own positions; each source's cross K/V written once into a slot pool,
+torch_slots.CrossSlots; beams reordered within preallocated buffers), gives full log-probs
 and encoder outputs, the cross-attention alignments are read from, and reports its precision (tuning)."""
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,9 @@ from transduce.errors import ArtifactError, BackendUnavailable, ConfigError
 from transduce.formats.artifact import Artifact
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import ModelDir
-from transduce.runtime.backends.base import Backend, renumbered_sources
+from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.topk import banned_ids
+from transduce.runtime.backends.torch_slots import CrossSlots
 
 
 @dataclass
@@ -33,16 +35,25 @@ class _Encoded:
 
 @dataclass
 class _State:
-    enc: _Encoded
-    row_src: np.ndarray  # (R,) source row of each decoding row
-    cross_k: list  # per layer (R, H, S, Dh), gathered from enc by row_src
-    cross_v: list
-    src_lengths: Any  # (R,)
-    cache_k: list  # per layer (R, H, C, Dh), preallocated
+    cross: CrossSlots  # the sources' cross K/V (a slot pool) and the per-row views the step reads
+    cache_k: list  # per layer (row capacity, H, C, Dh), preallocated; rows [:rows] are the state's
     cache_v: list
+    spare: Any  # a flat buffer of one layer's cache size: a reorder gathers the moved rows into it
+    rows: int  # the state's rows
+    past_k: list = field(default_factory=list)  # the step's views cache_k[i][:rows]
+    past_v: list = field(default_factory=list)
     position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
     row_pos: np.ndarray | None = None  # (R,) each row's position once rows differ (admit)
     last_lp: Any = None  # (R, V) the last step's log-probs (last_log_probs)
+
+    @property
+    def src_lengths(self):
+        return self.cross.src_lengths
+
+    def view_rows(self) -> None:
+        """The step's views of the cache's first `rows` rows (after the row count changed)."""
+        self.past_k = [c[: self.rows] for c in self.cache_k]
+        self.past_v = [c[: self.rows] for c in self.cache_v]
 
 
 def merge_padded(a, keep, b, dim: int):
@@ -112,49 +123,38 @@ class TorchBackend(Backend):
         rows = len(row_src)
         shape = (rows, cfg.n_heads, max(int(capacity), 1), cfg.head_dim)  # (R, H, C, Dh)
         n = cfg.decoder_layers
-        state = _State(enc, np.array([-1]), [], [], None,
+        cross = CrossSlots(torch, enc.cross_k, enc.cross_v, enc.src_lengths, cfg.max_positions)
+        state = _State(cross, [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)],
                        [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)],
-                       [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)])
-        self._gather_cross(state, np.asarray(row_src, dtype=np.int64))
+                       torch.empty(int(np.prod(shape)), dtype=self.dtype, device=self.device), rows)
+        state.view_rows()
+        cross.bind(np.asarray(row_src, dtype=np.int64), rows)
         return state
-
-    def _gather_cross(self, state: _State, row_src: np.ndarray) -> None:
-        if np.array_equal(row_src, state.row_src):
-            return
-        enc = state.enc
-        if np.array_equal(row_src, np.arange(len(enc.src_lengths))):
-            state.cross_k, state.cross_v, state.src_lengths = enc.cross_k, enc.cross_v, enc.src_lengths
-        else:
-            idx = self._long(row_src)
-            state.cross_k = [k.index_select(0, idx) for k in enc.cross_k]
-            state.cross_v = [v.index_select(0, idx) for v in enc.cross_v]
-            state.src_lengths = enc.src_lengths.index_select(0, idx)
-        state.row_src = row_src.copy()
 
     def _run(self, state: _State, tokens: np.ndarray, attention: bool = False):
         torch = self.torch
         rows = len(tokens)
         p = state.position if state.row_pos is None else int(state.row_pos.max())
-        if p >= state.cache_k[0].shape[2]:
-            raise IndexError(f"cache capacity {state.cache_k[0].shape[2]} exhausted at position {p}")
+        if p >= state.past_k[0].shape[2]:
+            raise IndexError(f"cache capacity {state.past_k[0].shape[2]} exhausted at position {p}")
         if state.row_pos is None:
             positions = torch.full((rows,), p, dtype=torch.long, device=self.device)
         else:
             positions = self._long(state.row_pos)
         with torch.inference_mode():
             got = self.model.decode_step(
-                self._long(tokens), positions, state.src_lengths, state.cache_k, state.cache_v,
-                state.cross_k, state.cross_v, return_attention=attention,
+                self._long(tokens), positions, state.src_lengths, state.past_k, state.past_v,
+                state.cross.cross_k, state.cross.cross_v, return_attention=attention,
             )
             lp, nk, nv = got[:3]
             every = torch.arange(rows, device=self.device)
             for i in range(len(nk)):
                 if state.row_pos is None:
-                    state.cache_k[i][:, :, p : p + 1].copy_(nk[i])  # write slot p in place
-                    state.cache_v[i][:, :, p : p + 1].copy_(nv[i])
+                    state.past_k[i][:, :, p : p + 1].copy_(nk[i])  # write slot p in place
+                    state.past_v[i][:, :, p : p + 1].copy_(nv[i])
                 else:  # each row's own slot
-                    state.cache_k[i][every, :, positions] = nk[i][:, :, 0]
-                    state.cache_v[i][every, :, positions] = nv[i][:, :, 0]
+                    state.past_k[i][every, :, positions] = nk[i][:, :, 0]
+                    state.past_v[i][every, :, positions] = nv[i][:, :, 0]
         state.position = p + 1
         if state.row_pos is not None:
             state.row_pos = state.row_pos + 1
@@ -185,45 +185,61 @@ class TorchBackend(Backend):
         return None  # the model's own step gives its attention
 
     def reorder(self, state: _State, rows: np.ndarray, row_src: np.ndarray) -> None:
-        idx = self._long(rows)
-        p = state.position
+        """Row i continues row rows[i], in place: only the rows whose content changes move, and only their
+        filled slots (gathered into the spare buffer first: a source may be a destination too); rows that
+        leave compact the cache within its row capacity, which grows (doubled) only for more rows."""
+        rows = np.asarray(rows, np.int64)
+        n, p = len(rows), state.position if state.row_pos is None else int(state.row_pos.max())
+        if n > state.cache_k[0].shape[0]:
+            self._grow_rows(state, max(n, 2 * state.cache_k[0].shape[0]))
+        moved = np.flatnonzero(rows != np.arange(n))
+        if moved.size and p:
+            self._move_rows(state, moved, rows[moved], p)
+        state.rows = n
+        state.view_rows()
+        if state.row_pos is not None:
+            state.row_pos = state.row_pos[rows]
+            if state.row_pos.size and (state.row_pos == state.row_pos[0]).all():  # in step again
+                state.position, state.row_pos = int(state.row_pos[0]), None
+        state.cross.bind(np.asarray(row_src, dtype=np.int64), state.cache_k[0].shape[0])
+
+    def _move_rows(self, state: _State, dst: np.ndarray, src: np.ndarray, p: int) -> None:
+        """Rows dst of the cache take the first p slots of rows src, every layer, through the spare buffer."""
+        torch = self.torch
+        d, s = self._long(dst), self._long(src)
+        shape = (len(src),) + tuple(state.cache_k[0].shape[1:2]) + (p,) + tuple(state.cache_k[0].shape[3:])
+        spare = state.spare[: int(np.prod(shape))].view(shape)  # contiguous: index_select writes it as is
+        with torch.inference_mode():
+            for c in state.cache_k + state.cache_v:
+                filled = c[:, :, :p]  # a view: index_copy_ writes through it
+                torch.index_select(filled, 0, s, out=spare)
+                filled.index_copy_(0, d, spare)
+
+    def _grow_rows(self, state: _State, capacity: int) -> None:
+        """The cache and the spare reallocated for `capacity` rows (rare: doubled), the filled rows kept."""
         with self.torch.inference_mode():
             for cache in (state.cache_k, state.cache_v):
                 for i, c in enumerate(cache):
-                    new = c.new_zeros((len(rows),) + tuple(c.shape[1:]))
-                    new[:, :, :p] = c[:, :, :p].index_select(0, idx)  # only the filled slots
+                    new = c.new_zeros((capacity,) + tuple(c.shape[1:]))
+                    new[: state.rows].copy_(c[: state.rows])
                     cache[i] = new
-        if state.row_pos is not None:
-            state.row_pos = state.row_pos[np.asarray(rows, np.int64)]
-            if state.row_pos.size and (state.row_pos == state.row_pos[0]).all():  # in step again
-                state.position, state.row_pos = int(state.row_pos[0]), None
-        self._gather_cross(state, np.asarray(row_src, dtype=np.int64))
+        state.spare = state.cache_k[0].new_empty(state.cache_k[0].numel())
 
     def admit(self, state: _State, enc: _Encoded) -> None:
-        """New rows at position 0 for `enc`'s sources after the state's; the encoder results merged into one,
-        padded to the widest source (masked by src_lengths, as a padded batch's are)."""
-        torch = self.torch
-        kept, inverse = renumbered_sources(state.row_src)
-        old, n_new = state.enc, len(enc.src_lengths)
-        keep = self._long(kept)
-        with torch.inference_mode():
-            state.enc = _Encoded(merge_padded(old.memory, keep, enc.memory, 1),
-                                 [merge_padded(a, keep, b, 2) for a, b in zip(old.cross_k, enc.cross_k, strict=True)],
-                                 [merge_padded(a, keep, b, 2) for a, b in zip(old.cross_v, enc.cross_v, strict=True)],
-                                 torch.cat([old.src_lengths.index_select(0, keep), enc.src_lengths]))
-            p = state.position
-            for cache in (state.cache_k, state.cache_v):
-                for i, c in enumerate(cache):
-                    new = c.new_zeros((c.shape[0] + n_new,) + tuple(c.shape[1:]))
-                    new[: c.shape[0], :, :p] = c[:, :, :p]  # only the filled slots
-                    cache[i] = new
-        rows = len(inverse)
-        before = state.row_pos if state.row_pos is not None else np.full(rows, state.position, np.int64)
+        """New rows at position 0 for `enc`'s sources after the state's: their cross K/V written into free
+        slots of the state's pool (torch_slots.CrossSlots), the cache grown only past its row capacity."""
+        n_new = len(enc.src_lengths)
+        rows = state.rows + n_new
+        if rows > state.cache_k[0].shape[0]:  # doubled: rows admitted one request at a time copy the cache rarely
+            self._grow_rows(state, max(rows, 2 * state.cache_k[0].shape[0]))
+        row_src = state.cross.admit(enc.cross_k, enc.cross_v, enc.src_lengths)
+        before = state.row_pos if state.row_pos is not None else np.full(state.rows, state.position, np.int64)
         state.row_pos = np.concatenate([before, np.zeros(n_new, np.int64)])
         if (state.row_pos == 0).all():
             state.position, state.row_pos = 0, None
-        state.row_src = np.array([-1])  # the merged results: gathered again
-        self._gather_cross(state, np.concatenate([inverse, len(kept) + np.arange(n_new)]))
+        state.rows = rows
+        state.view_rows()
+        state.cross.bind(row_src, state.cache_k[0].shape[0])
 
 
 def open_backend(path: str, spec) -> TorchBackend:

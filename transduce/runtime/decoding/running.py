@@ -22,6 +22,7 @@ import numpy as np
 from transduce.errors import BackendUnavailable, TransduceError
 from transduce.runtime.backends.base import (
     AdmitsRows,
+    AdmitsWithin,
     Backend,
     KeepsLogProbs,
     alignment_layer,
@@ -46,6 +47,7 @@ class RunningBatch:
         as offline decoding allocates; a server passes the model's max_positions)."""
         self.backend = backend
         self.admits = has_capability(backend, AdmitsRows)  # rows join a running state (else only an empty batch)
+        self.within = has_capability(backend, AdmitsWithin)  # and the backend says which ones fit it now
         self.capacity = capacity
         self.state = None
         self.state_capacity = 0
@@ -61,9 +63,18 @@ class RunningBatch:
         """The most rows the live cohorts can take (beam search: k per unfinished sentence)."""
         return sum(c.reserved_rows() for c in self.cohorts)
 
-    def can_admit(self) -> bool:
-        """Whether a cohort can join now: the batch is empty or the backend admits rows into a running state."""
-        return not self.cohorts or self.admits
+    def can_admit(self, src_ids: np.ndarray | None = None) -> bool:
+        """Whether a cohort (of the padded batch src_ids, where given) can join now: the batch is empty, or the
+        backend admits rows into a running state (and, where it has fixed ranges, these ones now)."""
+        if not self.cohorts:
+            return True
+        if not self.admits:
+            return False
+        return src_ids is None or self._fits(src_ids)
+
+    def _fits(self, src_ids: np.ndarray) -> bool:
+        """Whether a backend with fixed ranges (AdmitsWithin) takes src_ids' sentences into the running state."""
+        return not self.within or self.state is None or self.backend.admits(self.state, *np.shape(src_ids))
 
     def admit(self, src_ids: np.ndarray, src_lengths: np.ndarray, options: DecodingOptions, search: str = "auto",
               on_tokens: TokenListener | None = None, keys: np.ndarray | None = None,
@@ -96,6 +107,10 @@ class RunningBatch:
             if not self.admits:
                 raise BackendUnavailable(f"the {backend.name} backend cannot add sentences to a running batch",
                                          hint="admit them once the running batch is empty (can_admit says when)")
+            if not self._fits(src_ids):
+                raise CapacityError(f"sources of {np.shape(src_ids)[1]} tokens do not fit the {backend.name} "
+                                    "backend's running batch now", hint="admit them once the running batch is "
+                                    "empty (can_admit(src_ids) says when)")
             encoded = backend.encode(src_ids, src_lengths)
             kept, _ = renumbered_sources(self._row_sources())
             backend.admit(self.state, encoded)
