@@ -122,6 +122,11 @@ def json_object(body: bytes, fields: tuple[str, ...], required: tuple[str, ...])
 
 
 def watch_disconnect(receive) -> asyncio.Task:
-    """A task that ends when the client disconnects (or the response is complete): the request's body has been
-    read, so the receive channel's next message is http.disconnect."""
-    return asyncio.get_running_loop().create_task(receive())
+    """A task that ends when the client disconnects (or the response is complete), once the request's body has
+    been read: the receive channel then has nothing but http.disconnect to give."""
+    return asyncio.get_running_loop().create_task(_disconnected(receive))
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
