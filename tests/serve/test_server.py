@@ -380,6 +380,9 @@ def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
     (["--grace", "-1"], "--grace must be a number of seconds >= 0, got -1"),
     (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0, got 0"),
     (["--default-beam-size", "1000"], "--default-beam-size 1000 takes more rows than --max-rows (256)"),
+    (["--read-timeout", "0"], "--read-timeout must be a number of seconds > 0, got 0"),
+    (["--keep-alive", "inf"], "--keep-alive must be a number of seconds > 0, got inf"),
+    (["--languages", "en"], "--languages must be SRC:TGT (two codes), got 'en'"),
 ])
 def test_bad_serve_options_are_refused_before_the_model_loads(tiny_artifact_dir, monkeypatch, args, says):
     from transduce.serve import server
