@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("orjson")
 pytest.importorskip("httpx")
 
 import background  # noqa: E402 - tests/background.py

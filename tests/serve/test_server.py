@@ -109,7 +109,7 @@ def test_score_requests_get_what_offline_scoring_gives(server, long_artifact_dir
     for body, field, sentence, message in [
         ({"target": ["a"]}, "source", None, "the field 'source' (a list of sentences) is missing"),
         ({"source": ["a", "b"], "target": ["x"]}, None, None, "got 2 sources and 1 targets"),
-        ({"source": ["a"], "target": [3]}, "target", 1, "sentence 1 is an int (3), not a str"),
+        ({"source": ["a"], "target": [3]}, "target", 0, "sentence 0 is an int (3), not a str"),
         ({"source": ["a"], "target": ["x"], "beam_size": 2}, "beam_size", None, "unknown field 'beam_size'"),
         ({"source": "a", "target": ["x"]}, None, None, "source takes a list of sentences, not one string"),
         ({"source": ["a"], "target": ["x"], "truncate": "false"}, "truncate", None, "truncate must be true or false"),
@@ -147,8 +147,8 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
 
 
 @pytest.mark.parametrize("body, status, field, sentence, message", [
-    ({"text": ["one", 5]}, 400, "text", 2, "sentence 2 is an int (5), not a str"),
-    ({"text": ["one", "two " * 600]}, 400, "text", 2, "this model takes at most 511 (max_positions 512"),
+    ({"text": ["one", 5]}, 400, "text", 1, "sentence 1 is an int (5), not a str"),
+    ({"text": ["one", "two " * 600]}, 400, "text", 1, "input line 1 has 600 tokens; this model takes at most 511"),
     ({"text": "one"}, 400, None, None, "text takes a list of sentences, not one string"),
     ({"text": {"one": 1}}, 400, None, None, "text takes a list of sentences, not an object (dict)"),
     ({"text": []}, 400, "text", None, "text is empty"),
@@ -380,6 +380,9 @@ def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
     (["--grace", "-1"], "--grace must be a number of seconds >= 0, got -1"),
     (["--request-timeout", "0"], "--request-timeout must be a number of seconds > 0, got 0"),
     (["--default-beam-size", "1000"], "--default-beam-size 1000 takes more rows than --max-rows (256)"),
+    (["--read-timeout", "0"], "--read-timeout must be a number of seconds > 0, got 0"),
+    (["--keep-alive", "inf"], "--keep-alive must be a number of seconds > 0, got inf"),
+    (["--languages", "en"], "--languages must be SRC:TGT (two codes), got 'en'"),
 ])
 def test_bad_serve_options_are_refused_before_the_model_loads(tiny_artifact_dir, monkeypatch, args, says):
     from transduce.serve import server

@@ -80,9 +80,10 @@ def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_art
             assert req.error is None
             want = offline.translate(texts, prefixes=pre, **opts)
             assert [t.tokens for t in req.translations] == [w.tokens for w in want]
-        with pytest.raises(InputError, match="the prefix of sentence 2 has token id 2") as e:
+        # sentences are numbered as `text` indexes them, from 0, in the message and in `sentence` alike
+        with pytest.raises(InputError, match="the prefix of sentence 1 has token id 2") as e:
             service.submit(TEXTS, {}, prefixes=[None, [2], None, None, None, None])
-        assert e.value.field == "prefix" and e.value.sentence == 2
+        assert e.value.field == "prefix" and e.value.sentence == 1
 
 
 def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir):
@@ -163,7 +164,7 @@ def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(t
     """Requests with return_attention beside one without: the service's alignments and attention are offline
     translation's; POST /v1/translate answers each candidate's "alignment" (and "attention", the matrix, only
     with return_attention; replace_unknowns alone gives the alignment), none without."""
-    from fastapi.testclient import TestClient
+    from starlette.testclient import TestClient
 
     from transduce.runtime.api import load
     from transduce.serve.app import create_app

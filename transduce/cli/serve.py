@@ -22,6 +22,14 @@ from transduce.serve.service import ServiceOptions
 @click.option("--api-key-file", type=click.Path(), default=None,
               help="A file holding a bearer token: every endpoint but /healthz then needs "
                    "'Authorization: Bearer <token>' (401 otherwise). The key is never logged.")
+@click.option("--read-timeout", default=10.0, show_default=True,
+              help="Seconds a request's headers, then its body, may take to arrive (408 and the connection closed "
+                   "past it: a client that stalls or trickles them holds no connection for long).")
+@click.option("--keep-alive", default=5.0, show_default=True,
+              help="Seconds an idle connection is kept open between requests.")
+@click.option("--languages", default=None,
+              help="The model's language pair as SRC:TGT (e.g. en:fr), for LibreTranslate's POST /translate and "
+                   "GET /languages; default: what the model's tokenizer names, else any codes are taken.")
 @click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
@@ -29,9 +37,10 @@ from transduce.serve.service import ServiceOptions
 @cli_errors
 @backend_options(threads_help="Framework threads (0: its default).")
 @dataclass_options(ServiceOptions, "service", renamed={"request_timeout": "--timeout", "default_beam_size": "--beam"})
-def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray, replicas, address, quiet, spec,
-          service):
-    """Serve translations over HTTP: POST /v1/translate, GET /v1/models, /healthz, /readyz, /metrics.
+def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_timeout, keep_alive, languages, use_ray,
+          replicas, address, quiet, spec, service):
+    """Serve translations over HTTP: POST /v1/translate, /v1/score, LibreTranslate's POST /translate, GET
+    /languages, /v1/models, /healthz, /readyz, /metrics.
 
     One process owns the backend; one decode thread runs the running batch, which admits each request's
     sentences at the next step boundary where its rows fit and retires them as they finish (a backend that
@@ -54,7 +63,8 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, use_ray
         click.echo(text, err=True)
 
     sys.exit(run(artifact_dir, spec, host=host, port=port, options=service, api_key_file=api_key_file, grace=grace,
-                 max_body_bytes=max_body_bytes, quiet=quiet, log=log))
+                 max_body_bytes=max_body_bytes, quiet=quiet, log=log, read_timeout=read_timeout,
+                 keep_alive=keep_alive, languages=languages))
 
 
 @click.command()

@@ -17,10 +17,13 @@ from transduce.serve.service import DecodeService, ServeError, ServiceOptions
 
 
 def import_serving():
-    """fastapi and uvicorn, or a BackendUnavailable saying how to get them."""
+    """uvicorn (with uvloop and httptools, which the server selects) and orjson, or a BackendUnavailable saying
+    how to get them."""
     try:
-        import fastapi  # noqa: F401
+        import httptools  # noqa: F401
+        import orjson  # noqa: F401
         import uvicorn
+        import uvloop  # noqa: F401
     except ImportError as e:
         raise BackendUnavailable(f"transduce serve needs {e.name}", hint="pip install 'transduce[serve]'") from None
     return uvicorn
@@ -68,20 +71,29 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
 
 def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
           options: ServiceOptions | None = None, api_key_file: str | None = None, grace: float = 30.0,
-          max_body_bytes: int = 1 << 20, quiet: bool = False, log=print) -> int:
-    """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0)."""
+          max_body_bytes: int = 1 << 20, quiet: bool = False, log=print, read_timeout: float = 10.0,
+          keep_alive: float = 5.0, languages: str | None = None) -> int:
+    """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0). read_timeout: seconds a request's headers,
+    then its body, may take to arrive (408 and the connection closed past it); keep_alive: seconds an idle
+    connection is kept open; languages: "SRC:TGT", the model's pair for LibreTranslate's routes."""
     uvicorn = import_serving()
     from transduce.serve.app import create_app
+    from transduce.serve.libre import Languages
 
-    check_listening(host, port, grace, max_body_bytes)  # before the model loads: a mistake costs no wait
+    # before the model loads: a mistake costs no wait
+    check_listening(host, port, grace, max_body_bytes, read_timeout, keep_alive)
+    pair = Languages.parse(languages) if languages is not None else None
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
     service, ident = build_service(path, spec, options)
-    app = create_app(service, ident, api_key, max_body_bytes)
+    app = create_app(service, ident, api_key, max_body_bytes, read_timeout,
+                     pair or Languages.of(service.translator.tokenizer))
     # uvicorn's own limit only backs ours up: at --grace the requests still under way are answered 503 (_Drain),
     # and their answers need a moment to go out
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
-                            timeout_graceful_shutdown=grace + CUT_ANSWER_S, lifespan="off", access_log=not quiet)
+                            timeout_graceful_shutdown=grace + CUT_ANSWER_S, lifespan="off", access_log=not quiet,
+                            loop="uvloop", http=header_deadline_protocol(read_timeout),
+                            timeout_keep_alive=keep_alive)
     drain = _Drain(service, grace, log)
     server = _server(config, drain)
     if not quiet:
@@ -100,11 +112,15 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     return 0
 
 
-def check_listening(host: str, port: int, grace: float, max_body_bytes: int) -> None:
+def check_listening(host: str, port: int, grace: float, max_body_bytes: int, read_timeout: float = 10.0,
+                    keep_alive: float = 5.0) -> None:
     """The listening options, and the address free: an InputError naming the parameter otherwise."""
     import math
     import socket
 
+    for name, v in (("read_timeout", read_timeout), ("keep_alive", keep_alive)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise InputError(f"{name} must be a number of seconds > 0, got {v!r}", params=(name,))
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InputError(f"port must be 0..65535, got {port!r}", params=("port",))
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
@@ -123,6 +139,58 @@ def check_listening(host: str, port: int, grace: float, max_body_bytes: int) -> 
         except OSError as e:
             raise InputError(f"cannot listen on {host}:{port}: {e.strerror}",
                              hint="another server may hold that port: choose another one", params=("port",)) from None
+
+
+def header_deadline_protocol(timeout: float):
+    """uvicorn's httptools protocol with a deadline on each request's headers: a connection that opens and sends
+    nothing is closed after `timeout` seconds, and one that sends part of a request's headers and stalls (or
+    trickles them) is answered 408 and closed. (The body's deadline is the app's: asgi.read_body.) Idle
+    connections between requests are uvicorn's keep-alive timeout's."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    body = b'{"error": {"message": "the request headers did not arrive within %g s", "status": 408}}' % timeout
+    answer = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+              b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+    class Protocol(HttpToolsProtocol):
+        _deadline = None
+        _begun = False  # bytes of a request have come
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._begun = True
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._begun = False
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(timeout, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                if self._begun:
+                    self.transport.write(answer)
+                self.transport.close()
+
+    return Protocol
 
 
 CUT_ANSWER_S = 5.0  # seconds the 503 answers of requests cut at the end of the grace period get to go out

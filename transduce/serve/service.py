@@ -8,9 +8,15 @@ boundary: the request's rows leave the batch at once. Nothing a request carries 
 unchecked, and an error inside a step fails the requests then running (never anyone else's), after which the
 thread goes on with a fresh batch.
 
-Events reach a request's `listener(kind, data)` on the decode thread: "token" (greedy: sentence, token id,
-text so far), "translation" (sentence, Translation), "done" (None) or "error" (a ServeError). The HTTP layer
-turns them into its answers; it must not block.
+Messages leave the decode thread once per step: every event of that step, for every request, in one list per
+`sink` (the front end's callable, called on the decode thread; it must not block: an event loop's sink hands the
+list over with one call_soon_threadsafe). An event is (request, kind, data): "done" (None) or "error" (a
+ServeError) for every request; a request submitted with stream=True also gets "tokens" (greedy: the cohort's
+sentences that stepped and their new token ids, EOS included, as two lists; detokenising is the front end's)
+and "translation" ((sentence, Translation)) as its sentences finish. A request that does not stream costs
+nothing per token or per step here beyond the running batch's own work. The service holds its lock only to
+move requests between its queue and its lists, never across a model call, so submit() (in the event loop)
+waits for no step or encoder run.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,59 +35,18 @@ import numpy as np
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
-from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.prefixes import prefix_ids
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
+from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions
 
-Listener = Callable[[str, Any], None]
-SCHEDULERS = ("continuous", "static", "single")
+__all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
+
+Event = tuple["Request", str, Any]
+Sink = Callable[[list[Event]], None]  # called on the decode thread with one step's events
+FIRST = 0  # the number of a request's first sentence in messages and error bodies: its index in `text`
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
 SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
-
-
-class ServeError(TransduceError):
-    """A request the service cannot answer with translations: `status` is the HTTP status it maps to."""
-
-    def __init__(self, message: str, status: int, hint: str | None = None, *, retry_after: float | None = None):
-        super().__init__(message, hint)
-        self.status = status
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class ServiceOptions:
-    max_rows: int = documented(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
-    max_queue: int = documented(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
-    max_wait_ms: float = documented(0.0, "An idle batch waits this long after an arrival for others to start with it.")
-    max_sentences: int = documented(64, "Sentences per request, at most.")
-    request_timeout: float = documented(60.0, "Seconds a request may take when it names no timeout of its own (504 "
-                                           "past it).")
-    default_beam_size: int = documented(4, "Beam size of requests that name none (1 = greedy).")
-    scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
-                                           "empty batch, run to completion (a dynamic batcher's way); single: one "
-                                           "request at a time. The last two are for comparison (transduce loadtest).",
-                             choices=SCHEDULERS)
-
-    def __post_init__(self) -> None:
-        if self.scheduler not in SCHEDULERS:
-            raise InputError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}",
-                             params=("scheduler",))
-        for name in ("max_rows", "max_queue", "max_sentences", "default_beam_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"{name} must be an integer >= 1, got {v!r}", params=(name,))
-        for name in ("max_wait_ms", "request_timeout"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-                raise InputError(f"{name} must be a number >= 0, got {v!r}", params=(name,))
-        if not self.request_timeout > 0:  # every request would time out at once
-            raise InputError(f"request_timeout must be a number of seconds > 0, got {self.request_timeout!r}",
-                             params=("request_timeout",))
-        if self.default_beam_size > self.max_rows:  # a request naming no beam could never be decoded
-            raise InputError(f"default_beam_size {self.default_beam_size} takes more rows than max_rows "
-                             f"({self.max_rows}) holds: every request naming no beam would be refused",
-                             hint="a smaller default beam, or more rows", params=("default_beam_size", "max_rows"))
 
 
 class Request:
@@ -90,13 +54,16 @@ class Request:
 
     _ids = itertools.count(1)
 
-    def __init__(self, n: int, options: DecodingOptions, timeout: float, listener: Listener | None):
+    def __init__(self, n: int, options: DecodingOptions, timeout: float, sink: Sink | None = None,
+                 stream: bool = False, waiter: Any = None):
         self.id = next(self._ids)
         self.options = options
         self.created = time.monotonic()
         self.timeout = timeout  # seconds it may take, as asked
         self.deadline = self.created + timeout  # time.monotonic() past which it is dropped
-        self.listener = listener
+        self.sink = sink  # where its events go (None: nowhere; translate() waits on `finished`)
+        self.stream = stream  # whether it gets "tokens" and "translation" events, not only "done" or "error"
+        self.waiter = waiter  # the front end's own state for it; the service never reads it
         self.first_token: float | None = None  # when its first token (or result) was produced
         self.translations: list[Translation | None] = [None] * n
         self.todo: list[int] = []  # its sentences the model decodes (the others are blank)
@@ -114,10 +81,6 @@ class Request:
         """The most rows it takes in the running batch."""
         return len(self.todo) * (1 if self.options.beam_size == 1 else self.options.beam_size)
 
-    def emit(self, kind: str, data: Any) -> None:
-        if self.listener is not None:
-            self.listener(kind, data)
-
 
 class DecodeService:
     def __init__(self, translator: Translator, options: ServiceOptions | None = None, metrics=None):
@@ -129,6 +92,9 @@ class DecodeService:
         self._queue: deque[Request] = deque()
         self._cancelled: list[tuple[Request, ServeError]] = []
         self._running: dict[Any, Request] = {}  # cohort -> request
+        self._admitting: Request | None = None  # taken off the queue, its encoder running (outside the lock)
+        self._fresh: list[Request] = []  # admitted since the last step: their first step gives their first token
+        self._outbox: list[Event] = []  # this step's events (decode thread only), sent by _flush
         self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # run between two steps
         self._ended = False  # the decode thread has failed what it held and is ending
         self._stop = False
@@ -151,9 +117,10 @@ class DecodeService:
         return len(self._queue)
 
     def submit(self, texts: Any, options: dict | None = None, truncate: bool = False, timeout: float | None = None,
-               listener: Listener | None = None, prefixes: Any = None) -> Request:
+               sink: Sink | None = None, prefixes: Any = None, *, stream: bool = False, waiter: Any = None) -> Request:
         """Check and tokenize `texts`, queue them -> the Request (InputError for bad input, ServeError when the
-        service cannot take it now)."""
+        service cannot take it now). Cheap enough for an event loop: tokenizing, and the lock for a moment.
+        sink, stream, waiter: see Request; sentences are numbered from FIRST in messages."""
         if self.draining or self._stop:
             raise ServeError("the server is shutting down", 503, hint="retry on another replica")
         texts = list(_sentences(texts, "text"))
@@ -175,12 +142,12 @@ class DecodeService:
                 require_attention(tr.backend)
             except TransduceError as e:
                 raise ServeError(e.args[0], 400, e.hint) from None
-        prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length)
-        req = Request(len(texts), opts, timeout, listener)
+        prepared = tr.prepare(texts, truncate, FIRST, warn=False, max_input_length=opts.max_input_length)
+        req = Request(len(texts), opts, timeout, sink, stream, waiter)
         req.prepared, req.texts = prepared, texts
         if prefixes is not None:
             req.prefixes = prefix_ids(tr.tokenizer, tr.config, prefixes, [len(p[0]) for p in prepared], opts,
-                                      field="prefix")
+                                      FIRST, field="prefix")
         for i, (text, item) in enumerate(zip(texts, prepared, strict=True)):
             if tr.is_blank(text, item[0]):
                 req.translations[i] = tr.translation(None, item)
@@ -198,11 +165,15 @@ class DecodeService:
                     self.metrics.rejected.inc()
                 raise ServeError(f"the queue is full ({self.options.max_queue} requests waiting)", 429,
                                  hint="retry later", retry_after=1.0)
-            for i, t in enumerate(req.translations):  # blank lines are translated already: said first
-                if t is not None:
-                    req.emit("translation", {"sentence": i, "translation": t})
+            if stream and sink is not None:  # blank lines are translated already: said first
+                said: list[Event] = [(req, "translation", (i, t)) for i, t in enumerate(req.translations)
+                                     if t is not None]
+                if said:
+                    sink(said)
             if not req.todo:  # only blank lines: answered at once
                 self._finish(req)
+                if sink is not None:
+                    sink([(req, "done", None)])
                 return req
             self._queue.append(req)
             if self.metrics:
@@ -237,7 +208,8 @@ class DecodeService:
         """Fail every request queued or under way with `error` at the next step boundary (a server that stops
         before they finish) -> them."""
         with self._lock:
-            cut = [r for r in list(self._queue) + list(self._running.values()) if not r.finished.is_set()]
+            cut = [r for r in [*self._queue, *list(self._running.values()), self._admitting]
+                   if r is not None and not r.finished.is_set()]
             self._cancelled.extend((r, error) for r in cut)
             self._lock.notify()
         return cut
@@ -269,7 +241,7 @@ class DecodeService:
         if len(sources) > self.options.max_sentences:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))
-        pairs = self.translator.prepare_pairs(sources, targets, truncate)  # here: only the model's work waits
+        pairs = self.translator.prepare_pairs(sources, targets, truncate, FIRST)  # here: only the model's work waits
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._ended:
@@ -307,73 +279,101 @@ class DecodeService:
                 with self._lock:
                     if self._stop:
                         break
-                    self._settle_cancellations()
-                    self._expire(time.monotonic())
-                    if not self._running and not self._queue and not self._jobs:
+                    cancelled, self._cancelled = self._cancelled, []
+                    if not (self._running or self._queue or self._jobs or cancelled):
                         self._lock.wait(timeout=0.05)
                         continue
-                    self._admit()
+                for req, error in cancelled:
+                    self._drop(req, error)
+                self._expire(time.monotonic())
+                self._admit()
                 if self._jobs:
                     self._run_jobs()
                 if self._running:
                     self._step()
+                self._flush()
         except BaseException as e:  # noqa: BLE001 - recorded: healthz and check_health report it
             self.thread_error = e
             raise
         finally:
             self._fail_all(ServeError("the server stopped before this request finished", 503))
+            self._flush()
             self.batch.abort()  # the backend's buffers back
 
+    def _emit(self, req: Request, kind: str, data: Any) -> None:
+        """An event for `req`'s sink, sent with the rest of this step's (decode thread only)."""
+        if req.sink is not None:
+            self._outbox.append((req, kind, data))
+
+    def _flush(self) -> None:
+        """This step's events out: one call per sink (one sink per front end)."""
+        if not self._outbox:
+            return
+        out, self._outbox = self._outbox, []
+        sink = out[0][0].sink
+        if all(e[0].sink is sink for e in out):
+            sink(out)
+            return
+        by_sink: dict[int, list[Event]] = {}
+        for e in out:
+            by_sink.setdefault(id(e[0].sink), []).append(e)
+        for events in by_sink.values():
+            events[0][0].sink(events)
+
     def _admit(self) -> None:
-        """Queued requests into the running batch, oldest first, while their rows fit (called under the lock)."""
+        """Queued requests into the running batch, oldest first, while their rows fit. The lock is held only to
+        take each off the queue: its encoder runs outside it."""
         opts, batch = self.options, self.batch
-        if self._running and opts.scheduler != "continuous":
-            return  # static and single: the batch runs to completion first
-        if not self._running and self._queue and opts.max_wait_ms > 0:
-            waited = (time.monotonic() - self._queue[0].created) * 1000
-            if waited < opts.max_wait_ms and sum(r.rows for r in self._queue) < opts.max_rows:
-                self._lock.wait(timeout=(opts.max_wait_ms - waited) / 1000)
-                return
-        while self._queue and batch.can_admit():
-            req = self._queue[0]
-            if self._running and batch.reserved_rows() + req.rows > opts.max_rows:
-                break  # it waits for rows to be freed
-            self._queue.popleft()
-            on_tokens = self._token_listener(req) if req.options.beam_size == 1 and req.listener else None
+        while True:
+            with self._lock:
+                if self._running and opts.scheduler != "continuous":
+                    return  # static and single: the batch runs to completion first
+                if not self._queue or not batch.can_admit():
+                    break
+                if not self._running and opts.max_wait_ms > 0:
+                    waited = (time.monotonic() - self._queue[0].created) * 1000
+                    if waited < opts.max_wait_ms and sum(r.rows for r in self._queue) < opts.max_rows:
+                        self._lock.wait(timeout=(opts.max_wait_ms - waited) / 1000)
+                        return
+                req = self._queue[0]
+                if self._running and batch.reserved_rows() + req.rows > opts.max_rows:
+                    break  # it waits for rows to be freed
+                self._queue.popleft()
+                self._admitting = req
             try:
-                req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens,
-                                          keys=np.array(req.todo), prefixes=None if req.prefixes is None else
-                                          [req.prefixes[i] for i in req.todo])
-            except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
-                self._fail(req, ServeError(e.args[0], 503, e.hint))
-                continue
-            except Exception as e:  # noqa: BLE001 - the backend failed part way: the batch cannot be trusted
-                self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
-                for cohort in batch.abort():
-                    self._fail(self._running.pop(cohort), ServeError(f"decoding failed: {type(e).__name__}", 500))
-                continue
-            self._running[req.cohort] = req
-            if self.metrics:
-                self.metrics.admitted.inc(len(req.todo))
-            if opts.scheduler == "single":
+                self._admit_one(req)
+            finally:
+                self._admitting = None
+            if opts.scheduler == "single" and self._running:
                 break
         if self.metrics:
             self.metrics.queue_depth.set(len(self._queue))
 
-    def _token_listener(self, req: Request):
-        tok = self.translator.tokenizer
-        eos = self.translator.config.eos_id
-        so_far: dict[int, list[int]] = {}
+    def _admit_one(self, req: Request) -> None:
+        batch = self.batch
+        greedy = req.options.beam_size == 1
+        on_tokens = self._token_listener(req) if greedy and req.stream and req.sink is not None else None
+        try:
+            req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens, keys=np.array(req.todo),
+                                     prefixes=None if req.prefixes is None else [req.prefixes[i] for i in req.todo])
+        except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
+            self._fail(req, ServeError(e.args[0], 503, e.hint))
+            return
+        except Exception as e:  # noqa: BLE001 - the backend failed part way: the batch cannot be trusted
+            self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
+            for cohort in batch.abort():
+                self._fail(self._running.pop(cohort), ServeError(f"decoding failed: {type(e).__name__}", 500))
+            return
+        self._running[req.cohort] = req
+        if greedy:
+            self._fresh.append(req)
+        if self.metrics:
+            self.metrics.admitted.inc(len(req.todo))
 
+    def _token_listener(self, req: Request):
+        """on_tokens for a streamed greedy request: the step's tokens as they are, into the outbox."""
         def on_tokens(sentences: np.ndarray, tokens: np.ndarray) -> None:
-            if req.first_token is None:
-                self._first_token(req)
-            for s, t in zip(sentences.tolist(), tokens.tolist(), strict=True):
-                if t == eos:
-                    continue
-                ids = so_far.setdefault(s, [])
-                ids.append(t)
-                req.emit("token", {"sentence": req.todo[s], "token": t, "text": tok.decode(ids)})
+            self._outbox.append((req, "tokens", (sentences.tolist(), tokens.tolist())))
 
         return on_tokens
 
@@ -393,6 +393,10 @@ class DecodeService:
                 if req is not None:
                     self._fail(req, ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
             return
+        for req in self._fresh:  # a greedy request's first step gave each of its sentences a token
+            if req.first_token is None:
+                self._first_token(req)
+        self._fresh.clear()
         for cohort, e in batch.failed:
             req = self._running.pop(cohort, None)
             if req is not None:
@@ -412,30 +416,32 @@ class DecodeService:
             if self.metrics:
                 self.metrics.finished.inc()
                 self.metrics.tokens.inc(len(result.best.tokens) + result.best.finished)
-            req.emit("translation", {"sentence": i, "translation": req.translations[i]})
-        for cohort in {c for c, _, _ in finished} - set(batch.cohorts):  # requests whose last sentence finished
-            req = self._running.pop(cohort, None)
-            if req is not None:
-                with self._lock:
+            if req.stream:
+                self._emit(req, "translation", (i, req.translations[i]))
+        if finished:
+            live = set(batch.cohorts)
+            for cohort in {c for c, _, _ in finished} - live:  # requests whose last sentence finished
+                req = self._running.pop(cohort, None)
+                if req is not None:
                     self._finish(req)
-
-    def _settle_cancellations(self) -> None:
-        for req, error in self._cancelled:
-            self._drop(req, error)
-        self._cancelled.clear()
+                    self._emit(req, "done", None)
 
     def _expire(self, now: float) -> None:
-        for req in [r for r in list(self._queue) + list(self._running.values()) if now > r.deadline]:
+        with self._lock:
+            late = [r for r in [*self._queue, *self._running.values()] if now > r.deadline]
+        for req in late:
             if self.metrics:
                 self.metrics.timed_out.inc()
             self._drop(req, ServeError(f"the request passed its deadline of {req.timeout:.3g} s", 504,
                                        hint="raise its timeout"))
 
     def _drop(self, req: Request, error: ServeError) -> None:
-        if req in self._queue:
-            self._queue.remove(req)
-            if self.metrics:
-                self.metrics.queue_depth.set(len(self._queue))
+        with self._lock:
+            queued = req in self._queue
+            if queued:
+                self._queue.remove(req)
+        if queued and self.metrics:
+            self.metrics.queue_depth.set(len(self._queue))
         if req.cohort is not None and self._running.pop(req.cohort, None) is not None:
             self.batch.cancel(req.cohort)
             if self.metrics:
@@ -443,22 +449,21 @@ class DecodeService:
         self._fail(req, error)
 
     def _fail(self, req: Request, error: ServeError) -> None:
+        """Decode thread only: `req` ends with `error` (told with this step's events)."""
         if req.finished.is_set():
             return
         req.error = error
         req.finished.set()
-        req.emit("error", error)
+        self._emit(req, "error", error)
 
     def _finish(self, req: Request) -> None:
         if self.metrics:
             self.metrics.latency.observe(time.monotonic() - req.created)
         req.finished.set()
-        req.emit("done", None)
 
     def _fail_all(self, error: ServeError) -> None:
         with self._lock:
-            for req in list(self._queue) + list(self._running.values()) + [r for r, _ in self._cancelled]:
-                self._fail(req, error)
+            held = [*self._queue, *self._running.values(), *(r for r, _ in self._cancelled)]
             self._queue.clear()
             self._running.clear()
             self._cancelled.clear()
@@ -466,3 +471,5 @@ class DecodeService:
                 done.set_exception(error)
             self._jobs.clear()
             self._ended = True  # no job may wait for this thread now
+        for req in held:
+            self._fail(req, error)

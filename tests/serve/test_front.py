@@ -1,0 +1,232 @@
+"""The server's front end: step messages from the decode thread, incremental stream text, LibreTranslate's routes,
+and the deadlines on slow or idle connections (real sockets against a real `transduce serve`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.serve.conftest import KEY, Server
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def fr_server(long_artifact_dir, tmp_path_factory):
+    """A server that says its model translates en:fr, with 1 s deadlines on reading requests and idle connections."""
+    s = Server(long_artifact_dir, tmp_path_factory.mktemp("fr"), "--languages", "en:fr", "--read-timeout", "1",
+               "--keep-alive", "1")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_incremental_text_adds_up_to_the_decode_of_every_token(tiny_tokenizer):
+    import numpy as np
+
+    from transduce.serve.stream import IncrementalText
+
+    class Counted:  # the tokenizer, counting the tokens each decode is given
+        def __init__(self):
+            self.decoded = 0
+
+        def decode(self, ids):
+            self.decoded += len(ids)
+            return tiny_tokenizer.decode(ids)
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ids = rng.integers(3, tiny_tokenizer.vocab_size, size=int(rng.integers(1, 40))).tolist()  # <unk> too
+        text = IncrementalText(tiny_tokenizer)
+        assert "".join(text.add(t) for t in ids) == tiny_tokenizer.decode(ids)
+    ids = rng.integers(4, tiny_tokenizer.vocab_size, size=2000).tolist()
+    counted = Counted()
+    text = IncrementalText(counted)
+    assert "".join(text.add(t) for t in ids) == tiny_tokenizer.decode(ids)
+    assert counted.decoded < 10 * len(ids)  # a window of a few tokens per token, not the sentence so far
+
+
+def test_incremental_text_holds_back_a_character_split_over_byte_pieces():
+    from transduce.serve.stream import IncrementalText
+
+    class Bytes:  # a byte-level tokenizer: token i is byte i
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    ids = list("né ü €!".encode())
+    text = IncrementalText(Bytes())
+    deltas = [text.add(t) for t in ids]
+    assert "".join(deltas) == "né ü €!" and "\ufffd" not in "".join(deltas)
+    assert deltas[list(ids).index(0xE2) + 1] == ""  # "€" is three bytes: nothing until the third
+
+
+def test_step_messages_batch_every_request_and_skip_tokens_of_requests_that_do_not_stream(tiny_artifact_dir):
+    """One sink call per step with every request's events of that step; a request that does not stream gets only
+    its "done"; one that streams its tokens (greedy), its translations and its "done"."""
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(max_rows=64))
+    calls: list[list] = []
+    lock = threading.Lock()
+
+    def sink(events):
+        with lock:
+            calls.append(list(events))
+
+    texts = ["one two three", "four hundred and five", "", "twelve"]
+    service.start(warmup=False)
+    try:
+        # queued before the decode thread can admit any: they start in the same step
+        with service._lock:
+            plain = [service.submit(texts, {"beam_size": b}, sink=sink) for b in (1, 3)]
+            streamed = service.submit(texts, {"beam_size": 1}, sink=sink, stream=True)
+        for req in (*plain, streamed):
+            assert req.finished.wait(60) and req.error is None
+        steps = service.batch.steps
+    finally:
+        service.stop()
+    events = [e for call in calls for e in call]
+    for req in plain:
+        assert [kind for r, kind, _ in events if r is req] == ["done"]
+    kinds = [kind for r, kind, _ in events if r is streamed]
+    assert kinds[0] == "translation" and kinds[-1] == "done"  # the blank line first, before any step
+    assert kinds.count("translation") == 4 and "tokens" in kinds
+    assert len(calls) <= steps + 1  # one per step, and the blank line's at submit
+    mixed = [call for call in calls if len({id(r) for r, _, _ in call}) > 1]
+    assert mixed, "no step message carried more than one request's events"
+    tokens = {}
+    for r, kind, data in events:
+        if r is streamed and kind == "tokens":
+            for s, t in zip(*data, strict=True):
+                tokens.setdefault(streamed.todo[s], []).append(t)
+    for i in streamed.todo:  # every token, EOS included, in order
+        assert tokens[i][:len(streamed.translations[i].tokens)] == list(streamed.translations[i].tokens)
+
+
+def _events(body: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in body.strip().split("\n\n"):
+        if block.startswith(":"):
+            continue
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_a_long_stream_is_linear_in_its_length_and_its_text_adds_up(server):
+    """500 forced greedy tokens: each token event carries the text it adds (their concatenation is the final
+    text), so the stream grows with the output, not with its square."""
+    body = {"text": ["one two three", "four"], "beam_size": 1, "min_length": 501, "max_len_a": 0, "max_len_b": 500,
+            "stream": True}
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    events = _events(r.text)
+    final = events[-1][1]["translations"]
+    for i, t in enumerate(final):
+        streamed = [d for k, d in events if k == "token" and d["sentence"] == i]
+        assert len(streamed) == 500 and "".join(d["text"] for d in streamed) == t["text"]
+    text_bytes = sum(len(t["text"].encode()) for t in final)
+    # a token event is about 60 bytes beside its text; the final answer repeats the tokens and text a few times
+    assert len(r.content) < 1000 * 60 + 10 * text_bytes + 20_000, len(r.content)
+
+
+def test_error_bodies_and_stream_events_count_sentences_from_0(server):
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, json={"text": ["", "one", 5]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["sentence"] == 2, r.text
+    assert "sentence 2 is an int (5)" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=30,
+                   json={"text": ["one", "two"], "beam_size": 1, "stream": True})
+    assert {d["sentence"] for k, d in _events(r.text) if k in ("token", "translation")} == {0, 1}
+
+
+def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):
+    """LibreTranslate's POST /translate as its clients send it, JSON and form-encoded; GET /languages."""
+    from transduce.runtime.api import load
+
+    url = fr_server.url
+    want = [t.text for t in load(long_artifact_dir, threads=1).translate(["one two three", "twelve"],
+                                                                        beam_size=4)]
+    r = httpx.post(url + "/translate", json={"q": "one two three", "source": "en", "target": "fr", "format": "text"})
+    assert r.status_code == 200 and r.json() == {"translatedText": want[0]}, r.text
+    r = httpx.post(url + "/translate", json={"q": ["one two three", "twelve"], "source": "auto", "target": "fr"})
+    assert r.json()["translatedText"] == want and r.json()["detectedLanguage"][0]["language"] == "en", r.text
+    r = httpx.post(url + "/translate", data={"q": "one two three\ntwelve", "source": "en", "target": "fr"})
+    assert r.status_code == 200 and r.json() == {"translatedText": "\n".join(want)}, r.text
+    r = httpx.post(url + "/translate", data={"q": "twelve", "source": "en", "target": "fr", "alternatives": "2"})
+    assert r.json()["translatedText"] == want[1] and len(r.json()["alternatives"]) == 2, r.text
+    assert httpx.get(url + "/languages").json() == [{"code": "en", "name": "English", "targets": ["fr"]},
+                                                    {"code": "fr", "name": "French", "targets": []}]
+    for body, says in [({"source": "en", "target": "fr"}, "Invalid request: missing q parameter"),
+                       ({"q": "one", "target": "fr"}, "Invalid request: missing source parameter"),
+                       ({"q": "one", "source": "en", "target": "de"}, "de is not supported"),
+                       ({"q": "one", "source": "es", "target": "fr"}, "es is not supported"),
+                       ({"q": "one", "source": "en", "target": "fr", "format": "html"}, "html format is not supported"),
+                       ({"q": ["one", 5], "source": "en", "target": "fr"}, "q must be a string or a list of strings")]:
+        r = httpx.post(url + "/translate", json=body)
+        assert r.status_code == 400 and says in r.json()["error"], (body, r.text)
+
+
+def test_libretranslate_api_key_in_the_body_or_the_bearer_header(server):
+    body = {"q": "one two", "source": "en", "target": "fr"}  # a model of unknown languages takes any codes
+    assert httpx.post(server.url + "/translate", json={**body, "api_key": KEY}).status_code == 200
+    assert httpx.post(server.url + "/translate", json=body, headers=AUTH).status_code == 200
+    assert httpx.post(server.url + "/translate", data={**body, "api_key": KEY}).status_code == 200
+    r = httpx.post(server.url + "/translate", json={**body, "api_key": "wrong"})
+    assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
+    r = httpx.post(server.url + "/translate", json=body)
+    assert r.status_code == 400 and "API key" in r.json()["error"]
+    assert httpx.get(server.url + "/languages").json() == []  # no key needed; no languages known
+
+
+def _connect(server) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def test_a_stalled_body_is_answered_408_and_the_connection_closed(fr_server):
+    with _connect(fr_server) as s:
+        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"text\": [")
+        answer = _read_all(s)  # the server closes it: recv returns b"" rather than waiting forever
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"did not arrive within 1 s" in answer
+
+
+def test_trickled_headers_are_answered_408_and_the_connection_closed(fr_server):
+    with _connect(fr_server) as s:
+        start = time.monotonic()
+        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(3):  # a byte now and then: the deadline is on the whole headers, not between bytes
+            time.sleep(0.3)
+            try:
+                s.sendall(b"X")
+            except OSError:
+                break
+        answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 408") and b"headers did not arrive" in answer, answer
+    assert time.monotonic() - start < 20
+
+
+def test_idle_connections_are_closed(fr_server):
+    with _connect(fr_server) as s:  # never sends a byte
+        assert _read_all(s) == b""
+    with _connect(fr_server) as s:  # one request, then idle past the keep-alive timeout
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1

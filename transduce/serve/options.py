@@ -1,0 +1,55 @@
+"""The service's options and the error a request gets when the service cannot answer it with translations."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from transduce.errors import InputError, TransduceError
+from transduce.runtime.decoding.options import documented
+
+SCHEDULERS = ("continuous", "static", "single")
+
+
+class ServeError(TransduceError):
+    """A request the service cannot answer with translations: `status` is the HTTP status it maps to."""
+
+    def __init__(self, message: str, status: int, hint: str | None = None, *, retry_after: float | None = None):
+        super().__init__(message, hint)
+        self.status = status
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    max_rows: int = documented(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
+    max_queue: int = documented(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
+    max_wait_ms: float = documented(0.0, "An idle batch waits this long after an arrival for others to start with it.")
+    max_sentences: int = documented(64, "Sentences per request, at most.")
+    request_timeout: float = documented(60.0, "Seconds a request may take when it names no timeout of its own (504 "
+                                           "past it).")
+    default_beam_size: int = documented(4, "Beam size of requests that name none (1 = greedy).")
+    scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
+                                           "empty batch, run to completion (a dynamic batcher's way); single: one "
+                                           "request at a time. The last two are for comparison (transduce loadtest).",
+                             choices=SCHEDULERS)
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise InputError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}",
+                             params=("scheduler",))
+        for name in ("max_rows", "max_queue", "max_sentences", "default_beam_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{name} must be an integer >= 1, got {v!r}", params=(name,))
+        for name in ("max_wait_ms", "request_timeout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise InputError(f"{name} must be a number >= 0, got {v!r}", params=(name,))
+        if not self.request_timeout > 0:  # every request would time out at once
+            raise InputError(f"request_timeout must be a number of seconds > 0, got {self.request_timeout!r}",
+                             params=("request_timeout",))
+        if self.default_beam_size > self.max_rows:  # a request naming no beam could never be decoded
+            raise InputError(f"default_beam_size {self.default_beam_size} takes more rows than max_rows "
+                             f"({self.max_rows}) holds: every request naming no beam would be refused",
+                             hint="a smaller default beam, or more rows", params=("default_beam_size", "max_rows"))

@@ -1,0 +1,114 @@
+"""The front end's side of the decode thread's messages: one hand-over per step into the event loop, each
+request's events queued on its Waiter, and streamed text detokenised incrementally.
+
+The decode thread calls a LoopSink with every event of one step (service.py); the sink schedules one dispatch
+on the event loop (call_soon_threadsafe), which appends each event to its request's Waiter and wakes the
+coroutine waiting there. A request's coroutine waits on its Waiter and on the client's connection at once
+(the ASGI receive channel's http.disconnect), so nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+
+class ClientLeft(Exception):
+    """The client disconnected while its request was under way."""
+
+
+class LoopSink:
+    """A DecodeService sink that hands each step's events to one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+
+    def __call__(self, events: list) -> None:  # on the decode thread
+        try:
+            self.loop.call_soon_threadsafe(_dispatch, events)
+        except RuntimeError:  # the event loop has closed (the server stopped): nobody waits for them
+            pass
+
+
+def _dispatch(events: list) -> None:
+    for req, kind, data in events:
+        waiter = req.waiter
+        if waiter is not None:
+            waiter.push(kind, data)
+
+
+class Waiter:
+    """One request's events in the event loop, and the coroutine waiting for them."""
+
+    __slots__ = ("events", "_wake")
+
+    def __init__(self):
+        self.events: deque[tuple[str, Any]] = deque()
+        self._wake: asyncio.Future | None = None
+
+    def push(self, kind: str, data: Any) -> None:
+        self.events.append((kind, data))
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def wait(self, gone: asyncio.Future, timeout: float | None = None) -> bool:
+        """Until an event is queued (True), `timeout` passes (False) or `gone` (the client's disconnect) is done
+        (ClientLeft)."""
+        if self.events:
+            return True
+        if gone.done():
+            raise ClientLeft
+        wake = self._wake = asyncio.get_running_loop().create_future()
+
+        def woken(_: Any) -> None:
+            if not wake.done():
+                wake.set_result(None)
+
+        gone.add_done_callback(woken)
+        try:
+            if timeout is None:
+                await wake
+            else:
+                try:
+                    await asyncio.wait_for(wake, timeout)
+                except TimeoutError:
+                    return False
+        finally:
+            gone.remove_done_callback(woken)
+            self._wake = None
+        if self.events:
+            return True
+        raise ClientLeft
+
+
+class IncrementalText:
+    """A sentence's text as its tokens arrive: add(token) -> the text that token adds ("" while it is held back).
+
+    Each add decodes a short window of the last tokens twice (the text already given out of it, and the text with
+    the new token) and gives the difference, so a sentence costs O(its length) in all, where decoding everything
+    so far at each token would be quadratic. The window starts at a token already given out: a decoder that drops
+    the word-boundary space of the first piece it decodes (SentencePiece's "▁", Metaspace) drops it from both
+    decodes alike. New text is held back while it ends in U+FFFD (a byte-level piece of a character not yet
+    complete) or does not extend the old (a decoder that rewrites earlier text); the concatenated deltas equal
+    the tokenizer's decode of all the tokens whenever its decoding is prefix-stable, as transduce's tokenizer's
+    is."""
+
+    __slots__ = ("tokenizer", "ids", "start", "read")
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.start = 0  # the window's first token
+        self.read = 0  # tokens whose text has been given out
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.start:self.read]) if self.read > self.start else ""
+        after = decode(self.ids[self.start:])
+        if len(after) <= len(before) or after.endswith("\ufffd") or not after.startswith(before):
+            return ""
+        self.start, self.read = self.read, len(self.ids)
+        return after[len(before):]
