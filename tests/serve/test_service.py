@@ -223,3 +223,24 @@ def test_alignments_the_model_or_artifact_cannot_give_are_refused_at_submit(tiny
         service.submit(["one"], {"replace_unknowns": True})
     assert info.value.status == 400 and "transduce export" in info.value.hint
     assert service.queue_depth() == 0
+
+
+def test_the_service_asks_the_running_batch_whether_each_request_fits_before_admitting_it(tiny_artifact_dir):
+    """A backend with fixed ranges (TensorRT's profiles) takes some sources into a running state and not others:
+    the service asks with the queued request's own sources, and one that does not fit waits for an empty batch
+    instead of failing (a 503 from admit's refusal)."""
+    with _started(tiny_artifact_dir) as service:
+        batch = service.batch
+        real, asked = batch.can_admit, []
+
+        def can_admit(src_ids=None):
+            asked.append(src_ids)
+            return real(src_ids) and (src_ids is None or src_ids.shape[1] < 6 or not batch.cohorts)
+
+        batch.can_admit = can_admit
+        long_text = "seventy-one thousand, two hundred and five"
+        got = _concurrently(service, [([long_text], {"beam_size": 1}), (["one"], {"beam_size": 4})] * 3)
+    offline = [service.translator.translate([t], beam_size=b)[0].text
+               for t, b in [(long_text, 1), ("one", 4)] * 3]
+    assert [g[0].text for g in got] == offline
+    assert asked and all(a is not None for a in asked)

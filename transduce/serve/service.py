@@ -328,7 +328,7 @@ class DecodeService:
             with self._lock:
                 if self._running and opts.scheduler != "continuous":
                     return  # static and single: the batch runs to completion first
-                if not self._queue or not batch.can_admit():
+                if not self._queue or not batch.can_admit(self._queue[0].src):
                     break
                 if not self._running and opts.max_wait_ms > 0:
                     waited = (time.monotonic() - self._queue[0].created) * 1000
