@@ -32,7 +32,6 @@ from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.options import documented
 from transduce.runtime.decoding.running import RunningBatch
-from transduce.runtime.prefixes import prefix_ids
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 
 Listener = Callable[[str, Any], None]
@@ -175,12 +174,10 @@ class DecodeService:
                 require_attention(tr.backend)
             except TransduceError as e:
                 raise ServeError(e.args[0], 400, e.hint) from None
-        prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length)
+        prepared = tr.prepare(texts, truncate, warn=False, max_input_length=opts.max_input_length, options=opts)
         req = Request(len(texts), opts, timeout, listener)
         req.prepared, req.texts = prepared, texts
-        if prefixes is not None:
-            req.prefixes = prefix_ids(tr.tokenizer, tr.config, prefixes, [len(p[0]) for p in prepared], opts,
-                                      field="prefix")
+        req.prefixes = tr.target_prefixes(prefixes, prepared, opts, field="prefix")  # and the target language
         for i, (text, item) in enumerate(zip(texts, prepared, strict=True)):
             if tr.is_blank(text, item[0]):
                 req.translations[i] = tr.translation(None, item)
