@@ -18,8 +18,9 @@ from transduce.importers import FAMILIES
 def import_(family, src, out_dir, force, quiet):
     """Import the pretrained FAMILY model in SRC into the model directory --out, as transduce train writes one:
     then export, build, decode, parity, bench, inspect and attention work on it unchanged. SRC: a Hugging Face
-    MarianMTModel or FSMTForConditionalGeneration directory, or a fairseq transformer's directory (checkpoint,
-    dict.SRC.txt, dict.TGT.txt, bpecodes or a SentencePiece model). Tensors are checked by name and shape,
+    MarianMTModel, FSMTForConditionalGeneration or M2M100ForConditionalGeneration (m2m100, nllb) directory, or a
+    fairseq transformer's directory (checkpoint, dict.SRC.txt, dict.TGT.txt, bpecodes or a SentencePiece model); see
+    docs/importing.md. Tensors are checked by name and shape,
     pickles read without running code, and nothing is written unless everything imports."""
     from transduce.importers import import_model
     from transduce.models.checkpoint import load_model_dir

@@ -1,4 +1,5 @@
-"""Importing pretrained Transformers (Marian / OPUS-MT and FSMT in Hugging Face's format, fairseq checkpoints) into
+"""Importing pretrained Transformers (Marian / OPUS-MT, FSMT, M2M100 and NLLB-200 in Hugging Face's format,
+fairseq checkpoints) into
 model directories like the ones `transduce train` writes, so that export, build, decode, parity, bench, inspect and
 attention work on them unchanged.
 
@@ -23,7 +24,7 @@ import os
 
 from transduce.errors import ImportCheckpointError
 
-FAMILIES = ("marian", "fsmt", "fairseq")
+FAMILIES = ("marian", "fsmt", "fairseq", "m2m100", "nllb")
 
 
 def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
@@ -41,6 +42,10 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
         from transduce.importers.marian import convert
     elif family == "fsmt":
         from transduce.importers.fsmt import convert
+    elif family == "m2m100":
+        from transduce.importers.m2m100 import convert_m2m100 as convert
+    elif family == "nllb":
+        from transduce.importers.m2m100 import convert_nllb as convert
     else:
         from transduce.importers.fairseq import convert
     from transduce.formats.kinds import is_model_dir

@@ -8,7 +8,10 @@ One JSON file, tokenizer.json, with "format": PAIR_FORMAT, the specials' ids and
   "moses_bpe"      Moses punctuation normalization and tokenization (sacremoses, aggressive dash splits,
                    escaped), then BPE with "</w>" word ends from its merges (FSMT, XLM-style); decoding joins
                    the pieces and Moses-detokenizes.
-The file is self-contained, so that an export copying tokenizer.json carries the whole tokenizer.
+A multilingual model's file also has "languages": {"codes": {code: id}, "source": code, "target": code} (the
+defaults, null where the model has none): the language-code tokens that begin a source and that decoding is forced
+to start a translation with (NLLB-200's "fra_Latn", M2M100's "fr" for "__fr__", mBART-50's "fr_XX"); they are
+never text. The file is self-contained, so that an export copying tokenizer.json carries the whole tokenizer.
 Unknown pieces become <unk>, as the source projects do. Needs `sentencepiece` or `sacremoses` (the
 `import` extra) for the side that uses it.
 """
@@ -164,8 +167,13 @@ class PairTokenizer:
         self.family = spec.get("family", "")
         self.source = _SIDES[spec["source"]["kind"]](spec["source"], self.unk_id)
         self.target = _SIDES[spec["target"]["kind"]](spec["target"], self.unk_id)
+        langs = spec.get("languages") or {}
+        self.languages: dict[str, int] = {str(k): int(v) for k, v in (langs.get("codes") or {}).items()}
+        self.default_source_lang: str | None = langs.get("source")
+        self.default_target_lang: str | None = langs.get("target")
         # ids that are never text: skipped by decode, turned into <unk> by encode
-        self._specials = {self.pad_id, self.bos_id, self.eos_id, self.unk_id} | set(spec.get("control_ids", []))
+        self._specials = ({self.pad_id, self.bos_id, self.eos_id, self.unk_id} | set(spec.get("control_ids", []))
+                          | set(self.languages.values()))
 
     @staticmethod
     def side(kind: str, vocab: list[str], **fields: Any) -> dict[str, Any]:
@@ -177,9 +185,13 @@ class PairTokenizer:
 
     @classmethod
     def build(cls, family: str, specials: dict[str, int], source: dict[str, Any], target: dict[str, Any],
-              control_ids: Sequence[int] = ()) -> PairTokenizer:
-        return cls({"format": PAIR_FORMAT, "version": PAIR_VERSION, "family": family, "specials": dict(specials),
-                    "control_ids": sorted(set(control_ids)), "source": source, "target": target})
+              control_ids: Sequence[int] = (), languages: dict[str, Any] | None = None) -> PairTokenizer:
+        """languages: a multilingual model's {"codes": {code: id}, "source": default, "target": default}."""
+        spec = {"format": PAIR_FORMAT, "version": PAIR_VERSION, "family": family, "specials": dict(specials),
+                "control_ids": sorted(set(control_ids)), "source": source, "target": target}
+        if languages:
+            spec["languages"] = languages
+        return cls(spec)
 
     @classmethod
     def from_dict(cls, d: Any, path: str) -> PairTokenizer:

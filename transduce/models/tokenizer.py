@@ -24,6 +24,11 @@ PAD, BOS, EOS, UNK = range(4)
 
 
 class Tokenizer:
+    # a trained model translates one language pair: no language codes (a multilingual PairTokenizer has them)
+    languages: dict[str, int] = {}
+    default_source_lang: str | None = None
+    default_target_lang: str | None = None
+
     def __init__(self, tok):  # tok: tokenizers.Tokenizer
         self._tok = tok
         for i, s in enumerate(SPECIALS):

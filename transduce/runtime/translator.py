@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transduce.errors import InputError, TransduceWarning, TruncatedInput
+from transduce.runtime import languages
 from transduce.runtime.backends.base import missing_members
 from transduce.runtime.decoding import DecodeResult, DecodingOptions, decode
 from transduce.runtime.decoding.batch import pad_ids
@@ -115,9 +116,9 @@ class Translator:
         factory = backend_factory or TorchBackend.from_model_dir
         return cls(factory(os.fspath(path), device=device), load_tokenizer(path), **kwargs)
 
-    def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1,
-                warn: bool = True, max_input_length: int = 0) -> list[tuple[list[int], int, bool]]:
-        model_limit = self.config.max_positions - 1  # room for EOS
+    def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1, warn: bool = True,
+                max_input_length: int = 0, lead: Sequence[int] = ()) -> list[tuple[list[int], int, bool]]:
+        model_limit = self.config.max_positions - 1 - len(lead)  # room for EOS and the source language's code
         limit = min(max_input_length, model_limit) if max_input_length else model_limit
         unk = self.config.unk_id
         out = []
@@ -136,7 +137,7 @@ class Translator:
                     warnings.warn(TruncatedInput(f"input line {n}: {len(ids)} tokens truncated to {limit}", n),
                                   stacklevel=5)
                 ids, cut = ids[:limit], True
-            out.append((ids, sum(1 for i in ids if i == unk), cut))
+            out.append((list(lead) + ids, sum(1 for i in ids if i == unk), cut))
         return out
 
     def batches(self, lengths: Sequence[int], beam_size: int) -> list[list[int]]:
@@ -177,7 +178,9 @@ class Translator:
 
     def resolved(self, opts: DecodingOptions) -> DecodingOptions:
         """`opts` with the texts of `suppress` as target token ids, checked against the vocabulary (InputError
-        naming suppress for an unknown character or an id out of range)."""
+        naming suppress for an unknown character or an id out of range), and a multilingual model's source_lang and
+        target_lang checked, its defaults filled in (runtime.languages)."""
+        opts = languages.resolve(self.tokenizer, opts)
         if not opts.suppress:
             return opts
         out = []
@@ -193,13 +196,26 @@ class Translator:
         return dataclasses.replace(opts, suppress=tuple(out))
 
     def prepare(self, texts: list, truncate: bool, first_line: int = 1, warn: bool = True,
-                max_input_length: int = 0) -> list[tuple[list[int], int, bool]]:
+                max_input_length: int = 0, options: DecodingOptions | None = None) -> list[tuple[list[int], int, bool]]:
         """Each text checked and tokenized -> (token ids, unknown tokens, truncated) each; the InputError of the
         first text that cannot be translated carries its number as `sentence`. warn: a TruncatedInput warning
         for each truncated text (a server reports `truncated` in its answer instead). max_input_length: source
-        tokens taken at most (0: the model's positions)."""
+        tokens taken at most (0: the model's positions). options: resolved() options, whose source_lang's code
+        begins each source of a multilingual model (the ids include it)."""
         self._check_texts(texts, first_line)
-        return self._encode(texts, truncate, first_line, warn, max_input_length)
+        lead = languages.source_lead(self.tokenizer, options) if options is not None else []
+        return self._encode(texts, truncate, first_line, warn, max_input_length, lead)
+
+    def target_prefixes(self, prefixes: list | None, prepared: list, opts: DecodingOptions, first_line: int = 1,
+                        field: str = "prefixes") -> list[list[int]] | None:
+        """Each prepared text's forced target tokens: a multilingual model's target language code (resolved()
+        options), then the text's prefix if given (runtime.prefixes, checked); None where there are none."""
+        lead = languages.target_lead(self.tokenizer, opts)
+        if prefixes is None and not lead:
+            return None
+        ids = (prefix_ids(self.tokenizer, self.config, prefixes, [len(p[0]) for p in prepared], opts, first_line,
+                          field) if prefixes is not None else [[] for _ in prepared])
+        return [lead + p for p in ids]
 
     @staticmethod
     def _check_texts(texts: list, first_line: int) -> None:
@@ -263,10 +279,8 @@ class Translator:
 
     def _translate(self, texts: list, opts: DecodingOptions, truncate: bool, first_line: int,
                    progress: Progress | None, prefixes: list | None = None) -> list[Translation]:
-        encoded = self.prepare(texts, truncate, first_line, max_input_length=opts.max_input_length)
-        if prefixes is not None:
-            prefixes = prefix_ids(self.tokenizer, self.config, prefixes, [len(e[0]) for e in encoded], opts,
-                                  first_line)
+        encoded = self.prepare(texts, truncate, first_line, max_input_length=opts.max_input_length, options=opts)
+        prefixes = self.target_prefixes(prefixes, encoded, opts, first_line)
         results: list[Translation | None] = [None] * len(texts)
         todo = []
         for i, (text, (ids, _, _)) in enumerate(zip(texts, encoded, strict=True)):

@@ -36,7 +36,6 @@ from transduce.errors import InputError, TransduceError
 from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.running import RunningBatch
-from transduce.runtime.prefixes import prefix_ids
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions
 
@@ -142,12 +141,11 @@ class DecodeService:
                 require_attention(tr.backend)
             except TransduceError as e:
                 raise ServeError(e.args[0], 400, e.hint) from None
-        prepared = tr.prepare(texts, truncate, FIRST, warn=False, max_input_length=opts.max_input_length)
+        prepared = tr.prepare(texts, truncate, FIRST, warn=False, max_input_length=opts.max_input_length,
+                              options=opts)
         req = Request(len(texts), opts, timeout, sink, stream, waiter)
         req.prepared, req.texts = prepared, texts
-        if prefixes is not None:
-            req.prefixes = prefix_ids(tr.tokenizer, tr.config, prefixes, [len(p[0]) for p in prepared], opts,
-                                      FIRST, field="prefix")
+        req.prefixes = tr.target_prefixes(prefixes, prepared, opts, FIRST, field="prefix")  # and the target language
         for i, (text, item) in enumerate(zip(texts, prepared, strict=True)):
             if tr.is_blank(text, item[0]):
                 req.translations[i] = tr.translation(None, item)

@@ -70,6 +70,12 @@ class DecodingOptions:
     forced_eos: bool = documented(False, "End a hypothesis that reaches the maximum length with EOS (its last token "
                                          "forced, counted at log-prob 0) instead of cutting it there unfinished, as "
                                          "Hugging Face's forced_eos_token_id does.")
+    # multilingual models (runtime/languages.py): the source's and the translation's language codes
+    source_lang: str = documented("", "A multilingual model's source language code (NLLB-200: eng_Latn, M2M100: en, "
+                                      "mBART-50: en_XX), the token its input begins with; empty: the model's default.")
+    target_lang: str = documented("", "A multilingual model's target language code (NLLB-200: fra_Latn, M2M100: fr, "
+                                      "mBART-50: fr_XX): each translation is forced to begin with its token (counted "
+                                      "at log-prob 0, not part of the text); required where the model has no default.")
     # texts (tokenized with the target vocabulary by the translator) or token id sequences
     suppress: tuple = documented((), "A token sequence no output may hold (repeat the flag for several): text in the "
                                      "target language, or token ids; one token is never produced, a longer "
@@ -141,6 +147,9 @@ class DecodingOptions:
                      "max_input_length"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name} must be >= 0, got {getattr(self, name)}", params=(name,))
+        for name in ("source_lang", "target_lang"):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"{name} must be a language code (text), got {getattr(self, name)!r}", params=(name,))
         if not isinstance(self.forced_eos, bool | np.bool_):
             raise InputError(f"forced_eos must be true or false, got {self.forced_eos!r}", params=("forced_eos",))
         object.__setattr__(self, "suppress", _sequences(self.suppress))

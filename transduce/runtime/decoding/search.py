@@ -79,9 +79,12 @@ class Cohort:
                 forced = np.where(last, self.eos, -1 if forced is None else forced)
         return forced if forced is not None and (forced >= 0).any() else None
 
-    def _forced_lp(self, forced: np.ndarray, forced_lp: np.ndarray) -> np.ndarray:
+    def _forced_lp(self, forced: np.ndarray, forced_lp: np.ndarray, step: int) -> np.ndarray:
         """The log-probs forced tokens count: the model's, but 0 for forced_eos's EOS (Hugging Face's
-        forced_eos_token_id leaves it the only token, at log-prob 0)."""
+        forced_eos_token_id leaves it the only token, at log-prob 0) and, with target_lang, for the first step's
+        token (step 0), the target language's code (as forced_bos_token_id)."""
+        if step == 0 and self.options.target_lang:
+            forced_lp = np.where(forced >= 0, 0.0, forced_lp)
         return np.where(forced == self.eos, 0.0, forced_lp) if self.options.forced_eos else forced_lp
 
     def advance(self, vals: np.ndarray, ids: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None = None,
@@ -141,7 +144,7 @@ class GreedyCohort(Cohort):
             vals, ids = np.take_along_axis(vals, pick, axis=1), np.take_along_axis(ids, pick, axis=1)
         tok, lp = ids[:, 0], vals[:, 0]
         if forced is not None:  # rows still in their prefix (or at their last step, forced_eos) take its token
-            f_ids, f_lp = forced[0], self._forced_lp(*forced)
+            f_ids, f_lp = forced[0], self._forced_lp(*forced, t)
             tok, lp = np.where(f_ids >= 0, f_ids, tok), np.where(f_ids >= 0, f_lp, lp)
         if self.everyone:
             self.out_tok[:, t] = tok
@@ -259,7 +262,7 @@ class BeamCohort(Cohort):
             vals, ids = self._adjusted(full, self.history)
         self.t += 1
         if forced is not None:  # a row in its prefix has one candidate, the prefix's token: one live beam
-            f_ids, f_lp = forced[0], self._forced_lp(*forced)
+            f_ids, f_lp = forced[0], self._forced_lp(*forced, t)
             rows = np.flatnonzero(f_ids >= 0)
             vals, ids = vals.copy(), ids.copy()
             vals[rows, 0], ids[rows, 0], vals[rows, 1:] = f_lp[rows], f_ids[rows], -np.inf

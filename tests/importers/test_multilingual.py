@@ -1,0 +1,153 @@
+"""NLLB-200 and M2M100 import: tiny trained models (multilingual_models) import to models whose tokenizer gives Hugging
+Face's ids (the source language's code first), whose log-probs are HF's, and whose greedy and beam translations on
+torch and ONNX Runtime, forced into the target language, are HF generate's with the same explicit options."""
+
+from __future__ import annotations
+
+import pytest
+from compare import hf_generate, teacher_forced_error
+from multilingual_models import LANGS, build, hf_tokenizer
+
+from transduce.errors import InputError
+from transduce.models.checkpoint import load_model_dir
+
+FAMILIES = ("nllb", "m2m100")
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    """(family, its Hugging Face directory, the imported model directory)."""
+    from transduce.importers import import_model
+
+    hf_dir = build(request.param, str(tmp_path_factory.mktemp(request.param) / "hf"))
+    out = import_model(request.param, hf_dir, tmp_path_factory.mktemp(request.param + "-import") / "model")
+    return request.param, hf_dir, str(out)
+
+
+def _hf(fam, hf_dir):
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), hf_tokenizer(fam, hf_dir)
+
+
+def _code_id(hf_tok, fam, lang):
+    return hf_tok.get_lang_id(lang) if fam == "m2m100" else hf_tok.convert_tokens_to_ids(lang)
+
+
+def test_tokenizer_and_languages_are_hugging_faces(family, demo_pairs):
+    fam, hf_dir, out = family
+    _, tok, cfg = load_model_dir(out)
+    _, hf_tok = _hf(fam, hf_dir)
+    en, fr = LANGS[fam]
+    assert tok.default_source_lang == en and tok.default_target_lang is None
+    assert tok.languages[fr] == _code_id(hf_tok, fam, fr) and len(tok.languages) == (202 if fam == "nllb" else 100)
+    mc = cfg["model"]
+    assert mc["norm_first"] and (mc["position_offset"], mc["bos_id"], mc["eos_id"]) == (2, 2, 2)
+    for s, t in demo_pairs:
+        assert [tok.languages[en]] + tok.encode(s) + [tok.eos_id] == hf_tok(s)["input_ids"], s
+        hf_tok.src_lang = fr
+        assert [tok.languages[fr]] + tok.encode(t) + [tok.eos_id] == hf_tok(t)["input_ids"], t
+        hf_tok.src_lang = en
+    ids = hf_tok(demo_pairs[0][1])["input_ids"]  # the language code is never text (M2M100's HF decode keeps it)
+    assert tok.decode(ids) == hf_tok.decode(ids[1:], skip_special_tokens=True) == demo_pairs[0][1]
+
+
+def test_log_probs_greedy_and_beam_are_hugging_faces(family, demo_pairs):
+    """Teacher-forced log-probs within 1e-5, and the Translator's greedy and beam-4 outputs (target_lang) are
+    generate's with forced_bos_token_id, token for token, on torch."""
+    from transduce.runtime.translator import Translator
+
+    fam, hf_dir, out = family
+    model, tok, cfg = load_model_dir(out)
+    hf, hf_tok = _hf(fam, hf_dir)
+    en, fr = LANGS[fam]
+    src = [hf_tok(s)["input_ids"] for s, _ in demo_pairs]
+    hf_tok.src_lang = fr
+    tgt = [hf_tok(t)["input_ids"] for _, t in demo_pairs]
+    hf_tok.src_lang = en
+    err = teacher_forced_error(model, hf, src, tgt, cfg["model"]["bos_id"])
+    assert err < 1e-5, err
+    tr = Translator.from_model_dir(out)
+    texts = [s for s, _ in demo_pairs]
+    for beams in (1, 4):
+        theirs = hf_generate(hf, src, tok.eos_id, num_beams=beams, max_new_tokens=MAX_NEW,
+                             forced_bos_token_id=tok.languages[fr])
+        ours = tr.translate(texts, beam_size=beams, length_penalty=1.0, length_penalty_form="plain", max_len_a=0,
+                            max_len_b=MAX_NEW, target_lang=fr)
+        equal = sum(list(o.tokens) == t for o, t in zip(ours, theirs))
+        print(f"{fam} beam {beams}: {equal}/{len(texts)} equal to Hugging Face's generate (torch)")
+        assert equal == len(texts)
+        assert all(o.tokens[0] == tok.languages[fr] and o.text == tok.decode(o.tokens[1:]) for o in ours)
+    assert any(o.text == t for o, (_, t) in zip(ours, demo_pairs)) and len({o.text for o in ours}) > 4  # it learnt
+    into_en = tr.translate(texts, beam_size=1, target_lang=en)  # the target language decides the output
+    assert sum(a.text != b.text for a, b in zip(into_en, ours)) >= len(texts) // 4
+
+
+def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pairs, tmp_path):
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+    from transduce.runtime.spec import BackendSpec
+    from transduce.runtime.translator import Translator
+    from transduce.verify.parity import parity_for_artifact
+
+    fam, hf_dir, out = family
+    _, tok, _ = load_model_dir(out)
+    hf, hf_tok = _hf(fam, hf_dir)
+    fr = LANGS[fam][1]
+    art = tmp_path / "artifact"
+    export_artifact(out, art)
+    tr = Translator(OnnxRuntimeBackend(str(art)), tok)
+    texts = [s for s, _ in demo_pairs]
+    src = [hf_tok(s)["input_ids"] for s in texts]
+    for beams in (1, 4):
+        theirs = hf_generate(hf, src, tok.eos_id, num_beams=beams, max_new_tokens=MAX_NEW,
+                             forced_bos_token_id=tok.languages[fr])
+        ours = tr.translate(texts, beam_size=beams, length_penalty=1.0, length_penalty_form="plain", max_len_a=0,
+                            max_len_b=MAX_NEW, target_lang=fr)
+        equal = sum(list(o.tokens) == t for o, t in zip(ours, theirs))
+        print(f"{fam} beam {beams}: {equal}/{len(texts)} equal to Hugging Face's generate (ONNX Runtime)")
+        assert equal == len(texts)
+    (tmp_path / "src.txt").write_text("\n".join(texts[:8]) + "\n")
+    report = parity_for_artifact(str(art), BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"),
+                                 sentences=8, beam_size=4)
+    assert report.passed, report.to_dict()
+
+
+def test_language_options_are_checked(family):
+    from transduce.runtime.translator import Translator
+
+    fam, _, out = family
+    tr = Translator.from_model_dir(out)
+    with pytest.raises(InputError, match="target_lang is required") as e:
+        tr.translate(["seven"], beam_size=1)
+    assert e.value.params == ("target_lang",) and f"({len(tr.tokenizer.languages)} languages)" in e.value.hint
+    with pytest.raises(InputError, match="target_lang 'xx_Yyyy' is not one of this model's languages"):
+        tr.translate(["seven"], target_lang="xx_Yyyy")
+    with pytest.raises(InputError, match="source_lang 'klingon'"):
+        tr.translate(["seven"], target_lang=LANGS[fam][1], source_lang="klingon")
+
+
+def test_a_model_without_languages_refuses_them(marian_swish_imported):
+    from transduce.runtime.translator import Translator
+
+    tr = Translator.from_model_dir(marian_swish_imported)
+    with pytest.raises(InputError, match="this model has no language codes") as e:
+        tr.translate(["seven"], target_lang="fr")
+    assert e.value.params == ("target_lang",)
+
+
+def test_cli_decode_takes_target_lang(family, tmp_path):
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+    from transduce.exporter.onnx_export import export_artifact
+
+    fam, _, out = family
+    export_artifact(out, tmp_path / "artifact")
+    (tmp_path / "in.txt").write_text("seven\n")
+    args = ["decode", str(tmp_path / "artifact"), "--input", str(tmp_path / "in.txt"), "--beam-size", "1"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--target-lang", LANGS[fam][1]])
+    assert r.exit_code == 0, r.output
