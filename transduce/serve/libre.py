@@ -7,12 +7,13 @@
                     wrong api_key, 429 "Slowdown: ...", 500, 503, 504
   GET  /languages   [{"code", "name", "targets"}] (no key needed, as LibreTranslate)
 
-A model translates one language pair. Its codes come from `transduce serve --languages SRC:TGT`, else from the
-tokenizer (imported FSMT and fairseq models name theirs); `source` and `target` must be those codes ("auto" is
-the source's). A model whose languages are known to no one takes any codes and lists none. Each line of `q` is
-a sentence of the request (blank lines stay blank); the lines' translations are joined with newlines.
-The seam for a multilingual model: Languages.options(target) gives the decoding options a target asks for
-(none now; a model with target-language tokens would map `target` to its `target_lang` there).
+A model of one language pair: its codes come from `transduce serve --languages SRC:TGT`, else from the tokenizer
+(imported FSMT and fairseq models name theirs); `source` and `target` must be those codes ("auto" is the source's).
+A model whose languages are known to no one takes any codes and lists none. A multilingual model (NLLB-200,
+M2M100, mBART-50: its tokenizer has language codes) lists its own codes and takes them, or the two-letter ISO
+codes LibreTranslate's clients send ("fr" for fra_Latn or fr_XX), as the request's source_lang and target_lang
+("auto": the model's default source). Each line of `q` is a sentence of the request (blank lines stay blank); the
+lines' translations are joined with newlines.
 """
 
 from __future__ import annotations
@@ -32,14 +33,20 @@ NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "
          "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
          "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
          "uk": "Ukrainian", "zh": "Chinese"}
+# NLLB-200's codes (ISO 639-3 and script) of the languages above, for clients that send ISO 639-1 codes
+NLLB = {"ar": "arb_Arab", "cs": "ces_Latn", "de": "deu_Latn", "en": "eng_Latn", "es": "spa_Latn", "fi": "fin_Latn",
+        "fr": "fra_Latn", "hi": "hin_Deva", "it": "ita_Latn", "ja": "jpn_Jpan", "ko": "kor_Hang", "nl": "nld_Latn",
+        "pl": "pol_Latn", "pt": "por_Latn", "ro": "ron_Latn", "ru": "rus_Cyrl", "sv": "swe_Latn", "tr": "tur_Latn",
+        "uk": "ukr_Cyrl", "zh": "zho_Hans"}
 
 
 @dataclass(frozen=True)
 class Languages:
-    """The model's language pair, as codes (None: not known)."""
+    """The model's language pair, as codes (None: not known), or a multilingual model's codes (`codes`)."""
 
     source: str | None = None
     target: str | None = None
+    codes: tuple[str, ...] = ()  # a multilingual model's language codes, as its tokenizer spells them
 
     @classmethod
     def parse(cls, text: str) -> Languages:
@@ -52,7 +59,11 @@ class Languages:
 
     @classmethod
     def of(cls, tokenizer) -> Languages:
-        """The pair the tokenizer names (an imported model's PairTokenizer sides), or an unknown pair."""
+        """A multilingual tokenizer's codes, the pair the tokenizer names (an imported model's PairTokenizer
+        sides), or an unknown pair."""
+        codes = getattr(tokenizer, "languages", None)
+        if codes:
+            return cls(codes=tuple(codes))
         spec = getattr(tokenizer, "spec", None)
         if isinstance(spec, dict):
             src, tgt = (spec.get(side, {}).get("lang") for side in ("source", "target"))
@@ -65,13 +76,20 @@ class Languages:
         return self.source is not None and self.target is not None
 
     def listing(self) -> list[dict[str, Any]]:
+        if self.codes:
+            return [{"code": c, "name": _name(c), "targets": [t for t in self.codes if t != c]} for c in self.codes]
         if not self.known:
             return []
         return [{"code": self.source, "name": NAMES.get(self.source, self.source), "targets": [self.target]},
                 {"code": self.target, "name": NAMES.get(self.target, self.target), "targets": []}]
 
     def check(self, source: str, target: str) -> None:
-        """A LibreTranslate 400 unless the pair is this model's."""
+        """A LibreTranslate 400 unless the pair is this model's (a multilingual model's: two of its languages)."""
+        if self.codes:
+            if source != "auto":
+                self._code(source)
+            self._code(target)
+            return
         if not self.known:
             return
         if source not in ("auto", self.source):
@@ -79,9 +97,31 @@ class Languages:
         if target != self.target:
             raise _Refused(f"{target} is not supported")
 
-    def options(self, target: str) -> dict[str, Any]:
-        """The decoding options translating into `target` takes (a one-pair model: none)."""
-        return {}
+    def options(self, source: str, target: str) -> dict[str, Any]:
+        """The decoding options translating `source` into `target` takes: a multilingual model's source_lang
+        (none for "auto": the model's default) and target_lang; a one-pair model's, none."""
+        if not self.codes:
+            return {}
+        options = {"target_lang": self._code(target)}
+        if source != "auto":
+            options["source_lang"] = self._code(source)
+        return options
+
+    def _code(self, code: str) -> str:
+        """The model's spelling of `code` (its own, or the ISO 639-1 code of one: "fr" for fra_Latn, __fr__ or
+        fr_XX); a LibreTranslate 400 where it has no such language."""
+        if code in self.codes:
+            return code
+        matches = [c for c in self.codes if c.split("_")[0] == code or c.strip("_") == code or NLLB.get(code) == c]
+        if len(matches) != 1:
+            raise _Refused(f"{code} is not supported")
+        return matches[0]
+
+
+def _name(code: str) -> str:
+    """A language's English name where it is one of NAMES (in any model's spelling of its code), else its code."""
+    iso = next((k for k, v in NLLB.items() if v == code), code.strip("_").split("_")[0])
+    return NAMES.get(iso, code)
 
 
 class _Refused(Exception):
@@ -171,7 +211,7 @@ def _request(app, fields: dict[str, Any]) -> tuple[list[str], list[tuple[int, in
         split = t.splitlines() or [""]
         spans.append((len(lines), len(lines) + len(split)))
         lines.extend(split)
-    options = dict(app.languages.options(target))
+    options = dict(app.languages.options(source, target))
     alternatives = fields.get("alternatives", 0)
     if isinstance(alternatives, str) and alternatives.isdigit():
         alternatives = int(alternatives)
@@ -193,8 +233,9 @@ def _answer(req, spans: list[tuple[int, int]], fields: dict[str, Any], languages
             k = min(len(ts[i].nbest) for i in range(a, b))
             alts.append(["\n".join(ts[i].nbest[j].text for i in range(a, b)) for j in range(1, k)])
         out["alternatives"] = alts if isinstance(fields["q"], list) else alts[0]
-    if fields.get("source") == "auto" and languages.known:  # no detection: the model's one source language
-        detected = {"confidence": 100.0, "language": languages.source}
+    source = languages.source if languages.known else req.options.source_lang  # a multilingual model's default
+    if fields.get("source") == "auto" and source:  # no detection: the model's (default) source language
+        detected = {"confidence": 100.0, "language": source}
         out["detectedLanguage"] = [detected] * len(spans) if isinstance(fields["q"], list) else detected
     return out
 

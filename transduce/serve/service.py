@@ -106,7 +106,10 @@ class DecodeService:
     def start(self, warmup: bool = True) -> None:
         self._thread.start()
         if warmup:  # one sentence through the whole path before readyz says yes
-            self.translate(["warm up"], {"beam_size": 2, "max_len_b": 2})
+            languages = getattr(self.translator.tokenizer, "languages", None)  # a multilingual model's
+            target = {} if not languages or self.translator.tokenizer.default_target_lang else {
+                "target_lang": next(iter(languages))}  # a target it needs where it has no default
+            self.translate(["warm up"], {"beam_size": 2, "max_len_b": 2, **target})
         self.ready = True
 
     def alive(self) -> bool:
