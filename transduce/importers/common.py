@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from transduce.errors import ImportCheckpointError
+from transduce.formats.decoding_defaults import DecodingDefaults
 from transduce.formats.model_config import ModelConfig
 from transduce.importers.checkpoints import take
 
@@ -127,10 +128,11 @@ def check_positions(tensors: dict, name: str, cfg: ModelConfig, rows_before: int
 
 
 def write_model_dir(out: str, cfg: ModelConfig, weights: dict[str, Any], tokenizer, imported: dict[str, Any],
-                    replaces: bool) -> str:
+                    replaces: bool, decoding_defaults: DecodingDefaults | None = None) -> str:
     """Build the model from `weights` (all of its tensors, strictly) and write it to `out` as transduce train
     would, atomically (replacing the model directory there if `replaces`, which the caller checked may be);
-    config.json's "training" records where it was imported from."""
+    config.json's "training" records where it was imported from, its "decoding_defaults" how its source
+    framework decodes (importers.generation)."""
     from transduce.models.checkpoint import save_model_dir
     from transduce.models.transformer import Transformer
 
@@ -138,5 +140,6 @@ def write_model_dir(out: str, cfg: ModelConfig, weights: dict[str, Any], tokeniz
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not missing and not unexpected, (missing, unexpected)  # the importers fill every weight by name
     model.eval()
-    save_model_dir(out, model, tokenizer, training={"imported": imported}, overwrite=replaces)
+    save_model_dir(out, model, tokenizer, training={"imported": imported}, overwrite=replaces,
+                   decoding_defaults=decoding_defaults)
     return os.fspath(out)
