@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 
-from transduce.errors import ImportCheckpointError
+from transduce.errors import ConfigError, ImportCheckpointError
 
 FAMILIES = ("marian", "fsmt", "fairseq")
+NAMED = {"marian": "a Marian", "fsmt": "an FSMT", "fairseq": "a fairseq"}  # in messages
 
 
 def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
@@ -33,6 +34,12 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
         raise ImportCheckpointError(f"unknown model family {family!r}", hint=f"one of {', '.join(FAMILIES)}")
     if not os.path.isdir(src):
         raise ImportCheckpointError(f"{src!r} is not a directory", hint=f"give the {family} model's directory")
+    from transduce.importers.common import looks_like
+
+    seen = looks_like(src)
+    if seen is not None and seen != family:  # said before a file the other family lacks is looked for
+        raise ImportCheckpointError(f"{src!r} looks like {NAMED.get(seen, seen)} checkpoint, not a {family} one",
+                                    hint=f"import it with: transduce import {seen} {src} --out {out}")
     if os.path.realpath(src) == os.path.realpath(out):
         raise ImportCheckpointError("the output directory is the checkpoint's own directory",
                                     hint="choose another --out")
@@ -49,7 +56,11 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
     # before any work: an existing output is replaced only with force, and only if it is a model directory
     replaces = check_replaceable(out, force, is_model_dir, "a model directory", "model directories",
                                  ImportCheckpointError, "--out")
-    cfg, weights, tokenizer, imported = convert(src)
+    try:
+        cfg, weights, tokenizer, imported = convert(src)
+    except ConfigError as e:  # a ModelConfig check: said of the checkpoint, not of transduce train's --set
+        raise ImportCheckpointError(f"{src}: its config describes a model transduce cannot build: {e.args[0]}",
+                                    hint="the checkpoint's config is corrupt, or of another architecture") from None
     from transduce.importers import generation
 
     defaults = generation.FAIRSEQ if family == "fairseq" else generation.hf_defaults(src, cfg)

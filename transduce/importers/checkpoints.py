@@ -85,7 +85,12 @@ def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], source: str
                                     f"{list(shape)}")
     if not t.is_floating_point():
         raise ImportCheckpointError(f"{source}: tensor {name} is {t.dtype}, not floating point")
-    return t.to(torch.float32)
+    t = t.to(torch.float32)
+    if not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise ImportCheckpointError(f"{source}: tensor {name} holds {bad} NaN or infinite value(s)",
+                                    hint="the checkpoint is corrupt (or its training diverged): use another one")
+    return t
 
 
 def refuse_extra(tensors: dict[str, Any], source: str, ignored: tuple[str, ...] = ()) -> None:
