@@ -94,7 +94,7 @@ def dataclass_options(cls: type, into: str, *, only: tuple[str, ...] | None = No
             default = defaults.get(f.name, f.default)
             choices = f.metadata.get("choices")
             kind = click.Choice(choices) if choices else {"int": int, "float": float, "bool": bool}.get(
-                str(f.type), str)
+                str(f.type).removesuffix(" | None"), str)  # an optional field: None when not given
             shown = f"  [default: {default}]" if default is not None and kind is not bool else ""
             if f.metadata.get("multiple"):  # a list field: the flag given once per item
                 options.append(click.option(flag(f.name), f.name, multiple=True, default=None,
