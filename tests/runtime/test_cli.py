@@ -285,10 +285,12 @@ def test_parity_names_a_model_config_other_than_the_artifacts(tiny_artifact_dir,
 
 def test_decode_checks_its_options_before_reading_input_or_loading(tmp_path):
     """An option error comes first: before the input is read (a pipe may take long to end) and before the
-    model loads (here there is none, and the input is not UTF-8: neither is reached)."""
+    model loads (here there is none, and the input is not UTF-8: neither is reached). An error that involves an
+    option not given (--nbest 5 alone) waits for the model's defaults (its beam may be 6)."""
     missing = str(tmp_path / "nope")
     for args, message in ((["--beam-size", "0"], "error: --beam-size must be >= 1, got 0"),
-                          (["--nbest", "5"], "error: --nbest must be between 1 and --beam-size (4), got 5"),
+                          (["--nbest", "5", "--beam-size", "4"],
+                           "error: --nbest must be between 1 and --beam-size (4), got 5"),
                           (["--length-penalty", "-1"], "error: --length-penalty must be >= 0, got -1.0"),
                           (["--length-penalty", "nan"], "error: --length-penalty must be a finite number, got nan"),
                           (["--min-length", "-1"], "error: --min-length must be >= 0, got -1"),

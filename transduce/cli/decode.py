@@ -142,10 +142,14 @@ class _LineWarnings:
 @backend_options(model_help="Model directory for --backend torch (default: the one the artifact names).",
                  threads_help="Threads (0: the framework's default). ONNX Runtime on the CPU decodes a small "
                               "model's larger batches in this many parts at the same time, one thread each.")
-@decoding_options(helps={"nbest": "Hypotheses per sentence (written as 'i ||| text ||| score')."})
+@decoding_options(helps={"nbest": "Hypotheses per sentence (written as 'i ||| text ||| score')."},
+                  given_into="decoding_given")
 def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_batch_tokens, deprecated_max_batch_tokens,
-           truncate, scores, alignments, prefix_path, chunk_lines, spec, decoding):
+           truncate, scores, alignments, prefix_path, chunk_lines, spec, decoding, decoding_given):
     """Translate lines with an exported artifact (or engine directory for --backend tensorrt).
+
+    Decoding options not given are the model's defaults: an imported model's are its source framework's
+    (docs/importing.md), a trained model's the paper's (the defaults shown).
 
     The output has one line per input line (--nbest N: N lines 'i ||| text ||| score'); stdout holds the
     translations only. A file --out is whole or not at all: written beside it and renamed into place at
@@ -163,7 +167,7 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_bat
     max_batch_tokens = 4096 if max_batch_tokens is None else max_batch_tokens
     _check_counts(chunk_lines, max_batch_tokens)
     if alignments:
-        decoding = dataclasses.replace(decoding, return_attention=True)
+        decoding_given = {**decoding_given, "return_attention": True}
     if chunk_lines and _written_over(input_path, out_path):  # what --force could not allow is said first
         raise InputError(f"--out {out_path!r} leads to the file the input is read from: "
                          "with --chunk-lines it would be overwritten while its later lines are still to be read",
@@ -177,6 +181,7 @@ def decode(artifact_dir, input_path, out_path, old_output, force, quiet, max_bat
         raise InputError(f"--prefix has {len(prefixes)} lines and the input {len(first)}",
                          hint="give one prefix line per input line (an empty one for none)")
     translator = load(artifact_dir, spec, max_batch_tokens=max_batch_tokens)
+    decoding = translator.options(decoding_given, "decode")  # the flags given over the model's defaults
     part = chunk_lines or max(len(first), 1)
     progress = None if quiet else Progress(None if chunk_lines else len(first))
     finished = False

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from transduce.cli.errors import deprecated
+from transduce.errors import TransduceError
 from transduce.runtime.backends.registry import BACKENDS, PRECISIONS, REGISTRY
 
 BACKEND_HELP = "; ".join(f"{name}: {e.summary}" for name, e in REGISTRY.items()) + "."
@@ -59,11 +60,15 @@ def _add(command: Callable, options: list) -> Callable:
 
 def dataclass_options(cls: type, into: str, *, only: tuple[str, ...] | None = None,
                       renamed: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None,
-                      helps: Mapping[str, str] | None = None, base: Callable[[], Any] | None = None):
+                      helps: Mapping[str, str] | None = None, base: Callable[[], Any] | None = None,
+                      given_into: str | None = None):
     """A decorator: one option per field of the frozen dataclass `cls` (`only` those), named after it, with its
     metadata's help (or `helps`') and choices, its default shown; the command receives them built into one
     `cls` as the keyword `into` (over `base()` where given: the fields not on the command line keep its values).
-    renamed: {field: old flag} kept as a hidden, deprecated spelling."""
+    renamed: {field: old flag} kept as a hidden, deprecated spelling. given_into: the command also receives, as
+    this keyword, the fields given on the command line alone ({name: value}), to go over defaults only known
+    later (a model's); `into` is then None where those fields are valid only over such defaults (an error about
+    them and a field not given: --nbest 6 over the paper's beam of 4, where the model's may be 6)."""
     renamed, defaults, helps = dict(renamed or {}), dict(defaults or {}), dict(helps or {})
     fields = [f for f in dataclasses.fields(cls) if only is None or f.name in only]
 
@@ -72,7 +77,16 @@ def dataclass_options(cls: type, into: str, *, only: tuple[str, ...] | None = No
         def wrapper(*args, **kwargs):
             given = _take(kwargs, [f.name for f in fields], renamed)
             start = base() if base is not None else cls(**{k: v for k, v in defaults.items() if k not in given})
-            kwargs[into] = dataclasses.replace(start, **given)
+            if given_into is None:
+                kwargs[into] = dataclasses.replace(start, **given)
+                return command(*args, **kwargs)
+            kwargs[given_into] = given
+            try:
+                kwargs[into] = dataclasses.replace(start, **given)
+            except TransduceError as e:  # an error in what was typed alone is said now, before any work
+                if not set(e.params) - set(given):
+                    raise
+                kwargs[into] = None
             return command(*args, **kwargs)
 
         options = []
@@ -80,7 +94,7 @@ def dataclass_options(cls: type, into: str, *, only: tuple[str, ...] | None = No
             default = defaults.get(f.name, f.default)
             choices = f.metadata.get("choices")
             kind = click.Choice(choices) if choices else {"int": int, "float": float, "bool": bool}.get(
-                str(f.type), str)
+                str(f.type).removesuffix(" | None"), str)  # an optional field: None when not given
             shown = f"  [default: {default}]" if default is not None and kind is not bool else ""
             if f.metadata.get("multiple"):  # a list field: the flag given once per item
                 options.append(click.option(flag(f.name), f.name, multiple=True, default=None,
@@ -100,7 +114,8 @@ def dataclass_options(cls: type, into: str, *, only: tuple[str, ...] | None = No
 
 
 def decoding_options(**kw):
-    """Every DecodingOptions field as a flag; the command receives `decoding` (a DecodingOptions). --beam is the
+    """Every DecodingOptions field as a flag; the command receives `decoding` (a DecodingOptions over the paper's
+    defaults; with given_into="NAME", also NAME: the flags given, for the model's defaults). --beam is the
     deprecated spelling of --beam-size."""
     from transduce.runtime.decoding.options import DecodingOptions
 

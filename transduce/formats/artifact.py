@@ -7,7 +7,8 @@ exported with --no-ort-step; absent in older manifests), `model` (the ModelConfi
 contract.dynamic_axis_ranges), `static_axes`, `graphs` {file: inputs, outputs, op_histogram, ...},
 `validation` {engine, tolerances, cases, errors: [{graph, output, max_abs, max_rel, atol, rtol, passed}]},
 `tools`, `export_seconds`, and `files` {name: {sha256, bytes}} for every other file of the directory (the
-graphs, any external-data file, and config.json and tokenizer.json copied from the model directory). An
+graphs, any external-data file, and config.json and tokenizer.json copied from the model directory: the copy
+of config.json carries the model's decoding defaults, formats.decoding_defaults). An
 artifact exported with --quantize int8 also has `quantization` {method, graphs, ops, bytes (the quantized
 graphs' sizes), validation (rows {graph, output, max_abs, rel_rms, rel_rms_limit, passed, worst_case}), ...}:
 its encoder.onnx and decoder_step.ort.onnx have int8 weights (same IO), for ONNX Runtime's CPU provider
@@ -40,6 +41,7 @@ from transduce.formats.contract import (
     dynamic_axis_ranges,
     static_axis_sizes,
 )
+from transduce.formats.decoding_defaults import DecodingDefaults, read_defaults
 from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, MODEL_CONFIG_FILE, is_model_dir
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import TOKENIZER_FILE
@@ -108,6 +110,8 @@ class Artifact:
     config: ModelConfig
     files: PinnedDir
     manifest_sha256: str  # of manifest.json's bytes as read
+    # the model's decoding defaults, from the artifact's copy of config.json (None: the paper's)
+    decoding_defaults: DecodingDefaults | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike, verify_hashes: bool = True) -> Artifact:
@@ -234,7 +238,11 @@ def _read(pinned: PinnedDir, verify_hashes: bool) -> Artifact:
     problem = model_config_problem(pinned, config)
     if problem:
         raise ArtifactError(f"{path}: {problem}", hint=hint)
-    return Artifact(artifact_dir, manifest, config, pinned, hashlib.sha256(raw).hexdigest())
+    try:  # model_config_problem read it: a JSON object
+        defaults = read_defaults(pinned.read_json(MODEL_CONFIG_FILE))
+    except ConfigError as e:
+        raise ArtifactError(f"{pinned.display(MODEL_CONFIG_FILE)}: {e}", hint=hint) from None
+    return Artifact(artifact_dir, manifest, config, pinned, hashlib.sha256(raw).hexdigest(), defaults)
 
 
 def unlisted_graph_problem(pinned: PinnedDir, files: dict[str, Any], listed_in: str) -> str | None:

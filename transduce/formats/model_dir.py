@@ -6,6 +6,7 @@
     model.safetensors    the weights (names and shapes: transduce.formats.weights; tied weights stored once),
                          with the model config in their metadata
     tokenizer.json       the shared BPE tokenizer
+                         (config.json may also hold "decoding_defaults": formats.decoding_defaults)
     training/            optional, only what resuming needs
       optimizer.safetensors, state.json (step, epoch, batch index, RNG, train config)
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transduce.errors import CheckpointError, ConfigError
+from transduce.formats.decoding_defaults import DEFAULTS_KEY, DecodingDefaults, read_defaults
 from transduce.formats.kinds import MANIFEST_FILE, MODEL_CONFIG_FILE, MODEL_FORMAT, WEIGHTS_FILE
 from transduce.formats.model_config import CONFIG_FORMAT_VERSION, ModelConfig
 from transduce.formats.weights import WEIGHTS_LAYOUT_VERSION
@@ -61,6 +63,7 @@ class ModelDir:
     description: dict[str, Any]  # config.json
     config: ModelConfig
     files: PinnedDir
+    decoding_defaults: DecodingDefaults | None = None  # the model's own (an imported model's), None: the paper's
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelDir:
@@ -136,7 +139,12 @@ def _read(pinned: PinnedDir) -> ModelDir:
         config = ModelConfig.from_dict(cfg.get("model", {}))
     except ConfigError as e:
         raise CheckpointError(f"{cfg_path}: {e}") from None
-    return ModelDir(pinned.path, cfg, config, pinned)
+    try:
+        defaults = read_defaults(cfg)
+    except ConfigError as e:
+        raise CheckpointError(f"{cfg_path}: {e}", hint="restore the model directory's config.json, or import "
+                              "the model again") from None
+    return ModelDir(pinned.path, cfg, config, pinned, defaults)
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -180,9 +188,10 @@ def saved_config_mismatch(saved: str | None, mcfg: ModelConfig) -> str | None:
 
 
 def write_config(directory: str, model_cfg: ModelConfig, files: dict[str, dict[str, Any]],
-                 training: dict[str, Any] | None = None) -> None:
+                 training: dict[str, Any] | None = None, decoding_defaults: DecodingDefaults | None = None) -> None:
     """Write config.json into `directory` (a model directory being written): the model config, the
-    {sha256, bytes} of every other file, and the training summary."""
+    {sha256, bytes} of every other file, the training summary, and the model's decoding defaults if it has any."""
+    extra = {DEFAULTS_KEY: decoding_defaults.to_dict()} if decoding_defaults is not None else {}
     write_json(os.path.join(directory, MODEL_CONFIG_FILE), {
         "format": FORMAT,
         "format_version": CONFIG_FORMAT_VERSION,
@@ -190,6 +199,7 @@ def write_config(directory: str, model_cfg: ModelConfig, files: dict[str, dict[s
         "model": model_cfg.to_dict(),
         "files": files,
         "training": training or {},
+        **extra,
     })
 
 

@@ -10,21 +10,22 @@ Each family's module maps its config to a ModelConfig (its deviations from the p
 anything else is refused naming the field) and its tensors to the reference model's, checked by name and
 shape; checkpoints are read without running code (importers.checkpoints). The directory is written atomically.
 
-Decoding as the source projects do: greedy search is token for token Hugging Face's generate(num_beams=1). For
-beam search, transduce's GNMT length penalty is not Hugging Face's; length_penalty_form="plain" (score / length^alpha)
-is, and gave HF's beam output token for token on the tests' models, but HF ends a sentence's search by its own
-early_stopping rule, which can stop earlier than transduce's search (that stops when no live hypothesis can still
-beat the k-th finished one): where the two differ, the outputs may too. PAD is never generated (OPUS-MT's
-bad_words_ids ban it too).
+Decoding as the source projects do: the model directory carries the source framework's decoding defaults
+(importers.generation: Hugging Face's generation_config.json, fairseq-generate's defaults), so that decoding with
+no options gives what the framework's own does (Hugging Face's model.generate(**inputs): its beam size, its
+plain length penalty, its early_stopping rule, max_length, forced_eos_token_id and bad_words_ids); every option
+given overrides them. PAD is never generated (OPUS-MT's bad_words_ids ban it too).
 """
 
 from __future__ import annotations
 
 import os
 
-from transduce.errors import ImportCheckpointError
+from transduce.errors import ConfigError, ImportCheckpointError
 
 FAMILIES = ("marian", "fsmt", "fairseq", "m2m100", "nllb")
+NAMED = {"marian": "a Marian", "fsmt": "an FSMT", "fairseq": "a fairseq", "m2m100": "an M2M100",
+         "nllb": "an NLLB"}  # in messages
 
 
 def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
@@ -35,6 +36,12 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
         raise ImportCheckpointError(f"unknown model family {family!r}", hint=f"one of {', '.join(FAMILIES)}")
     if not os.path.isdir(src):
         raise ImportCheckpointError(f"{src!r} is not a directory", hint=f"give the {family} model's directory")
+    from transduce.importers.common import looks_like
+
+    seen = looks_like(src)
+    if seen is not None and seen != family:  # said before a file the other family lacks is looked for
+        raise ImportCheckpointError(f"{src!r} looks like {NAMED.get(seen, seen)} checkpoint, not a {family} one",
+                                    hint=f"import it with: transduce import {seen} {src} --out {out}")
     if os.path.realpath(src) == os.path.realpath(out):
         raise ImportCheckpointError("the output directory is the checkpoint's own directory",
                                     hint="choose another --out")
@@ -55,5 +62,12 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
     # before any work: an existing output is replaced only with force, and only if it is a model directory
     replaces = check_replaceable(out, force, is_model_dir, "a model directory", "model directories",
                                  ImportCheckpointError, "--out")
-    cfg, weights, tokenizer, imported = convert(src)
-    return write_model_dir(out, cfg, weights, tokenizer, imported, replaces)
+    try:
+        cfg, weights, tokenizer, imported = convert(src)
+    except ConfigError as e:  # a ModelConfig check: said of the checkpoint, not of transduce train's --set
+        raise ImportCheckpointError(f"{src}: its config describes a model transduce cannot build: {e.args[0]}",
+                                    hint="the checkpoint's config is corrupt, or of another architecture") from None
+    from transduce.importers import generation
+
+    defaults = generation.FAIRSEQ if family == "fairseq" else generation.hf_defaults(src, cfg)
+    return write_model_dir(out, cfg, weights, tokenizer, imported, replaces, defaults)

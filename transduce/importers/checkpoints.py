@@ -57,18 +57,53 @@ def read_pickle(path: str) -> Any:
 
 
 def read_tensors(directory: str, names: tuple[str, ...] = ("model.safetensors", "pytorch_model.bin")) -> dict:
-    """A Hugging Face model directory's weights: the first of `names` that exists (safetensors first)."""
-    import torch
-
+    """A Hugging Face model directory's weights: the first of `names` that exists (safetensors first), or, saved
+    in shards (save_pretrained's max_shard_size), the shards its NAME.index.json lists."""
     for name in names:
         path = os.path.join(directory, name)
         if os.path.isfile(path):
-            tensors = read_safetensors(path) if name.endswith(".safetensors") else read_pickle(path)
-            if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
-                raise ImportCheckpointError(f"{path} is not a state dict of tensors")
-            return tensors
-    raise ImportCheckpointError(f"{directory} has no weights ({' or '.join(names)})",
-                                hint="a sharded checkpoint is not supported: save it as one file")
+            return _state_dict(path)
+        index = path + ".index.json"
+        if os.path.isfile(index):
+            return _sharded(directory, index)
+    raise ImportCheckpointError(f"{directory} has no weights ({' or '.join(names)}, or their .index.json with "
+                                "shards)", hint="give the model's whole directory")
+
+
+def _state_dict(path: str) -> dict:
+    import torch
+
+    tensors = read_safetensors(path) if path.endswith(".safetensors") else read_pickle(path)
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise ImportCheckpointError(f"{path} is not a state dict of tensors")
+    return tensors
+
+
+def _sharded(directory: str, index: str) -> dict:
+    """The tensors of the shards an index lists ({"weight_map": {tensor: shard file}}), each tensor from the shard
+    the index names for it."""
+    import json
+
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ImportCheckpointError(f"{index} cannot be read as a shard index ({e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ImportCheckpointError(f"{index} has no weight_map of tensor names to shard files")
+    out: dict = {}
+    for shard in sorted(set(weight_map.values())):
+        path = os.path.join(directory, shard)
+        if os.path.basename(shard) != shard or not os.path.isfile(path):
+            raise ImportCheckpointError(f"{index} lists the shard {shard!r}, which is not a file beside it",
+                                        hint="download every shard of the model")
+        tensors = _state_dict(path)
+        for name, file in weight_map.items():
+            if file == shard:
+                if name not in tensors:
+                    raise ImportCheckpointError(f"{path} lacks the tensor {name}, which {index} puts there")
+                out[name] = tensors[name]
+    return out
 
 
 def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], source: str) -> Any:
@@ -85,7 +120,12 @@ def take(tensors: dict[str, Any], name: str, shape: tuple[int, ...], source: str
                                     f"{list(shape)}")
     if not t.is_floating_point():
         raise ImportCheckpointError(f"{source}: tensor {name} is {t.dtype}, not floating point")
-    return t.to(torch.float32)
+    t = t.to(torch.float32)
+    if not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise ImportCheckpointError(f"{source}: tensor {name} holds {bad} NaN or infinite value(s)",
+                                    hint="the checkpoint is corrupt (or its training diverged): use another one")
+    return t
 
 
 def refuse_extra(tensors: dict[str, Any], source: str, ignored: tuple[str, ...] = ()) -> None:

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from transduce.errors import ImportCheckpointError
+from transduce.formats.decoding_defaults import DecodingDefaults
 from transduce.formats.model_config import ModelConfig
 from transduce.importers.checkpoints import take
 
@@ -22,6 +23,12 @@ DECODER_NAMES = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "cro
                  "norm2": "encoder_attn_layer_norm", "ffn.w1": "fc1", "ffn.w2": "fc2", "norm3": "final_layer_norm"}
 
 
+# Hugging Face's config.json model_type -> the family that imports it (what a directory given to another
+# family's importer is said to look like)
+MODEL_TYPES = {"marian": "marian", "fsmt": "fsmt"}
+_MISSING = object()
+
+
 def read_json(path: str) -> Any:
     if not os.path.isfile(path):
         raise ImportCheckpointError(f"{path} is missing", hint="give the model's whole directory")
@@ -30,6 +37,51 @@ def read_json(path: str) -> Any:
             return json.load(f)
     except (OSError, ValueError) as e:
         raise ImportCheckpointError(f"{path} cannot be read as JSON ({e})") from None
+
+
+def read_object(path: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (config.json, a vocabulary): an error saying what it holds otherwise."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ImportCheckpointError(f"{path} holds a JSON {type(data).__name__}, not an object",
+                                    hint="restore the file the model came with")
+    return data
+
+
+def looks_like(src: str) -> str | None:
+    """The family a checkpoint directory looks like (by config.json's model_type, or a fairseq checkpoint file);
+    None where it cannot tell."""
+    path = os.path.join(src, "config.json")
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return MODEL_TYPES.get(data.get("model_type")) if isinstance(data, dict) else None
+    if any(os.path.isfile(os.path.join(src, n)) for n in ("checkpoint_best.pt", "checkpoint_last.pt", "model.pt")):
+        return "fairseq"
+    return None
+
+
+def field(config: dict[str, Any], key: str, source: str, kind: type = int, default: Any = _MISSING) -> Any:
+    """config[key] (`default` where absent, if given), which must be a `kind` (an int: not a bool, >= 0); an
+    error naming the key otherwise."""
+    if key not in config or config[key] is None and default is not _MISSING:
+        if default is _MISSING:
+            raise ImportCheckpointError(f"{source} lacks {key}",
+                                        hint="the file is incomplete, or of another architecture: restore the one "
+                                             "the model came with")
+        return default
+    v = config[key]
+    ok = (isinstance(v, int) and not isinstance(v, bool) and v >= 0) if kind is int else \
+        (isinstance(v, int | float) and not isinstance(v, bool)) if kind is float else isinstance(v, kind)
+    if not ok:
+        what = {int: "an integer >= 0", float: "a number", bool: "true or false", str: "a string"}.get(kind, kind)
+        extra = " (transduce models have one EOS: a list of several is not supported)" if isinstance(v, list) else ""
+        raise ImportCheckpointError(f"{source}: {key} must be {what}, got {v!r}{extra}",
+                                    hint="edit it in the checkpoint's file, then import again")
+    return v
 
 
 def tied_embedding(tensors: dict, names: list[str], shape: tuple[int, int], source: str):
@@ -127,10 +179,11 @@ def check_positions(tensors: dict, name: str, cfg: ModelConfig, rows_before: int
 
 
 def write_model_dir(out: str, cfg: ModelConfig, weights: dict[str, Any], tokenizer, imported: dict[str, Any],
-                    replaces: bool) -> str:
+                    replaces: bool, decoding_defaults: DecodingDefaults | None = None) -> str:
     """Build the model from `weights` (all of its tensors, strictly) and write it to `out` as transduce train
     would, atomically (replacing the model directory there if `replaces`, which the caller checked may be);
-    config.json's "training" records where it was imported from."""
+    config.json's "training" records where it was imported from, its "decoding_defaults" how its source
+    framework decodes (importers.generation)."""
     from transduce.models.checkpoint import save_model_dir
     from transduce.models.transformer import Transformer
 
@@ -138,5 +191,6 @@ def write_model_dir(out: str, cfg: ModelConfig, weights: dict[str, Any], tokeniz
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not missing and not unexpected, (missing, unexpected)  # the importers fill every weight by name
     model.eval()
-    save_model_dir(out, model, tokenizer, training={"imported": imported}, overwrite=replaces)
+    save_model_dir(out, model, tokenizer, training={"imported": imported}, overwrite=replaces,
+                   decoding_defaults=decoding_defaults)
     return os.fspath(out)

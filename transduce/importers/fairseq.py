@@ -29,6 +29,11 @@ SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 UNSUPPORTED = {"encoder_normalize_before": True, "decoder_normalize_before": True, "encoder_learned_pos": True,
                "decoder_learned_pos": True, "layernorm_embedding": True, "no_token_positional_embeddings": True,
                "cross_self_attention": True, "no_cross_attention": True}
+# fairseq's multilingual arguments: a language token in the source or target, chosen per pair, which the
+# tokenizer and the decoding here do not add (refused where set)
+MULTILINGUAL = ("lang_tok_style", "encoder_langtok", "decoder_langtok", "langs", "lang_pairs", "lang_dict",
+                "lang_tok_replacing_bos_eos")
+TASKS = ("translation",)
 # buffers of a state dict that hold no weights: the positions' dummy tensor, the modules' version counters
 IGNORED = (r"(encoder|decoder)\.embed_positions\._float_tensor", r"(encoder|decoder)\.version")
 
@@ -47,6 +52,9 @@ def read_checkpoint(src: str) -> tuple[dict[str, Any], dict[str, Any]]:
     args = vars(args) if hasattr(args, "__dict__") else args
     if not isinstance(args, dict):
         raise ImportCheckpointError(f"{path} has neither 'args' nor 'cfg' with the model's arguments")
+    task = ckpt["cfg"].get("task") if isinstance(ckpt.get("cfg"), dict) else None
+    if isinstance(task, dict):  # a newer checkpoint keeps the task's arguments apart from the model's
+        args = {**{k: v for k, v in task.items() if k != "_name"}, "task": task.get("_name", "translation"), **args}
     return args, ckpt["model"]
 
 
@@ -56,6 +64,17 @@ def model_config(args: dict[str, Any], tensors: dict, source: str) -> ModelConfi
     if not arch.startswith("transformer"):
         raise ImportCheckpointError(f"{source}: arch {arch!r} is not a fairseq transformer")
     common.refuse(args, source, UNSUPPORTED)
+    task = args.get("task", "translation")
+    if task not in TASKS:
+        raise ImportCheckpointError(f"{source}: task {task!r} is not supported (only fairseq's plain translation "
+                                    "task: a multilingual model's language tokens would be missing from its input "
+                                    "and output)", hint="import a bilingual fairseq translation model")
+    for name in MULTILINGUAL:
+        off = (None, False, "", []) + (("multilingual",) if name == "lang_tok_style" else ())  # the style alone: inert
+        if args.get(name) not in off:
+            raise ImportCheckpointError(f"{source}: {name} = {args[name]!r} is not supported (fairseq's "
+                                        "multilingual language tokens, which transduce does not add)",
+                                        hint="import a bilingual fairseq translation model")
     if args.get("adaptive_softmax_cutoff"):
         raise ImportCheckpointError(f"{source}: adaptive_softmax_cutoff = {args['adaptive_softmax_cutoff']!r} is "
                                     "not supported (the reference model has one output projection)")
@@ -67,15 +86,18 @@ def model_config(args: dict[str, Any], tensors: dict, source: str) -> ModelConfi
             raise ImportCheckpointError(f"{source} lacks the tensor {name}")
     src_vocab = tensors["encoder.embed_tokens.weight"].shape[0]
     tgt_vocab = tensors["decoder.embed_tokens.weight"].shape[0]
-    shared = bool(args.get("share_all_embeddings", False))
+    f = common.field
+    shared = f(args, "share_all_embeddings", source, bool, False)
     pad = 1
     return ModelConfig(
-        vocab_size=tgt_vocab, src_vocab_size=0 if shared else src_vocab, encoder_layers=args["encoder_layers"],
-        decoder_layers=args["decoder_layers"], d_model=args["encoder_embed_dim"],
-        n_heads=args["encoder_attention_heads"], d_ff=args["encoder_ffn_embed_dim"],
-        dropout=float(args.get("dropout", 0.1)),
-        max_positions=min(args.get("max_source_positions", 1024), args.get("max_target_positions", 1024)),
-        share_embeddings=shared, tie_output=not shared and bool(args.get("share_decoder_input_output_embed")),
+        vocab_size=tgt_vocab, src_vocab_size=0 if shared else src_vocab,
+        encoder_layers=f(args, "encoder_layers", source), decoder_layers=f(args, "decoder_layers", source),
+        d_model=f(args, "encoder_embed_dim", source), n_heads=f(args, "encoder_attention_heads", source),
+        d_ff=f(args, "encoder_ffn_embed_dim", source), dropout=float(f(args, "dropout", source, float, 0.1)),
+        max_positions=min(f(args, "max_source_positions", source, int, 1024),
+                          f(args, "max_target_positions", source, int, 1024)),
+        share_embeddings=shared,
+        tie_output=not shared and f(args, "share_decoder_input_output_embed", source, bool, False),
         pad_id=pad, bos_id=2, eos_id=2, unk_id=3,
         activation=common.activation(args.get("activation_fn", "relu"), "activation_fn", source),
         position_layout="halves", position_frequencies="fairseq", position_offset=pad + 1,

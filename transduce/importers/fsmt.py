@@ -28,15 +28,18 @@ def model_config(hf: dict[str, Any], source: str) -> ModelConfig:
     common.refuse(hf, source, UNSUPPORTED)
     common.require_equal(hf, source, ("encoder_attention_heads", "decoder_attention_heads"),
                          ("encoder_ffn_dim", "decoder_ffn_dim"))
-    pad = hf.get("pad_token_id", 1)
-    src_vocab, tgt_vocab = hf["src_vocab_size"], hf["tgt_vocab_size"]
+    f = common.field
+    pad = f(hf, "pad_token_id", source, int, 1)
+    src_vocab, tgt_vocab = f(hf, "src_vocab_size", source), f(hf, "tgt_vocab_size", source)
+    eos = f(hf, "eos_token_id", source, int, 2)
     return ModelConfig(
-        vocab_size=tgt_vocab, src_vocab_size=src_vocab, encoder_layers=hf["encoder_layers"],
-        decoder_layers=hf["decoder_layers"], d_model=hf["d_model"], n_heads=hf["encoder_attention_heads"],
-        d_ff=hf["encoder_ffn_dim"], dropout=float(hf.get("dropout", 0.1)),
-        max_positions=hf.get("max_position_embeddings", 1024), share_embeddings=False,
-        tie_output=bool(hf.get("tie_word_embeddings", False)), pad_id=pad,
-        bos_id=hf.get("decoder_start_token_id", hf.get("eos_token_id", 2)), eos_id=hf.get("eos_token_id", 2),
+        vocab_size=tgt_vocab, src_vocab_size=src_vocab, encoder_layers=f(hf, "encoder_layers", source),
+        decoder_layers=f(hf, "decoder_layers", source), d_model=f(hf, "d_model", source),
+        n_heads=f(hf, "encoder_attention_heads", source), d_ff=f(hf, "encoder_ffn_dim", source),
+        dropout=float(f(hf, "dropout", source, float, 0.1)),
+        max_positions=f(hf, "max_position_embeddings", source, int, 1024), share_embeddings=False,
+        tie_output=f(hf, "tie_word_embeddings", source, bool, False), pad_id=pad,
+        bos_id=f(hf, "decoder_start_token_id", source, int, eos), eos_id=eos,
         unk_id=3, activation=common.activation(hf.get("activation_function", "relu"), "activation_function", source),
         position_layout="halves", position_frequencies="fairseq", position_offset=pad + 1,
         scale_embedding=bool(hf.get("scale_embedding", True)))
@@ -93,6 +96,6 @@ def tokenizer(src: str, cfg: ModelConfig):
 
 def convert(src: str) -> tuple[ModelConfig, dict[str, Any], Any, dict[str, Any]]:
     """(model config, weights, tokenizer, what was imported) of an FSMT directory."""
-    cfg = model_config(common.read_json(os.path.join(src, "config.json")), os.path.join(src, "config.json"))
+    cfg = model_config(common.read_object(os.path.join(src, "config.json")), os.path.join(src, "config.json"))
     w = weights(read_tensors(src), cfg, src)
     return cfg, w, tokenizer(src, cfg), {"family": "fsmt", "source": os.path.abspath(src)}

@@ -31,17 +31,20 @@ def model_config(hf: dict[str, Any], unk_id: int, source: str) -> ModelConfig:
     common.refuse(hf, source, UNSUPPORTED)
     common.require_equal(hf, source, ("encoder_attention_heads", "decoder_attention_heads"),
                          ("encoder_ffn_dim", "decoder_ffn_dim"))
-    shared = hf.get("share_encoder_decoder_embeddings", True)
-    vocab = hf["vocab_size"]
-    tgt_vocab = vocab if shared else (hf.get("decoder_vocab_size") or vocab)
+    f = common.field
+    shared = f(hf, "share_encoder_decoder_embeddings", source, bool, True)
+    vocab = f(hf, "vocab_size", source)
+    tgt_vocab = vocab if shared else (f(hf, "decoder_vocab_size", source, int, None) or vocab)
+    pad = f(hf, "pad_token_id", source)
     return ModelConfig(
-        vocab_size=tgt_vocab, src_vocab_size=0 if shared else vocab, encoder_layers=hf["encoder_layers"],
-        decoder_layers=hf["decoder_layers"], d_model=hf["d_model"], n_heads=hf["encoder_attention_heads"],
-        d_ff=hf["encoder_ffn_dim"], dropout=float(hf.get("dropout", 0.1)),
-        max_positions=hf.get("max_position_embeddings", 1024), share_embeddings=shared,
-        tie_output=not shared and hf.get("tie_word_embeddings", True),
-        pad_id=hf["pad_token_id"], bos_id=hf.get("decoder_start_token_id", hf["pad_token_id"]),
-        eos_id=hf["eos_token_id"], unk_id=unk_id,
+        vocab_size=tgt_vocab, src_vocab_size=0 if shared else vocab, encoder_layers=f(hf, "encoder_layers", source),
+        decoder_layers=f(hf, "decoder_layers", source), d_model=f(hf, "d_model", source),
+        n_heads=f(hf, "encoder_attention_heads", source), d_ff=f(hf, "encoder_ffn_dim", source),
+        dropout=float(f(hf, "dropout", source, float, 0.1)),
+        max_positions=f(hf, "max_position_embeddings", source, int, 1024), share_embeddings=shared,
+        tie_output=not shared and f(hf, "tie_word_embeddings", source, bool, True),
+        pad_id=pad, bos_id=f(hf, "decoder_start_token_id", source, int, pad),
+        eos_id=f(hf, "eos_token_id", source), unk_id=unk_id,
         activation=common.activation(hf.get("activation_function", "gelu"), "activation_function", source),
         position_layout="halves", scale_embedding=bool(hf.get("scale_embedding", False)), final_logits_bias=True)
 
@@ -111,9 +114,11 @@ def tokenizer(src: str, cfg: ModelConfig, separate: bool):
 
 def convert(src: str) -> tuple[ModelConfig, dict[str, Any], Any, dict[str, Any]]:
     """(model config, weights, tokenizer, what was imported) of a Marian directory."""
-    hf = common.read_json(os.path.join(src, "config.json"))
-    vocab = common.read_json(os.path.join(src, "vocab.json"))
-    if "<unk>" not in vocab:
+    hf = common.read_object(os.path.join(src, "config.json"))
+    if hf.get("model_type") != "marian":  # before the files of a Marian directory are looked for
+        model_config(hf, 0, os.path.join(src, "config.json"))
+    vocab = common.read_object(os.path.join(src, "vocab.json"))
+    if not isinstance(vocab.get("<unk>"), int):
         raise ImportCheckpointError(f"{os.path.join(src, 'vocab.json')} has no <unk>")
     cfg = model_config(hf, vocab["<unk>"], os.path.join(src, "config.json"))
     tensors = read_tensors(src)

@@ -153,6 +153,9 @@ def render_report(report: dict[str, Any], console=None) -> None:
         sections.append(_key_value_table("built for", [(k, _compact(v)) for k, v in report["built_for"].items()]))
     if report.get("config"):
         sections.append(_key_value_table("model config", flatten(report["config"])))
+    if report.get("decoding_defaults"):  # an imported model's: its framework's, not the paper's
+        sections.append(_key_value_table("decoding defaults", [(k, _compact(v))
+                                                               for k, v in report["decoding_defaults"].items()]))
     if report.get("tokenizer"):
         sections.append(_key_value_table("tokenizer", [("vocab_size", str(report["tokenizer"]["vocab_size"]))]))
     if report.get("parameters"):

@@ -38,6 +38,7 @@ from typing import Any
 from transduce.errors import ArtifactError, CheckpointError, TransduceError
 from transduce.formats.artifact import cpu_step_graph
 from transduce.formats.contract import ENCODER_FILE, ORT_STEP_FILE, STEP_FILE
+from transduce.formats.decoding_defaults import read_defaults
 from transduce.formats.kinds import (
     ARTIFACT_KIND,
     DESCRIPTION_FILES,
@@ -229,6 +230,7 @@ def inspect_model_dir(directory: str, verify: bool | None = None) -> dict[str, A
         "parameters": None,
         "tokenizer": tokenizer_report(directory, problems),
         "training": cfg.get("training") if isinstance(cfg.get("training"), dict) else {},
+        "decoding_defaults": decoding_defaults_report(cfg),
     }
     if "training" in cfg and not isinstance(cfg["training"], dict):
         problems.append(f"{os.path.join(directory, MODEL_CONFIG_FILE)}: its training record is not an object")
@@ -255,6 +257,13 @@ def inspect_model_dir(directory: str, verify: bool | None = None) -> dict[str, A
     report["files"] = files_report(directory, recorded, report["hashes"]["checked"], problems)
     report["problems"] = problems
     return report
+
+
+def decoding_defaults_report(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The options a decode naming none takes beyond the paper's (an imported model's framework's: their
+    source and values); {} for the paper's. Malformed ones were refused by loading already."""
+    defaults = read_defaults(cfg)
+    return {} if defaults is None else {"source": defaults.source, **defaults.overrides()}
 
 
 def weights_against_config(config: dict[str, Any], header: dict[str, tuple[str, list[int]]] | None,
@@ -299,6 +308,11 @@ def inspect_artifact_dir(directory: str, verify: bool | None = None) -> dict[str
         "tokenizer": tokenizer_report(directory, problems),
         "graphs": graphs_report(directory, recorded, problems),
     }
+    try:  # the copy of config.json carries the model's decoding defaults
+        report["decoding_defaults"] = decoding_defaults_report(read_json_object(
+            os.path.join(directory, MODEL_CONFIG_FILE), ArtifactError))
+    except TransduceError as e:
+        problems.append(str(e))
     report["hashes"] = hashing(directory, recorded, verify)
     report["runtime_check"] = runtime_verdict(check_artifact, directory, report["hashes"]["checked"])
     report["step_graph"] = step_graph_report(manifest, report["runtime_check"])

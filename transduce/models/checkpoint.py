@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from transduce.errors import CheckpointError, ConfigError
+from transduce.formats.decoding_defaults import DecodingDefaults
 from transduce.formats.kinds import WEIGHTS_FILE
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import (
@@ -53,11 +54,13 @@ def save_model_dir(
     train_state: dict[str, Any] | None = None,
     overwrite: bool = True,
     rng_states: dict[str, Any] | None = None,
+    decoding_defaults: DecodingDefaults | None = None,
 ) -> None:
     """Write a model directory atomically (replacing an existing one; callers check that it may be).
     Without `overwrite` only a new or empty directory is written (see io.atomic.atomic_directory).
     With a training state, this process's RNG states are saved, and `rng_states` beside them (the other
-    processes' of a run on several: {"torch.1": ..., "cuda.1": ...}).
+    processes' of a run on several: {"torch.1": ..., "cuda.1": ...}). decoding_defaults: the model's own (an
+imported model's; formats.decoding_defaults), None for the paper's.
 
     A write that fails (disk full, permissions) is a CheckpointError and leaves `path` as it was."""
     from safetensors import SafetensorError
@@ -66,14 +69,16 @@ def save_model_dir(
     if wrong:
         raise ConfigError(f"the model's special ids must be its tokenizer's: {', '.join(wrong)}")
     try:
-        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite, rng_states)
+        _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite, rng_states,
+                        decoding_defaults)
     except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error class
         raise CheckpointError(f"cannot write the model directory {os.fspath(path)!r}: {e}",
                               hint="free some disk space or choose another output directory; the last "
                                    "complete checkpoint there (if any) is unchanged") from None
 
 
-def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite, rng_states) -> None:
+def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_state, overwrite, rng_states,
+                    decoding_defaults) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -97,7 +102,7 @@ def _save_model_dir(path, model, tokenizer, training, optimizer_state, train_sta
             write_json(os.path.join(tdir, STATE_FILE), state)
             for name in (OPTIMIZER_FILE, STATE_FILE):
                 files[f"{TRAINING_DIR}/{name}"] = file_entry(os.path.join(tdir, name))
-        write_config(tmp, model.cfg, files, training)
+        write_config(tmp, model.cfg, files, training, decoding_defaults)
 
 
 def load_tokenizer(path: str | os.PathLike | ModelDir) -> Tokenizer:

@@ -91,7 +91,12 @@ class Score:
 
 
 class Translator:
-    def __init__(self, backend, tokenizer, max_batch_tokens: int = 4096, max_batch_size: int = 256):
+    """defaults: the options a call that names none decodes with, each option it names overriding one; None: the
+    model's (the decoding defaults its artifact or model directory carries, formats.decoding_defaults: an
+    imported model decodes as its source framework does), else the paper's (DecodingOptions())."""
+
+    def __init__(self, backend, tokenizer, max_batch_tokens: int = 4096, max_batch_size: int = 256,
+                 defaults: DecodingOptions | None = None):
         for name, v in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {v!r}")
@@ -106,15 +111,23 @@ class Translator:
         self.config = backend.config
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        if defaults is None:
+            artifact = getattr(backend, "artifact", None)
+            defaults = DecodingOptions.of_model(getattr(artifact, "decoding_defaults", None))
+        self.defaults = defaults
 
     @classmethod
     def from_model_dir(cls, path: str | os.PathLike, backend_factory: Callable | None = None, device: str = "cpu",
                        **kwargs) -> Translator:
+        from transduce.formats.model_dir import ModelDir
         from transduce.models.checkpoint import load_tokenizer
         from transduce.runtime.backends.torch_backend import TorchBackend
 
         factory = backend_factory or TorchBackend.from_model_dir
-        return cls(factory(os.fspath(path), device=device), load_tokenizer(path), **kwargs)
+        backend = factory(os.fspath(path), device=device)
+        if "defaults" not in kwargs and getattr(backend, "artifact", None) is None:  # the model directory's own
+            kwargs["defaults"] = DecodingOptions.of_model(ModelDir.load(path).decoding_defaults)
+        return cls(backend, load_tokenizer(path), **kwargs)
 
     def _encode(self, texts: Sequence[str], truncate: bool, first_line: int = 1, warn: bool = True,
                 max_input_length: int = 0, lead: Sequence[int] = ()) -> list[tuple[list[int], int, bool]]:
@@ -160,10 +173,10 @@ class Translator:
                   first_line: int = 1, progress: Progress | None = None, prefixes: list | None = None,
                   **fields) -> list[Translation]:
         """Translations of `texts`, in their order. options: a DecodingOptions, and/or its fields by name over it
-        (beam_size=4, nbest=2, ...; the paper's settings where not given). truncate: cut over-long texts (else
-        an InputError). first_line: the number of texts[0] in messages (input line N), for a part of a longer
-        input (translate_stream). progress: see Progress. prefixes: one target prefix per text (text, token ids,
-        or None), which its translation begins with (runtime.prefixes)."""
+        (beam_size=4, nbest=2, ...; over the model's defaults, self.defaults, where options is None). truncate: cut
+        over-long texts (else an InputError). first_line: the number of texts[0] in messages (input line N), for a
+        part of a longer input (translate_stream). progress: see Progress. prefixes: one target prefix per text
+        (text, token ids, or None), which its translation begins with (runtime.prefixes)."""
         texts = _sentences(texts, "translate()")
         opts = self._options(options, fields, "translate()")
         return self._translate(list(texts), opts, truncate, first_line, progress, prefixes)
@@ -171,10 +184,15 @@ class Translator:
     def _options(self, options: DecodingOptions | None, fields: dict, call: str) -> DecodingOptions:
         """The DecodingOptions of translate()'s options, with a warning for each of their model_warnings
         (pointing at the caller of translate or translate_stream)."""
-        opts = self.resolved(DecodingOptions.of(fields, call, options))
+        opts = self.options(fields, call, options)
         for message, params in opts.model_warnings(self.config.vocab_size, self.config.max_positions):
             warnings.warn(TransduceWarning(message, params=params), stacklevel=3)
         return opts
+
+    def options(self, given: dict, call: str = "translate()", base: DecodingOptions | None = None) -> DecodingOptions:
+        """The options `given` by name (a command line's flags, a request's fields) over `base` (None: the model's
+        defaults), resolved (suppress as token ids)."""
+        return self.resolved(DecodingOptions.of(given, call, self.defaults if base is None else base))
 
     def resolved(self, opts: DecodingOptions) -> DecodingOptions:
         """`opts` with the texts of `suppress` as target token ids, checked against the vocabulary (InputError
@@ -308,7 +326,7 @@ class Translator:
         produces). options: a DecodingOptions or its fields by name; only the length penalty's are read (score).
         truncate: cut an over-long source or target to the model's positions (else an InputError naming its
         line); first_line: the number of the first pair in messages."""
-        opts = DecodingOptions.of(fields, "score()", options)
+        opts = DecodingOptions.of(fields, "score()", self.defaults if options is None else options)
         return self.score_prepared(self.prepare_pairs(sources, targets, truncate, first_line), opts)
 
     def prepare_pairs(self, sources: Iterable[str], targets: Iterable[str], truncate: bool = False,

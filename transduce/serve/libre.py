@@ -218,7 +218,7 @@ def _request(app, fields: dict[str, Any]) -> tuple[list[str], list[tuple[int, in
     if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
         raise _Refused(f"Invalid request: alternatives must be a whole number >= 0, got {alternatives!r}")
     if alternatives:
-        beam = max(app.service.options.default_beam_size, alternatives + 1)
+        beam = max(app.service.defaults.beam_size, alternatives + 1)
         options.update(beam_size=beam, nbest=alternatives + 1)
     return lines, spans, options
 

@@ -28,7 +28,9 @@ class ServiceOptions:
     max_sentences: int = documented(64, "Sentences per request, at most.")
     request_timeout: float = documented(60.0, "Seconds a request may take when it names no timeout of its own (504 "
                                            "past it).")
-    default_beam_size: int = documented(4, "Beam size of requests that name none (1 = greedy).")
+    # None: the model's (its decoding defaults: an imported model's framework's, else the paper's 4)
+    default_beam_size: int | None = documented(None, "Beam size of requests that name none (1 = greedy; not given: "
+                                                     "the model's default, 4 for a model transduce trained).")
     scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
                                            "empty batch, run to completion (a dynamic batcher's way); single: one "
                                            "request at a time. The last two are for comparison (transduce loadtest).",
@@ -40,6 +42,8 @@ class ServiceOptions:
                              params=("scheduler",))
         for name in ("max_rows", "max_queue", "max_sentences", "default_beam_size"):
             v = getattr(self, name)
+            if v is None and name == "default_beam_size":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {v!r}", params=(name,))
         for name in ("max_wait_ms", "request_timeout"):
@@ -49,7 +53,8 @@ class ServiceOptions:
         if not self.request_timeout > 0:  # every request would time out at once
             raise InputError(f"request_timeout must be a number of seconds > 0, got {self.request_timeout!r}",
                              params=("request_timeout",))
-        if self.default_beam_size > self.max_rows:  # a request naming no beam could never be decoded
+        if self.default_beam_size is not None and self.default_beam_size > self.max_rows:
+            # a request naming no beam could never be decoded
             raise InputError(f"default_beam_size {self.default_beam_size} takes more rows than max_rows "
                              f"({self.max_rows}) holds: every request naming no beam would be refused",
                              hint="a smaller default beam, or more rows", params=("default_beam_size", "max_rows"))

@@ -22,6 +22,7 @@ waits for no step or encoder run.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import math
 import threading
@@ -86,6 +87,16 @@ class DecodeService:
         self.translator = translator
         self.options = options or ServiceOptions()
         self.metrics = metrics  # a ServeMetrics, or None
+        # what a request's options go over: the model's defaults, with the server's default beam if it sets one
+        self.defaults = translator.defaults
+        if self.options.default_beam_size is not None:
+            self.defaults = dataclasses.replace(self.defaults, beam_size=self.options.default_beam_size,
+                                                nbest=min(self.defaults.nbest, self.options.default_beam_size))
+        if self.defaults.beam_size > self.options.max_rows:
+            raise InputError(f"the model's default beam size ({self.defaults.beam_size}) takes more rows than "
+                             f"max_rows ({self.options.max_rows}) holds: every request naming no beam would be "
+                             "refused", hint="set default_beam_size, or more rows",
+                             params=("default_beam_size", "max_rows"))
         self.batch = RunningBatch(translator.backend, capacity=translator.config.max_positions)
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
@@ -188,7 +199,7 @@ class DecodeService:
         if unknown:
             raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(OPTION_FIELDS)}",
                              params=(unknown[0],))
-        opts = self.translator.resolved(DecodingOptions(**{"beam_size": self.options.default_beam_size, **given}))
+        opts = self.translator.options(given, "the request", self.defaults)
         try:  # the normalisation of the longest translation must be a number (a huge alpha overflows)
             ok = math.isfinite(opts.penalty(self.translator.config.max_positions))
         except OverflowError:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transduce.errors import InputError
+from transduce.errors import ConfigError, InputError
+from transduce.formats.decoding_defaults import DecodingDefaults
 
 LENGTH_PENALTIES = ("gnmt", "plain", "none")
 # when beam search stops a sentence (offline.py's docstring has the rules)
@@ -229,6 +230,18 @@ class DecodingOptions:
                           f"{int(sources[reach[0] - 1])} source tokens ({formula}): they are cut there, unfinished",
                           ("min_length",)))
         return tuple(found)
+
+    @classmethod
+    def of_model(cls, defaults: DecodingDefaults | None) -> DecodingOptions:
+        """A model's default options: its decoding defaults (an imported model's, formats.decoding_defaults) over
+        the paper's; the paper's where it has none. ConfigError where they are not valid options."""
+        if defaults is None:
+            return cls()
+        try:
+            return cls(**defaults.overrides())
+        except InputError as e:
+            raise ConfigError(f"the model's decoding defaults ({defaults.source or 'config.json'}) are not valid "
+                              f"options: {e}", hint="import the model again") from None
 
     @classmethod
     def forced(cls, steps: int, beam_size: int = 1, **options) -> DecodingOptions:
