@@ -78,6 +78,9 @@ def test_learned_positions_and_the_embedding_norm():
             keys[0][:, :, t:t + 1], values[0][:, :, t:t + 1] = k[0], v[0]
             torch.testing.assert_close(lp[0], full[t], rtol=0, atol=1e-5)
 
+    with pytest.raises(ConfigError, match="with learned positions they keep their defaults"):
+        cfg.replace(position_offset=2)  # the offset describes the sinusoidal table; a learned one's rows are its own
+
 
 @pytest.mark.parametrize("field, value, match", [
     ("activation", "gelu_new", "activation must be one of relu, gelu, swish, got 'gelu_new'"),
