@@ -135,3 +135,26 @@ def test_the_model_honours_each_deviation():
         want = h[0, 0] @ model.embed.weight.T + model.final_logits_bias
         got = model(src, torch.tensor([5]), x)[0, 0]
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+
+
+def test_an_old_model_directory_loads_and_decodes_as_before(tiny_model_dir, tmp_path):
+    """A model directory written before positions and layernorm_embedding existed (its config.json without them)
+    loads with the paper's values, the same weights, and decodes token for token as with them spelt out."""
+    import json
+    import shutil
+
+    from transduce.models.checkpoint import load_model_dir
+    from transduce.runtime.translator import Translator
+
+    old = shutil.copytree(tiny_model_dir, tmp_path / "old")
+    config = json.loads((old / "config.json").read_text())
+    assert config["model"].pop("positions") == "sinusoidal" and config["model"].pop("layernorm_embedding") is False
+    (old / "config.json").write_text(json.dumps(config))
+    model, _, _ = load_model_dir(str(old))
+    assert model.cfg.positions == "sinusoidal" and not model.cfg.layernorm_embedding and hasattr(model, "pe")
+    texts = ["a b c", "b c d e", "c"]
+    results = []
+    for directory in (tiny_model_dir, old):
+        tr = Translator.from_model_dir(str(directory))
+        results.append([[list(o.tokens) for o in tr.translate(texts, beam_size=b, max_len_b=8)] for b in (1, 4)])
+    assert results[0] == results[1] and any(results[0][0])
