@@ -13,6 +13,7 @@ from tests.io.test_locks import abandoned_copy, lock_held_elsewhere, other_host_
 from transduce.errors import CheckpointError, ExportError
 from transduce.exporter import onnx_export
 from transduce.io.reaping import interrupted_replace_hint, tmp_prefix
+from transduce.models.transformer import Transformer
 
 
 def _must_not_load(model_dir):
@@ -77,6 +78,9 @@ def test_the_disk_space_estimate_covers_an_export(artifact_fp32, tiny_model):
     encoder, step = onnx_export.graph_weights(cfg)
     assert encoder + step == tiny_model.num_parameters() + cfg.vocab_size * cfg.d_model + 2 * cfg.max_positions * (
         cfg.d_model)
+    learned = cfg.replace(positions="learned", layernorm_embedding=True)  # mBART's tables are weights, one per graph
+    encoder, step = onnx_export.graph_weights(learned)
+    assert encoder + step == Transformer(learned).num_parameters() + cfg.vocab_size * cfg.d_model
     written = sum(f["bytes"] for f in artifact_fp32.manifest["files"].values()) + os.path.getsize(
         os.path.join(artifact_fp32.path, "manifest.json"))
     estimate = onnx_export.export_bytes(cfg, "fp32")

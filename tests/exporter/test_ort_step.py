@@ -100,6 +100,8 @@ def test_not_built_for_reduced_precision_or_pre_norm(artifact_fp16, tiny_model):
     assert ort_step.unsupported_reason(cfg, "fp32") is None
     assert "fp32" in ort_step.unsupported_reason(cfg, "fp16")
     assert "post-norm" in ort_step.unsupported_reason(cfg.replace(norm_first=True), "fp32")
+    assert "sinusoidal positions" in ort_step.unsupported_reason(cfg.replace(positions="learned"), "fp32")
+    assert "embedding layer norm" in ort_step.unsupported_reason(cfg.replace(layernorm_embedding=True), "fp32")
     # onnxruntime's attention kernels refuse a head size that is not a multiple of 8 when they run
     assert "head size that is a multiple of 8, and this model's is 6" in ort_step.unsupported_reason(
         cfg.replace(d_model=24, n_heads=4), "fp32")

@@ -18,16 +18,17 @@ SHAPE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_h
 LANGS = {"nllb": ("eng_Latn", "fra_Latn"), "m2m100": ("en", "fr"), "mbart": ("en_XX", "fr_XX")}
 
 
-def train_bpe_spm(directory: str, sentences: list[str], vocab_size: int = 120) -> str:
-    """A BPE SentencePiece model (NLLB's, M2M100's and mBART's kind: <unk>=0, <s>=1, </s>=2) as
-    directory/sentencepiece.bpe.model."""
+def train_bpe_spm(directory: str, sentences: list[str], vocab_size: int = 120, model_type: str = "bpe") -> str:
+    """A SentencePiece model with <unk>=0, <s>=1, </s>=2 as directory/sentencepiece.bpe.model: BPE as NLLB's and
+    M2M100's, or unigram as mBART's (XLM-R's model, despite its file name; Hugging Face's MBart50Tokenizer reads
+    it as a Unigram model, which segments a BPE model's text otherwise)."""
     import sentencepiece as spm
 
     text = os.path.join(directory, "spm.txt")
     with open(text, "w", encoding="utf-8") as f:
         f.write("\n".join(sentences) + "\n")
     prefix = os.path.join(directory, "sentencepiece.bpe")
-    spm.SentencePieceTrainer.train(input=text, model_prefix=prefix, vocab_size=vocab_size, model_type="bpe",
+    spm.SentencePieceTrainer.train(input=text, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
                                    character_coverage=1.0, pad_id=-1, bos_id=1, eos_id=2, unk_id=0, minloglevel=2)
     os.remove(text)
     return prefix + ".model"
@@ -94,7 +95,10 @@ def build(family: str, directory: str, seed: int = 3, steps: int = 300) -> str:
 
     os.makedirs(directory, exist_ok=True)
     pairs = demo_sentences(300, seed=11)
-    train_bpe_spm(directory, [s for p in pairs for s in p])
+    if family == "mbart":  # a unigram model of this corpus has at most ~110 pieces
+        train_bpe_spm(directory, [s for p in pairs for s in p], vocab_size=100, model_type="unigram")
+    else:
+        train_bpe_spm(directory, [s for p in pairs for s in p])
     tok = _new_tokenizer(family, directory)
     if family == "m2m100":  # its language codes and 8 "madeupword" rows follow vocab.json, as fairseq's dictionary
         vocab = tok.encoder_size + len(tok.lang_code_to_id) + 8

@@ -1,6 +1,7 @@
-"""NLLB-200 and M2M100 import: tiny trained models (multilingual_models) import to models whose tokenizer gives Hugging
-Face's ids (the source language's code first), whose log-probs are HF's, and whose greedy and beam translations on
-torch and ONNX Runtime, forced into the target language, are HF generate's with the same explicit options."""
+"""NLLB-200, M2M100 and mBART-50 import: tiny trained models (multilingual_models) import to models whose tokenizer
+gives Hugging Face's ids (the source language's code first), whose log-probs are HF's, and whose greedy and beam
+translations on torch and ONNX Runtime, forced into the target language, are HF generate's with the same explicit
+options."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from multilingual_models import LANGS, build, hf_tokenizer
 from transduce.errors import InputError
 from transduce.models.checkpoint import load_model_dir
 
-FAMILIES = ("nllb", "m2m100")
+FAMILIES = ("nllb", "m2m100", "mbart")
+CODES = {"nllb": 202, "m2m100": 100, "mbart": 52}  # the tokenizers' language codes
 MAX_NEW = 20
 
 
@@ -41,9 +43,10 @@ def test_tokenizer_and_languages_are_hugging_faces(family, demo_pairs):
     _, hf_tok = _hf(fam, hf_dir)
     en, fr = LANGS[fam]
     assert tok.default_source_lang == en and tok.default_target_lang is None
-    assert tok.languages[fr] == _code_id(hf_tok, fam, fr) and len(tok.languages) == (202 if fam == "nllb" else 100)
+    assert tok.languages[fr] == _code_id(hf_tok, fam, fr) and len(tok.languages) == CODES[fam]
     mc = cfg["model"]
-    assert mc["norm_first"] and (mc["position_offset"], mc["bos_id"], mc["eos_id"]) == (2, 2, 2)
+    assert mc["norm_first"] and (mc["bos_id"], mc["eos_id"]) == (2, 2)
+    assert mc["position_offset"] == (0 if fam == "mbart" else 2)  # mBART's offset is in its learned table's rows
     for s, t in demo_pairs:
         assert [tok.languages[en]] + tok.encode(s) + [tok.eos_id] == hf_tok(s)["input_ids"], s
         hf_tok.src_lang = fr
@@ -186,3 +189,39 @@ def test_libretranslate_route_takes_the_models_codes_and_iso_codes(family, tmp_p
         assert listing[source]["name"] == "English"
     finally:
         service.stop()
+
+
+def test_mbart_has_learned_positions_and_embedding_norms(family):
+    """mBART's deviations: a learned table per stack (HF's rows from its offset 2 on) and a LayerNorm on
+    embeddings + positions in both stacks, as weights of the model directory."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    fam, hf_dir, out = family
+    if fam != "mbart":  # the family fixture's other instances: skipped, never rebuilt
+        pytest.skip("mBART's own layout")
+    model, _, cfg = load_model_dir(out)
+    hf = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
+    assert model.cfg.deviations() == {"activation": "gelu", "positions": "learned", "layernorm_embedding": True}
+    assert not hasattr(model, "pe")
+    for stack in ("encoder", "decoder"):
+        theirs = getattr(hf.model, stack)
+        assert (getattr(model, f"{stack}_positions").weight == theirs.embed_positions.weight[2:]).all()
+        assert (getattr(model, f"{stack}_embed_norm").weight == theirs.layernorm_embedding.weight).all()
+
+
+def test_mbart_cc25_tokenizer_is_refused(family, tmp_path):
+    import json
+    import shutil
+
+    from transduce.errors import ImportCheckpointError
+    from transduce.importers import import_model
+
+    fam, hf_dir, _ = family
+    if fam != "mbart":
+        pytest.skip("mBART's own check")
+    src = shutil.copytree(hf_dir, tmp_path / "cc25")
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+    (src / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "tokenizer_class": "MBartTokenizer"}))
+    with pytest.raises(ImportCheckpointError, match="MBartTokenizer, mBART-cc25's") as e:
+        import_model("mbart", src, tmp_path / "out")
+    assert "MBart50Tokenizer" in e.value.hint and not (tmp_path / "out").exists()

@@ -353,6 +353,10 @@ def test_corrupt_engine_json(engine_dir):
     ("src_embed.weight", ("embeddings", "source embedding", None)),
     ("out_proj.weight", ("embeddings", "output projection", None)),
     ("pe", ("embeddings", "positional encoding table", None)),
+    # mBART's learned tables and embedding norms, in weights and in a graph's node names
+    ("encoder_positions.weight", ("embeddings", "encoder positional embedding (learned)", None)),
+    ("/decoder_positions/Gather", ("embeddings", "decoder positional embedding (learned)", None)),
+    ("decoder_embed_norm.bias", ("embeddings", "decoder embedding layer norm", None)),
     # a dynamo-exported graph's constant, by its consumer's scope: the table lifted as buffer b_model_pe
     ("node_GatherND_16 : transduce.exporter.graphs.EncoderGraph/index: aten.index.Tensor b_model_pe",
      ("embeddings", "positional encoding table", None)),

@@ -31,6 +31,55 @@ def test_old_configs_read_with_the_papers_defaults():
     assert pe[3, 2].item() == pytest.approx(math.sin(3 / 10000 ** (2 / 8)), abs=1e-7)
     assert pe[3, 3].item() == pytest.approx(math.cos(3 / 10000 ** (2 / 8)), abs=1e-7)
     assert list(weight_shapes(cfg)) == list(Transformer(cfg).state_dict())
+    assert cfg.positions == "sinusoidal" and not cfg.layernorm_embedding
+    assert not any("positions" in k or "embed_norm" in k for k in Transformer(cfg).state_dict())
+
+
+def test_an_old_configs_model_embeds_as_the_papers():
+    """Without the mBART fields a model's embedding is still E[ids] * sqrt(d) + the sinusoidal table (a buffer,
+    no weight), so old model directories decode as before."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_ff=32,
+                      max_positions=32, dropout=0.0)
+    model = Transformer(cfg).eval()
+    ids = torch.tensor([[5, 6, 7]])
+    want = model.embed.weight[ids] * 4.0 + sinusoidal_table(32, 16)[:3]
+    torch.testing.assert_close(model._embed(model.embed, ids, torch.arange(3), "encoder"), want, rtol=0, atol=0)
+
+
+def test_learned_positions_and_the_embedding_norm():
+    """mBART's: each stack reads its own learned table at row p for position p, and layer-norms the sum."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_ff=32,
+                      max_positions=32, dropout=0.0, norm_first=True, positions="learned", layernorm_embedding=True)
+    model = Transformer(cfg).eval()
+    assert list(weight_shapes(cfg)) == list(model.state_dict()) and not hasattr(model, "pe")
+    with torch.no_grad():
+        for m in (model.encoder_embed_norm, model.decoder_embed_norm):
+            m.weight.normal_()
+            m.bias.normal_()
+    ids = torch.tensor([[5, 6, 7]])
+    for stack in ("encoder", "decoder"):
+        table, norm = getattr(model, f"{stack}_positions").weight, getattr(model, f"{stack}_embed_norm")
+        want = torch.nn.functional.layer_norm(model.embed.weight[ids] * 4.0 + table[:3], (16,), norm.weight,
+                                              norm.bias, 1e-5)
+        got = model._embed(model.embed, ids, torch.arange(3), stack)
+        torch.testing.assert_close(got, want)
+    # the incremental step reads the decoder's table at the step's position, as the full pass does
+    src, lengths = torch.tensor([[4, 5, 6, 2]]), torch.tensor([4])
+    tgt = torch.tensor([[2, 9, 11]])
+    with torch.no_grad():
+        full = torch.log_softmax(model(src, lengths, tgt), dim=-1)[0]
+        _, ck, cv = model.encode(src, lengths)
+        keys = [torch.zeros(1, 2, 3, 8) for _ in range(1)]
+        values = [torch.zeros(1, 2, 3, 8) for _ in range(1)]
+        for t in range(3):
+            lp, k, v = model.decode_step(tgt[:, t], torch.tensor([t]), lengths, keys, values, ck, cv)
+            keys[0][:, :, t:t + 1], values[0][:, :, t:t + 1] = k[0], v[0]
+            torch.testing.assert_close(lp[0], full[t], rtol=0, atol=1e-5)
+
+    with pytest.raises(ConfigError, match="with learned positions they keep their defaults"):
+        cfg.replace(position_offset=2)  # the offset describes the sinusoidal table; a learned one's rows are its own
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -39,6 +88,8 @@ def test_old_configs_read_with_the_papers_defaults():
     ("src_vocab_size", 50, "src_vocab_size \\(50\\) differs from vocab_size"),
     ("tie_output", True, "tie_output applies only without share_embeddings"),
     ("bos_id", 3, "special ids"),
+    ("positions", "rotary", "positions must be one of sinusoidal, learned"),
+    ("layernorm_embedding", 1, "layernorm_embedding must be true or false"),
 ])
 def test_bad_values_are_refused_naming_the_field(field, value, match):
     with pytest.raises(ConfigError, match=match):
@@ -84,3 +135,26 @@ def test_the_model_honours_each_deviation():
         want = h[0, 0] @ model.embed.weight.T + model.final_logits_bias
         got = model(src, torch.tensor([5]), x)[0, 0]
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+
+
+def test_an_old_model_directory_loads_and_decodes_as_before(tiny_model_dir, tmp_path):
+    """A model directory written before positions and layernorm_embedding existed (its config.json without them)
+    loads with the paper's values, the same weights, and decodes token for token as with them spelt out."""
+    import json
+    import shutil
+
+    from transduce.models.checkpoint import load_model_dir
+    from transduce.runtime.translator import Translator
+
+    old = shutil.copytree(tiny_model_dir, tmp_path / "old")
+    config = json.loads((old / "config.json").read_text())
+    assert config["model"].pop("positions") == "sinusoidal" and config["model"].pop("layernorm_embedding") is False
+    (old / "config.json").write_text(json.dumps(config))
+    model, _, _ = load_model_dir(str(old))
+    assert model.cfg.positions == "sinusoidal" and not model.cfg.layernorm_embedding and hasattr(model, "pe")
+    texts = ["a b c", "b c d e", "c"]
+    results = []
+    for directory in (tiny_model_dir, old):
+        tr = Translator.from_model_dir(str(directory))
+        results.append([[list(o.tokens) for o in tr.translate(texts, beam_size=b, max_len_b=8)] for b in (1, 4)])
+    assert results[0] == results[1] and any(results[0][0])

@@ -18,7 +18,8 @@ from transduce.importers import FAMILIES
 def import_(family, src, out_dir, force, quiet):
     """Import the pretrained FAMILY model in SRC into the model directory --out, as transduce train writes one:
     then export, build, decode, parity, bench, inspect and attention work on it unchanged. SRC: a Hugging Face
-    MarianMTModel, FSMTForConditionalGeneration or M2M100ForConditionalGeneration (m2m100, nllb) directory, or a
+    MarianMTModel, FSMTForConditionalGeneration, M2M100ForConditionalGeneration (m2m100, nllb) or mBART-50's
+    MBartForConditionalGeneration (mbart) directory, or a
     fairseq transformer's directory (checkpoint, dict.SRC.txt, dict.TGT.txt, bpecodes or a SentencePiece model); see
     docs/importing.md. Tensors are checked by name and shape,
     pickles read without running code, and nothing is written unless everything imports."""

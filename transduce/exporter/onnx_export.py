@@ -140,7 +140,8 @@ def graph_weights(cfg: ModelConfig) -> tuple[int, int]:
     the decoder (and the output projection of a model without shared embeddings)."""
     import math
 
-    encoder = step = cfg.max_positions * cfg.d_model
+    # the sinusoidal table is a constant of each graph; learned ones are weights (encoder_/decoder_positions)
+    encoder = step = cfg.max_positions * cfg.d_model if cfg.positions == "sinusoidal" else 0
     for name, shape in weight_shapes(cfg).items():
         n = math.prod(shape)
         in_encoder = ".cross_attn.k_proj." in name or ".cross_attn.v_proj." in name or name.startswith(

@@ -62,6 +62,8 @@ def unsupported_reason(config: ModelConfig, precision: str) -> str | None:
         return f"the ONNX Runtime step graph is built for fp32 artifacts only, not {precision}"
     if config.norm_first:
         return "the ONNX Runtime step graph is built for post-norm models only (norm_first is set)"
+    if config.positions != "sinusoidal" or config.layernorm_embedding:
+        return "the ONNX Runtime step graph is built for sinusoidal positions without an embedding layer norm only"
     head = config.head_dim
     if head % 8:  # GroupQueryAttention's CPU kernel refuses it when it runs, not when it loads
         return (f"the ONNX Runtime step graph's attention kernels need a head size that is a multiple of 8, "

@@ -22,6 +22,7 @@ CHOICES = {
     "activation": ("relu", "gelu", "swish"),
     "position_layout": ("interleaved", "halves"),
     "position_frequencies": ("paper", "fairseq"),
+    "positions": ("sinusoidal", "learned"),
 }
 
 
@@ -34,7 +35,7 @@ class ModelConfig:
     n_heads: int = 8  # h; d_k = d_v = d_model / h
     d_ff: int = 2048  # inner width of the position-wise FFN
     dropout: float = 0.1  # P_drop on each sublayer's output and on embeddings + PE (the paper's two places)
-    max_positions: int = 256  # rows of the sinusoidal table: longest source or target, in tokens
+    max_positions: int = 256  # rows of the positional table(s): longest source or target, in tokens
     norm_first: bool = False  # False: post-norm LayerNorm(x + Sublayer(x)) as in the paper; True: pre-norm
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon (not given in the paper; PyTorch's default)
     share_embeddings: bool = True  # one matrix for source and target embeddings and the pre-softmax projection
@@ -42,7 +43,7 @@ class ModelConfig:
     bos_id: int = 1  # begin-of-sentence, fed to the decoder at step 0
     eos_id: int = 2  # end-of-sentence, appended to sources and generated last
     unk_id: int = 3  # unknown token
-    # Deviations of imported models (Marian/OPUS-MT, FSMT, fairseq); each default is the paper's.
+    # Deviations of imported models (Marian/OPUS-MT, FSMT, fairseq, M2M100/NLLB, mBART); each default is the paper's.
     activation: str = "relu"  # FFN nonlinearity: relu (paper, fairseq, FSMT), gelu (erf), swish (x*sigmoid(x), OPUS-MT)
     position_layout: str = "interleaved"  # sinusoid columns: interleaved sin/cos (paper) or [sin | cos] halves
     position_frequencies: str = "paper"  # 10000^(-2i/d_model) (paper, Marian) or exp(-i*ln(10000)/(d/2-1)) (fairseq)
@@ -51,6 +52,8 @@ class ModelConfig:
     final_logits_bias: bool = False  # a bias on the pre-softmax projection (Marian's final_logits_bias)
     src_vocab_size: int = 0  # source vocabulary when it is not the target's (FSMT, fairseq); 0: vocab_size
     tie_output: bool = False  # without share_embeddings: the projection is the target embedding (else its own)
+    positions: str = "sinusoidal"  # the fixed table (paper) or a learned table per stack, row p = position p (mBART)
+    layernorm_embedding: bool = False  # a LayerNorm on embeddings + positions, before dropout, in both stacks (mBART)
 
     def __post_init__(self) -> None:
         problems = []
@@ -101,6 +104,10 @@ class ModelConfig:
             problems.append("tie_output applies only without share_embeddings (shared embeddings tie the projection)")
         if self.position_offset < 0 or self.position_offset > MAX_POSITIONS:
             problems.append(f"position_offset must be in [0, {MAX_POSITIONS:,}], got {self.position_offset}")
+        if self.positions == "learned" and (self.position_offset, self.position_layout, self.position_frequencies) != (
+                0, "interleaved", "paper"):
+            problems.append("position_offset, position_layout and position_frequencies describe the sinusoidal "
+                            "table: with learned positions they keep their defaults (row p is position p)")
         if problems:
             raise ConfigError("invalid model config: " + "; ".join(problems))
 
@@ -116,7 +123,7 @@ class ModelConfig:
     def deviations(self) -> dict[str, Any]:
         """The fields of the imported models' deviations that differ from the paper's default, {name: value}."""
         names = ("activation", "position_layout", "position_frequencies", "position_offset", "scale_embedding",
-                 "final_logits_bias", "src_vocab_size", "tie_output")
+                 "final_logits_bias", "src_vocab_size", "tie_output", "positions", "layernorm_embedding")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name in names and getattr(self, f.name) != f.default}
 

@@ -46,6 +46,11 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["src_embed.weight"] = (cfg.source_vocab_size, d)
         if not cfg.tie_output:
             shapes["out_proj.weight"] = (v, d)
+    if cfg.positions == "learned":
+        shapes["encoder_positions.weight"] = shapes["decoder_positions.weight"] = (cfg.max_positions, d)
+    if cfg.layernorm_embedding:
+        shapes.update(_norm("encoder_embed_norm", d))
+        shapes.update(_norm("decoder_embed_norm", d))
     for stack, n, sublayers in (("encoder", cfg.encoder_layers, ("self_attn",)),
                                 ("decoder", cfg.decoder_layers, ("self_attn", "cross_attn"))):
         for i in range(n):

@@ -1,7 +1,6 @@
-"""Importing pretrained Transformers (Marian / OPUS-MT, FSMT, M2M100 and NLLB-200 in Hugging Face's format,
-fairseq checkpoints) into
-model directories like the ones `transduce train` writes, so that export, build, decode, parity, bench, inspect and
-attention work on them unchanged.
+"""Importing pretrained Transformers (Marian / OPUS-MT, FSMT, M2M100, NLLB-200 and mBART-50 in Hugging Face's
+format, fairseq checkpoints) into model directories like the ones `transduce train` writes, so that export, build,
+decode, parity, bench, inspect and attention work on them unchanged.
 
     from transduce.importers import import_model
     import_model("marian", "opus-mt-en-de/", "models/en-de")
@@ -23,9 +22,9 @@ import os
 
 from transduce.errors import ConfigError, ImportCheckpointError
 
-FAMILIES = ("marian", "fsmt", "fairseq", "m2m100", "nllb")
+FAMILIES = ("marian", "fsmt", "fairseq", "m2m100", "nllb", "mbart")
 NAMED = {"marian": "a Marian", "fsmt": "an FSMT", "fairseq": "a fairseq", "m2m100": "an M2M100",
-         "nllb": "an NLLB"}  # in messages
+         "nllb": "an NLLB", "mbart": "an mBART"}  # in messages
 
 
 def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
@@ -53,6 +52,8 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
         from transduce.importers.m2m100 import convert_m2m100 as convert
     elif family == "nllb":
         from transduce.importers.m2m100 import convert_nllb as convert
+    elif family == "mbart":
+        from transduce.importers.mbart import convert
     else:
         from transduce.importers.fairseq import convert
     from transduce.formats.kinds import is_model_dir

@@ -25,7 +25,7 @@ DECODER_NAMES = {"self_attn": "self_attn", "norm1": "self_attn_layer_norm", "cro
 
 # Hugging Face's config.json model_type -> the family that imports it (what a directory given to another
 # family's importer is said to look like)
-MODEL_TYPES = {"marian": "marian", "fsmt": "fsmt"}
+MODEL_TYPES = {"marian": "marian", "fsmt": "fsmt", "mbart": "mbart"}
 _MISSING = object()
 
 

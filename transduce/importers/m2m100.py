@@ -72,20 +72,20 @@ def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
 
 
 def tokenizer(src: str, cfg: ModelConfig, family: str, hf: dict[str, Any]):
-    """The PairTokenizer of an NLLB or M2M100 directory (one SentencePiece side used for both directions)."""
+    """The PairTokenizer of an NLLB, M2M100 or mBART-50 directory (one SentencePiece side used for both directions)."""
     from transduce.models.pair_tokenizer import PairTokenizer
 
     model, sp = languages.read_spm(src)
     tok_cfg = languages.tokenizer_config(src)
-    if family == "nllb":
-        if tok_cfg.get("legacy_behaviour"):
+    if family in ("nllb", "mbart"):  # mBART-50 numbers its pieces and codes as NLLB does
+        if family == "nllb" and tok_cfg.get("legacy_behaviour"):
             raise ImportCheckpointError(f"{src}/tokenizer_config.json: legacy_behaviour puts the language code "
                                         "after the source's </s>, which transduce does not",
                                         hint="set legacy_behaviour to false (the tokenizer's default since 2023)")
         vocab = languages.fairseq_vocab(sp)
         codes = languages.language_ids(src, len(vocab), cfg.vocab_size)
         tokens_of = {c: c for c in codes}
-        default_source = "eng_Latn"
+        default_source = "eng_Latn" if family == "nllb" else "en_XX"
     else:
         vpath = os.path.join(src, "vocab.json")
         vocab = common.vocab_list(common.read_json(vpath), vpath)

@@ -34,6 +34,10 @@ def classify_parameter(name: str) -> tuple[str, str, tuple[str, int] | None]:
         return stack, f"{stack} {kind}", (stack, layer)
     if m := re.search(rf"(?:^|{_SEP})(encoder|decoder)_norm(?:{_SEP}|$)", name):
         return m.group(1), f"{m.group(1)} final layer norm", None
+    if m := re.search(rf"(?:^|{_SEP})(encoder|decoder)_positions(?:{_SEP}|$)", name):
+        return "embeddings", f"{m.group(1)} positional embedding (learned)", None
+    if m := re.search(rf"(?:^|{_SEP})(encoder|decoder)_embed_norm(?:{_SEP}|$)", name):
+        return "embeddings", f"{m.group(1)} embedding layer norm", None
     if _names_module(name, "src_embed"):
         return "embeddings", "source embedding", None
     if _names_module(name, "embed"):

@@ -30,8 +30,9 @@ Deviations of imported models (Marian/OPUS-MT, FSMT, fairseq), each a ModelConfi
 paper's: `activation` (gelu, swish), `position_layout` ([sin | cos] halves), `position_frequencies` (fairseq's
 exp(-i ln(10000) / (d/2 - 1))), `position_offset` (fairseq's padding_idx + 1), `scale_embedding` (off),
 `final_logits_bias` (a bias on the projection), `src_vocab_size` (a source vocabulary of its own), `tie_output`
-(the projection is the target embedding while the source one is separate), and `bos_id` (the decoder's start
-token: EOS for fairseq and FSMT, pad for Marian).
+(the projection is the target embedding while the source one is separate), `positions` (learned tables, one per
+stack, in place of the sinusoidal one: mBART), `layernorm_embedding` (a LayerNorm on embeddings + positions: mBART),
+and `bos_id` (the decoder's start token: EOS for fairseq, FSMT, M2M100 and mBART, pad for Marian).
 """
 
 from __future__ import annotations
@@ -285,7 +286,14 @@ class Transformer(nn.Module):
                 self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.final_logits_bias:
             self.final_logits_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-        self.register_buffer("pe", positional_table(cfg), persistent=False)
+        if cfg.positions == "learned":  # a table per stack, weights (the sinusoidal one is computed, no weight)
+            self.encoder_positions = nn.Embedding(cfg.max_positions, cfg.d_model)
+            self.decoder_positions = nn.Embedding(cfg.max_positions, cfg.d_model)
+        else:
+            self.register_buffer("pe", positional_table(cfg), persistent=False)
+        if cfg.layernorm_embedding:
+            self.encoder_embed_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+            self.decoder_embed_norm = LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -305,11 +313,18 @@ class Transformer(nn.Module):
                 nn.init.normal_(m.weight, mean=0.0, std=self.cfg.d_model**-0.5)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
+    def _embed(self, table: nn.Embedding, ids: Tensor, positions: Tensor, stack: str) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> Dropout(E[ids] * sqrt(d_model) + PE[positions])
-        (E[ids] unscaled without scale_embedding)."""
+        (E[ids] unscaled without scale_embedding; PE the stack's learned table with learned positions; the sum
+        layer-normed first with layernorm_embedding). stack: "encoder" or "decoder"."""
         e = table(ids) * math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else table(ids)
-        x = e + self.pe[positions].to(table.weight.dtype)
+        if self.cfg.positions == "learned":
+            pe = getattr(self, f"{stack}_positions")(positions)
+        else:
+            pe = self.pe[positions]
+        x = e + pe.to(table.weight.dtype)
+        if self.cfg.layernorm_embedding:
+            x = getattr(self, f"{stack}_embed_norm")(x)
         return self.drop(x)  # (B, T, D)
 
     def output_weight(self) -> Tensor:
@@ -333,7 +348,7 @@ class Transformer(nn.Module):
         """src_ids (B, S), src_lengths (B,) -> memory (B, S, D) and each layer's attention weights (none
         unless keep_weights: each layer's (B, H, S, S) would otherwise live until the stack is done)."""
         s = src_ids.shape[1]
-        x = self._embed(self._src_embed(), src_ids, torch.arange(s, device=src_ids.device))
+        x = self._embed(self._src_embed(), src_ids, torch.arange(s, device=src_ids.device), "encoder")
         src_mask = length_mask(src_lengths, s)[:, None, None, :]  # (B, 1, 1, S)
         weights = []
         for layer in self.encoder_layers:
@@ -361,7 +376,7 @@ class Transformer(nn.Module):
         cross_k, cross_v = self.cross_key_values(memory)
         b, t = tgt_in.shape
         s = src_ids.shape[1]
-        x = self._embed(self.embed, tgt_in, torch.arange(t, device=tgt_in.device))
+        x = self._embed(self.embed, tgt_in, torch.arange(t, device=tgt_in.device), "decoder")
         causal = torch.ones(t, t, dtype=torch.bool, device=tgt_in.device).tril()  # (T, T)
         tgt_mask = causal[None, None]  # (1, 1, T, T): subsequent mask
         src_mask = length_mask(src_lengths, s)[:, None, None, :]  # (B, 1, 1, S)
@@ -404,7 +419,7 @@ class Transformer(nn.Module):
         which the caller writes into slot `position` of its cache. With return_attention also every decoder
         layer's cross-attention weights averaged over the heads, (B, layers, S) fp32 (zero past src_lengths).
         """
-        x = self._embed(self.embed, tokens[:, None], positions[:, None])  # (B, 1, D)
+        x = self._embed(self.embed, tokens[:, None], positions[:, None], "decoder")  # (B, 1, D)
         cap = past_keys[0].shape[2]
         cache_mask = length_mask(positions, cap)[:, None, None, :]  # (B, 1, 1, C)
         src_mask = length_mask(src_lengths, cross_keys[0].shape[2])[:, None, None, :]  # (B, 1, 1, S)

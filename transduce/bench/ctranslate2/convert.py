@@ -124,6 +124,9 @@ def build_spec(model_dir: str):
     cfg = directory.config
     if cfg.norm_first:
         raise TransduceError("only post-norm models (norm_first=False) are converted to CTranslate2 here")
+    if cfg.positions != "sinusoidal" or cfg.layernorm_embedding:
+        raise TransduceError("only models with sinusoidal positions and no embedding layer norm are converted to "
+                             "CTranslate2 here")
     if cfg.source_vocab_size != cfg.vocab_size:
         raise TransduceError("only models with one vocabulary for source and target are converted to CTranslate2 "
                              "here (this one has separate ones)")
