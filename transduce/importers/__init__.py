@@ -69,5 +69,6 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
                                     hint="the checkpoint's config is corrupt, or of another architecture") from None
     from transduce.importers import generation
 
-    defaults = generation.FAIRSEQ if family == "fairseq" else generation.hf_defaults(src, cfg)
+    language_ids = getattr(tokenizer, "languages", {}).values()  # a multilingual model's: its default target
+    defaults = generation.FAIRSEQ if family == "fairseq" else generation.hf_defaults(src, cfg, language_ids)
     return write_model_dir(out, cfg, weights, tokenizer, imported, replaces, defaults)
