@@ -273,3 +273,37 @@ def test_sharded_weights_import_as_one_file_does(marian_swish, marian_swish_impo
     out = import_model("marian", d, tmp_path / "model")
     ours, one = load_file(f"{out}/model.safetensors"), load_file(f"{marian_swish_imported}/model.safetensors")
     assert ours.keys() == one.keys() and all(torch.equal(ours[k], one[k]) for k in ours)
+
+
+def test_shared_vocabulary_with_an_untied_projection_decodes_as_hugging_face(demo_pairs, tmp_path):
+    """share_encoder_decoder_embeddings with tie_word_embeddings false (one embedding for both stacks, a projection
+    of its own): imported with the projection, its greedy and default decodes are HF's on torch and ONNX Runtime."""
+    from hf_models import marian_dir
+    from test_generation_defaults import _hf_default, _opus_like
+
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.importers import import_model
+    from transduce.runtime.api import load
+    from transduce.runtime.translator import Translator
+
+    base = marian_dir(str(tmp_path / "base"), seed=4, share_encoder_decoder_embeddings=True,
+                      tie_word_embeddings=False)
+    hf_dir = _opus_like(tmp_path / "base", tmp_path / "hf", 4)
+    hf, _ = _hf(hf_dir)
+    assert not torch.equal(hf.lm_head.weight, hf.model.shared.weight)  # HF's projection is its own
+    out = import_model("marian", hf_dir, tmp_path / "model")
+    model, tok, cfg = load_model_dir(out)
+    assert cfg["model"]["share_embeddings"] and cfg["model"]["untied_output"]
+    assert torch.equal(model.output_weight(), hf.lm_head.weight) and torch.equal(model.embed.weight,
+                                                                                 hf.model.shared.weight)
+    texts = [s for s, _ in demo_pairs]
+    src, tgt = _ids(tok, demo_pairs)
+    assert teacher_forced_error(model, hf, src, tgt, cfg["model"]["bos_id"]) < 1e-5
+    greedy = hf_generate(hf, src, tok.eos_id, num_beams=1, max_new_tokens=MAX_NEW)
+    default = _hf_default(hf_dir, src, tok.eos_id)
+    art = tmp_path / "artifact"
+    export_artifact(out, art)
+    for tr in (Translator.from_model_dir(out), load(art)):  # torch, then ONNX Runtime
+        assert [list(r.tokens) for r in tr.translate(texts, beam_size=1, max_len_a=0, max_len_b=MAX_NEW)] == greedy
+        assert [list(r.tokens) for r in tr.translate(texts)] == default
+    assert base and any(len(t) > 2 for t in greedy)

@@ -84,3 +84,23 @@ def test_the_model_honours_each_deviation():
         want = h[0, 0] @ model.embed.weight.T + model.final_logits_bias
         got = model(src, torch.tensor([5]), x)[0, 0]
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+
+
+def test_an_untied_projection_over_shared_embeddings_is_its_own_matrix():
+    """untied_output: both stacks share one embedding, the projection is out_proj (Marian, tie_word_embeddings
+    false); the weight layout lists it where the model's state_dict does."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_ff=32,
+                      max_positions=32, dropout=0.0, untied_output=True)
+    model = Transformer(cfg).eval()
+    assert list(weight_shapes(cfg)) == list(model.state_dict()) and not hasattr(model, "src_embed")
+    assert model.output_weight() is model.out_proj.weight and cfg.deviations() == {"untied_output": True}
+    assert model._src_embed() is model.embed
+    src = torch.randint(4, 40, (1, 5))
+    with torch.no_grad():
+        got = model(src, torch.tensor([5]), torch.tensor([[1]]))
+        model.out_proj.weight.copy_(model.embed.weight)
+        tied = model(src, torch.tensor([5]), torch.tensor([[1]]))
+    assert not torch.allclose(got, tied) and ModelConfig(vocab_size=40).output_tied
+    with pytest.raises(ConfigError, match="untied_output applies only with share_embeddings"):
+        ModelConfig(vocab_size=40, share_embeddings=False, untied_output=True)

@@ -44,8 +44,8 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["embed.weight"] = (v, d)
     if not cfg.share_embeddings:
         shapes["src_embed.weight"] = (cfg.source_vocab_size, d)
-        if not cfg.tie_output:
-            shapes["out_proj.weight"] = (v, d)
+    if not cfg.output_tied:
+        shapes["out_proj.weight"] = (v, d)
     for stack, n, sublayers in (("encoder", cfg.encoder_layers, ("self_attn",)),
                                 ("decoder", cfg.decoder_layers, ("self_attn", "cross_attn"))):
         for i in range(n):
