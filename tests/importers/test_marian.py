@@ -307,3 +307,42 @@ def test_shared_vocabulary_with_an_untied_projection_decodes_as_hugging_face(dem
         assert [list(r.tokens) for r in tr.translate(texts, beam_size=1, max_len_a=0, max_len_b=MAX_NEW)] == greedy
         assert [list(r.tokens) for r in tr.translate(texts)] == default
     assert base and any(len(t) > 2 for t in greedy)
+
+
+def _without_codes(src, dst):
+    """A copy of a tiny Marian directory whose vocabulary has no language code (">>fr<<" renamed to a piece)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    vocab = json.loads((dst / "vocab.json").read_text())
+    vocab["\u2581zzzz"] = vocab.pop(">>fr<<")
+    (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    return str(dst)
+
+
+def test_marian_tokenizer_edge_cases(marian_swish, marian_swish_imported, tmp_path):
+    """A leading >>code<< is split off as MarianTokenizer does, whether or not the vocabulary has codes (one it lacks
+    is <unk>); a code after leading whitespace is what HF gives the stripped text (HF's own takes it as text,
+    unlike the same line stripped); the spellings </s>, <pad> and <unk> in text are text (HF's with
+    split_special_tokens: its default makes them EOS, PAD and UNK inside a source)."""
+    from transformers import MarianTokenizer
+
+    from transduce.importers import import_model
+
+    plain = _without_codes(marian_swish, tmp_path / "hf")
+    for hf_dir, out in ((marian_swish, marian_swish_imported), (plain, import_model("marian", plain,
+                                                                                    tmp_path / "model"))):
+        _, tok, _ = load_model_dir(out)
+        files = dict(source_spm=f"{hf_dir}/source.spm", target_spm=f"{hf_dir}/target.spm",
+                     vocab=f"{hf_dir}/vocab.json")
+        hf_tok = MarianTokenizer(**files)
+        as_text = MarianTokenizer(**files, split_special_tokens=True)
+        for s in (">>fr<< seven", ">>fra<< seven", ">>fr<<", "seven >>fr<< eight", ">>fr<<>>fr<< x"):
+            assert tok.encode(s) + [tok.eos_id] == hf_tok(s)["input_ids"], (hf_dir, s)
+        assert tok.encode(">>fra<< seven")[0] == tok.unk_id
+        for s in (" >>fr<< seven", "\t>>fr<<seven"):
+            assert tok.encode(s) + [tok.eos_id] == hf_tok(s.strip())["input_ids"], (hf_dir, s)
+        for s in ("seven </s> eight", "seven <pad>", "<unk> seven", "seven</s>"):
+            ours = tok.encode(s) + [tok.eos_id]
+            assert ours == as_text(s)["input_ids"] and ours != hf_tok(s)["input_ids"], (hf_dir, s)
+            assert tok.eos_id not in ours[:-1] and tok.pad_id not in ours
