@@ -23,8 +23,7 @@ HF_CONFIG = ["config.json", "generation_config.json", "tokenizer_config.json", "
 FILES = {
     "marian": HF_CONFIG + ["source.spm", "target.spm", "vocab.json", "target_vocab.json"],
     "fsmt": HF_CONFIG + ["vocab-src.json", "vocab-tgt.json", "merges.txt"],
-    "m2m100": HF_CONFIG + ["sentencepiece.bpe.model", "spm.model", "vocab.json", "tokenizer.json",
-                           "added_tokens.json"],
+    "m2m100": HF_CONFIG + ["sentencepiece.bpe.model", "vocab.json", "tokenizer.json", "added_tokens.json"],
     "nllb": HF_CONFIG + ["sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json"],
     "fairseq": ["*.pt", "dict.*.txt", "bpecodes", "*.model", "*.json"],
 }
