@@ -34,9 +34,11 @@ def train_spm(directory: str, sentences: list[str], vocab_size: int = 100) -> st
     return prefix + ".model"
 
 
-def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_embedding: bool = True) -> str:
+def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_embedding: bool = True,
+               **config) -> str:
     """A MarianMTModel directory as OPUS-MT's look: one SentencePiece model as source.spm and target.spm, vocab.json
-    (</s>=0, <unk>=1, the pieces, <pad> last), random weights with a random final_logits_bias."""
+    (</s>=0, <unk>=1, the pieces, <pad> last), random weights with a random final_logits_bias; `config`: more
+    MarianConfig fields (tie_word_embeddings=False: a random projection of its own)."""
     import shutil
 
     from transformers import MarianConfig, MarianMTModel
@@ -57,7 +59,7 @@ def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_e
     pad = len(vocab) - 1
     cfg = MarianConfig(vocab_size=len(vocab), activation_function=activation, scale_embedding=scale_embedding,
                        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=None,
-                       bad_words_ids=[[pad]], **MARIAN_SHAPE)
+                       bad_words_ids=[[pad]], **MARIAN_SHAPE, **config)
     torch.manual_seed(seed)
     model = MarianMTModel(cfg).eval()
     with torch.no_grad():  # HF initializes weights at N(0, 0.02): too flat for a test; and a non-zero bias
@@ -66,6 +68,9 @@ def marian_dir(directory: str, activation: str = "swish", seed: int = 0, scale_e
                 p.normal_(0.0, 0.15)
         model.final_logits_bias.normal_(0.0, 0.5)
         model.model.shared.weight[pad] = 0.0  # Marian's pad row is zeros (nn.Embedding's padding_idx), its start
+        if config.get("tie_word_embeddings") is False:  # transformers 5 then unties the stacks' embeddings too;
+            for stack in (model.model.encoder, model.model.decoder):  # Marian's (and transformers 4's) share one
+                stack.embed_tokens.weight.copy_(model.model.shared.weight)
     model.save_pretrained(directory)
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"separate_vocabs": False, "source_lang": "en", "target_lang": "fr"}, f)

@@ -273,3 +273,76 @@ def test_sharded_weights_import_as_one_file_does(marian_swish, marian_swish_impo
     out = import_model("marian", d, tmp_path / "model")
     ours, one = load_file(f"{out}/model.safetensors"), load_file(f"{marian_swish_imported}/model.safetensors")
     assert ours.keys() == one.keys() and all(torch.equal(ours[k], one[k]) for k in ours)
+
+
+def test_shared_vocabulary_with_an_untied_projection_decodes_as_hugging_face(demo_pairs, tmp_path):
+    """share_encoder_decoder_embeddings with tie_word_embeddings false (one embedding for both stacks, a projection
+    of its own): imported with the projection, its greedy and default decodes are HF's on torch and ONNX Runtime."""
+    from hf_models import marian_dir
+    from test_generation_defaults import _hf_default, _opus_like
+
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.importers import import_model
+    from transduce.runtime.api import load
+    from transduce.runtime.translator import Translator
+
+    base = marian_dir(str(tmp_path / "base"), seed=4, share_encoder_decoder_embeddings=True,
+                      tie_word_embeddings=False)
+    hf_dir = _opus_like(tmp_path / "base", tmp_path / "hf", 4)
+    hf, _ = _hf(hf_dir)
+    assert not torch.equal(hf.lm_head.weight, hf.model.shared.weight)  # HF's projection is its own
+    out = import_model("marian", hf_dir, tmp_path / "model")
+    model, tok, cfg = load_model_dir(out)
+    assert cfg["model"]["share_embeddings"] and cfg["model"]["untied_output"]
+    assert torch.equal(model.output_weight(), hf.lm_head.weight) and torch.equal(model.embed.weight,
+                                                                                 hf.model.shared.weight)
+    texts = [s for s, _ in demo_pairs]
+    src, tgt = _ids(tok, demo_pairs)
+    assert teacher_forced_error(model, hf, src, tgt, cfg["model"]["bos_id"]) < 1e-5
+    greedy = hf_generate(hf, src, tok.eos_id, num_beams=1, max_new_tokens=MAX_NEW)
+    default = _hf_default(hf_dir, src, tok.eos_id)
+    art = tmp_path / "artifact"
+    export_artifact(out, art)
+    for tr in (Translator.from_model_dir(out), load(art)):  # torch, then ONNX Runtime
+        assert [list(r.tokens) for r in tr.translate(texts, beam_size=1, max_len_a=0, max_len_b=MAX_NEW)] == greedy
+        assert [list(r.tokens) for r in tr.translate(texts)] == default
+    assert base and any(len(t) > 2 for t in greedy)
+
+
+def _without_codes(src, dst):
+    """A copy of a tiny Marian directory whose vocabulary has no language code (">>fr<<" renamed to a piece)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    vocab = json.loads((dst / "vocab.json").read_text())
+    vocab["\u2581zzzz"] = vocab.pop(">>fr<<")
+    (dst / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    return str(dst)
+
+
+def test_marian_tokenizer_edge_cases(marian_swish, marian_swish_imported, tmp_path):
+    """A leading >>code<< is split off as MarianTokenizer does, whether or not the vocabulary has codes (one it lacks
+    is <unk>); a code after leading whitespace is what HF gives the stripped text (HF's own takes it as text,
+    unlike the same line stripped); the spellings </s>, <pad> and <unk> in text are text (HF's with
+    split_special_tokens: its default makes them EOS, PAD and UNK inside a source)."""
+    from transformers import MarianTokenizer
+
+    from transduce.importers import import_model
+
+    plain = _without_codes(marian_swish, tmp_path / "hf")
+    for hf_dir, out in ((marian_swish, marian_swish_imported), (plain, import_model("marian", plain,
+                                                                                    tmp_path / "model"))):
+        _, tok, _ = load_model_dir(out)
+        files = dict(source_spm=f"{hf_dir}/source.spm", target_spm=f"{hf_dir}/target.spm",
+                     vocab=f"{hf_dir}/vocab.json")
+        hf_tok = MarianTokenizer(**files)
+        as_text = MarianTokenizer(**files, split_special_tokens=True)
+        for s in (">>fr<< seven", ">>fra<< seven", ">>fr<<", "seven >>fr<< eight", ">>fr<<>>fr<< x"):
+            assert tok.encode(s) + [tok.eos_id] == hf_tok(s)["input_ids"], (hf_dir, s)
+        assert tok.encode(">>fra<< seven")[0] == tok.unk_id
+        for s in (" >>fr<< seven", "\t>>fr<<seven"):
+            assert tok.encode(s) + [tok.eos_id] == hf_tok(s.strip())["input_ids"], (hf_dir, s)
+        for s in ("seven </s> eight", "seven <pad>", "<unk> seven", "seven</s>"):
+            ours = tok.encode(s) + [tok.eos_id]
+            assert ours == as_text(s)["input_ids"] and ours != hf_tok(s)["input_ids"], (hf_dir, s)
+            assert tok.eos_id not in ours[:-1] and tok.pad_id not in ours

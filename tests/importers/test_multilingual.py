@@ -225,3 +225,38 @@ def test_mbart_cc25_tokenizer_is_refused(family, tmp_path):
     with pytest.raises(ImportCheckpointError, match="MBartTokenizer, mBART-cc25's") as e:
         import_model("mbart", src, tmp_path / "out")
     assert "MBart50Tokenizer" in e.value.hint and not (tmp_path / "out").exists()
+
+
+def test_generation_configs_forced_bos_is_the_default_target_language(family, tmp_path):
+    """generation_config.json's forced_bos_token_id (what HF's generate forces when asked nothing) is the imported
+    model's default target language, as config.json's is, without a warning; decoding with no target_lang then
+    translates into it."""
+    import json
+    import shutil
+    import warnings
+
+    from transduce.importers import import_model
+    from transduce.runtime.translator import Translator
+
+    fam, hf_dir, out = family
+    _, tok, _ = load_model_dir(out)
+    fr = LANGS[fam][1]
+    src = tmp_path / "hf"
+    shutil.copytree(hf_dir, src)
+    gen_path = src / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    gen["forced_bos_token_id"] = tok.languages[fr]
+    gen_path.write_text(json.dumps(gen))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        imported = import_model(fam, src, tmp_path / "model")
+    _, tok2, _ = load_model_dir(imported)
+    assert tok2.default_target_lang == fr
+    tr = Translator.from_model_dir(imported)
+    want = tr.translate(["seven", "eight"], beam_size=1, target_lang=fr)
+    assert [o.tokens for o in tr.translate(["seven", "eight"], beam_size=1)] == [o.tokens for o in want]
+    gen["forced_bos_token_id"] = 5  # a piece, not a language code: said, not taken as a language
+    gen_path.write_text(json.dumps(gen))
+    with pytest.warns(UserWarning, match="forced_bos_token_id = 5 .*not carried over"):
+        imported = import_model(fam, src, tmp_path / "model2")
+    assert load_model_dir(imported)[1].default_target_lang is None

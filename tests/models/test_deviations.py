@@ -138,8 +138,9 @@ def test_the_model_honours_each_deviation():
 
 
 def test_an_old_model_directory_loads_and_decodes_as_before(tiny_model_dir, tmp_path):
-    """A model directory written before positions and layernorm_embedding existed (its config.json without them)
-    loads with the paper's values, the same weights, and decodes token for token as with them spelt out."""
+    """A model directory written before positions, layernorm_embedding and untied_output existed (its config.json
+    without them) loads with the paper's values, the same weights, and decodes token for token as with them spelt
+    out."""
     import json
     import shutil
 
@@ -149,6 +150,7 @@ def test_an_old_model_directory_loads_and_decodes_as_before(tiny_model_dir, tmp_
     old = shutil.copytree(tiny_model_dir, tmp_path / "old")
     config = json.loads((old / "config.json").read_text())
     assert config["model"].pop("positions") == "sinusoidal" and config["model"].pop("layernorm_embedding") is False
+    assert config["model"].pop("untied_output") is False
     (old / "config.json").write_text(json.dumps(config))
     model, _, _ = load_model_dir(str(old))
     assert model.cfg.positions == "sinusoidal" and not model.cfg.layernorm_embedding and hasattr(model, "pe")
@@ -158,3 +160,23 @@ def test_an_old_model_directory_loads_and_decodes_as_before(tiny_model_dir, tmp_
         tr = Translator.from_model_dir(str(directory))
         results.append([[list(o.tokens) for o in tr.translate(texts, beam_size=b, max_len_b=8)] for b in (1, 4)])
     assert results[0] == results[1] and any(results[0][0])
+
+
+def test_an_untied_projection_over_shared_embeddings_is_its_own_matrix():
+    """untied_output: both stacks share one embedding, the projection is out_proj (Marian, tie_word_embeddings
+    false); the weight layout lists it where the model's state_dict does."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_ff=32,
+                      max_positions=32, dropout=0.0, untied_output=True)
+    model = Transformer(cfg).eval()
+    assert list(weight_shapes(cfg)) == list(model.state_dict()) and not hasattr(model, "src_embed")
+    assert model.output_weight() is model.out_proj.weight and cfg.deviations() == {"untied_output": True}
+    assert model._src_embed() is model.embed
+    src = torch.randint(4, 40, (1, 5))
+    with torch.no_grad():
+        got = model(src, torch.tensor([5]), torch.tensor([[1]]))
+        model.out_proj.weight.copy_(model.embed.weight)
+        tied = model(src, torch.tensor([5]), torch.tensor([[1]]))
+    assert not torch.allclose(got, tied) and ModelConfig(vocab_size=40).output_tied
+    with pytest.raises(ConfigError, match="untied_output applies only with share_embeddings"):
+        ModelConfig(vocab_size=40, share_embeddings=False, untied_output=True)

@@ -224,7 +224,7 @@ def build_ort_step(model, opset: int) -> Any:
     for i in range(n):
         x = _decoder_layer(g, i, x, cfg.n_heads, d, lengths, cfg.activation)
 
-    out = "embed.weight" if cfg.share_embeddings or cfg.tie_output else "out_proj.weight"
+    out = "embed.weight" if cfg.output_tied else "out_proj.weight"
     bias = [g.weight("final_logits_bias", g.sd["final_logits_bias"])] if cfg.final_logits_bias else []
     logits = g.node("Gemm", [x, g.weight(out, g.sd[out]), *bias], "logits", transB=1)
     log_probs = g.node("LogSoftmax", [logits], "log_probs", axis=-1)

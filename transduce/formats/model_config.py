@@ -54,6 +54,7 @@ class ModelConfig:
     tie_output: bool = False  # without share_embeddings: the projection is the target embedding (else its own)
     positions: str = "sinusoidal"  # the fixed table (paper) or a learned table per stack, row p = position p (mBART)
     layernorm_embedding: bool = False  # a LayerNorm on embeddings + positions, before dropout, in both stacks (mBART)
+    untied_output: bool = False  # with share_embeddings: the projection is a matrix of its own (Marian, untied)
 
     def __post_init__(self) -> None:
         problems = []
@@ -102,6 +103,9 @@ class ModelConfig:
             problems.append(f"src_vocab_size must be 0 (vocab_size) or a vocabulary size, got {self.src_vocab_size}")
         if self.tie_output and self.share_embeddings:
             problems.append("tie_output applies only without share_embeddings (shared embeddings tie the projection)")
+        if self.untied_output and not self.share_embeddings:
+            problems.append("untied_output applies only with share_embeddings (without them tie_output false unties "
+                            "the projection)")
         if self.position_offset < 0 or self.position_offset > MAX_POSITIONS:
             problems.append(f"position_offset must be in [0, {MAX_POSITIONS:,}], got {self.position_offset}")
         if self.positions == "learned" and (self.position_offset, self.position_layout, self.position_frequencies) != (
@@ -120,10 +124,16 @@ class ModelConfig:
         """The source side's vocabulary (the target's, vocab_size, unless src_vocab_size says otherwise)."""
         return self.src_vocab_size or self.vocab_size
 
+    @property
+    def output_tied(self) -> bool:
+        """Whether the pre-softmax projection is the (target) embedding matrix; else it is out_proj.weight."""
+        return self.tie_output if not self.share_embeddings else not self.untied_output
+
     def deviations(self) -> dict[str, Any]:
         """The fields of the imported models' deviations that differ from the paper's default, {name: value}."""
         names = ("activation", "position_layout", "position_frequencies", "position_offset", "scale_embedding",
-                 "final_logits_bias", "src_vocab_size", "tie_output", "positions", "layernorm_embedding")
+                 "final_logits_bias", "src_vocab_size", "tie_output", "untied_output", "positions",
+                 "layernorm_embedding")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name in names and getattr(self, f.name) != f.default}
 

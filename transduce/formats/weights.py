@@ -44,8 +44,8 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["embed.weight"] = (v, d)
     if not cfg.share_embeddings:
         shapes["src_embed.weight"] = (cfg.source_vocab_size, d)
-        if not cfg.tie_output:
-            shapes["out_proj.weight"] = (v, d)
+    if not cfg.output_tied:
+        shapes["out_proj.weight"] = (v, d)
     if cfg.positions == "learned":
         shapes["encoder_positions.weight"] = shapes["decoder_positions.weight"] = (cfg.max_positions, d)
     if cfg.layernorm_embedding:

@@ -27,14 +27,26 @@ NAMED = {"marian": "a Marian", "fsmt": "an FSMT", "fairseq": "a fairseq", "m2m10
          "nllb": "an NLLB", "mbart": "an mBART"}  # in messages
 
 
-def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> str:
+def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, force: bool = False,
+                 revision: str | None = None) -> str:
     """Import the checkpoint `src` of `family` (one of FAMILIES) into the model directory `out` (replacing a model
-    directory there only with force). -> out."""
+    directory there only with force). `src`: a directory, or a Hugging Face Hub name (`org/name`, at `revision`;
+    importers.hub) taken from the Hugging Face cache or downloaded into it. -> out."""
     src, out = os.fspath(src), os.fspath(out)
     if family not in FAMILIES:
         raise ImportCheckpointError(f"unknown model family {family!r}", hint=f"one of {', '.join(FAMILIES)}")
+    from transduce.importers import hub
+
+    from_hub = {}
+    if hub.is_name(src):
+        src, from_hub = hub.snapshot(family, src, revision)
+    elif revision is not None:
+        raise ImportCheckpointError(f"--revision applies to a Hugging Face Hub name, and {src!r} is a local path",
+                                    hint="leave out --revision, or give the model's Hub name (org/name)")
     if not os.path.isdir(src):
-        raise ImportCheckpointError(f"{src!r} is not a directory", hint=f"give the {family} model's directory")
+        raise ImportCheckpointError(f"{src!r} is not a directory",
+                                    hint=f"give the {family} model's directory, or its Hugging Face Hub name "
+                                         "(org/name)")
     from transduce.importers.common import looks_like
 
     seen = looks_like(src)
@@ -65,10 +77,12 @@ def import_model(family: str, src: str | os.PathLike, out: str | os.PathLike, fo
                                  ImportCheckpointError, "--out")
     try:
         cfg, weights, tokenizer, imported = convert(src)
+        imported = {**imported, **from_hub}
     except ConfigError as e:  # a ModelConfig check: said of the checkpoint, not of transduce train's --set
         raise ImportCheckpointError(f"{src}: its config describes a model transduce cannot build: {e.args[0]}",
                                     hint="the checkpoint's config is corrupt, or of another architecture") from None
     from transduce.importers import generation
 
-    defaults = generation.FAIRSEQ if family == "fairseq" else generation.hf_defaults(src, cfg)
+    language_ids = getattr(tokenizer, "languages", {}).values()  # a multilingual model's: its default target
+    defaults = generation.FAIRSEQ if family == "fairseq" else generation.hf_defaults(src, cfg, language_ids)
     return write_model_dir(out, cfg, weights, tokenizer, imported, replaces, defaults)

@@ -84,8 +84,10 @@ def field(config: dict[str, Any], key: str, source: str, kind: type = int, defau
     return v
 
 
-def tied_embedding(tensors: dict, names: list[str], shape: tuple[int, int], source: str):
-    """One matrix stored under one or more of `names` (tied copies): each stored copy must be the same."""
+def tied_embedding(tensors: dict, names: list[str], shape: tuple[int, int], source: str,
+                   ties: str = "the config ties them"):
+    """One matrix stored under one or more of `names` (tied copies): each stored copy must be the same (`ties`
+    says why, in the error otherwise)."""
     present = [n for n in names if n in tensors]
     if not present:
         raise ImportCheckpointError(f"{source} lacks the tensor {names[0]} (shape {list(shape)})")
@@ -93,7 +95,8 @@ def tied_embedding(tensors: dict, names: list[str], shape: tuple[int, int], sour
     for n in present[1:]:
         other = take(tensors, n, shape, source)
         if not (other == first).all():
-            raise ImportCheckpointError(f"{source}: {n} differs from {present[0]}, but the config ties them")
+            raise ImportCheckpointError(f"{source}: {n} differs from {present[0]}, but {ties}",
+                                        hint="the checkpoint is corrupt, or was saved by a library that untied them")
     return first
 
 

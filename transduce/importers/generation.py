@@ -9,8 +9,9 @@ length^alpha, the length counting EOS, as HF's); early_stopping False / True / "
 k-finished / exact; max_length (which counts the decoder start token) -> max_len_b = max_length - 1 with
 max_len_a 0, or max_new_tokens -> max_len_b; min_length (counting the start token too) and min_new_tokens
 -> min_length; forced_eos_token_id -> forced_eos; bad_words_ids -> suppress; no_repeat_ngram_size and
-repetition_penalty as they are. Keys set to what transduce cannot do (sampling, group beam search, a forced
-first token, ...) are not carried over: each is named in a warning.
+repetition_penalty as they are. A multilingual model's forced_bos_token_id, a language code's id, is its
+default target language (importers.languages). Keys set to what transduce cannot do (sampling, group beam
+search, another forced first token, ...) are not carried over: each is named in a warning.
 
 fairseq: fairseq-generate's defaults (beam 5, lenpen 1 on len^lenpen, max_len_a 0 and max_len_b 200 tokens
 before a forced EOS, min_len 1, a sentence done once beam hypotheses have finished).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 from transduce.errors import ImportCheckpointError, TransduceWarning
@@ -43,9 +45,11 @@ FAIRSEQ = DecodingDefaults(source="fairseq generate", beam_size=5, length_penalt
                            early_stopping="k-finished", max_len_a=0.0, max_len_b=201, min_length=2, forced_eos=True)
 
 
-def hf_defaults(src: str, cfg: ModelConfig) -> DecodingDefaults:
+def hf_defaults(src: str, cfg: ModelConfig, language_ids: Collection[int] = ()) -> DecodingDefaults:
     """The decoding defaults of a Hugging Face model directory (the module's docstring); a warning naming each
-    key not carried over, an ImportCheckpointError naming a key whose value is not valid."""
+    key not carried over, an ImportCheckpointError naming a key whose value is not valid. language_ids: a
+    multilingual model's language-code ids; a forced_bos_token_id among them is carried over elsewhere (the
+    tokenizer's default target language, importers.languages), so it is not warned about."""
     path = os.path.join(src, GENERATION_FILE)
     if os.path.isfile(path):
         given, source = _read(path), GENERATION_FILE
@@ -53,7 +57,9 @@ def hf_defaults(src: str, cfg: ModelConfig) -> DecodingDefaults:
         given, source = _read(os.path.join(src, "config.json")), "config.json"
     where = os.path.join(src, source)
     gen = {**HF_DEFAULTS, **{k: v for k, v in given.items() if k in HF_DEFAULTS}}
-    ignored = [f"{k} = {given[k]!r}" for k, off in NOT_CARRIED.items() if k in given and given[k] not in (off, [])]
+    carried = {"forced_bos_token_id": given.get("forced_bos_token_id") in set(language_ids)}
+    ignored = [f"{k} = {given[k]!r}" for k, off in NOT_CARRIED.items()
+               if k in given and given[k] not in (off, []) and not carried.get(k)]
     if ignored:
         warnings.warn(TransduceWarning(f"{where}: {', '.join(ignored)} not carried over into the model's decoding "
                                        "defaults (transduce does not decode that way): give the options you want "

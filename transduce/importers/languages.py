@@ -137,11 +137,23 @@ def padded_vocab(vocab: list[str], codes: dict[str, int], tokens_of: dict[str, s
 
 def defaults(src: str, hf: dict[str, Any], codes: dict[str, int], default_source: str) -> dict[str, Any]:
     """The tokenizer pair's "languages": the codes, the default source (the tokenizer's src_lang, else
-    `default_source` as Hugging Face's tokenizer takes it) and target (config.json's forced_bos_token_id, if any)."""
+    `default_source` as Hugging Face's tokenizer takes it) and target (the language whose code is the
+    forced_bos_token_id generate forces, if any)."""
     source = tokenizer_config(src).get("src_lang") or default_source
     by_id = {i: c for c, i in codes.items()}
+    forced = forced_bos(src, hf)
     return {"codes": codes, "source": source if source in codes else None,
-            "target": by_id.get(hf.get("forced_bos_token_id"))}
+            "target": by_id.get(forced) if isinstance(forced, int) and not isinstance(forced, bool) else None}
+
+
+def forced_bos(src: str, hf: dict[str, Any]) -> Any:
+    """The forced_bos_token_id Hugging Face's generate takes by default: generation_config.json's where the
+    directory has one (config.json's generation keys are then not read), else config.json's."""
+    path = os.path.join(src, "generation_config.json")
+    if os.path.isfile(path):
+        gen = common.read_json(path)
+        return gen.get("forced_bos_token_id") if isinstance(gen, dict) else None
+    return hf.get("forced_bos_token_id")
 
 
 def tokenizer_config(src: str) -> dict[str, Any]:

@@ -36,13 +36,14 @@ def model_config(hf: dict[str, Any], unk_id: int, source: str) -> ModelConfig:
     vocab = f(hf, "vocab_size", source)
     tgt_vocab = vocab if shared else (f(hf, "decoder_vocab_size", source, int, None) or vocab)
     pad = f(hf, "pad_token_id", source)
+    tied = f(hf, "tie_word_embeddings", source, bool, True)  # the projection is the (target) embedding
     return ModelConfig(
         vocab_size=tgt_vocab, src_vocab_size=0 if shared else vocab, encoder_layers=f(hf, "encoder_layers", source),
         decoder_layers=f(hf, "decoder_layers", source), d_model=f(hf, "d_model", source),
         n_heads=f(hf, "encoder_attention_heads", source), d_ff=f(hf, "encoder_ffn_dim", source),
         dropout=float(f(hf, "dropout", source, float, 0.1)),
         max_positions=f(hf, "max_position_embeddings", source, int, 1024), share_embeddings=shared,
-        tie_output=not shared and f(hf, "tie_word_embeddings", source, bool, True),
+        tie_output=not shared and tied, untied_output=shared and not tied,
         pad_id=pad, bos_id=f(hf, "decoder_start_token_id", source, int, pad),
         eos_id=f(hf, "eos_token_id", source), unk_id=unk_id,
         activation=common.activation(hf.get("activation_function", "gelu"), "activation_function", source),
@@ -54,15 +55,21 @@ def weights(tensors: dict, cfg: ModelConfig, source: str) -> dict[str, Any]:
     d, v = cfg.d_model, cfg.vocab_size
     out = {}
     if cfg.share_embeddings:
-        names = ["model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                 "lm_head.weight"]
-        out["embed.weight"] = common.tied_embedding(tensors, names, (v, d), source)
+        names = ["model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"]
+        tied = [] if cfg.untied_output else ["lm_head.weight"]
+        why = "share_encoder_decoder_embeddings ties" if cfg.untied_output else \
+            "share_encoder_decoder_embeddings and tie_word_embeddings tie"
+        out["embed.weight"] = common.tied_embedding(tensors, names + tied, (v, d), source,
+                                                    f"config.json's {why} them")
+        if cfg.untied_output:
+            out["out_proj.weight"] = take(tensors, "lm_head.weight", (v, d), source)
     else:
         out["src_embed.weight"] = take(tensors, "model.encoder.embed_tokens.weight", (cfg.source_vocab_size, d),
                                        source)
         tied = ["lm_head.weight"] if cfg.tie_output else []
         names = ["model.decoder.embed_tokens.weight", *tied]
-        out["embed.weight"] = common.tied_embedding(tensors, names, (v, d), source)
+        out["embed.weight"] = common.tied_embedding(tensors, names, (v, d), source,
+                                                    "config.json's tie_word_embeddings ties them")
         if not cfg.tie_output:
             out["out_proj.weight"] = take(tensors, "lm_head.weight", (v, d), source)
     if "final_logits_bias" in tensors:

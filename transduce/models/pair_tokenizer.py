@@ -4,7 +4,8 @@ tokenizes and detokenizes (written by `transduce import`, read wherever a tokeni
 One JSON file, tokenizer.json, with "format": PAIR_FORMAT, the specials' ids and two sides, each one of:
   "sentencepiece"  a SentencePiece model (its serialized proto, base64) whose pieces are mapped to the model's
                    ids by a vocabulary of its own (Marian: vocab.json; its ids are not SentencePiece's). A
-                   Marian source may start with a language code ">>xx<<", kept as one token.
+                   Marian source may start with a language code ">>xx<<", kept as one token (as MarianTokenizer
+                   does, whether or not the vocabulary has codes: one it lacks is <unk>).
   "moses_bpe"      Moses punctuation normalization and tokenization (sacremoses, aggressive dash splits,
                    escaped), then BPE with "</w>" word ends from its merges (FSMT, XLM-style); decoding joins
                    the pieces and Moses-detokenizes.
@@ -12,7 +13,9 @@ A multilingual model's file also has "languages": {"codes": {code: id}, "source"
 defaults, null where the model has none): the language-code tokens that begin a source and that decoding is forced
 to start a translation with (NLLB-200's "fra_Latn", M2M100's "fr" for "__fr__", mBART-50's "fr_XX"); they are
 never text. The file is self-contained, so that an export copying tokenizer.json carries the whole tokenizer.
-Unknown pieces become <unk>, as the source projects do. Needs `sentencepiece` or `sacremoses` (the
+Unknown pieces become <unk>, as the source projects do. The spellings of the specials in text ("</s>", "<pad>",
+"<unk>") are text, segmented as any other (Hugging Face's tokenizers with split_special_tokens): input never
+injects an EOS or PAD into a source. Needs `sentencepiece` or `sacremoses` (the
 `import` extra) for the side that uses it.
 """
 
@@ -63,7 +66,7 @@ def merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
 class _SentencePieceSide:
     """SentencePiece segmentation, pieces mapped to ids by `vocab` (a list: id -> piece)."""
 
-    def __init__(self, spec: dict[str, Any], unk_id: int):
+    def __init__(self, spec: dict[str, Any], unk_id: int, family: str = ""):
         try:
             import sentencepiece
         except ImportError:
@@ -74,7 +77,8 @@ class _SentencePieceSide:
         self.vocab: list[str] = spec["vocab"]
         self.ids = {p: i for i, p in enumerate(self.vocab)}
         self.unk_id = unk_id
-        self.codes = bool(spec.get("language_codes"))
+        # a leading ">>xx<<" is a code: Marian's source side (older imports recorded it only with codes in vocab)
+        self.codes = bool(spec.get("language_codes")) or family == "marian"
 
     def pieces(self, text: str) -> list[str]:
         code = []
@@ -97,7 +101,7 @@ class _MosesBpeSide:
     splits on whitespace only (fairseq without --tokenizer moses), "normalize": false leaves out FSMT's
     punctuation normalization (fairseq's Moses tokenizer has none)."""
 
-    def __init__(self, spec: dict[str, Any], unk_id: int):
+    def __init__(self, spec: dict[str, Any], unk_id: int, family: str = ""):
         try:
             import sacremoses
         except ImportError:
@@ -165,7 +169,7 @@ class PairTokenizer:
         for k in SPECIAL_KEYS:
             setattr(self, k, int(spec["specials"][k]))
         self.family = spec.get("family", "")
-        self.source = _SIDES[spec["source"]["kind"]](spec["source"], self.unk_id)
+        self.source = _SIDES[spec["source"]["kind"]](spec["source"], self.unk_id, self.family)
         self.target = _SIDES[spec["target"]["kind"]](spec["target"], self.unk_id)
         langs = spec.get("languages") or {}
         self.languages: dict[str, int] = {str(k): int(v) for k, v in (langs.get("codes") or {}).items()}

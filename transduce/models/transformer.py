@@ -30,9 +30,10 @@ Deviations of imported models (Marian/OPUS-MT, FSMT, fairseq), each a ModelConfi
 paper's: `activation` (gelu, swish), `position_layout` ([sin | cos] halves), `position_frequencies` (fairseq's
 exp(-i ln(10000) / (d/2 - 1))), `position_offset` (fairseq's padding_idx + 1), `scale_embedding` (off),
 `final_logits_bias` (a bias on the projection), `src_vocab_size` (a source vocabulary of its own), `tie_output`
-(the projection is the target embedding while the source one is separate), `positions` (learned tables, one per
-stack, in place of the sinusoidal one: mBART), `layernorm_embedding` (a LayerNorm on embeddings + positions: mBART),
-and `bos_id` (the decoder's start token: EOS for fairseq, FSMT, M2M100 and mBART, pad for Marian).
+(the projection is the target embedding while the source one is separate), `untied_output` (the projection is its
+own matrix while both stacks share one embedding), `positions` (learned tables, one per stack, in place of the
+sinusoidal one: mBART), `layernorm_embedding` (a LayerNorm on embeddings + positions: mBART), and `bos_id` (the
+decoder's start token: EOS for fairseq, FSMT, M2M100 and mBART, pad for Marian).
 """
 
 from __future__ import annotations
@@ -282,8 +283,8 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)  # target (and shared) embedding
         if not cfg.share_embeddings:
             self.src_embed = nn.Embedding(cfg.source_vocab_size, cfg.d_model)
-            if not cfg.tie_output:
-                self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if not cfg.output_tied:
+            self.out_proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.final_logits_bias:
             self.final_logits_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         if cfg.positions == "learned":  # a table per stack, weights (the sinusoidal one is computed, no weight)
@@ -329,8 +330,7 @@ class Transformer(nn.Module):
 
     def output_weight(self) -> Tensor:
         """The pre-softmax projection's weight (V, D): the (target) embedding, or a matrix of its own."""
-        tied = self.cfg.share_embeddings or self.cfg.tie_output
-        return self.embed.weight if tied else self.out_proj.weight
+        return self.embed.weight if self.cfg.output_tied else self.out_proj.weight
 
     def _logits(self, x: Tensor) -> Tensor:
         bias = self.final_logits_bias if self.cfg.final_logits_bias else None
