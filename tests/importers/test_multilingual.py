@@ -33,6 +33,19 @@ def _hf(fam, hf_dir):
     return AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), hf_tokenizer(fam, hf_dir)
 
 
+def _as_hugging_face(fam, hf, src, tok, tr, texts, target, beams, backend):
+    """Our translations into `target` with beams, asserted equal token for token to HF generate's with the same
+    explicit options -> ours."""
+    theirs = hf_generate(hf, src, tok.eos_id, num_beams=beams, max_new_tokens=MAX_NEW,
+                         forced_bos_token_id=tok.languages[target])
+    ours = tr.translate(texts, beam_size=beams, length_penalty=1.0, length_penalty_form="plain", max_len_a=0,
+                        max_len_b=MAX_NEW, target_lang=target)
+    equal = sum(list(o.tokens) == t for o, t in zip(ours, theirs))
+    print(f"{fam} beam {beams}: {equal}/{len(texts)} equal to Hugging Face's generate ({backend})")
+    assert equal == len(texts)
+    return ours
+
+
 def _code_id(hf_tok, fam, lang):
     return hf_tok.get_lang_id(lang) if fam == "m2m100" else hf_tok.convert_tokens_to_ids(lang)
 
@@ -74,13 +87,7 @@ def test_log_probs_greedy_and_beam_are_hugging_faces(family, demo_pairs):
     tr = Translator.from_model_dir(out)
     texts = [s for s, _ in demo_pairs]
     for beams in (1, 4):
-        theirs = hf_generate(hf, src, tok.eos_id, num_beams=beams, max_new_tokens=MAX_NEW,
-                             forced_bos_token_id=tok.languages[fr])
-        ours = tr.translate(texts, beam_size=beams, length_penalty=1.0, length_penalty_form="plain", max_len_a=0,
-                            max_len_b=MAX_NEW, target_lang=fr)
-        equal = sum(list(o.tokens) == t for o, t in zip(ours, theirs))
-        print(f"{fam} beam {beams}: {equal}/{len(texts)} equal to Hugging Face's generate (torch)")
-        assert equal == len(texts)
+        ours = _as_hugging_face(fam, hf, src, tok, tr, texts, fr, beams, "torch")
         assert all(o.tokens[0] == tok.languages[fr] and o.text == tok.decode(o.tokens[1:]) for o in ours)
     assert any(o.text == t for o, (_, t) in zip(ours, demo_pairs)) and len({o.text for o in ours}) > 4  # it learnt
     into_en = tr.translate(texts, beam_size=1, target_lang=en)  # the target language decides the output
@@ -104,13 +111,7 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
     texts = [s for s, _ in demo_pairs]
     src = [hf_tok(s)["input_ids"] for s in texts]
     for beams in (1, 4):
-        theirs = hf_generate(hf, src, tok.eos_id, num_beams=beams, max_new_tokens=MAX_NEW,
-                             forced_bos_token_id=tok.languages[fr])
-        ours = tr.translate(texts, beam_size=beams, length_penalty=1.0, length_penalty_form="plain", max_len_a=0,
-                            max_len_b=MAX_NEW, target_lang=fr)
-        equal = sum(list(o.tokens) == t for o, t in zip(ours, theirs))
-        print(f"{fam} beam {beams}: {equal}/{len(texts)} equal to Hugging Face's generate (ONNX Runtime)")
-        assert equal == len(texts)
+        _as_hugging_face(fam, hf, src, tok, tr, texts, fr, beams, "ONNX Runtime")
     (tmp_path / "src.txt").write_text("\n".join(texts[:8]) + "\n")
     report = parity_for_artifact(str(art), BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"),
                                  sentences=8, beam_size=4)
