@@ -390,3 +390,37 @@ def test_the_core_protocol_and_the_capabilities_are_declared_apart(tiny_model, t
     assert len(ort.shards(16, 4)) == 2
     with pytest.raises(ValueError, match="not one of this backend's step graphs"), ort.only_step_graph("x.onnx"):
         pass
+
+
+def test_an_artifact_exported_before_the_newer_deviation_fields_loads_and_decodes_as_before(tiny_artifact_dir,
+                                                                                               edited_copy):
+    """An artifact whose manifest and config.json predate a deviation field (positions, layernorm_embedding,
+    untied_output: each defaults to the paper's) is read with that default, not refused with a rebuild hint: an
+    export from before the field existed holds the paper's model."""
+    import hashlib
+    import json
+
+    from transduce.formats.model_config import DEVIATION_FIELDS
+    from transduce.runtime.api import load
+
+    later = ("positions", "layernorm_embedding", "untied_output")
+    assert set(later) <= set(DEVIATION_FIELDS)
+
+    def old_manifest(m):
+        for name in later:
+            m["model"].pop(name)
+        config = json.loads((art / "config.json").read_text())
+        for name in later:
+            config["model"].pop(name)
+        data = json.dumps(config).encode()
+        (art / "config.json").write_bytes(data)
+        m["files"]["config.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+    art = edited_copy(tiny_artifact_dir, "old", "manifest.json", lambda m: None)
+    manifest = json.loads((art / "manifest.json").read_text())
+    old_manifest(manifest)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    texts = ["a b c", "b c d e"]
+    want = [t.tokens for t in load(tiny_artifact_dir, threads=1).translate(texts, beam_size=2, max_len_b=6)]
+    got = [t.tokens for t in load(str(art), threads=1).translate(texts, beam_size=2, max_len_b=6)]
+    assert got == want

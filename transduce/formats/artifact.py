@@ -43,7 +43,7 @@ from transduce.formats.contract import (
 )
 from transduce.formats.decoding_defaults import DecodingDefaults, read_defaults
 from transduce.formats.kinds import ARTIFACT_KIND, ENGINE_MANIFEST_FILE, MANIFEST_FILE, MODEL_CONFIG_FILE, is_model_dir
-from transduce.formats.model_config import ModelConfig
+from transduce.formats.model_config import DEVIATION_FIELDS, ModelConfig
 from transduce.formats.model_dir import TOKENIZER_FILE
 from transduce.io.atomic import write_json
 from transduce.io.files import listed_file_problem
@@ -217,8 +217,8 @@ def _read(pinned: PinnedDir, verify_hashes: bool) -> Artifact:
     model = manifest.get("model")
     if not isinstance(model, dict):
         raise ArtifactError(f"{path}: no model config", hint=hint)
-    missing = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in model]
-    if missing:  # the exporter writes every field; a default would guess (an eos_id, say)
+    missing = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in {*model, *DEVIATION_FIELDS}]
+    if missing:  # the exporter writes every field; a default would guess (an eos_id, say), but not a deviation's
         raise ArtifactError(f"{path}: its model config lacks {', '.join(missing)}", hint=hint)
     try:  # and valid: n_heads 0 or an eos_id past the vocabulary would fail later, unnamed
         config = ModelConfig.from_dict(model)

@@ -16,6 +16,12 @@ CONFIG_FORMAT_VERSION = 1
 # 65,536-token self-attention is a 16 GB score matrix per head in fp32), so a larger value is a typo.
 MAX_POSITIONS = 65_536
 
+# The fields of imported models' deviations, each defaulting to the paper's: a config written before one of them
+# existed describes the paper's model there, so its absence reads as the default (never so for the other fields).
+DEVIATION_FIELDS = ("activation", "position_layout", "position_frequencies", "position_offset", "scale_embedding",
+                    "final_logits_bias", "src_vocab_size", "tie_output", "untied_output", "positions",
+                    "layernorm_embedding")
+
 # Values of the string fields; anything else is refused naming the field (an imported checkpoint with another
 # value is not this model, and is never imported half-right).
 CHOICES = {
@@ -131,11 +137,8 @@ class ModelConfig:
 
     def deviations(self) -> dict[str, Any]:
         """The fields of the imported models' deviations that differ from the paper's default, {name: value}."""
-        names = ("activation", "position_layout", "position_frequencies", "position_offset", "scale_embedding",
-                 "final_logits_bias", "src_vocab_size", "tie_output", "untied_output", "positions",
-                 "layernorm_embedding")
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name in names and getattr(self, f.name) != f.default}
+                if f.name in DEVIATION_FIELDS and getattr(self, f.name) != f.default}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
