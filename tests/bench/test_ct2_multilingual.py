@@ -122,3 +122,22 @@ def test_a_model_of_one_language_pair_has_no_codes_in_the_gate(tiny_model_dir):
     from transduce.bench.gates import check_languages
 
     assert check_languages(tiny_model_dir) is None
+
+
+def test_separate_vocabularies_are_refused_with_the_reason(tiny_model_dir, tmp_path):
+    """What cannot be mapped (a source vocabulary of its own) is refused before any weight is read."""
+    import json
+    import shutil
+
+    require_ct2()
+    from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
+    from transduce.errors import TransduceError
+
+    model_dir = tmp_path / "separate"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["model"].update(src_vocab_size=config["model"]["vocab_size"] + 4, share_embeddings=False)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TransduceError, match="one vocabulary for source and target") as e:
+        convert_to_ctranslate2(model_dir, tmp_path / "ct2")
+    assert "other systems" in e.value.hint and not (tmp_path / "ct2").exists()

@@ -130,7 +130,9 @@ def build_spec(model_dir: str):
     cfg = directory.config
     if cfg.source_vocab_size != cfg.vocab_size:
         raise TransduceError("only models with one vocabulary for source and target are converted to CTranslate2 "
-                             "here (this one has separate ones)")
+                             "here (this one has separate ones)",
+                             hint="the bench times the other systems without CTranslate2; a model with one shared "
+                                  "vocabulary converts")
     w = load_file(directory.verified(WEIGHTS_FILE))
     w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
     tokenizer = load_tokenizer(directory)
