@@ -5,6 +5,7 @@ token (equality_checks)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,14 +33,44 @@ def held_out_pairs(prepared, n: int) -> list[tuple[str, str]]:
     return pairs[:n]
 
 
-def held_out_sources(prepared, n: int) -> list[list[int]]:
-    """The demo task's held-out sentences, as ids of the model's tokenizer."""
+def held_out_sources(prepared, n: int, lead: list[int] | None = None) -> list[list[int]]:
+    """The demo task's held-out sentences, as ids of the model's tokenizer, each after `lead` (a multilingual
+    model's source language code)."""
     from transduce.models.checkpoint import load_tokenizer
 
     pairs = held_out_pairs(prepared, n)
     tok = load_tokenizer(prepared.model_dir)
-    limit = prepared.config.max_positions - 1
-    return [ids for ids in (tok.encode(src)[:limit] for src, _ in pairs) if ids]
+    lead = lead or []
+    limit = prepared.config.max_positions - 1 - len(lead)
+    return [lead + ids for ids in (tok.encode(src)[:limit] for src, _ in pairs) if ids]
+
+
+@dataclass(frozen=True)
+class Languages:
+    """A multilingual model's language codes in the equality checks: the source's code begins each source, the
+    target's is forced first in both systems' outputs (CTranslate2's target_prefix), as our Translator does."""
+    source: str
+    target: str
+    source_lead: tuple[int, ...]
+    target_prefix: tuple[int, ...]
+
+
+def check_languages(model_dir: str) -> Languages | None:
+    """The codes the checks use on a multilingual model (None for a model of one language pair): the model's
+    default source and target languages, else its first code (source) and its first other one (target)."""
+    from transduce.models.checkpoint import load_tokenizer
+    from transduce.runtime import languages
+    from transduce.runtime.decoding import DecodingOptions
+
+    tok = load_tokenizer(model_dir)
+    table = getattr(tok, "languages", None) or {}
+    if not table:
+        return None
+    source = tok.default_source_lang or next(iter(table))
+    target = tok.default_target_lang or next(code for code in table if code != source)
+    opts = languages.resolve(tok, DecodingOptions(source_lang=source, target_lang=target))
+    return Languages(opts.source_lang, opts.target_lang, tuple(languages.source_lead(tok, opts)),
+                     tuple(languages.target_lead(tok, opts)))
 
 
 def quality_gate(prepared, method: str, cfg: BenchConfig, log) -> dict[str, Any]:
@@ -80,25 +111,34 @@ def quality_gate(prepared, method: str, cfg: BenchConfig, log) -> dict[str, Any]
 
 def equality_checks(prepared, cfg: BenchConfig, log) -> list[dict[str, Any]]:
     """CTranslate2's greedy output against ours: the demo size's held-out sentences (natural stopping), and
-    random inputs at the benchmark's shape (forced length) -> the reports, as dicts."""
+    random inputs at the benchmark's shape (forced length) -> the reports, as dicts. On a multilingual model
+    (check_languages) the sources begin with the source language's code and both outputs with the target's."""
     from transduce.bench.ctranslate2.check import check_greedy_equality
     from transduce.bench.ctranslate2.convert import load_translator
     from transduce.runtime.backends.torch_backend import TorchBackend
 
     backend = TorchBackend.from_model_dir(prepared.model_dir)
     translator = load_translator(prepared.ct2_dir, threads=1)
+    langs = check_languages(prepared.model_dir)
+    lead, prefix = (list(langs.source_lead), langs.target_prefix) if langs else ([], ())
+    if langs:
+        log(f"[check] a multilingual model: sources begin with {langs.source}'s code, outputs are forced to begin "
+            f"with {langs.target}'s")
     reports = []
     if prepared.size == "demo":
-        src = held_out_sources(prepared, cfg.check_sentences)
+        src = held_out_sources(prepared, cfg.check_sentences, lead)
         if src:
             reports.append(check_greedy_equality(prepared.model_dir, prepared.ct2_dir, src,
                                                  f"{prepared.size}: held-out demo sentences",
-                                                 translator=translator, backend=backend))
+                                                 translator=translator, backend=backend, target_prefix=prefix))
     rng = np.random.default_rng(cfg.seed + 1)
-    src = random_sources(rng, cfg.check_inputs, cfg.src_len, id_limit(prepared.config))
+    # the code takes the place of one random token: the benchmark's source length
+    src = [lead + s[len(lead):] for s in random_sources(rng, cfg.check_inputs, cfg.src_len,
+                                                         id_limit(prepared.config))]
     reports.append(check_greedy_equality(prepared.model_dir, prepared.ct2_dir, src,
                                          f"{prepared.size}: random inputs at the benchmark's shape",
-                                         forced_steps=cfg.steps, translator=translator, backend=backend))
+                                         forced_steps=cfg.steps, translator=translator, backend=backend,
+                                         target_prefix=prefix))
     for r in reports:
         log(f"[check] {r.summary()}")
     return [r.to_dict() for r in reports]

@@ -3,6 +3,7 @@ ours token for token, and its log-probs ours within a tolerance, before CTransla
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ class EqualityReport:
     label: str
     sentences: int
     equal: int
-    mode: str  # "natural" (EOS ends) or "forced-N" (N steps, EOS banned)
+    mode: str  # "natural" (EOS ends) or "forced-N" (N steps, EOS banned), then ", beam K", ", target prefix [ids]"
     max_abs_logprob_diff: float | None = None  # CTranslate2 score_batch vs our teacher-forced log-probs, greedy paths
     max_abs_logprob_diff_random: float | None = None  # the same on random target sequences (any context)
     logprob_tolerance_exceeded: int = 0  # tokens where |diff| > LOGPROB_ATOL + LOGPROB_RTOL * |ours|
@@ -47,9 +48,10 @@ class EqualityReport:
         return self.equal == self.sentences and self.logprob_tolerance_exceeded == 0
 
     def summary(self) -> str:
-        s = f"{self.label}: {self.equal}/{self.sentences} greedy outputs token-identical ({self.mode})"
+        search = "beam" if ", beam " in self.mode else "greedy"
+        s = f"{self.label}: {self.equal}/{self.sentences} {search} outputs token-identical ({self.mode})"
         if self.max_abs_logprob_diff is not None:
-            s += f", max |log-prob diff| on our greedy path {self.max_abs_logprob_diff:.2e}"
+            s += f", max |log-prob diff| on our {search} path {self.max_abs_logprob_diff:.2e}"
         if self.max_abs_logprob_diff_random is not None:
             s += f", on random targets {self.max_abs_logprob_diff_random:.2e}"
         if self.logprob_tolerance_exceeded:
@@ -74,40 +76,49 @@ class EqualityReport:
 
 def check_greedy_equality(model_dir: str, ct2_dir: str, sources: list[list[int]], label: str,
                           forced_steps: int | None = None, threads: int = 1, batch_size: int = 16,
-                          translator=None, backend=None) -> EqualityReport:
+                          translator=None, backend=None, beam_size: int = 1,
+                          target_prefix: Sequence[int] = ()) -> EqualityReport:
     """Greedy-decode `sources` (our ids, without EOS) with our torch backend and with CTranslate2.
 
     forced_steps=None: natural decoding (EOS ends; our maximum length src_len + 50 per sentence,
     CTranslate2's max_decoding_length set to the same per batch of equal caps). forced_steps=N: both
     produce exactly N tokens (our min_length N+1 bans EOS throughout, CTranslate2's min = max = N).
     Also scores our greedy outputs with CTranslate2 (score_batch) against our teacher-forced log-probs.
+    beam_size > 1: beam search instead, under CTranslate2's stopping rule (k-finished, patience 1) and no length
+    penalty on both sides. target_prefix: the ids every output is forced to begin with on both sides (a
+    multilingual model's target language code, CTranslate2's target_prefix; the sources then begin with the source
+    language's code, as our Translator places it).
     """
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # a correctness check: few threads avoid OpenMP stalls on a shared machine
     try:
-        return _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator, backend)
+        pair = _Pair(backend or _torch_backend(model_dir), translator or load_translator(ct2_dir, threads),
+                     ct2_vocab(ct2_dir), batch_size, suppressed(ct2_dir), tuple(target_prefix))
+        return _check(pair, sources, label, forced_steps, beam_size)
     finally:
         torch.set_num_threads(previous)
 
 
-def _check(model_dir, ct2_dir, sources, label, forced_steps, threads, batch_size, translator,
-           backend) -> EqualityReport:
+def _torch_backend(model_dir: str):
+    from transduce.runtime.backends.torch_backend import TorchBackend
+
+    return TorchBackend.from_model_dir(model_dir)
+
+
+def _check(pair: _Pair, sources, label, forced_steps, beam_size) -> EqualityReport:
     from transduce.runtime.decoding import DecodingOptions
 
-    if backend is None:
-        from transduce.runtime.backends.torch_backend import TorchBackend
-
-        backend = TorchBackend.from_model_dir(model_dir)
-    pair = _Pair(backend, translator or load_translator(ct2_dir, threads), ct2_vocab(ct2_dir), batch_size,
-                 suppressed(ct2_dir))
+    rule = {"early_stopping": "k-finished"} if beam_size > 1 else {}  # CTranslate2's rule, patience 1
     if forced_steps is not None:
-        opts = DecodingOptions.forced(forced_steps, length_penalty=0.0)
+        opts = DecodingOptions.forced(forced_steps, beam_size=beam_size, length_penalty=0.0, **rule)
         mode = f"forced-{forced_steps}"
     else:
-        opts = DecodingOptions(beam_size=1, length_penalty=0.0)
+        opts = DecodingOptions(beam_size=beam_size, length_penalty=0.0, **rule)
         mode = "natural"
+    mode += f", beam {beam_size}" if beam_size > 1 else ""
+    mode += f", target prefix {list(pair.target_prefix)}" if pair.target_prefix else ""
     caps, ours, theirs = _greedy_outputs(pair, sources, opts, forced_steps)
     diffs = _LogprobDiffs()
     tf_rows, max_diff = _score_greedy_paths(pair, sources, ours, caps, forced_steps, diffs)
@@ -132,6 +143,7 @@ class _Pair:
     vocab: list[str]  # CTranslate2's tokens in our id order
     batch_size: int
     suppress: list[list[str]] | None = None  # the tokens our search never proposes (None: SUPPRESS)
+    target_prefix: tuple[int, ...] = ()  # the tokens every output begins with (a target language's code)
 
     @property
     def cfg(self) -> ModelConfig:
@@ -184,13 +196,15 @@ def _greedy_outputs(pair: _Pair, sources, opts, forced_steps) -> tuple[list[int]
         for j in range(0, len(idx), pair.batch_size):
             chunk = idx[j: j + pair.batch_size]
             src, lens = pair.padded([sources[i] for i in chunk])
-            for i, res in zip(chunk, decode(pair.backend, src, lens, opts), strict=True):
+            prefixes = [list(pair.target_prefix)] * len(chunk) if pair.target_prefix else None
+            for i, res in zip(chunk, decode(pair.backend, src, lens, opts, prefixes=prefixes), strict=True):
                 ours[i] = list(res.best.tokens)
             # CTranslate2's min_decoding_length counts tokens before EOS, ours EOS included: natural decoding
             # allows an empty output in both (0), forced decoding bans EOS for `forced_steps` tokens
-            got = ct2_translate_ids(pair.translator, pair.vocab, [sources[i] for i in chunk], beam_size=1,
-                                    max_length=cap, min_length=forced_steps if forced_steps is not None else 0,
-                                    suppress=pair.suppress)
+            got = ct2_translate_ids(pair.translator, pair.vocab, [sources[i] for i in chunk],
+                                    beam_size=opts.beam_size, max_length=cap,
+                                    min_length=forced_steps if forced_steps is not None else 0,
+                                    suppress=pair.suppress, target_prefix=pair.target_prefix)
             for i, g in zip(chunk, got, strict=True):
                 theirs[i] = g
     return caps, ours, theirs

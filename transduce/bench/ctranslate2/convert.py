@@ -4,7 +4,7 @@ with it (the check that it decodes exactly like we do is check.py).
 The mapping (checked against CTranslate2 4.x's own OpenNMT-py and Fairseq converters,
 ctranslate2/converters/{opennmt_py,fairseq}.py, and ctranslate2/specs/transformer_spec.py):
 
-  ours                                   CTranslate2 TransformerSpec (pre_norm=False)
+  ours                                   CTranslate2 TransformerSpec (pre_norm=norm_first)
   embed.weight                           encoder.embeddings[0].weight, decoder.embeddings.weight and
                                          decoder.projection.weight (no bias): shared; CTranslate2 aliases
                                          identical variables when saving, so it is stored once
@@ -34,7 +34,12 @@ SOURCE_FILE: `suppressed`).
 Imported models' deviations (ModelConfig): activation -> Activation.SWISH / GELU; the position table as the
 config lays it out ([sin | cos] halves, fairseq's frequencies and offset), given explicitly as ours is;
 scale_embedding -> scale_embeddings; final_logits_bias -> decoder.projection.bias; bos_id (EOS or pad) ->
-decoder_start_token. Separate source and target vocabularies are not converted here.
+decoder_start_token. Pre-norm (norm_first; M2M100, NLLB-200, mBART-50): x + Sublayer(LayerNorm(x)) is
+CTranslate2's pre_norm with the same layer norms, and encoder_norm / decoder_norm are the stacks' final
+layer_norm. Learned positions (mBART-50): {encoder,decoder}_positions are each stack's position_encodings as
+they are (row p is position p in both: the importer dropped Hugging Face's offset rows, which CTranslate2's own
+converter slices off too). layernorm_embedding: {encoder,decoder}_embed_norm are the stacks' layernorm_embedding,
+applied to embeddings + positions in both. Separate source and target vocabularies are not converted here.
 
 Only numpy, safetensors and ctranslate2 are needed here (no torch).
 """
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -122,22 +128,20 @@ def build_spec(model_dir: str):
 
     directory = ModelDir.load(model_dir)
     cfg = directory.config
-    if cfg.norm_first:
-        raise TransduceError("only post-norm models (norm_first=False) are converted to CTranslate2 here")
-    if cfg.positions != "sinusoidal" or cfg.layernorm_embedding:
-        raise TransduceError("only models with sinusoidal positions and no embedding layer norm are converted to "
-                             "CTranslate2 here")
     if cfg.source_vocab_size != cfg.vocab_size:
         raise TransduceError("only models with one vocabulary for source and target are converted to CTranslate2 "
-                             "here (this one has separate ones)")
+                             "here (this one has separate ones)",
+                             hint="the bench times the other systems without CTranslate2; a model with one shared "
+                                  "vocabulary converts")
     w = load_file(directory.verified(WEIGHTS_FILE))
     w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in w.items()}
     tokenizer = load_tokenizer(directory)
     del ct2
 
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=False,
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first,
         activation=getattr(common_spec.Activation, {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}[cfg.activation]),
+        layernorm_embedding=cfg.layernorm_embedding,
     )
 
     def linear(ls, name, with_bias=True):
@@ -157,11 +161,16 @@ def build_spec(model_dir: str):
         ns.gamma = w[f"{name}.weight"]
         ns.beta = w[f"{name}.bias"]
 
-    pe = position_table_np(cfg)
     emb = w["embed.weight"]
-    for stack in (spec.encoder, spec.decoder):
+    pe = position_table_np(cfg) if cfg.positions == "sinusoidal" else None  # one array: stored once
+    for stack, name in ((spec.encoder, "encoder"), (spec.decoder, "decoder")):
         stack.scale_embeddings = cfg.scale_embedding
-        stack.position_encodings.encodings = pe
+        # row p is position p in ours and in CTranslate2's table (it adds no offset of its own)
+        stack.position_encodings.encodings = pe if pe is not None else w[f"{name}_positions.weight"]
+        if cfg.layernorm_embedding:
+            norm(stack.layernorm_embedding, f"{name}_embed_norm")
+        if cfg.norm_first:  # pre-norm stacks end in a LayerNorm of their own
+            norm(stack.layer_norm, f"{name}_norm")
     spec.encoder.embeddings[0].weight = w.get("src_embed.weight", emb)
     spec.decoder.embeddings.weight = emb
     spec.decoder.projection.weight = w.get("out_proj.weight", emb)  # logits = x @ E^T (+ final_logits_bias)
@@ -310,9 +319,13 @@ def ct2_vocab(ct2_dir: str) -> list[str]:
 
 def ct2_translate_ids(translator, vocab: list[str], sources: list[list[int]], beam_size: int = 1,
                       max_length: int = 256, min_length: int = 0, length_penalty: float = 0.0,
-                      suppress: list[list[str]] | None = None, **options) -> list[list[int]]:
-    """Sources as our ids (without EOS: CTranslate2 appends it) -> best hypothesis ids (EOS not included)."""
+                      suppress: list[list[str]] | None = None, target_prefix: Sequence[int] = (),
+                      **options) -> list[list[int]]:
+    """Sources as our ids (without EOS: CTranslate2 appends it) -> best hypothesis ids (EOS not included).
+    target_prefix: ids every hypothesis is forced to begin with (a target language's code), part of the result."""
     index = {t: i for i, t in enumerate(vocab)}
+    if target_prefix:
+        options["target_prefix"] = [[vocab[i] for i in target_prefix] for _ in sources]
     results = translator.translate_batch(
         [[vocab[i] for i in src] for src in sources], beam_size=beam_size, max_decoding_length=max_length,
         min_decoding_length=min_length, length_penalty=length_penalty,
