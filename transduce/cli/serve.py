@@ -50,17 +50,17 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
     cannot admit rows into a running batch, tensorrt, admits only into an empty one). SIGTERM or Ctrl-C
     drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
     """
+    if use_ray and engine != "thread":
+        from transduce.errors import InputError
+
+        raise InputError("--engine process is the single server's: each Ray replica runs its decode thread",
+                         hint="leave out --engine, or --ray")
     if use_ray:
         from transduce.serve.ray import run_ray
 
         sys.exit(run_ray(artifact_dir, spec, host=host, port=port, options=service, replicas=replicas,
                          address=address, quiet=quiet, grace=grace, api_key_file=api_key_file,
                          max_body_bytes=max_body_bytes))
-    if use_ray and engine != "thread":
-        from transduce.errors import InputError
-
-        raise InputError("--engine process is the single server's: each Ray replica runs its decode thread",
-                         hint="leave out --engine, or --ray")
     if address or replicas != 1:
         from transduce.errors import InputError
 
