@@ -112,3 +112,38 @@ def test_the_engine_dies_with_the_front_end(long_artifact_dir, tmp_path):
         _wait_for(lambda: not _alive(engine))
     finally:
         s.stop()
+
+
+def test_an_artifact_the_engine_cannot_load_is_the_command_s_error(tmp_path):
+    """The engine process's load error reaches the command as its own message (exit 2), no traceback."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    r = CliRunner().invoke(main, ["serve", str(tmp_path), "--engine", "process", "--port", "0"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"error: {tmp_path}/manifest.json is missing" in r.stderr and "hint: rebuild" in r.stderr, r.output
+
+
+def test_frames_carry_plain_values_only():
+    """What crosses the pipe reads back as it was sent; a frame naming any class or function is refused."""
+    import pickle
+
+    import numpy as np
+
+    from transduce.runtime.decoding import DecodingOptions
+    from transduce.runtime.decoding.options import DecodeResult, Hypothesis
+    from transduce.serve import wire
+    from transduce.serve.options import ServeError
+
+    opts = DecodingOptions(beam_size=3, suppress=((5, 6),), return_attention=True)
+    assert wire.unoptions(wire.loads(wire.dumps(wire.options(opts)))) == opts
+    att = np.arange(6, dtype=np.float32).reshape(2, 3)
+    r = DecodeResult((Hypothesis((4, 5), -1.5, -3.0, (-1.0, -2.0), True, att),))
+    back = wire.unresult(wire.loads(wire.dumps(wire.result(r))))
+    assert back == r and np.array_equal(back.best.attention, att)
+    e = wire.unerror(wire.loads(wire.dumps(wire.error(ServeError("queue full", 429, "retry", retry_after=1.0)))))
+    assert (e.status, e.args[0], e.hint, e.retry_after) == (429, "queue full", "retry", 1.0)
+    assert wire.error(ValueError("bad"))[:2] == (500, "ValueError: bad")
+    with pytest.raises(pickle.UnpicklingError, match="only plain values"):
+        wire.loads(pickle.dumps(np.zeros(2)))

@@ -48,7 +48,8 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
     One process owns the backend; one decode thread runs the running batch, which admits each request's
     sentences at the next step boundary where its rows fit and retires them as they finish (a backend that
     cannot admit rows into a running batch, tensorrt, admits only into an empty one). SIGTERM or Ctrl-C
-    drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
+    drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0. With
+    --engine process the backend and decode thread run in a process of their own instead.
     """
     if use_ray and engine != "thread":
         from transduce.errors import InputError

@@ -105,9 +105,12 @@ class EngineClient(DecodeService):
             from transduce import errors
 
             cls = getattr(errors, kind, None)
-            error = cls(text, hint) if isinstance(cls, type) and issubclass(cls, TransduceError) else \
-                EngineFailed(f"the engine process failed to load: {text}", hint)
-            error.params = tuple(params)
+            try:
+                error = cls(text, hint, params=params)
+            except TypeError:  # not one of transduce's errors, or one with a signature of its own
+                error = EngineFailed(f"the engine process failed to load: {text}", hint)
+            if not isinstance(error, TransduceError):
+                error = EngineFailed(f"the engine process failed to load: {text}", hint)
             raise error
         return message[1]
 

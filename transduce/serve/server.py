@@ -1,4 +1,5 @@
-"""`transduce serve`: one process that owns a backend, its decode thread, and uvicorn in front of them.
+"""`transduce serve`: one process that owns a backend, its decode thread, and uvicorn in front of them (with
+--engine process: the backend and decode thread in an engine process of their own, serve.engine).
 
 SIGTERM and Ctrl-C drain: readyz answers 503, uvicorn stops accepting connections, the requests under way
 finish within the grace period (the decode thread keeps stepping them), then the process exits 0. A second

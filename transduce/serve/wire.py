@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from transduce.errors import TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.options import DecodeResult, Hypothesis
 from transduce.serve.options import ServeError
@@ -69,7 +70,7 @@ def error(e: BaseException) -> tuple:
     else:  # a backend's own exception: the server's failure, said with its type
         status, retry = 500, None
     message = str(e.args[0]) if e.args else type(e).__name__
-    if not isinstance(e, ServeError) and type(e).__name__ not in message:
+    if not isinstance(e, TransduceError) and type(e).__name__ not in message:  # ours say what they are
         message = f"{type(e).__name__}: {message}"
     return (status, message, getattr(e, "hint", None), tuple(getattr(e, "params", ())), getattr(e, "sentence", None),
             retry)
