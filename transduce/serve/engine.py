@@ -12,6 +12,7 @@ process dying makes alive() false (healthz 503) and fails every request under wa
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import itertools
 import multiprocessing
@@ -70,8 +71,6 @@ class EngineClient(DecodeService):
 
     # -- starting and stopping -----------------------------------------------------------------------------
     def start(self, warmup: bool = True) -> None:
-        from transduce.formats.model_config import ModelConfig
-
         ctx = multiprocessing.get_context("spawn")  # never forked: the parent may hold torch's or ORT's threads
         self._conn, theirs = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=engine_core.main, name="transduce-engine", daemon=True,
@@ -79,15 +78,31 @@ class EngineClient(DecodeService):
                                          self.identity_of))
         self.process.start()
         theirs.close()
+        # the engine ignores SIGTERM, which is how multiprocessing ends daemonic children at exit: ended here first
+        atexit.register(self._kill)
+        try:
+            self._started()
+            if warmup:  # the whole path, both processes, once before readyz says yes
+                self.translate(["warm up"], {"beam_size": 2, "max_len_b": 2})
+        except BaseException:
+            self._kill()
+            raise
+        self.ready = True
+
+    def _started(self) -> None:
+        from transduce.formats.model_config import ModelConfig
+
         info = self._await_ready()
         self.pid, self.identity, self._attention = info["pid"], info["identity"], info["attention"]
         config = ModelConfig(**info["config"])
         self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]))
         self._reader = threading.Thread(target=self._read, name="transduce-engine-reader", daemon=True)
         self._reader.start()
-        if warmup:  # the whole path, both processes, once before readyz says yes
-            self.translate(["warm up"], {"beam_size": 2, "max_len_b": 2})
-        self.ready = True
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
 
     def _await_ready(self) -> dict[str, Any]:
         end = time.monotonic() + START_TIMEOUT_S
@@ -139,6 +154,7 @@ class EngineClient(DecodeService):
             self.process.join(timeout=10)
         if self._reader is not None:
             self._reader.join(timeout=10)
+        atexit.unregister(self._kill)
 
     # -- the intake's end: requests and jobs down the pipe -------------------------------------------------
     def queue_depth(self) -> int:
