@@ -120,13 +120,14 @@ class Server:
 
 
 @contextlib.contextmanager
-def _limited_server(artifact: str, tmp_path_factory) -> Iterator[Server]:
-    """A server of `artifact` with bearer auth, a queue of 4, 64 rows, 8 sentences and 4 KiB per request."""
+def _limited_server(artifact: str, tmp_path_factory, *args: str) -> Iterator[Server]:
+    """A server of `artifact` with bearer auth, a queue of 4, 64 rows, 8 sentences and 4 KiB per request (and
+    `args`)."""
     tmp = tmp_path_factory.mktemp("server")
     key = tmp / "key"
     key.write_text(KEY + "\n")
     s = Server(artifact, tmp, "--api-key-file", str(key), "--max-queue", "4", "--max-rows", "64",
-               "--max-sentences", "8", "--max-body-bytes", "4096", "--default-beam-size", "2")
+               "--max-sentences", "8", "--max-body-bytes", "4096", "--default-beam-size", "2", *args)
     try:
         s.wait_ready(headers={"Authorization": f"Bearer {KEY}"})
         yield s
@@ -143,13 +144,17 @@ def server(long_artifact_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wide_server(wide_artifact_dir, tmp_path_factory):
-    """The same server of the wide model: for the tests that need a request still under way seconds later. A
-    full batch has run once: ONNX Runtime's first run of 64 rows takes half a second of CPU (seconds on a busy
-    machine), which a test's deadline should not have to cover."""
+    """The same server of the wide model: for the tests that need a request still under way seconds later."""
+    with _limited_server(wide_artifact_dir, tmp_path_factory) as s:
+        yield warmed(s)
+
+
+def warmed(s: Server) -> Server:
+    """`s` once a full batch has run on it: ONNX Runtime's first run of 64 rows takes half a second of CPU
+    (seconds on a busy machine), which a test's deadline should not have to cover."""
     import httpx
 
-    with _limited_server(wide_artifact_dir, tmp_path_factory) as s:
-        r = httpx.post(s.url + "/v1/translate", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
-                       json={"text": ["one two three"] * 8, "beam_size": 8, "max_len_b": 2})
-        assert r.status_code == 200, r.text
-        yield s
+    r = httpx.post(s.url + "/v1/translate", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                   json={"text": ["one two three"] * 8, "beam_size": 8, "max_len_b": 2})
+    assert r.status_code == 200, r.text
+    return s

@@ -261,10 +261,12 @@ def test_metrics_count_what_happened(server):
         assert _metric(server.url, name) > 0, name
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig):
-    """A request under way when the signal comes is answered in full; new connections are refused; exit 0."""
-    s = Server(long_artifact_dir, tmp_path, "--grace", "30")
+@pytest.mark.parametrize("sig, engine", [(signal.SIGTERM, "thread"), (signal.SIGINT, "thread"),
+                                         (signal.SIGTERM, "process")])
+def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig, engine):
+    """A request under way when the signal comes is answered in full; new connections are refused; exit 0 (the
+    engine process, under --engine process, keeps stepping it meanwhile)."""
+    s = Server(long_artifact_dir, tmp_path, "--grace", "30", "--engine", engine)
     try:
         s.wait_ready()
 
@@ -299,11 +301,11 @@ def _signalled_while_under_way(s: Server, body: dict, signals: list[int]) -> htt
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_requests_still_running_when_the_grace_ends_are_answered_503(wide_artifact_dir, tmp_path, stream):
+@pytest.mark.parametrize("stream, engine", [(False, "thread"), (True, "thread"), (True, "process")])
+def test_requests_still_running_when_the_grace_ends_are_answered_503(wide_artifact_dir, tmp_path, stream, engine):
     """--grace 1 and a request that needs longer: it gets the documented 503 (a stream its `error` event), the
     log one line for it, and the exit status says that work was cut."""
-    s = Server(wide_artifact_dir, tmp_path, "--grace", "1")
+    s = Server(wide_artifact_dir, tmp_path, "--grace", "1", "--engine", engine)
     try:
         s.wait_ready()
         answer = _signalled_while_under_way(s, {"text": ["one two three"] * 8, **SLOW, "stream": stream},
@@ -383,6 +385,7 @@ def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
     (["--read-timeout", "0"], "--read-timeout must be a number of seconds > 0, got 0"),
     (["--keep-alive", "inf"], "--keep-alive must be a number of seconds > 0, got inf"),
     (["--languages", "en"], "--languages must be SRC:TGT (two codes), got 'en'"),
+    (["--engine", "process", "--ray"], "--engine process is the single server's"),
 ])
 def test_bad_serve_options_are_refused_before_the_model_loads(tiny_artifact_dir, monkeypatch, args, says):
     from transduce.serve import server

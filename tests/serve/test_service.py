@@ -11,13 +11,22 @@ import pytest
 TEXTS = ["one two three", "four hundred and five", "twelve", "", "seven thousand and one", "nine"]
 
 
+ENGINES = ["thread", "process"]  # the decode thread beside the caller, or in an engine process (serve.engine)
+
+
 @contextlib.contextmanager
-def _started(artifact_dir: str, **options):
-    """A started DecodeService over the artifact (ServiceOptions `options`), stopped when the block ends."""
+def _started(artifact_dir: str, engine: str = "thread", **options):
+    """A started DecodeService over the artifact (ServiceOptions `options`), its decode thread here or in an
+    engine process, stopped when the block ends."""
     from transduce.runtime.api import load
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
     from transduce.serve.service import DecodeService, ServiceOptions
 
-    service = DecodeService(load(artifact_dir, threads=1), ServiceOptions(**options))
+    if engine == "process":
+        service = EngineClient(artifact_dir, BackendSpec.of(threads=1), ServiceOptions(**options))
+    else:
+        service = DecodeService(load(artifact_dir, threads=1), ServiceOptions(**options))
     service.start()
     try:
         yield service
@@ -31,11 +40,14 @@ def _concurrently(service, cases: list) -> list:
         return list(pool.map(lambda c: service.translate(c[0], c[1]), cases))
 
 
-@pytest.mark.parametrize("scheduler", ["continuous", "static", "single"])
-def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, scheduler):
+@pytest.mark.parametrize("scheduler, engine", [("continuous", "thread"), ("static", "thread"), ("single", "thread"),
+                                               ("continuous", "process")])
+def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, scheduler, engine):
+    """Concurrent requests of mixed beams: each gets offline decoding's translations, however the batch around it
+    was made, in the decode thread beside the caller or in the engine process."""
     from transduce.runtime.api import load
 
-    with _started(tiny_artifact_dir, scheduler=scheduler, max_rows=16) as service:
+    with _started(tiny_artifact_dir, engine, scheduler=scheduler, max_rows=16) as service:
         cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + j % 3}) for j in range(6)]
         answers = _concurrently(service, cases)
         offline = load(tiny_artifact_dir, threads=1)
@@ -43,17 +55,20 @@ def test_each_scheduler_translates_as_offline_decoding(tiny_artifact_dir, schedu
             want = offline.translate(texts, **opts)
             assert [g.tokens for g in got] == [w.tokens for w in want]
             np.testing.assert_allclose([g.score for g in got], [w.score for w in want], atol=1e-5)
-        assert service.batch.rows == 0 and service.queue_depth() == 0
+        assert service.queue_depth() == 0
+        if engine == "thread":
+            assert service.batch.rows == 0
     assert not service.alive()
 
 
-def test_sampled_requests_decoded_beside_others_get_their_offline_samples(tiny_artifact_dir):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sampled_requests_decoded_beside_others_get_their_offline_samples(tiny_artifact_dir, engine):
     """Requests that sample (greedy and beam), decoded at once beside each other and beside requests that do
     not, each get what offline translation of their own sentences gives: a sentence's draws are keyed by its
     number in its request, never by the running batch around it."""
     from transduce.runtime.api import load
 
-    with _started(tiny_artifact_dir, max_rows=32) as service:
+    with _started(tiny_artifact_dir, engine, max_rows=32) as service:
         sampled = {"sampling_topk": 0, "sampling_temperature": 1.5, "max_len_b": 8}
         cases = [(TEXTS[j:] + TEXTS[:j], {"beam_size": 1 + 3 * (j % 2), "seed": j // 2, **sampled})
                  for j in range(4)] + [(TEXTS, {"beam_size": 2})]
@@ -63,13 +78,14 @@ def test_sampled_requests_decoded_beside_others_get_their_offline_samples(tiny_a
             assert [g.tokens for g in got] == [w.tokens for w in offline.translate(texts, **opts)]
 
 
-def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_artifact_dir):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_artifact_dir, engine):
     """Requests with target prefixes (forced through them in the running batch beside free rows) get what offline
     translation with the same prefixes gives; a bad prefix is an InputError naming the field and sentence."""
     from transduce.errors import InputError
     from transduce.runtime.api import load
 
-    with _started(tiny_artifact_dir, max_rows=32) as service:
+    with _started(tiny_artifact_dir, engine, max_rows=32) as service:
         prefixes = ["two", None, "three four", "", "one", [5, 6]]
         cases = [(TEXTS, {"beam_size": 1}, prefixes), (TEXTS, {"beam_size": 3}, prefixes[::-1]), (TEXTS, {}, None)]
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -86,13 +102,14 @@ def test_prefixed_requests_beside_others_get_their_offline_translations(tiny_art
         assert e.value.field == "prefix" and e.value.sentence == 1
 
 
-def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_repetition_options_over_the_service_equal_offline(tiny_artifact_dir, engine):
     """suppress (texts, resolved to token ids by the service), no_repeat_ngram_size and repetition_penalty in a
     request give offline translation's output; a bad suppress is an InputError naming it."""
     from transduce.errors import InputError
     from transduce.runtime.api import load
 
-    with _started(tiny_artifact_dir, max_rows=32) as service:
+    with _started(tiny_artifact_dir, engine, max_rows=32) as service:
         opts = {"suppress": ["the", [5, 6]], "no_repeat_ngram_size": 2, "repetition_penalty": 1.3, "beam_size": 2}
         got = service.translate(TEXTS, opts)
         want = load(tiny_artifact_dir, threads=1).translate(TEXTS, **opts)
@@ -141,11 +158,12 @@ def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir):
     assert (ident["backend"], ident["precision"], ident["cuda_graph"]) == ("torch", "bf16", False)
 
 
-def test_a_request_past_its_deadline_is_told_the_timeout_it_asked_for(tiny_artifact_dir):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_past_its_deadline_is_told_the_timeout_it_asked_for(tiny_artifact_dir, engine):
     """The 504's message gives the request's own timeout (however small), never a negative one."""
     from transduce.serve.service import ServeError
 
-    with _started(tiny_artifact_dir) as service:
+    with _started(tiny_artifact_dir, engine) as service:
         with pytest.raises(ServeError, match=r"passed its deadline of 1e-06 s") as e:
             service.translate(["one two three"] * 4, {"beam_size": 4}, timeout=1e-6)
         assert e.value.status == 504
@@ -160,7 +178,8 @@ def test_a_mapping_is_not_a_list_of_sentences(tiny_artifact_dir):
         translator.translate({"one": 1})
 
 
-def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(tiny_artifact_dir):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(tiny_artifact_dir, engine):
     """Requests with return_attention beside one without: the service's alignments and attention are offline
     translation's; POST /v1/translate answers each candidate's "alignment" (and "attention", the matrix, only
     with return_attention; replace_unknowns alone gives the alignment), none without."""
@@ -169,7 +188,7 @@ def test_alignments_through_the_service_and_the_http_api_are_offline_decodings(t
     from transduce.runtime.api import load
     from transduce.serve.app import create_app
 
-    with _started(tiny_artifact_dir, max_rows=32) as service:
+    with _started(tiny_artifact_dir, engine, max_rows=32) as service:
         cases = [(TEXTS, {"beam_size": 2, "return_attention": True, "max_len_b": 6}),
                  (TEXTS[::-1], {"beam_size": 1, "max_len_b": 6}),
                  (TEXTS[1:], {"beam_size": 1, "return_attention": True, "alignment_layer": 0, "max_len_b": 6})]

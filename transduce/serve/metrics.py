@@ -31,3 +31,54 @@ class ServeMetrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class EngineMetrics(ServeMetrics):
+    """The front end's metrics under --engine process, exposed together with the engine process's: samples both
+    processes have (the counters either may count, process_cpu_seconds_total, memory) are summed; the process's
+    start time and limits are the front end's."""
+
+    KEPT = ("process_start_time_seconds", "process_max_fds")  # the front end's own, not summed
+
+    def __init__(self):
+        super().__init__()
+        self.engine = None  # the EngineClient, whose engine_metrics() gives the other process's exposition
+
+    def exposition(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        front = generate_latest(self.registry).decode()
+        try:
+            other = self.engine.engine_metrics().decode() if self.engine is not None else ""
+        except Exception:  # noqa: BLE001 - an engine that died: the front end's own figures still go out
+            other = ""
+        return merged(front, other, self.KEPT), CONTENT_TYPE_LATEST
+
+
+def merged(first: str, second: str, kept: tuple[str, ...] = ()) -> bytes:
+    """Two Prometheus text expositions as one: each sample in both summed (families named in `kept`: the
+    first's), the rest as they are."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(first)}
+    for f in text_string_to_metric_families(second):
+        mine = families.get(f.name)
+        if mine is None:
+            families[f.name] = f
+            continue
+        if f.name in kept:
+            continue
+        index = {(s.name, tuple(sorted(s.labels.items()))): n for n, s in enumerate(mine.samples)}
+        for s in f.samples:
+            n = index.get((s.name, tuple(sorted(s.labels.items()))))
+            if n is None:
+                mine.samples.append(s)
+            elif not s.name.endswith("_created"):  # a creation time is not summed: the first's stays
+                mine.samples[n] = mine.samples[n]._replace(value=mine.samples[n].value + s.value)
+
+    class Collected:
+        def collect(self):
+            return list(families.values())
+
+    return generate_latest(Collected())

@@ -1,4 +1,5 @@
-"""`transduce serve`: one process that owns a backend, its decode thread, and uvicorn in front of them.
+"""`transduce serve`: one process that owns a backend, its decode thread, and uvicorn in front of them (with
+--engine process: the backend and decode thread in an engine process of their own, serve.engine).
 
 SIGTERM and Ctrl-C drain: readyz answers 503, uvicorn stops accepting connections, the requests under way
 finish within the grace period (the decode thread keeps stepping them), then the process exits 0. A second
@@ -55,14 +56,28 @@ def identity(translator, spec: BackendSpec, path: str, scheduler: str = "continu
                                                          "n_heads", "max_positions")}}
 
 
+ENGINES = ("thread", "process")  # where the decode loop runs: a thread of the server, or a process of its own
+
+
 def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOptions | None = None,
-                  metrics: bool = True) -> tuple[DecodeService, dict]:
+                  metrics: bool = True, engine: str = "thread") -> tuple[DecodeService, dict]:
     """The decode service over an artifact (or engine) directory with the backend `spec` names, started and
-    warmed up -> it, its identity."""
+    warmed up -> it, its identity. engine: "thread" (the decode thread beside the HTTP front end) or "process"
+    (the backend and decode loop in a spawned engine process: serve.engine)."""
     from transduce.runtime.api import load
     from transduce.serve.metrics import ServeMetrics
 
     spec = spec or BackendSpec()
+    if engine == "process":
+        from transduce.serve.engine import EngineClient
+        from transduce.serve.metrics import EngineMetrics
+
+        watched = EngineMetrics() if metrics else None
+        client = EngineClient(path, spec, options, watched, identity)
+        if watched is not None:
+            watched.engine = client
+        client.start()
+        return client, client.identity
     translator = load(path, spec)
     service = DecodeService(translator, options, ServeMetrics() if metrics else None)
     service.start()
@@ -72,20 +87,23 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
 def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
           options: ServiceOptions | None = None, api_key_file: str | None = None, grace: float = 30.0,
           max_body_bytes: int = 1 << 20, quiet: bool = False, log=print, read_timeout: float = 10.0,
-          keep_alive: float = 5.0, languages: str | None = None) -> int:
+          keep_alive: float = 5.0, languages: str | None = None, engine: str = "thread") -> int:
     """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0). read_timeout: seconds a request's headers,
     then its body, may take to arrive (408 and the connection closed past it); keep_alive: seconds an idle
-    connection is kept open; languages: "SRC:TGT", the model's pair for LibreTranslate's routes."""
+    connection is kept open; languages: "SRC:TGT", the model's pair for LibreTranslate's routes; engine: see
+    build_service."""
     uvicorn = import_serving()
     from transduce.serve.app import create_app
     from transduce.serve.libre import Languages
 
     # before the model loads: a mistake costs no wait
     check_listening(host, port, grace, max_body_bytes, read_timeout, keep_alive)
+    if engine not in ENGINES:
+        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", params=("engine",))
     pair = Languages.parse(languages) if languages is not None else None
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
-    service, ident = build_service(path, spec, options)
+    service, ident = build_service(path, spec, options, engine=engine)
     app = create_app(service, ident, api_key, max_body_bytes, read_timeout,
                      pair or Languages.of(service.translator.tokenizer))
     # uvicorn's own limit only backs ours up: at --grace the requests still under way are answered 503 (_Drain),

@@ -151,10 +151,7 @@ class DecodeService:
         tr = self.translator
         if opts.attention:  # alignments the model or backend cannot give: the client's to change (400)
             alignment_layer(opts.alignment_layer, tr.config.decoder_layers)
-            try:
-                require_attention(tr.backend)
-            except TransduceError as e:
-                raise ServeError(e.args[0], 400, e.hint) from None
+            self._check_attention()
         prepared = tr.prepare(texts, truncate, FIRST, warn=False, max_input_length=opts.max_input_length,
                               options=opts)
         req = Request(len(texts), opts, timeout, sink, stream, waiter)
@@ -171,6 +168,19 @@ class DecodeService:
                              hint="send fewer sentences per request, or a narrower beam", params=("text",))
         if req.todo:
             req.src, req.lens = tr.padded([prepared[i] for i in req.todo])
+        return self._enqueue(req)
+
+    def _check_attention(self) -> None:
+        """A 400 ServeError unless the backend gives the attention alignments are read from."""
+        try:
+            require_attention(self.translator.backend)
+        except TransduceError as e:
+            raise ServeError(e.args[0], 400, e.hint) from None
+
+    def _enqueue(self, req: Request) -> Request:
+        """A checked, tokenized request into the queue (a 429 ServeError when it is full); its blank sentences
+        are told at once, and a request of blank sentences only is done here."""
+        sink, stream = req.sink, req.stream
         with self._lock:
             if len(self._queue) >= self.options.max_queue:
                 if self.metrics:
@@ -254,6 +264,10 @@ class DecodeService:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))
         pairs = self.translator.prepare_pairs(sources, targets, truncate, FIRST)  # here: only the model's work waits
+        return self._scored(pairs, opts)
+
+    def _scored(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
+        """Translator.score_prepared on the decode thread, between two steps; blocking."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._ended:
@@ -421,8 +435,7 @@ class DecodeService:
             if req is None:
                 continue
             i = req.todo[s]
-            req.translations[i] = self.translator.translation(
-                result, req.prepared[i], req.texts[i] if req.options.replace_unknowns else None)
+            req.translations[i] = self._translated(req, i, result)
             if req.first_token is None:
                 self._first_token(req)
             if self.metrics:
@@ -437,6 +450,11 @@ class DecodeService:
                 if req is not None:
                     self._finish(req)
                     self._emit(req, "done", None)
+
+    def _translated(self, req: Request, i: int, result) -> Any:
+        """Sentence i's finished DecodeResult as the request keeps and streams it: its Translation."""
+        return self.translator.translation(result, req.prepared[i],
+                                           req.texts[i] if req.options.replace_unknowns else None)
 
     def _expire(self, now: float) -> None:
         with self._lock:

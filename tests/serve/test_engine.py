@@ -1,0 +1,149 @@
+"""`transduce serve --engine process`: the backend and decode thread in an engine process of their own. The
+server tests that matter across the boundary run here again over such servers (the module's `server` and
+`wide_server`), beside what only a second process can do: die, and take the server's health with it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import httpx
+import pytest
+
+from tests.serve.conftest import SLOW, Server, _limited_server, warmed
+from tests.serve.test_server import (  # noqa: F401 - collected here, over this module's servers
+    AUTH,
+    _until,
+    _wait_for,
+    test_a_client_that_leaves_frees_its_rows,
+    test_a_full_queue_is_429_with_retry_after_and_a_deadline_504_frees_the_rows,
+    test_concurrent_requests_get_what_offline_decoding_gives,
+    test_metrics_count_what_happened,
+    test_score_requests_get_what_offline_scoring_gives,
+    test_streams_tokens_of_greedy_and_sentences_of_beam,
+)
+
+
+@pytest.fixture(scope="module")
+def server(long_artifact_dir, tmp_path_factory):
+    with _limited_server(long_artifact_dir, tmp_path_factory, "--engine", "process") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def wide_server(wide_artifact_dir, tmp_path_factory):
+    with _limited_server(wide_artifact_dir, tmp_path_factory, "--engine", "process") as s:
+        yield warmed(s)
+
+
+def _engines(pid: int) -> list[int]:
+    """The engine processes whose parent is `pid` (Linux's /proc; multiprocessing's resource tracker is not one)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmdline:
+                out.append(int(name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_process_cpu_seconds_cover_both_processes(server):
+    """/metrics gives the decode side's gauges and counters and CPU time of the front end and the engine both."""
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert "transduce_live_rows " in text and "transduce_queue_depth " in text
+    [engine] = _engines(server.proc.pid)
+    with open(f"/proc/{engine}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    engine_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = float(next(line for line in text.splitlines() if line.startswith("process_cpu_seconds_total ")).split()[1])
+    assert cpu >= engine_cpu > 0
+
+
+def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir, tmp_path):
+    """The engine process killed while a request runs: that request is answered 503 (no hang), healthz and readyz
+    fail, new requests get 503; SIGTERM still ends the server."""
+    s = Server(long_artifact_dir, tmp_path, "--engine", "process")
+    try:
+        s.wait_ready()
+        [engine] = _engines(s.proc.pid)
+
+        async def run():
+            async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+                task = asyncio.create_task(client.post("/v1/translate", json={"text": ["one two"] * 4, **SLOW}))
+                await _until(client, "transduce_live_rows", lambda rows: rows > 0, [task])  # under way
+                os.kill(engine, signal.SIGKILL)
+                return await task
+
+        answer = asyncio.run(run())
+        assert answer.status_code == 503 and "engine process" in answer.json()["error"]["message"], answer.text
+        assert httpx.get(s.url + "/healthz").status_code == 503
+        assert httpx.get(s.url + "/readyz").status_code == 503
+        r = httpx.post(s.url + "/v1/translate", json={"text": ["one"]}, timeout=30)
+        assert r.status_code == 503 and "engine process has stopped" in r.json()["error"]["message"]
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(timeout=30)
+    finally:
+        s.stop()
+
+
+def test_the_engine_dies_with_the_front_end(long_artifact_dir, tmp_path):
+    """The front end killed outright (no drain): its engine process does not stay behind."""
+    s = Server(long_artifact_dir, tmp_path, "--engine", "process")
+    try:
+        s.wait_ready()
+        [engine] = _engines(s.proc.pid)
+        s.proc.kill()
+        s.proc.wait(timeout=30)
+        _wait_for(lambda: not _alive(engine))
+    finally:
+        s.stop()
+
+
+def test_an_artifact_the_engine_cannot_load_is_the_command_s_error(tmp_path):
+    """The engine process's load error reaches the command as its own message (exit 2), no traceback."""
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    r = CliRunner().invoke(main, ["serve", str(tmp_path), "--engine", "process", "--port", "0"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"error: {tmp_path}/manifest.json is missing" in r.stderr and "hint: rebuild" in r.stderr, r.output
+
+
+def test_frames_carry_plain_values_only():
+    """What crosses the pipe reads back as it was sent; a frame naming any class or function is refused."""
+    import pickle
+
+    import numpy as np
+
+    from transduce.runtime.decoding import DecodingOptions
+    from transduce.runtime.decoding.options import DecodeResult, Hypothesis
+    from transduce.serve import wire
+    from transduce.serve.options import ServeError
+
+    opts = DecodingOptions(beam_size=3, suppress=((5, 6),), return_attention=True)
+    assert wire.unoptions(wire.loads(wire.dumps(wire.options(opts)))) == opts
+    att = np.arange(6, dtype=np.float32).reshape(2, 3)
+    r = DecodeResult((Hypothesis((4, 5), -1.5, -3.0, (-1.0, -2.0), True, att),))
+    back = wire.unresult(wire.loads(wire.dumps(wire.result(r))))
+    assert back == r and np.array_equal(back.best.attention, att)
+    e = wire.unerror(wire.loads(wire.dumps(wire.error(ServeError("queue full", 429, "retry", retry_after=1.0)))))
+    assert (e.status, e.args[0], e.hint, e.retry_after) == (429, "queue full", "retry", 1.0)
+    assert wire.error(ValueError("bad"))[:2] == (500, "ValueError: bad")
+    with pytest.raises(pickle.UnpicklingError, match="only plain values"):
+        wire.loads(pickle.dumps(np.zeros(2)))

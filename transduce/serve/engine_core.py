@@ -1,0 +1,168 @@
+"""The engine process of `transduce serve --engine process`: the artifact's backend, a running batch and the
+decode thread (a DecodeService) in a process of their own, so decoding never waits for the interpreter lock the
+HTTP side holds. It is spawned (a fresh interpreter: no torch or ONNX Runtime threads forked), loads the artifact
+itself with the server's BackendSpec, and talks to the front end (engine.py) over one pipe in wire.py's plain
+frames: it receives submits (token ids, options, deadline), cancels, cuts, score and metrics jobs on its main
+thread, and the decode thread sends one frame per step with every request's events and the queue's depth. It
+ignores SIGINT and SIGTERM (the front end drains, then tells it to stop) and exits when its parent is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from transduce.serve import wire
+from transduce.serve.service import DecodeService, Request, ServeError
+
+
+def _remote(events: list) -> None:
+    """The sink of a request from the front end: never called (EngineService._flush sends the frames)."""
+
+
+class EngineService(DecodeService):
+    """A DecodeService whose step messages go down the pipe as frames of request ids and plain values."""
+
+    def __init__(self, translator, options, metrics, send):
+        super().__init__(translator, options, metrics)
+        self.send = send  # one frame to the front end (thread-safe)
+        self.requests: dict[int, Request] = {}  # the front end's request id -> its request here
+        self.seen = 0  # submits received: the front end's queue depth counts those it sent and we had not
+        self._told = (0, 0)  # (seen, queue depth) of the last frame
+
+    def _translated(self, req: Request, i: int, result) -> Any:
+        return wire.result(result)  # the front end makes the Translation (detokenising is its work)
+
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
+        told = (self.seen, len(self._queue))
+        if not out and told == self._told:
+            return
+        self._told = told
+        events = []
+        for req, kind, data in out:
+            if kind == "done":  # a request that does not stream gets its results with it
+                data = [] if req.stream else [(i, t) for i, t in enumerate(req.translations) if t is not None]
+            elif kind == "error":
+                data = wire.error(data)
+            if kind in ("done", "error"):
+                self.requests.pop(req.waiter, None)
+            events.append((req.waiter, kind, data))
+        self.send(("step", *told, events))
+
+    def take(self, message: tuple) -> None:
+        """A submit from the front end into the queue (its 429, should the queue have filled meanwhile, sent)."""
+        (rid, created, timeout, stream, n, todo, src, lens, prepared, texts, prefixes, options) = message
+        req = Request(n, wire.unoptions(options), timeout, _remote, stream, waiter=rid)
+        req.id, req.created, req.deadline = rid, created, created + timeout  # one clock: CLOCK_MONOTONIC
+        req.todo, req.src, req.lens, req.prepared, req.prefixes = todo, wire.unarray(src), wire.unarray(lens), \
+            prepared, prefixes
+        req.texts = texts if texts is not None else [""] * n
+        self.requests[rid] = req
+        self.seen += 1
+        try:
+            self._enqueue(req)
+        except ServeError as e:
+            self.requests.pop(rid, None)
+            self.send(("step", self.seen, len(self._queue), [(rid, "error", wire.error(e))]))
+
+
+def main(conn, path: str, spec, options, metrics: bool, identity) -> None:
+    """The engine process: load, warm up, say ready (or why it could not), then serve the front end's messages
+    until it says stop or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the front end drains
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _watch_parent(os.getppid())
+    lock = threading.Lock()
+
+    def send(message: tuple) -> None:
+        data = wire.dumps(message)
+        with lock:
+            conn.send_bytes(data)
+
+    try:
+        from transduce.formats.model_dir import TOKENIZER_FILE
+        from transduce.runtime.api import load
+        from transduce.serve.metrics import ServeMetrics
+
+        translator = load(path, spec)
+        service = EngineService(translator, options, ServeMetrics() if metrics else None, send)
+        service.start()
+        info = _info(translator, spec, path, options, identity, TOKENIZER_FILE)
+    except BaseException as e:  # noqa: BLE001 - the front end reports it: the command's message and exit 2
+        send(("failed", type(e).__name__, wire.error(e)))
+        return
+    send(("ready", info))
+    try:
+        _serve(conn, service, send)
+    except (EOFError, OSError):  # the front end is gone: nobody waits for anything here
+        os._exit(0)
+    service.stop(grace=0)
+    send(("stopped",))
+
+
+def _serve(conn, service: EngineService, send) -> None:
+    while True:
+        message = wire.loads(conn.recv_bytes())
+        kind = message[0]
+        if kind == "submit":
+            service.take(message[1:])
+        elif kind == "cancel":
+            req = service.requests.get(message[1])
+            if req is not None:
+                service.cancel(req, wire.unerror(message[2]))
+        elif kind == "cut":
+            service.cut(wire.unerror(message[1]))
+        elif kind == "score":
+            threading.Thread(target=_score, args=(service, send, *message[1:]), daemon=True).start()
+        elif kind == "metrics":
+            text = service.metrics.exposition()[0] if service.metrics is not None else b""
+            send(("reply", message[1], True, text))
+        elif kind == "stop":
+            return
+
+
+def _score(service: EngineService, send, job: int, pairs, options: dict) -> None:
+    """A score job, run by the decode thread between two steps (this thread only waits for it)."""
+    try:
+        scores = service._scored(pairs, wire.unoptions(options))
+        send(("reply", job, True, [(s.tokens, s.log_prob, s.score, s.token_log_probs, s.truncated) for s in scores]))
+    except Exception as e:  # noqa: BLE001 - the front end raises it for its caller
+        send(("reply", job, False, wire.error(e)))
+
+
+def _info(translator, spec, path: str, options, identity, tokenizer_file: str) -> dict[str, Any]:
+    """What the front end needs of the loaded model: its config, tokenizer file, identity, backend description and
+    whether it gives attention (the 400 for return_attention is the front end's to answer)."""
+    import dataclasses
+
+    from transduce.errors import TransduceError
+    from transduce.runtime.backends.base import require_attention
+
+    be = translator.backend
+    try:
+        require_attention(be)
+        attention = None
+    except TransduceError as e:
+        attention = (e.args[0], e.hint)
+    with open(be.artifact.file(tokenizer_file), "rb") as f:  # the file as checked (its path may be our own fd)
+        tokenizer = f.read()
+    return {"config": {f.name: getattr(be.config, f.name) for f in dataclasses.fields(be.config)},
+            "tokenizer": tokenizer, "attention": attention,
+            "identity": identity(translator, spec, path, options.scheduler) if identity is not None else None,
+            "name": be.name,
+            "device": str(be.device), "precision": be.precision, "cuda_graph": bool(be.cuda_graph), "pid": os.getpid()}
+
+
+def _watch_parent(parent: int) -> None:
+    """A thread that ends this process once its parent has gone (its parent id changes): never left orphaned,
+    even where the pipe's other end is held by someone else."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="transduce-engine-parent", daemon=True).start()
