@@ -142,6 +142,15 @@ def test_cli_decode_and_serve_take_the_models_defaults_and_the_users_options_ove
     assert service.decoding_options({}).beam_size == 6
     assert service.decoding_options({"beam_size": 2}).beam_size == 2
     assert DecodeService(tr, ServiceOptions(default_beam_size=3)).decoding_options({}).max_len_b == MAX_LENGTH - 1
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.server import build_service
+
+    remote, _ = build_service(str(art), BackendSpec(threads=1), engine="process")  # the engine in its own process
+    try:
+        assert remote.decoding_options({}) == service.decoding_options({})
+        assert [t.text for t in remote.translate(texts)] == [t.text for t in tr.translate(texts)]
+    finally:
+        remote.stop()
 
 
 def test_a_trained_model_keeps_the_papers_defaults(tiny_model_dir):

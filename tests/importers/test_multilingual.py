@@ -157,30 +157,33 @@ def test_cli_decode_takes_target_lang(family, tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_libretranslate_route_takes_the_models_codes_and_iso_codes(family, tmp_path):
-    """LibreTranslate's /translate on a multilingual model: its own codes or the two-letter ones clients send
-    select the source and target languages (the same translation as target_lang offline); /languages lists the
-    model's codes; a language it lacks is LibreTranslate's 400."""
+@pytest.mark.parametrize("engine", ["thread", "process"])
+def test_libretranslate_route_takes_the_models_codes_and_iso_codes(family, tmp_path, engine):
+    """LibreTranslate's /translate on a multilingual model, served with the engine in its thread or its own
+    process (both warm up naming a target, which the model needs): its own codes or the two-letter ones clients
+    send select the source and target languages (the same translation as target_lang offline); /languages lists
+    the model's codes; a language it lacks is LibreTranslate's 400."""
     from starlette.testclient import TestClient
 
     from transduce.exporter.onnx_export import export_artifact
     from transduce.runtime.api import load
+    from transduce.runtime.spec import BackendSpec
     from transduce.serve.app import create_app
-    from transduce.serve.service import DecodeService, ServiceOptions
+    from transduce.serve.server import build_service
 
     fam, _, out = family
     export_artifact(out, tmp_path / "artifact")
     source, target = LANGS[fam]
-    service = DecodeService(load(str(tmp_path / "artifact"), threads=1), ServiceOptions())
-    service.start()
+    service, identity = build_service(str(tmp_path / "artifact"), BackendSpec(threads=1), engine=engine)
+    offline = load(str(tmp_path / "artifact"), threads=1)
     try:
-        client = TestClient(create_app(service, {"id": fam}))
-        want = service.translator.translate(["seven"], target_lang=target)[0].text
+        client = TestClient(create_app(service, identity))
+        want = offline.translate(["seven"], target_lang=target)[0].text
         for src, tgt in ((source, target), ("en", "fr"), ("auto", "fr")):
             r = client.post("/translate", json={"q": "seven", "source": src, "target": tgt})
             assert r.status_code == 200 and r.json()["translatedText"] == want, (src, tgt, r.text)
         assert r.json()["detectedLanguage"]["language"] == source
-        back = service.translator.translate(["sept"], source_lang=target, target_lang=source)[0].text
+        back = offline.translate(["sept"], source_lang=target, target_lang=source)[0].text
         r = client.post("/translate", data={"q": "sept", "source": "fr", "target": "en"})
         assert r.status_code == 200 and r.json()["translatedText"] == back, r.text
         r = client.post("/translate", json={"q": "seven", "source": "en", "target": "xx"})

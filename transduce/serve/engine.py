@@ -24,7 +24,7 @@ from transduce.errors import TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
-from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
+from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions, request_defaults
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
 
@@ -83,7 +83,7 @@ class EngineClient(DecodeService):
         try:
             self._started()
             if warmup:  # the whole path, both processes, once before readyz says yes
-                self.translate(["warm up"], {"beam_size": 2, "max_len_b": 2})
+                self.translate(["warm up"], self.warmup_options())
         except BaseException:
             self._kill()
             raise
@@ -95,7 +95,9 @@ class EngineClient(DecodeService):
         info = self._await_ready()
         self.pid, self.identity, self._attention = info["pid"], info["identity"], info["attention"]
         config = ModelConfig(**info["config"])
-        self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]))
+        self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]),
+                                     defaults=DecodingOptions(**info["defaults"]))  # the model's, as loaded there
+        self.defaults = request_defaults(self.translator.defaults, self.options)
         self._reader = threading.Thread(target=self._read, name="transduce-engine-reader", daemon=True)
         self._reader.start()
 

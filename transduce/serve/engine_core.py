@@ -152,6 +152,7 @@ def _info(translator, spec, path: str, options, identity, tokenizer_file: str) -
         tokenizer = f.read()
     return {"config": {f.name: getattr(be.config, f.name) for f in dataclasses.fields(be.config)},
             "tokenizer": tokenizer, "attention": attention,
+            "defaults": {name: getattr(translator.defaults, name) for name in translator.defaults.names()},
             "identity": identity(translator, spec, path, options.scheduler) if identity is not None else None,
             "name": be.name,
             "device": str(be.device), "precision": be.precision, "cuda_graph": bool(be.cuda_graph), "pid": os.getpid()}

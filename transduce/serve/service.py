@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import itertools
 import math
 import threading
 import time
@@ -39,47 +38,26 @@ from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions
+from transduce.serve.requests import Event, Request, Sink
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
 
-Event = tuple["Request", str, Any]
-Sink = Callable[[list[Event]], None]  # called on the decode thread with one step's events
 FIRST = 0  # the number of a request's first sentence in messages and error bodies: its index in `text`
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
 SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
 
 
-class Request:
-    """One client's sentences on their way through the service (fields written by the decode thread)."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, n: int, options: DecodingOptions, timeout: float, sink: Sink | None = None,
-                 stream: bool = False, waiter: Any = None):
-        self.id = next(self._ids)
-        self.options = options
-        self.created = time.monotonic()
-        self.timeout = timeout  # seconds it may take, as asked
-        self.deadline = self.created + timeout  # time.monotonic() past which it is dropped
-        self.sink = sink  # where its events go (None: nowhere; translate() waits on `finished`)
-        self.stream = stream  # whether it gets "tokens" and "translation" events, not only "done" or "error"
-        self.waiter = waiter  # the front end's own state for it; the service never reads it
-        self.first_token: float | None = None  # when its first token (or result) was produced
-        self.translations: list[Translation | None] = [None] * n
-        self.todo: list[int] = []  # its sentences the model decodes (the others are blank)
-        self.src: np.ndarray | None = None
-        self.lens: np.ndarray | None = None
-        self.prepared: list = []
-        self.texts: list[str] = []  # its sentences as given (replace_unknowns reads their tokens' text)
-        self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
-        self.cohort = None
-        self.error: ServeError | None = None
-        self.finished = threading.Event()
-
-    @property
-    def rows(self) -> int:
-        """The most rows it takes in the running batch."""
-        return len(self.todo) * (1 if self.options.beam_size == 1 else self.options.beam_size)
+def request_defaults(model: DecodingOptions, options: ServiceOptions) -> DecodingOptions:
+    """What a request's options go over: the model's defaults, with the server's default beam where it sets one
+    (InputError where that beam takes more rows than the running batch holds)."""
+    if options.default_beam_size is not None:
+        model = dataclasses.replace(model, beam_size=options.default_beam_size,
+                                    nbest=min(model.nbest, options.default_beam_size))
+    if model.beam_size > options.max_rows:
+        raise InputError(f"the model's default beam size ({model.beam_size}) takes more rows than max_rows "
+                         f"({options.max_rows}) holds: every request naming no beam would be refused",
+                         hint="set default_beam_size, or more rows", params=("default_beam_size", "max_rows"))
+    return model
 
 
 class DecodeService:
@@ -87,16 +65,7 @@ class DecodeService:
         self.translator = translator
         self.options = options or ServiceOptions()
         self.metrics = metrics  # a ServeMetrics, or None
-        # what a request's options go over: the model's defaults, with the server's default beam if it sets one
-        self.defaults = translator.defaults
-        if self.options.default_beam_size is not None:
-            self.defaults = dataclasses.replace(self.defaults, beam_size=self.options.default_beam_size,
-                                                nbest=min(self.defaults.nbest, self.options.default_beam_size))
-        if self.defaults.beam_size > self.options.max_rows:
-            raise InputError(f"the model's default beam size ({self.defaults.beam_size}) takes more rows than "
-                             f"max_rows ({self.options.max_rows}) holds: every request naming no beam would be "
-                             "refused", hint="set default_beam_size, or more rows",
-                             params=("default_beam_size", "max_rows"))
+        self.defaults = request_defaults(translator.defaults, self.options)
         self.batch = RunningBatch(translator.backend, capacity=translator.config.max_positions)
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
@@ -117,11 +86,16 @@ class DecodeService:
     def start(self, warmup: bool = True) -> None:
         self._thread.start()
         if warmup:  # one sentence through the whole path before readyz says yes
-            languages = getattr(self.translator.tokenizer, "languages", None)  # a multilingual model's
-            target = {} if not languages or self.translator.tokenizer.default_target_lang else {
-                "target_lang": next(iter(languages))}  # a target it needs where it has no default
-            self.translate(["warm up"], {"beam_size": 2, "max_len_b": 2, **target})
+            self.translate(["warm up"], self.warmup_options())
         self.ready = True
+
+    def warmup_options(self) -> dict[str, Any]:
+        """The warm-up request's options: a short beam, and a target language where a multilingual model needs one
+        and has no default."""
+        tok = self.translator.tokenizer
+        languages = getattr(tok, "languages", None)
+        target = {"target_lang": next(iter(languages))} if languages and not tok.default_target_lang else {}
+        return {"beam_size": 2, "max_len_b": 2, **target}
 
     def alive(self) -> bool:
         return self._thread.is_alive() and self.thread_error is None

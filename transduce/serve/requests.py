@@ -1,0 +1,51 @@
+"""A request on its way through the decode service (service.py), and the events the service hands its sink."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from transduce.runtime.decoding import DecodingOptions
+from transduce.runtime.translator import Translation
+from transduce.serve.options import ServeError
+
+Event = tuple["Request", str, Any]
+Sink = Callable[[list[Event]], None]  # called on the decode thread with one step's events
+
+
+class Request:
+    """One client's sentences on their way through the service (fields written by the decode thread)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, n: int, options: DecodingOptions, timeout: float, sink: Sink | None = None,
+                 stream: bool = False, waiter: Any = None):
+        self.id = next(self._ids)
+        self.options = options
+        self.created = time.monotonic()
+        self.timeout = timeout  # seconds it may take, as asked
+        self.deadline = self.created + timeout  # time.monotonic() past which it is dropped
+        self.sink = sink  # where its events go (None: nowhere; translate() waits on `finished`)
+        self.stream = stream  # whether it gets "tokens" and "translation" events, not only "done" or "error"
+        self.waiter = waiter  # the front end's own state for it; the service never reads it
+        self.first_token: float | None = None  # when its first token (or result) was produced
+        self.translations: list[Translation | None] = [None] * n
+        self.todo: list[int] = []  # its sentences the model decodes (the others are blank)
+        self.src: np.ndarray | None = None
+        self.lens: np.ndarray | None = None
+        self.prepared: list = []
+        self.texts: list[str] = []  # its sentences as given (replace_unknowns reads their tokens' text)
+        self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
+        self.cohort = None
+        self.error: ServeError | None = None
+        self.finished = threading.Event()
+
+    @property
+    def rows(self) -> int:
+        """The most rows it takes in the running batch."""
+        return len(self.todo) * (1 if self.options.beam_size == 1 else self.options.beam_size)
