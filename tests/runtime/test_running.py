@@ -9,7 +9,7 @@ import pytest
 from transduce.errors import BackendUnavailable
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode
-from transduce.runtime.decoding.running import CapacityError, RunningBatch
+from transduce.runtime.decoding.running import Admission, CapacityError, RunningBatch
 
 OPTIONS = [DecodingOptions(beam_size=1, max_len_b=12),
            DecodingOptions(beam_size=3, nbest=2, max_len_b=9, length_penalty=1.0, length_penalty_form="plain"),
@@ -37,16 +37,21 @@ def _requests(cfg: dict, count: int = 14, seed: int = 3):
     return sorted(out, key=lambda r: r[0])
 
 
-def _interleaved(backend, requests, capacity: int):
+def _interleaved(backend, requests, capacity: int, together: bool = False):
     """Every request admitted at its step into one running batch -> its results, in its sentences' order,
-    and the most rows the batch held at once."""
+    and the most rows the batch held at once. together: the requests of one step in one admission."""
     batch = RunningBatch(backend, capacity=capacity)
     pending, cohorts, results, most = list(requests), [], {}, 0
     while pending or batch.cohorts:
+        arrived = []
         while pending and pending[0][0] <= batch.steps:
-            _, src, lens, opts = pending.pop(0)
-            cohorts.append(batch.admit(src, lens, opts))
-            results[cohorts[-1]] = {}
+            arrived.append(pending.pop(0))
+        if together and arrived:
+            cohorts.extend(batch.admit_many([Admission(src, lens, opts) for _, src, lens, opts in arrived]))
+        else:
+            cohorts.extend(batch.admit(src, lens, opts) for _, src, lens, opts in arrived)
+        for c in cohorts[len(cohorts) - len(arrived):]:
+            results[c] = {}
         most = max(most, batch.rows)
         if not batch.cohorts:  # nothing running until the next arrival: the clock moves on
             batch.steps = pending[0][0]
@@ -99,6 +104,18 @@ def test_interleaved_requests_decode_as_each_sentence_alone(backend):
         for i, res in enumerate(results):
             alone = decode(backend, src[i: i + 1, : lens[i]], lens[i: i + 1], opts)[0]
             _assert_same(res, alone)
+
+
+def test_requests_arriving_together_join_in_one_admission_and_decode_as_alone(backend):
+    """Requests that arrive at the same step join in one admission (one encoder batch, padded to the widest
+    source; one backend admission), into an empty batch or a running one: each sentence decodes as alone."""
+    cfg = backend.config
+    requests = [(step // 3 * 4, src, lens, opts) for step, src, lens, opts in _requests(cfg, count=16, seed=5)]
+    assert len({r[0] for r in requests}) < len(requests) - 4  # many arrive together
+    got, _ = _interleaved(backend, requests, capacity=cfg.max_positions, together=True)
+    for (_, src, lens, opts), results in zip(requests, got, strict=True):
+        for i, res in enumerate(results):
+            _assert_same(res, decode(backend, src[i: i + 1, : lens[i]], lens[i: i + 1], opts)[0])
 
 
 def test_offline_decode_is_one_cohort_run_until_empty(tiny_model):

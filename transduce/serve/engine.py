@@ -24,7 +24,8 @@ from transduce.errors import TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
-from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions, request_defaults
+from transduce.serve.options import request_defaults
+from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from transduce.errors import InputError, TransduceError
-from transduce.runtime.decoding.options import documented
+from transduce.runtime.decoding.options import DecodingOptions, documented
 
 SCHEDULERS = ("continuous", "static", "single")
 
@@ -58,3 +59,16 @@ class ServiceOptions:
             raise InputError(f"default_beam_size {self.default_beam_size} takes more rows than max_rows "
                              f"({self.max_rows}) holds: every request naming no beam would be refused",
                              hint="a smaller default beam, or more rows", params=("default_beam_size", "max_rows"))
+
+
+def request_defaults(model: DecodingOptions, options: ServiceOptions) -> DecodingOptions:
+    """What a request's options go over: the model's defaults, with the server's default beam where it sets one
+    (InputError where that beam takes more rows than the running batch holds)."""
+    if options.default_beam_size is not None:
+        model = dataclasses.replace(model, beam_size=options.default_beam_size,
+                                    nbest=min(model.nbest, options.default_beam_size))
+    if model.beam_size > options.max_rows:
+        raise InputError(f"the model's default beam size ({model.beam_size}) takes more rows than max_rows "
+                         f"({options.max_rows}) holds: every request naming no beam would be refused",
+                         hint="set default_beam_size, or more rows", params=("default_beam_size", "max_rows"))
+    return model

@@ -22,7 +22,6 @@ waits for no step or encoder run.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import math
 import threading
 import time
@@ -35,9 +34,9 @@ import numpy as np
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
-from transduce.runtime.decoding.running import RunningBatch
+from transduce.runtime.decoding.running import Admission, RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
-from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions
+from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions, request_defaults
 from transduce.serve.requests import Event, Request, Sink
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
@@ -45,19 +44,6 @@ __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptio
 FIRST = 0  # the number of a request's first sentence in messages and error bodies: its index in `text`
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
 SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
-
-
-def request_defaults(model: DecodingOptions, options: ServiceOptions) -> DecodingOptions:
-    """What a request's options go over: the model's defaults, with the server's default beam where it sets one
-    (InputError where that beam takes more rows than the running batch holds)."""
-    if options.default_beam_size is not None:
-        model = dataclasses.replace(model, beam_size=options.default_beam_size,
-                                    nbest=min(model.nbest, options.default_beam_size))
-    if model.beam_size > options.max_rows:
-        raise InputError(f"the model's default beam size ({model.beam_size}) takes more rows than max_rows "
-                         f"({options.max_rows}) holds: every request naming no beam would be refused",
-                         hint="set default_beam_size, or more rows", params=("default_beam_size", "max_rows"))
-    return model
 
 
 class DecodeService:
@@ -71,7 +57,7 @@ class DecodeService:
         self._queue: deque[Request] = deque()
         self._cancelled: list[tuple[Request, ServeError]] = []
         self._running: dict[Any, Request] = {}  # cohort -> request
-        self._admitting: Request | None = None  # taken off the queue, its encoder running (outside the lock)
+        self._admitting: list[Request] = []  # taken off the queue, their encoder running (outside the lock)
         self._fresh: list[Request] = []  # admitted since the last step: their first step gives their first token
         self._outbox: list[Event] = []  # this step's events (decode thread only), sent by _flush
         self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # run between two steps
@@ -204,7 +190,7 @@ class DecodeService:
         """Fail every request queued or under way with `error` at the next step boundary (a server that stops
         before they finish) -> them."""
         with self._lock:
-            cut = [r for r in [*self._queue, *list(self._running.values()), self._admitting]
+            cut = [r for r in [*self._queue, *list(self._running.values()), *self._admitting]
                    if r is not None and not r.finished.is_set()]
             self._cancelled.extend((r, error) for r in cut)
             self._lock.notify()
@@ -321,8 +307,9 @@ class DecodeService:
             events[0][0].sink(events)
 
     def _admit(self) -> None:
-        """Queued requests into the running batch, oldest first, while their rows fit. The lock is held only to
-        take each off the queue: its encoder runs outside it."""
+        """Queued requests into the running batch, oldest first, while their rows fit: all that fit now in one
+        admission (one encoder run, one backend admission, a cohort each). The lock is held only to take them
+        off the queue: their encoder runs outside it."""
         opts, batch = self.options, self.batch
         while True:
             with self._lock:
@@ -335,40 +322,64 @@ class DecodeService:
                     if waited < opts.max_wait_ms and sum(r.rows for r in self._queue) < opts.max_rows:
                         self._lock.wait(timeout=(opts.max_wait_ms - waited) / 1000)
                         return
-                req = self._queue[0]
-                if self._running and batch.reserved_rows() + req.rows > opts.max_rows:
-                    break  # it waits for rows to be freed
-                self._queue.popleft()
-                self._admitting = req
+                group = self._take(batch.reserved_rows())
+                if not group:
+                    break  # the first waits for rows to be freed
+                self._admitting = group
             try:
-                self._admit_one(req)
+                self._admit_group(group)
             finally:
-                self._admitting = None
+                self._admitting = []
             if opts.scheduler == "single" and self._running:
                 break
         if self.metrics:
             self.metrics.queue_depth.set(len(self._queue))
 
-    def _admit_one(self, req: Request) -> None:
+    def _take(self, rows: int) -> list[Request]:
+        """Off the queue (under the lock), oldest first: the requests whose rows fit beside `rows` taken (the
+        first one alone into an empty batch, whatever its rows). One only for the single scheduler, and where the
+        backend has fixed ranges (each is checked against the state as it is)."""
+        group: list[Request] = []
+        one = self.options.scheduler == "single" or self.batch.within
+        while self._queue and not (one and group):
+            req = self._queue[0]
+            if (self._running or group) and rows + req.rows > self.options.max_rows:
+                break
+            group.append(self._queue.popleft())
+            rows += req.rows
+        return group
+
+    def _admit_group(self, group: list[Request]) -> None:
+        """The requests' cohorts into the running batch at once; refused whole (nothing changed), each is tried
+        alone, so that one that cannot join fails alone."""
         batch = self.batch
-        greedy = req.options.beam_size == 1
-        on_tokens = self._token_listener(req) if greedy and req.stream and req.sink is not None else None
+        admissions = [Admission(req.src, req.lens, req.options, on_tokens=self._token_listener(req)
+                                if req.options.beam_size == 1 and req.stream and req.sink is not None else None,
+                                keys=np.array(req.todo),
+                                prefixes=None if req.prefixes is None else [req.prefixes[i] for i in req.todo])
+                      for req in group]
         try:
-            req.cohort = batch.admit(req.src, req.lens, req.options, on_tokens=on_tokens, keys=np.array(req.todo),
-                                     prefixes=None if req.prefixes is None else [req.prefixes[i] for i in req.todo])
+            cohorts = batch.admit_many(admissions)
         except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
-            self._fail(req, ServeError(e.args[0], 503, e.hint))
+            if len(group) > 1:
+                for req in group:
+                    self._admit_group([req])
+                return
+            self._fail(group[0], ServeError(e.args[0], 503, e.hint))
             return
         except Exception as e:  # noqa: BLE001 - the backend failed part way: the batch cannot be trusted
-            self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
+            for req in group:
+                self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
             for cohort in batch.abort():
                 self._fail(self._running.pop(cohort), ServeError(f"decoding failed: {type(e).__name__}", 500))
             return
-        self._running[req.cohort] = req
-        if greedy:
-            self._fresh.append(req)
-        if self.metrics:
-            self.metrics.admitted.inc(len(req.todo))
+        for req, cohort in zip(group, cohorts, strict=True):
+            req.cohort = cohort
+            self._running[cohort] = req
+            if req.options.beam_size == 1:
+                self._fresh.append(req)
+            if self.metrics:
+                self.metrics.admitted.inc(len(req.todo))
 
     def _token_listener(self, req: Request):
         """on_tokens for a streamed greedy request: the step's tokens as they are, into the outbox."""

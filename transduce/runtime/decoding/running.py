@@ -16,6 +16,7 @@ the backend's to grow; the scheduler above bounds them (reserved_rows).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,6 +36,19 @@ from transduce.runtime.decoding.options import DecodeResult, DecodingOptions, ma
 from transduce.runtime.decoding.search import BeamCohort, Cohort, GreedyCohort, TokenListener
 
 Finished = list[tuple[Cohort, int, DecodeResult]]  # (cohort, its sentence index, result) as sentences finish
+
+
+@dataclass(frozen=True, eq=False)
+class Admission:
+    """One cohort's sentences and options, as RunningBatch.admit takes them (admit_many takes several)."""
+
+    src_ids: np.ndarray  # (B, S) padded source ids, EOS included
+    src_lengths: np.ndarray  # (B,)
+    options: DecodingOptions
+    search: str = "auto"  # "auto" (greedy for beam_size 1), "greedy" or "beam"
+    on_tokens: TokenListener | None = None  # greedy only: each step's new tokens
+    keys: np.ndarray | None = None  # each sentence's key of its random draws (None: 0, 1, ...)
+    prefixes: Sequence[Sequence[int]] | None = None  # each sentence's forced target prefix (None: none)
 
 
 class CapacityError(TransduceError):
@@ -83,26 +97,26 @@ class RunningBatch:
         step on. search: "auto" (greedy for beam_size 1), "greedy" or "beam". on_tokens: greedy only. keys: each
         sentence's key of its random draws (its number in its input or request; None: 0, 1, ...). prefixes: each
         sentence's target prefix (token ids), which its first steps are forced through (None: none)."""
+        return self.admit_many([Admission(src_ids, src_lengths, options, search, on_tokens, keys, prefixes)])[0]
+
+    def admit_many(self, admissions: Sequence[Admission]) -> list[Cohort]:
+        """A cohort for each admission (admit's arguments), all joining at the next step: their sources encoded
+        in one batch (padded to the widest) and added to the state at once, one encoder run and one admission of
+        the backend however many there are. Refused whole (nothing changed) where any one does not fit."""
         backend, cfg = self.backend, self.backend.config
-        greedy = search == "greedy" or (search == "auto" and options.beam_size == 1)
-        lens = max_lengths(src_lengths, options, cfg.max_positions)
-        cohort: Cohort = (GreedyCohort(lens, options, cfg, on_tokens, keys, prefixes) if greedy
-                          else BeamCohort(lens, options, cfg, keys, prefixes))
-        if options.attention:  # refused here, before it joins, where the backend cannot give attention
-            require_attention(backend)
-            cohort.attention_layer = alignment_layer(options.alignment_layer, cfg.decoder_layers)
-            cohort.src_len = np.asarray(src_lengths, np.int64)
-        n = len(src_lengths)
+        cohorts, lens = zip(*(self._cohort(a) for a in admissions), strict=True)
+        src_ids, src_lengths = _stacked(admissions, cfg.pad_id)
+        longest = max(int(x.max()) for x in lens)
         if self.state is not None and not self.cohorts:
             self._end()
         if self.state is None:
             encoded = backend.encode(src_ids, src_lengths)
-            self.state_capacity = self.capacity or int(lens.max())
-            self.state = backend.begin(encoded, np.arange(n), self.state_capacity)
-            cohort.src_of, cohort.src_identity = np.arange(n), True
+            self.state_capacity = self.capacity or longest
+            self.state = backend.begin(encoded, np.arange(len(src_lengths)), self.state_capacity)
+            base = 0
         else:
-            if int(lens.max()) > self.state_capacity:
-                raise CapacityError(f"a maximum length of {int(lens.max())} tokens does not fit the running batch's "
+            if longest > self.state_capacity:
+                raise CapacityError(f"a maximum length of {longest} tokens does not fit the running batch's "
                                     f"{self.state_capacity} positions", hint="admit it once the batch is empty")
             if not self.admits:
                 raise BackendUnavailable(f"the {backend.name} backend cannot add sentences to a running batch",
@@ -117,9 +131,28 @@ class RunningBatch:
             for c in self.cohorts:
                 c.src_of = np.searchsorted(kept, c.src_of)  # sentences already retired get any index
                 c.src_identity = False
-            cohort.src_of = len(kept) + np.arange(n)
-        self.cohorts.append(cohort)
-        return cohort
+            base = len(kept)
+        for c in cohorts:
+            n = len(c.src_of)
+            c.src_of, c.src_identity = base + np.arange(n), base == 0
+            base += n
+        self.cohorts.extend(cohorts)
+        return list(cohorts)
+
+    def _cohort(self, a: Admission) -> tuple[Cohort, np.ndarray]:
+        """The admission's cohort (its src_of a placeholder of its length) and its sentences' maximum lengths."""
+        backend, cfg = self.backend, self.backend.config
+        options = a.options
+        greedy = a.search == "greedy" or (a.search == "auto" and options.beam_size == 1)
+        lens = max_lengths(a.src_lengths, options, cfg.max_positions)
+        cohort: Cohort = (GreedyCohort(lens, options, cfg, a.on_tokens, a.keys, a.prefixes) if greedy
+                          else BeamCohort(lens, options, cfg, a.keys, a.prefixes))
+        if options.attention:  # refused here, before it joins, where the backend cannot give attention
+            require_attention(backend)
+            cohort.attention_layer = alignment_layer(options.alignment_layer, cfg.decoder_layers)
+            cohort.src_len = np.asarray(a.src_lengths, np.int64)
+        cohort.src_of = np.arange(len(a.src_lengths))
+        return cohort, lens
 
     def _row_sources(self) -> np.ndarray:
         """The state's source of every row, cohort after cohort."""
@@ -247,6 +280,21 @@ class RunningBatch:
         if self.state is not None:
             state, self.state = self.state, None
             self.backend.end(state)
+
+
+def _stacked(admissions: Sequence[Admission], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The admissions' sources as one padded batch (B, S) and their lengths (B,)."""
+    if len(admissions) == 1:
+        return np.asarray(admissions[0].src_ids), np.asarray(admissions[0].src_lengths)
+    width = max(np.shape(a.src_ids)[1] for a in admissions)
+    rows = sum(len(a.src_lengths) for a in admissions)
+    ids = np.full((rows, width), pad_id, dtype=np.asarray(admissions[0].src_ids).dtype)
+    off = 0
+    for a in admissions:
+        b, w = np.shape(a.src_ids)
+        ids[off: off + b, :w] = a.src_ids
+        off += b
+    return ids, np.concatenate([np.asarray(a.src_lengths) for a in admissions])
 
 
 def _chosen(log_probs: np.ndarray, forced: np.ndarray) -> np.ndarray:
