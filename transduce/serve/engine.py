@@ -168,23 +168,9 @@ class EngineClient(DecodeService):
             raise ServeError(self._attention[0], 400, self._attention[1])
 
     def _enqueue(self, req: Request) -> Request:
-        sink, stream = req.sink, req.stream
         with self._lock:
             self._check_running()
-            if self.queue_depth() >= self.options.max_queue:
-                if self.metrics:
-                    self.metrics.rejected.inc()
-                raise ServeError(f"the queue is full ({self.options.max_queue} requests waiting)", 429,
-                                 hint="retry later", retry_after=1.0)
-            if stream and sink is not None:  # blank lines are translated already: said first
-                said: list[Event] = [(req, "translation", (i, t)) for i, t in enumerate(req.translations)
-                                     if t is not None]
-                if said:
-                    sink(said)
-            if not req.todo:  # only blank lines: answered at once
-                self._finish(req)
-                if sink is not None:
-                    sink([(req, "done", None)])
+            if not self._taken_in(req, self.queue_depth()):
                 return req
             self._requests[req.id] = req
             self._sent += 1

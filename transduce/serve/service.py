@@ -140,28 +140,33 @@ class DecodeService:
     def _enqueue(self, req: Request) -> Request:
         """A checked, tokenized request into the queue (a 429 ServeError when it is full); its blank sentences
         are told at once, and a request of blank sentences only is done here."""
-        sink, stream = req.sink, req.stream
         with self._lock:
-            if len(self._queue) >= self.options.max_queue:
-                if self.metrics:
-                    self.metrics.rejected.inc()
-                raise ServeError(f"the queue is full ({self.options.max_queue} requests waiting)", 429,
-                                 hint="retry later", retry_after=1.0)
-            if stream and sink is not None:  # blank lines are translated already: said first
-                said: list[Event] = [(req, "translation", (i, t)) for i, t in enumerate(req.translations)
-                                     if t is not None]
-                if said:
-                    sink(said)
-            if not req.todo:  # only blank lines: answered at once
-                self._finish(req)
-                if sink is not None:
-                    sink([(req, "done", None)])
+            if not self._taken_in(req, len(self._queue)):
                 return req
             self._queue.append(req)
             if self.metrics:
                 self.metrics.queue_depth.set(len(self._queue))
             self._lock.notify()
         return req
+
+    def _taken_in(self, req: Request, waiting: int) -> bool:
+        """Under the lock: the 429 ServeError where `waiting` requests fill the queue; else its blank sentences
+        told at once -> whether it has sentences to decode (False: blank only, answered here)."""
+        if waiting >= self.options.max_queue:
+            if self.metrics:
+                self.metrics.rejected.inc()
+            raise ServeError(f"the queue is full ({self.options.max_queue} requests waiting)", 429,
+                             hint="retry later", retry_after=1.0)
+        if req.stream and req.sink is not None:  # blank lines are translated already: said first
+            said: list[Event] = [(req, "translation", (i, t)) for i, t in enumerate(req.translations) if t is not None]
+            if said:
+                req.sink(said)
+        if not req.todo:  # only blank lines: answered at once
+            self._finish(req)
+            if req.sink is not None:
+                req.sink([(req, "done", None)])
+            return False
+        return True
 
     def decoding_options(self, given: dict) -> DecodingOptions:
         """The request's decoding options (InputError naming the field for an unknown or invalid one)."""
