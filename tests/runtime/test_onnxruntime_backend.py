@@ -577,7 +577,7 @@ def test_device_memory_keeps_to_its_own_stream(monkeypatch):
     second.fill(second.empty((5,)), 7, 5)
     first.copy_rows(cache, Tensor())
     assert calls == [("zeros", first.stream), ("empty", first.stream), ("empty", second.stream),
-                     ("fill_", second.stream), ("copy_", first.stream)]
+                     ("fill_", second.stream), ("copy_", first.stream), ("fill_", first.stream)]
     assert Cuda.current == "default"
 
 
@@ -760,3 +760,14 @@ def test_spare_runs_are_kept_only_for_one_small_source_and_a_few(tiny_artifact_d
     for seed, width in enumerate((40, 60, 5)):  # widths 48, 64, 16: three new runs, the three latest kept
         decode(be, *_one(cfg, width, seed=seed), opts)
     assert [s.cross["cross_key_0"].shape[2] for s in spares] == [48, 64, 16]
+
+
+def test_a_grown_cache_keeps_its_rows_and_zeroes_the_new_ones():
+    """A state that grows (more rows) reallocates its cache without zeroing it first: the old rows are copied and
+    only the new ones zeroed, which must leave no garbage of a reused buffer (NaN there would reach the output
+    through a masked key's zero weight times its value)."""
+    mem = ort_memory.NumpyMemory("fp32")
+    old = np.random.default_rng(0).standard_normal((4, 2, 3, 5, 2)).astype(np.float32)  # (2L, R, H, C, Dh)
+    new = np.full((4, 5, 3, 5, 2), np.nan, np.float32)  # a reused buffer's contents
+    mem.copy_rows(new, old)
+    assert (new[:, :2] == old).all() and (new[:, 2:] == 0).all()

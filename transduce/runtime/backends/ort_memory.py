@@ -137,7 +137,9 @@ class NumpyMemory:
             c[dst, :, :p] = c[src, :, :p]
 
     def copy_rows(self, dst, src):
+        """dst's first rows take src's whole rows; the rest are zeroed (dst is a fresh buffer, its contents any)."""
         dst[:, : src.shape[1]] = src
+        dst[:, src.shape[1]:] = 0
 
     def put_rows(self, dst, rows, src):
         """Rows `rows` of dst take src's, in place: (n,) lengths, or (n, H, S, Dh) K/V as wide as dst or
@@ -254,6 +256,7 @@ class TorchCudaMemory:
     @on_stream
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]].copy_(src)
+        dst[:, src.shape[1]:].fill_(0)
 
     @on_stream
     def put_rows(self, dst, rows, src):

@@ -277,8 +277,8 @@ class RunState:
         """More rows than allocated (beam expansion after step 0): reallocate once, keep contents."""
         mem = self.mem
         old, old_outputs = self.cache, list(self.outputs.values())
-        self.cache = mem.zeros((old.shape[0], rows) + tuple(old.shape[2:]), self.owned)
-        mem.copy_rows(self.cache, old)
+        self.cache = mem.empty((old.shape[0], rows) + tuple(old.shape[2:]), owned=self.owned)
+        mem.copy_rows(self.cache, old)  # the old rows, the new ones zeroed: each byte written once
         self.alloc_step_buffers(rows)  # clears the bindings and the top-k buffers
         for buf in [old] + old_outputs:
             mem.free(buf, self.owned)
