@@ -91,7 +91,8 @@ def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir,
 
         answer = asyncio.run(run())
         assert answer.status_code == 503 and "engine process" in answer.json()["error"]["message"], answer.text
-        assert httpx.get(s.url + "/healthz").status_code == 503
+        health = httpx.get(s.url + "/healthz")
+        assert health.status_code == 503 and health.json()["status"] == "engine process stopped", health.text
         assert httpx.get(s.url + "/readyz").status_code == 503
         r = httpx.post(s.url + "/v1/translate", json={"text": ["one"]}, timeout=30)
         assert r.status_code == 503 and "engine process has stopped" in r.json()["error"]["message"]

@@ -124,7 +124,7 @@ class App:
     # -- small routes ----------------------------------------------------------------------------------------
     async def healthz(self, scope, receive, send) -> None:
         ok = self.service.alive()
-        await send_json(send, 200 if ok else 503, {"status": "ok" if ok else "decode thread stopped"})
+        await send_json(send, 200 if ok else 503, {"status": "ok" if ok else self.service.stopped})
 
     async def readyz(self, scope, receive, send) -> None:
         s = self.service

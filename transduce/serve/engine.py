@@ -132,6 +132,8 @@ class EngineClient(DecodeService):
             raise error
         return message[1]
 
+    stopped = "engine process stopped"  # what /healthz says when not alive()
+
     def alive(self) -> bool:
         return (self.process is not None and self.process.is_alive() and self._reader is not None
                 and self._reader.is_alive() and self.thread_error is None)

@@ -86,6 +86,8 @@ class DecodeService:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.thread_error is None
 
+    stopped = "decode thread stopped"  # what /healthz says when not alive()
+
     def queue_depth(self) -> int:
         return len(self._queue)
 
