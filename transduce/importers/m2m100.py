@@ -27,22 +27,31 @@ IGNORED = (r"model\.(encoder|decoder)\.embed_positions\._float_tensor",)
 
 def model_config(hf: dict[str, Any], source: str, expected: str = "m2m_100") -> ModelConfig:
     """The ModelConfig of an M2M100Config (config.json as a dict)."""
-    if hf.get("model_type") != expected:
-        raise ImportCheckpointError(f"{source}: model_type is {hf.get('model_type')!r}, not {expected!r}",
+    pad, eos = hf.get("pad_token_id", 1), hf.get("eos_token_id", 2)
+    return pre_norm_config(hf, source, expected, "relu", bos_id=hf.get("decoder_start_token_id", eos),
+                           position_layout="halves", position_frequencies="fairseq", position_offset=pad + 1,
+                           scale_embedding=bool(hf.get("scale_embedding", True)))
+
+
+def pre_norm_config(hf: dict[str, Any], source: str, model_type: str, activation: str, bos_id: int,
+                    **deviations: Any) -> ModelConfig:
+    """The ModelConfig of the pre-norm Hugging Face families (M2M100, NLLB, mBART: one embedding shared by both
+    stacks and the projection, unk 3), checked to be `model_type` with equal encoder and decoder widths; the
+    family's own deviations (its positions, embedding scale) as ModelConfig fields; `activation`: the default of
+    activation_function."""
+    if hf.get("model_type") != model_type:
+        raise ImportCheckpointError(f"{source}: model_type is {hf.get('model_type')!r}, not {model_type!r}",
                                     hint="import it as its own family (transduce import --help lists them)")
     common.require_equal(hf, source, ("encoder_attention_heads", "decoder_attention_heads"),
                          ("encoder_ffn_dim", "decoder_ffn_dim"))
-    pad = hf.get("pad_token_id", 1)
-    eos = hf.get("eos_token_id", 2)
     return ModelConfig(
         vocab_size=hf["vocab_size"], encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
         d_model=hf["d_model"], n_heads=hf["encoder_attention_heads"], d_ff=hf["encoder_ffn_dim"],
         dropout=float(hf.get("dropout", 0.1)), max_positions=hf.get("max_position_embeddings", 1024),
-        norm_first=True, share_embeddings=True, pad_id=pad, bos_id=hf.get("decoder_start_token_id", eos),
-        eos_id=eos, unk_id=3,
-        activation=common.activation(hf.get("activation_function", "relu"), "activation_function", source),
-        position_layout="halves", position_frequencies="fairseq", position_offset=pad + 1,
-        scale_embedding=bool(hf.get("scale_embedding", True)))
+        norm_first=True, share_embeddings=True, pad_id=hf.get("pad_token_id", 1), bos_id=bos_id,
+        eos_id=hf.get("eos_token_id", 2), unk_id=3,
+        activation=common.activation(hf.get("activation_function", activation), "activation_function", source),
+        **deviations)
 
 
 def shared_embedding(tensors: dict, cfg: ModelConfig, source: str):

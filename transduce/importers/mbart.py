@@ -29,24 +29,14 @@ CC25_TOKENIZERS = ("MBartTokenizer", "MBartTokenizerFast")
 
 def model_config(hf: dict[str, Any], source: str) -> ModelConfig:
     """The ModelConfig of an MBartConfig (config.json as a dict)."""
-    if hf.get("model_type") != "mbart":
-        raise ImportCheckpointError(f"{source}: model_type is {hf.get('model_type')!r}, not 'mbart'",
-                                    hint="import it as its own family (transduce import --help lists them)")
-    common.require_equal(hf, source, ("encoder_attention_heads", "decoder_attention_heads"),
-                         ("encoder_ffn_dim", "decoder_ffn_dim"))
+    cfg = m2m100.pre_norm_config(hf, source, "mbart", "gelu",
+                                 bos_id=hf.get("decoder_start_token_id") or hf.get("eos_token_id", 2),
+                                 positions="learned", layernorm_embedding=True,
+                                 scale_embedding=bool(hf.get("scale_embedding", False)))
     if hf.get("tie_word_embeddings") is False:
         raise ImportCheckpointError(f"{source}: tie_word_embeddings is false, and mBART's embedding is shared by "
                                     "both stacks and the projection", hint="import a checkpoint with tied embeddings")
-    pad = hf.get("pad_token_id", 1)
-    eos = hf.get("eos_token_id", 2)
-    return ModelConfig(
-        vocab_size=hf["vocab_size"], encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
-        d_model=hf["d_model"], n_heads=hf["encoder_attention_heads"], d_ff=hf["encoder_ffn_dim"],
-        dropout=float(hf.get("dropout", 0.1)), max_positions=hf.get("max_position_embeddings", 1024),
-        norm_first=True, share_embeddings=True, pad_id=pad, bos_id=hf.get("decoder_start_token_id") or eos,
-        eos_id=eos, unk_id=3,
-        activation=common.activation(hf.get("activation_function", "gelu"), "activation_function", source),
-        positions="learned", layernorm_embedding=True, scale_embedding=bool(hf.get("scale_embedding", False)))
+    return cfg
 
 
 def weights(tensors: dict, cfg: ModelConfig, source: str) -> tuple[dict[str, Any], ModelConfig]:
