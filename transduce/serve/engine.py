@@ -25,6 +25,7 @@ from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
 from transduce.serve.options import request_defaults
+from transduce.serve.requests import deliver
 from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
@@ -260,7 +261,7 @@ class EngineClient(DecodeService):
                 self._requests.pop(rid, None)
                 req.finished.set()
             out.append((req, kind, data))
-        _deliver(out)
+        deliver(out)
 
     def _translation(self, req: Request, i: int, result: list) -> Any:
         t = req.translations[i] = self.translator.translation(
@@ -279,7 +280,7 @@ class EngineClient(DecodeService):
                 req.error = error
                 req.finished.set()
                 out.append((req, "error", error))
-        _deliver(out)
+        deliver(out)
 
 
 def _tokenizer(data: bytes):
@@ -296,13 +297,3 @@ def _tokenizer(data: bytes):
         return Tokenizer.from_file(path)
     finally:
         os.unlink(path)
-
-
-def _deliver(events: list[Event]) -> None:
-    """A step's events to their requests' sinks, one call per sink."""
-    by_sink: dict[int, list[Event]] = {}
-    for e in events:
-        if e[0].sink is not None:
-            by_sink.setdefault(id(e[0].sink), []).append(e)
-    for group in by_sink.values():
-        group[0][0].sink(group)

@@ -49,3 +49,20 @@ class Request:
     def rows(self) -> int:
         """The most rows it takes in the running batch."""
         return len(self.todo) * (1 if self.options.beam_size == 1 else self.options.beam_size)
+
+
+def deliver(events: list[Event]) -> None:
+    """A step's events to their requests' sinks, one call per sink (one sink per front end, usually: then the
+    list goes as it is); a request without a sink is skipped."""
+    if not events:
+        return
+    sink = events[0][0].sink
+    if sink is not None and all(e[0].sink is sink for e in events):
+        sink(events)
+        return
+    by_sink: dict[int, list[Event]] = {}
+    for e in events:
+        if e[0].sink is not None:
+            by_sink.setdefault(id(e[0].sink), []).append(e)
+    for group in by_sink.values():
+        group[0][0].sink(group)

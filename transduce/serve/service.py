@@ -37,7 +37,7 @@ from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.running import Admission, RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions, request_defaults
-from transduce.serve.requests import Event, Request, Sink
+from transduce.serve.requests import Event, Request, Sink, deliver
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
 
@@ -300,18 +300,9 @@ class DecodeService:
 
     def _flush(self) -> None:
         """This step's events out: one call per sink (one sink per front end)."""
-        if not self._outbox:
-            return
-        out, self._outbox = self._outbox, []
-        sink = out[0][0].sink
-        if all(e[0].sink is sink for e in out):
-            sink(out)
-            return
-        by_sink: dict[int, list[Event]] = {}
-        for e in out:
-            by_sink.setdefault(id(e[0].sink), []).append(e)
-        for events in by_sink.values():
-            events[0][0].sink(events)
+        if self._outbox:
+            out, self._outbox = self._outbox, []
+            deliver(out)
 
     def _admit(self) -> None:
         """Queued requests into the running batch, oldest first, while their rows fit: all that fit now in one
