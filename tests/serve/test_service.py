@@ -263,3 +263,35 @@ def test_the_service_asks_the_running_batch_whether_each_request_fits_before_adm
                for t, b in [(long_text, 1), ("one", 4)] * 3]
     assert [g[0].text for g in got] == offline
     assert asked and all(a is not None for a in asked)
+
+
+def _held(service) -> int:
+    """After one admission pass of the (unstarted) service's decode loop: how many requests still wait."""
+    service._admit()
+    return len(service._queue)
+
+
+@pytest.mark.parametrize("ratio, steps", [(0.5, 3), (0.0, 3), (0.5, 0)])
+def test_queued_requests_join_a_running_batch_by_ratio_or_after_join_steps(tiny_artifact_dir, ratio, steps):
+    """Beside a running batch, queued requests whose rows are under join_ratio of its rows wait until the oldest
+    has waited join_steps steps (TGI's rule); more rows join at once, and so does anything for an empty batch."""
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions(join_ratio=ratio, join_steps=steps))
+    long = {"beam_size": 1, "min_length": 12}  # runs past the steps below
+    texts = [["one two three", "four", "five six", "seven"], ["eight"], ["nine", "ten", "eleven"]]
+    reqs = [service.submit(texts[0], long)]
+    assert _held(service) == 0 and service.batch.rows == 4  # an empty batch takes it at once
+    reqs.append(service.submit(texts[1], long))  # 1 row < 0.5 x 4
+    holds = ratio > 0 and steps > 0
+    for _ in range(steps):
+        assert _held(service) == (1 if holds else 0)
+        service._step()
+    assert _held(service) == 0 and service.batch.rows == 5  # waited join_steps steps (or never held)
+    reqs.append(service.submit(texts[2], long))  # 3 rows >= 0.5 x 5: at once
+    assert _held(service) == 0 and service.batch.rows == 8
+    while service.batch.cohorts:
+        service._step()
+    for req, given in zip(reqs, texts, strict=True):
+        assert [t.tokens for t in req.translations] == [t.tokens for t in service.translator.translate(given, **long)]

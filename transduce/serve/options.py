@@ -26,6 +26,9 @@ class ServiceOptions:
     max_rows: int = documented(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
     max_queue: int = documented(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
     max_wait_ms: float = documented(0.0, "An idle batch waits this long after an arrival for others to start with it.")
+    join_ratio: float = documented(0.5, "While the batch runs, queued requests join it once their rows reach this "
+                                        "share of its rows (0: at every step)...")
+    join_steps: int = documented(8, "...or once the oldest has waited this many decoder steps.")
     max_sentences: int = documented(64, "Sentences per request, at most.")
     request_timeout: float = documented(60.0, "Seconds a request may take when it names no timeout of its own (504 "
                                            "past it).")
@@ -47,7 +50,9 @@ class ServiceOptions:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {v!r}", params=(name,))
-        for name in ("max_wait_ms", "request_timeout"):
+        if isinstance(self.join_steps, bool) or not isinstance(self.join_steps, int) or self.join_steps < 0:
+            raise InputError(f"join_steps must be an integer >= 0, got {self.join_steps!r}", params=("join_steps",))
+        for name in ("max_wait_ms", "join_ratio", "request_timeout"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
                 raise InputError(f"{name} must be a number >= 0, got {v!r}", params=(name,))

@@ -42,6 +42,7 @@ class Request:
         self.texts: list[str] = []  # its sentences as given (replace_unknowns reads their tokens' text)
         self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
         self.cohort = None
+        self.queued_step = 0  # the running batch's step count when it was queued
         self.error: ServeError | None = None
         self.finished = threading.Event()
 

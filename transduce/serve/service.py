@@ -145,6 +145,7 @@ class DecodeService:
         with self._lock:
             if not self._taken_in(req, len(self._queue)):
                 return req
+            req.queued_step = self.batch.steps
             self._queue.append(req)
             if self.metrics:
                 self.metrics.queue_depth.set(len(self._queue))
@@ -315,6 +316,8 @@ class DecodeService:
                     return  # static and single: the batch runs to completion first
                 if not self._queue or not batch.can_admit(self._queue[0].src):
                     break
+                if self._running and self._holds_back():
+                    break
                 if not self._running and opts.max_wait_ms > 0:
                     waited = (time.monotonic() - self._queue[0].created) * 1000
                     if waited < opts.max_wait_ms and sum(r.rows for r in self._queue) < opts.max_rows:
@@ -332,6 +335,16 @@ class DecodeService:
                 break
         if self.metrics:
             self.metrics.queue_depth.set(len(self._queue))
+
+    def _holds_back(self) -> bool:
+        """Under the lock, with a batch running: whether the queued requests wait for more to join with (TGI's
+        rule): their rows are under join_ratio of the running rows and the oldest has waited under join_steps
+        steps. Every admission costs an encoder run and the state's bookkeeping whatever its size: a few at a time
+        beside a full batch cost more than the steps they wait."""
+        opts, batch = self.options, self.batch
+        if not opts.join_ratio or batch.steps - self._queue[0].queued_step >= opts.join_steps:
+            return False
+        return sum(r.rows for r in self._queue) < opts.join_ratio * batch.rows
 
     def _take(self, rows: int) -> list[Request]:
         """Off the queue (under the lock), oldest first: the requests whose rows fit beside `rows` taken (the
