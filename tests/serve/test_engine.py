@@ -27,7 +27,8 @@ from tests.serve.test_server import (  # noqa: F401 - collected here, over this 
 
 @pytest.fixture(scope="module")
 def server(long_artifact_dir, tmp_path_factory):
-    with _limited_server(long_artifact_dir, tmp_path_factory, "--engine", "process") as s:
+    """Two engine processes behind the front end: the tests above pass across either."""
+    with _limited_server(long_artifact_dir, tmp_path_factory, "--engine", "process", "--engines", "2") as s:
         yield s
 
 
@@ -62,16 +63,43 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_process_cpu_seconds_cover_both_processes(server):
-    """/metrics gives the decode side's gauges and counters and CPU time of the front end and the engine both."""
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_process_cpu_seconds_cover_every_process(server):
+    """/metrics gives the decode side's gauges and counters and CPU time of the front end and both engines."""
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert "transduce_live_rows " in text and "transduce_queue_depth " in text
-    [engine] = _engines(server.proc.pid)
-    with open(f"/proc/{engine}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    engine_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    engines = _engines(server.proc.pid)
+    assert len(engines) == 2
+    engine_cpu = sum(_cpu_seconds(pid) for pid in engines)
     cpu = float(next(line for line in text.splitlines() if line.startswith("process_cpu_seconds_total ")).split()[1])
-    assert cpu >= engine_cpu > 0
+    assert cpu >= engine_cpu > min(_cpu_seconds(pid) for pid in engines) > 0
+    assert httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["engines"] == 2
+
+
+def test_requests_go_to_the_engine_with_the_fewest_under_way(tiny_artifact_dir):
+    """With two engines, a request sent while another runs goes to the other engine; both answers are offline
+    decoding's."""
+    from transduce.runtime.api import load
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+
+    client = EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1), engines=2)
+    client.start()
+    try:
+        opts = {"beam_size": 1, "min_length": 20}
+        first, second = client.submit(["one two three"], opts), client.submit(["four five"], opts)
+        assert client._where[first.id] is not client._where[second.id]
+        assert first.finished.wait(60) and second.finished.wait(60)
+    finally:
+        client.stop()
+    offline = load(tiny_artifact_dir, threads=1)
+    assert [first.translations[0].tokens, second.translations[0].tokens] == \
+        [t.tokens for t in offline.translate(["one two three", "four five"], **opts)]
 
 
 def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir, tmp_path):

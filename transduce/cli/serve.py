@@ -33,6 +33,10 @@ from transduce.serve.service import ServiceOptions
 @click.option("--engine", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
               help="Where the backend and decode loop run: a thread of the server, or a process of their own that "
                    "the HTTP side's work never holds up (see docs/serving.md).")
+@click.option("--engines", default=1, show_default=True,
+              help="With --engine process: engine processes, each loading the model with a running batch of its "
+                   "own; a request goes to the one with the fewest under way (on a CPU: the cores one decode "
+                   "thread cannot use).")
 @click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
@@ -41,7 +45,7 @@ from transduce.serve.service import ServiceOptions
 @backend_options(threads_help="Framework threads (0: its default).")
 @dataclass_options(ServiceOptions, "service", renamed={"request_timeout": "--timeout", "default_beam_size": "--beam"})
 def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_timeout, keep_alive, languages, engine,
-          use_ray, replicas, address, quiet, spec, service):
+          engines, use_ray, replicas, address, quiet, spec, service):
     """Serve translations over HTTP: POST /v1/translate, /v1/score, LibreTranslate's POST /translate, GET
     /languages, /v1/models, /healthz, /readyz, /metrics.
 
@@ -51,7 +55,7 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
     drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0. With
     --engine process the backend and decode thread run in a process of their own instead.
     """
-    if use_ray and engine != "thread":
+    if use_ray and (engine != "thread" or engines != 1):
         from transduce.errors import InputError
 
         raise InputError("--engine process is the single server's: each Ray replica runs its decode thread",
@@ -73,7 +77,7 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
 
     sys.exit(run(artifact_dir, spec, host=host, port=port, options=service, api_key_file=api_key_file, grace=grace,
                  max_body_bytes=max_body_bytes, quiet=quiet, log=log, read_timeout=read_timeout,
-                 keep_alive=keep_alive, languages=languages, engine=engine))
+                 keep_alive=keep_alive, languages=languages, engine=engine, engines=engines))
 
 
 @click.command()

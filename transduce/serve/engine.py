@@ -3,15 +3,17 @@ and backend are in an engine process of their own (engine_core.py), so decoding 
 lock that HTTP, JSON, tokenizing and detokenizing hold here.
 
 EngineClient keeps DecodeService's intake (submit's checks and tokenizing, the options, score's checks) and
-replaces its queue: a checked request goes down the pipe as token ids and plain fields (wire.py), and one reader
-thread takes the engine's frames (one per decode step, every request's events by id), makes the Translations from
-the token ids and hands the step's events to the requests' sinks, exactly as the decode thread does in-process.
+replaces its queue: a checked request goes down the pipe as token ids and plain fields (wire.py; the submits of
+one turn of the event loop in one frame), and one reader thread takes the engine's frames (one per decode step,
+every request's events by id), makes the Translations from the token ids and hands the step's events to the
+requests' sinks, exactly as the decode thread does in-process.
 The queue's depth for the 429 is the engine's last reported depth plus the submits it had not yet seen. The engine
 process dying makes alive() false (healthz 503) and fails every request under way with a 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import concurrent.futures
 import itertools
@@ -51,10 +53,89 @@ class RemoteBackend:
     encode = begin = step = reorder = end = _elsewhere
 
 
-class EngineClient(DecodeService):
-    """A DecodeService over an engine process (see the module): start() spawns it and waits until it is warm."""
+class _Engine:
+    """One engine process as the front end holds it: the process, its pipe, the reader thread taking its frames,
+    the submits not sent yet, and what it has under way."""
 
-    def __init__(self, path: str, spec, options: ServiceOptions | None = None, metrics=None, identity=None):
+    def __init__(self, number: int, client: EngineClient):
+        self.number, self.client = number, client
+        self.process = self.conn = self.reader = None
+        self.send_lock = threading.Lock()
+        self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
+        self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
+        self.under_way = 0  # requests sent to it and not finished
+
+    def spawn(self) -> None:
+        c = self.client
+        ctx = multiprocessing.get_context("spawn")  # never forked: the parent may hold torch's or ORT's threads
+        self.conn, theirs = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=engine_core.main, name=f"transduce-engine-{self.number}", daemon=True,
+                                   args=(theirs, c.path, c.spec, c.options, c.metrics is not None, c.identity_of))
+        self.process.start()
+        theirs.close()
+
+    def queue_depth(self) -> int:
+        return self.depth + self.sent - self.seen
+
+    def alive(self) -> bool:
+        return (self.process is not None and self.process.is_alive() and self.reader is not None
+                and self.reader.is_alive())
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
+
+    def await_ready(self) -> dict[str, Any]:
+        end = time.monotonic() + START_TIMEOUT_S
+        while not self.conn.poll(0.1):
+            if not self.process.is_alive():
+                raise EngineFailed(f"the engine process exited with {self.process.exitcode} while loading",
+                                   hint="see the messages above")
+            if time.monotonic() > end:
+                self.process.kill()
+                raise EngineFailed(f"the engine process was not ready in {START_TIMEOUT_S:g} s")
+        message = wire.loads(self.conn.recv_bytes())
+        if message[0] == "failed":  # the engine's own error (a bad artifact: exit 2), with its message and hint
+            self.process.join(timeout=10)
+            raise _load_error(*message[1:])
+        return message[1]
+
+    def send(self, message: tuple) -> None:
+        data = wire.dumps(message)
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    def send_pending(self) -> None:
+        """The submits made since the last frame, in one frame."""
+        with self.client._lock:
+            pending, self.pending = self.pending, []
+            if pending:
+                try:
+                    self.send(("submit", pending))
+                except OSError:  # the engine is gone: its reader fails them
+                    pass
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.is_alive():
+            try:
+                self.send(("stop",))
+            except OSError:
+                pass
+            self.process.join(timeout=10)
+        self.kill()
+        if self.reader is not None:
+            self.reader.join(timeout=10)
+
+
+class EngineClient(DecodeService):
+    """A DecodeService over `engines` engine processes (see the module): start() spawns them and waits until they
+    are warm. Each request goes to the engine with the fewest under way."""
+
+    def __init__(self, path: str, spec, options: ServiceOptions | None = None, metrics=None, identity=None,
+                 engines: int = 1):
         # no running batch nor decode thread here: DecodeService.__init__ is not run
         self.path, self.spec, self.options, self.metrics = path, spec, options or ServiceOptions(), metrics
         self.identity_of, self.identity = identity, None
@@ -62,109 +143,78 @@ class EngineClient(DecodeService):
         self.draining = self.ready = self._stop = False
         self.thread_error: BaseException | None = None
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._requests: dict[int, Request] = {}  # under way in the engine, by id
+        self._requests: dict[int, Request] = {}  # under way in an engine, by id
+        self._where: dict[int, _Engine] = {}  # the engine each of them went to
         self._replies: dict[int, concurrent.futures.Future] = {}
         self._jobs_ids = itertools.count(1)
-        self._sent = self._seen = self._depth = 0
         self._attention: tuple | None = None
-        self.process = self._conn = self._reader = None
-        self.pid: int | None = None
+        self.engines = [_Engine(n, self) for n in range(engines)]
+        self._pinned: _Engine | None = None  # where the warm-up goes
 
     # -- starting and stopping -----------------------------------------------------------------------------
     def start(self, warmup: bool = True) -> None:
-        ctx = multiprocessing.get_context("spawn")  # never forked: the parent may hold torch's or ORT's threads
-        self._conn, theirs = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=engine_core.main, name="transduce-engine", daemon=True,
-                                   args=(theirs, self.path, self.spec, self.options, self.metrics is not None,
-                                         self.identity_of))
-        self.process.start()
-        theirs.close()
-        # the engine ignores SIGTERM, which is how multiprocessing ends daemonic children at exit: ended here first
+        # the engines ignore SIGTERM, which is how multiprocessing ends daemonic children at exit: ended here first
         atexit.register(self._kill)
         try:
-            self._started()
-            if warmup:  # the whole path, both processes, once before readyz says yes
-                self.translate(["warm up"], self.warmup_options())
+            for e in self.engines:  # all load at once
+                e.spawn()
+            infos = [e.await_ready() for e in self.engines]
+            self._started(infos[0])
+            for e in self.engines:
+                e.reader = threading.Thread(target=self._read, args=(e,), name=f"transduce-engine-reader-{e.number}",
+                                            daemon=True)
+                e.reader.start()
+            if warmup:  # the whole path, both processes, once per engine before readyz says yes
+                for e in self.engines:
+                    self._warm(e)
         except BaseException:
             self._kill()
             raise
         self.ready = True
 
-    def _started(self) -> None:
+    def _started(self, info: dict[str, Any]) -> None:
         from transduce.formats.model_config import ModelConfig
 
-        info = self._await_ready()
-        self.pid, self.identity, self._attention = info["pid"], info["identity"], info["attention"]
+        self.identity, self._attention = info["identity"], info["attention"]
+        if self.identity is not None and len(self.engines) > 1:
+            self.identity = {**self.identity, "engines": len(self.engines)}
         config = ModelConfig(**info["config"])
         self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]),
                                      defaults=DecodingOptions(**info["defaults"]))  # the model's, as loaded there
         self.defaults = request_defaults(self.translator.defaults, self.options)
-        self._reader = threading.Thread(target=self._read, name="transduce-engine-reader", daemon=True)
-        self._reader.start()
+
+    def _warm(self, engine: _Engine) -> None:
+        """The warm-up request through `engine` (before the server takes requests)."""
+        self._pinned = engine
+        try:
+            self.translate(["warm up"], self.warmup_options())
+        finally:
+            self._pinned = None
 
     def _kill(self) -> None:
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=10)
-
-    def _await_ready(self) -> dict[str, Any]:
-        end = time.monotonic() + START_TIMEOUT_S
-        while not self._conn.poll(0.1):
-            if not self.process.is_alive():
-                raise EngineFailed(f"the engine process exited with {self.process.exitcode} while loading",
-                                   hint="see the messages above")
-            if time.monotonic() > end:
-                self.process.kill()
-                raise EngineFailed(f"the engine process was not ready in {START_TIMEOUT_S:g} s")
-        message = wire.loads(self._conn.recv_bytes())
-        if message[0] == "failed":  # the engine's own error (a bad artifact: exit 2), with its message and hint
-            self.process.join(timeout=10)
-            _, kind, (_, text, hint, params, _, _) = message
-            from transduce import errors
-
-            cls = getattr(errors, kind, None)
-            try:
-                error = cls(text, hint, params=params)
-            except TypeError:  # not one of transduce's errors, or one with a signature of its own
-                error = EngineFailed(f"the engine process failed to load: {text}", hint)
-            if not isinstance(error, TransduceError):
-                error = EngineFailed(f"the engine process failed to load: {text}", hint)
-            raise error
-        return message[1]
+        for e in self.engines:
+            e.kill()
 
     stopped = "engine process stopped"  # what /healthz says when not alive()
 
     def alive(self) -> bool:
-        return (self.process is not None and self.process.is_alive() and self._reader is not None
-                and self._reader.is_alive() and self.thread_error is None)
+        return self.thread_error is None and all(e.alive() for e in self.engines)
 
     def stop(self, grace: float = 0.0) -> None:
-        """Stop admitting; let what runs finish for up to `grace` seconds, then stop the engine process (the
-        requests still under way get its 503)."""
+        """Stop admitting; let what runs finish for up to `grace` seconds, then stop the engine processes (the
+        requests still under way get their 503)."""
         self.draining = True
         end = time.monotonic() + grace
         while time.monotonic() < end and self._requests and self.alive():
             time.sleep(0.01)
         self._stop = True
-        if self.process is None:
-            return
-        if self.process.is_alive():
-            try:
-                self._send(("stop",))
-            except OSError:
-                pass
-            self.process.join(timeout=10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=10)
-        if self._reader is not None:
-            self._reader.join(timeout=10)
+        for e in self.engines:
+            e.stop()
         atexit.unregister(self._kill)
 
-    # -- the intake's end: requests and jobs down the pipe -------------------------------------------------
+    # -- the intake's end: requests and jobs down the pipes ------------------------------------------------
     def queue_depth(self) -> int:
-        return self._depth + self._sent - self._seen
+        return sum(e.queue_depth() for e in self.engines)
 
     def _check_attention(self) -> None:
         if self._attention is not None:
@@ -175,57 +225,72 @@ class EngineClient(DecodeService):
             self._check_running()
             if not self._taken_in(req, self.queue_depth()):
                 return req
-            self._requests[req.id] = req
-            self._sent += 1
+            engine = self._pinned or min(self.engines, key=lambda e: e.under_way)
+            self._requests[req.id], self._where[req.id] = req, engine
+            engine.sent += 1
+            engine.under_way += 1
             texts = req.texts if req.options.replace_unknowns else None
-            self._send(("submit", req.id, req.created, req.timeout, req.stream, len(req.translations), req.todo,
-                        wire.array(req.src), wire.array(req.lens), req.prepared, texts, req.prefixes,
-                        wire.options(req.options)))
+            engine.pending.append((req.id, req.created, req.timeout, req.stream, len(req.translations), req.todo,
+                                   wire.array(req.src), wire.array(req.lens), req.prepared, texts, req.prefixes,
+                                   wire.options(req.options)))
+            first = len(engine.pending) == 1
+        if first:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a caller in a thread of its own: at once
+                engine.send_pending()
+            else:  # after the other callbacks of this turn of the loop, with the submits they make
+                loop.call_soon(engine.send_pending)
         return req
 
     def cancel(self, req: Request, error: ServeError) -> None:
-        if not req.finished.is_set() and self.alive():
-            self._send(("cancel", req.id, wire.error(error)))
+        engine = self._where.get(req.id)
+        if engine is not None and not req.finished.is_set() and engine.alive():
+            engine.send_pending()  # its submit first
+            engine.send(("cancel", req.id, wire.error(error)))
 
     def cut(self, error: ServeError) -> list[Request]:
         cut = [r for r in list(self._requests.values()) if not r.finished.is_set()]
-        if self.alive():
-            self._send(("cut", wire.error(error)))
+        for e in self.engines:
+            if e.alive():
+                e.send_pending()
+                e.send(("cut", wire.error(error)))
         return cut
 
     def _scored(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
-        got = self._call("score", pairs, wire.options(opts))
+        got = self._call(min(self.engines, key=lambda e: e.under_way), "score", pairs, wire.options(opts))
         return [Score(tuple(t), lp, s, tuple(tlp), cut) for t, lp, s, tlp, cut in got]
 
     def engine_metrics(self) -> bytes:
-        """The engine process's Prometheus exposition (its registry: the decode thread's metrics)."""
-        return self._call("metrics", timeout=10.0)
+        """The engine processes' Prometheus exposition (their registries: the decode threads' metrics), summed."""
+        from transduce.serve.metrics import merged
 
-    def _call(self, kind: str, *args, timeout: float | None = None) -> Any:
+        summed = self._call(self.engines[0], "metrics", timeout=10.0)
+        for e in self.engines[1:]:
+            summed = merged(summed.decode(), self._call(e, "metrics", timeout=10.0).decode())
+        return summed
+
+    def _call(self, engine: _Engine, kind: str, *args, timeout: float | None = None) -> Any:
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             self._check_running()
             job = next(self._jobs_ids)
             self._replies[job] = done
-            self._send((kind, job, *args))
+            engine.send((kind, job, *args))
         return done.result(timeout)
 
     def _check_running(self) -> None:
-        if self.thread_error is not None or not self.alive():
+        if self.thread_error is not None or not all(e.reader is not None and e.reader.is_alive()
+                                                    for e in self.engines):
             raise ServeError("the engine process has stopped", 503, hint="see the server's log; restart it")
 
-    def _send(self, message: tuple) -> None:
-        data = wire.dumps(message)
-        with self._send_lock:
-            self._conn.send_bytes(data)
-
-    # -- the reader thread: the engine's frames into the requests' sinks ----------------------------------
-    def _read(self) -> None:
+    # -- the reader threads: the engines' frames into the requests' sinks ----------------------------------
+    def _read(self, engine: _Engine) -> None:
         try:
             while True:
-                message = wire.loads(self._conn.recv_bytes())
+                message = wire.loads(engine.conn.recv_bytes())
                 if message[0] == "step":
-                    self._step_frame(*message[1:])
+                    self._step_frame(engine, *message[1:])
                 elif message[0] == "reply":
                     _, job, ok, value = message
                     done = self._replies.pop(job, None)
@@ -239,10 +304,10 @@ class EngineClient(DecodeService):
             self.thread_error = e
         finally:
             self._fail_all(ServeError("the engine process stopped before this request finished", 503,
-                                      hint="see the server's log; send it again (to another replica)"))
+                                      hint="see the server's log; send it again (to another replica)"), engine)
 
-    def _step_frame(self, seen: int, depth: int, events: list) -> None:
-        self._seen, self._depth = seen, depth  # (the queue's gauge is the engine's)
+    def _step_frame(self, engine: _Engine, seen: int, depth: int, events: list) -> None:
+        engine.seen, engine.depth = seen, depth  # (the queue's gauge is the engine's)
         out: list[Event] = []
         for rid, kind, data in events:
             req = self._requests.get(rid)
@@ -254,11 +319,12 @@ class EngineClient(DecodeService):
             if kind == "done":
                 for i, result in data:
                     self._translation(req, i, result)
-                self._requests.pop(rid, None)
-                req.finished.set()
             elif kind == "error":
                 data = req.error = wire.unerror(data)
+            if kind in ("done", "error"):
                 self._requests.pop(rid, None)
+                self._where.pop(rid, None)
+                engine.under_way -= 1
                 req.finished.set()
             out.append((req, kind, data))
         deliver(out)
@@ -268,9 +334,13 @@ class EngineClient(DecodeService):
             wire.unresult(result), req.prepared[i], req.texts[i] if req.options.replace_unknowns else None)
         return t
 
-    def _fail_all(self, error: ServeError) -> None:
+    def _fail_all(self, error: ServeError, engine: _Engine | None = None) -> None:
+        """Every request under way (in `engine`, where given) and every reply awaited fails with `error`."""
         with self._lock:
-            held, self._requests = list(self._requests.values()), {}
+            held = [r for r in self._requests.values() if engine is None or self._where.get(r.id) is engine]
+            for r in held:
+                self._requests.pop(r.id, None)
+                self._where.pop(r.id, None)
             replies, self._replies = list(self._replies.values()), {}
         for done in replies:
             done.set_exception(error)
@@ -281,6 +351,22 @@ class EngineClient(DecodeService):
                 req.finished.set()
                 out.append((req, "error", error))
         deliver(out)
+
+
+def _load_error(kind: str, error: tuple) -> TransduceError:
+    """The engine's own error while loading (a bad artifact: the command's exit 2), as its class where it is one of
+    transduce's, with its message and hint."""
+    from transduce import errors
+
+    _, text, hint, params, _, _ = error
+    cls = getattr(errors, kind, None)
+    try:
+        made = cls(text, hint, params=params)
+    except TypeError:  # not one of transduce's errors, or one with a signature of its own
+        made = None
+    if not isinstance(made, TransduceError):
+        made = EngineFailed(f"the engine process failed to load: {text}", hint)
+    return made
 
 
 def _tokenizer(data: bytes):

@@ -2,9 +2,11 @@
 decode thread (a DecodeService) in a process of their own, so decoding never waits for the interpreter lock the
 HTTP side holds. It is spawned (a fresh interpreter: no torch or ONNX Runtime threads forked), loads the artifact
 itself with the server's BackendSpec, and talks to the front end (engine.py) over one pipe in wire.py's plain
-frames: it receives submits (token ids, options, deadline), cancels, cuts, score and metrics jobs on its main
-thread, and the decode thread sends one frame per step with every request's events and the queue's depth. It
-ignores SIGINT and SIGTERM (the front end drains, then tells it to stop) and exits when its parent is gone.
+frames. The decode thread reads the pipe itself, between two steps (and waits on it when idle): submits (token
+ids, options, deadline), cancels, cuts, score and metrics jobs, stop; it sends one frame per step with every
+request's events and the queue's depth. No other thread takes the interpreter lock from it, and a submit reaches
+the running batch with no thread hand-off. The process ignores SIGINT and SIGTERM (the front end drains, then
+tells it to stop) and exits when its parent is gone.
 """
 
 from __future__ import annotations
@@ -24,14 +26,62 @@ def _remote(events: list) -> None:
 
 
 class EngineService(DecodeService):
-    """A DecodeService whose step messages go down the pipe as frames of request ids and plain values."""
+    """A DecodeService whose intake is the pipe and whose step messages go down it as frames of request ids and
+    plain values."""
 
-    def __init__(self, translator, options, metrics, send):
+    def __init__(self, translator, options, metrics, send, conn):
         super().__init__(translator, options, metrics)
         self.send = send  # one frame to the front end (thread-safe)
+        self.conn = conn  # the pipe from the front end, read by the decode thread only
         self.requests: dict[int, Request] = {}  # the front end's request id -> its request here
         self.seen = 0  # submits received: the front end's queue depth counts those it sent and we had not
         self._told = (0, 0)  # (seen, queue depth) of the last frame
+
+    def _intake(self) -> None:
+        try:
+            while self.conn.poll():
+                self.handle(wire.loads(self.conn.recv_bytes()))
+        except (EOFError, OSError):  # the front end is gone: nobody waits for anything here
+            os._exit(0)
+
+    def _idle(self) -> None:
+        self._lock.release()  # nobody else takes it here, but a wait never holds it
+        try:
+            self.conn.poll(0.05)
+        except (EOFError, OSError):
+            os._exit(0)
+        finally:
+            self._lock.acquire()
+
+    def handle(self, message: tuple) -> None:
+        """One message from the front end, on the decode thread between two steps."""
+        kind = message[0]
+        if kind == "submit":
+            for submit in message[1]:
+                self.take(submit)
+        elif kind == "cancel":
+            req = self.requests.get(message[1])
+            if req is not None:
+                self.cancel(req, wire.unerror(message[2]))
+        elif kind == "cut":
+            self.cut(wire.unerror(message[1]))
+        elif kind == "score":
+            self._score(*message[1:])
+        elif kind == "metrics":
+            text = self.metrics.exposition()[0] if self.metrics is not None else b""
+            self.send(("reply", message[1], True, text))
+        elif kind == "stop":
+            with self._lock:
+                self._stop = True
+
+    def _score(self, job: int, pairs, options: dict) -> None:
+        """A score job, here on the decode thread between two steps."""
+        try:
+            scores = self.translator.score_prepared(pairs, wire.unoptions(options))
+            self.send(("reply", job, True,
+                       [(s.tokens, s.log_prob, s.score, s.token_log_probs, s.truncated) for s in scores]))
+        except Exception as e:  # noqa: BLE001 - the front end raises it for its caller
+            self.send(("reply", job, False, wire.error(e)))
 
     def _translated(self, req: Request, i: int, result) -> Any:
         return wire.result(result)  # the front end makes the Translation (detokenising is its work)
@@ -89,49 +139,15 @@ def main(conn, path: str, spec, options, metrics: bool, identity) -> None:
         from transduce.serve.metrics import ServeMetrics
 
         translator = load(path, spec)
-        service = EngineService(translator, options, ServeMetrics() if metrics else None, send)
+        service = EngineService(translator, options, ServeMetrics() if metrics else None, send, conn)
         service.start()
         info = _info(translator, spec, path, options, identity, TOKENIZER_FILE)
     except BaseException as e:  # noqa: BLE001 - the front end reports it: the command's message and exit 2
         send(("failed", type(e).__name__, wire.error(e)))
         return
     send(("ready", info))
-    try:
-        _serve(conn, service, send)
-    except (EOFError, OSError):  # the front end is gone: nobody waits for anything here
-        os._exit(0)
-    service.stop(grace=0)
+    service._thread.join()  # until the front end says stop (or the decode thread fails: its requests get 503s)
     send(("stopped",))
-
-
-def _serve(conn, service: EngineService, send) -> None:
-    while True:
-        message = wire.loads(conn.recv_bytes())
-        kind = message[0]
-        if kind == "submit":
-            service.take(message[1:])
-        elif kind == "cancel":
-            req = service.requests.get(message[1])
-            if req is not None:
-                service.cancel(req, wire.unerror(message[2]))
-        elif kind == "cut":
-            service.cut(wire.unerror(message[1]))
-        elif kind == "score":
-            threading.Thread(target=_score, args=(service, send, *message[1:]), daemon=True).start()
-        elif kind == "metrics":
-            text = service.metrics.exposition()[0] if service.metrics is not None else b""
-            send(("reply", message[1], True, text))
-        elif kind == "stop":
-            return
-
-
-def _score(service: EngineService, send, job: int, pairs, options: dict) -> None:
-    """A score job, run by the decode thread between two steps (this thread only waits for it)."""
-    try:
-        scores = service._scored(pairs, wire.unoptions(options))
-        send(("reply", job, True, [(s.tokens, s.log_prob, s.score, s.token_log_probs, s.truncated) for s in scores]))
-    except Exception as e:  # noqa: BLE001 - the front end raises it for its caller
-        send(("reply", job, False, wire.error(e)))
 
 
 def _info(translator, spec, path: str, options, identity, tokenizer_file: str) -> dict[str, Any]:

@@ -57,13 +57,14 @@ def identity(translator, spec: BackendSpec, path: str, scheduler: str = "continu
 
 
 ENGINES = ("thread", "process")  # where the decode loop runs: a thread of the server, or a process of its own
+MAX_ENGINES = 64  # engine processes, at most (each loads the model)
 
 
 def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOptions | None = None,
-                  metrics: bool = True, engine: str = "thread") -> tuple[DecodeService, dict]:
+                  metrics: bool = True, engine: str = "thread", engines: int = 1) -> tuple[DecodeService, dict]:
     """The decode service over an artifact (or engine) directory with the backend `spec` names, started and
     warmed up -> it, its identity. engine: "thread" (the decode thread beside the HTTP front end) or "process"
-    (the backend and decode loop in a spawned engine process: serve.engine)."""
+    (the backend and decode loop in spawned engine processes, `engines` of them: serve.engine)."""
     from transduce.runtime.api import load
     from transduce.serve.metrics import ServeMetrics
 
@@ -73,7 +74,7 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
         from transduce.serve.metrics import EngineMetrics
 
         watched = EngineMetrics() if metrics else None
-        client = EngineClient(path, spec, options, watched, identity)
+        client = EngineClient(path, engine_spec(spec, engines), options, watched, identity, engines)
         if watched is not None:
             watched.engine = client
         client.start()
@@ -84,10 +85,31 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
     return service, identity(translator, spec, path, service.options.scheduler)
 
 
+def engine_spec(spec: BackendSpec, engines: int) -> BackendSpec:
+    """The spec each engine process opens: on the CPU, where it leaves the threads to the framework, a share of
+    the cores less the front end's one (each engine's decode thread is one of them)."""
+    if spec.threads or spec.device != "cpu":
+        return spec
+    import dataclasses
+
+    return dataclasses.replace(spec, threads=max(1, ((os.cpu_count() or 1) - 1) // engines))
+
+
+def check_engines(engine: str, engines: int) -> None:
+    """--engine and --engines: an InputError naming the one that is wrong."""
+    if engine not in ENGINES:
+        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", params=("engine",))
+    if isinstance(engines, bool) or not isinstance(engines, int) or not 1 <= engines <= MAX_ENGINES:
+        raise InputError(f"engines must be an integer 1..{MAX_ENGINES}, got {engines!r}", params=("engines",))
+    if engines > 1 and engine != "process":
+        raise InputError(f"engines {engines}: several engines are processes of their own",
+                         hint="add --engine process", params=("engines",))
+
+
 def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
           options: ServiceOptions | None = None, api_key_file: str | None = None, grace: float = 30.0,
           max_body_bytes: int = 1 << 20, quiet: bool = False, log=print, read_timeout: float = 10.0,
-          keep_alive: float = 5.0, languages: str | None = None, engine: str = "thread") -> int:
+          keep_alive: float = 5.0, languages: str | None = None, engine: str = "thread", engines: int = 1) -> int:
     """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0). read_timeout: seconds a request's headers,
     then its body, may take to arrive (408 and the connection closed past it); keep_alive: seconds an idle
     connection is kept open; languages: "SRC:TGT", the model's pair for LibreTranslate's routes; engine: see
@@ -98,12 +120,11 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
 
     # before the model loads: a mistake costs no wait
     check_listening(host, port, grace, max_body_bytes, read_timeout, keep_alive)
-    if engine not in ENGINES:
-        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", params=("engine",))
+    check_engines(engine, engines)
     pair = Languages.parse(languages) if languages is not None else None
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
-    service, ident = build_service(path, spec, options, engine=engine)
+    service, ident = build_service(path, spec, options, engine=engine, engines=engines)
     app = create_app(service, ident, api_key, max_body_bytes, read_timeout,
                      pair or Languages.of(service.translator.tokenizer))
     # uvicorn's own limit only backs ours up: at --grace the requests still under way are answered 503 (_Drain),

@@ -270,12 +270,13 @@ class DecodeService:
     def _loop(self) -> None:
         try:
             while True:
+                self._intake()
                 with self._lock:
                     if self._stop:
                         break
                     cancelled, self._cancelled = self._cancelled, []
                     if not (self._running or self._queue or self._jobs or cancelled):
-                        self._lock.wait(timeout=0.05)
+                        self._idle()
                         continue
                 for req, error in cancelled:
                     self._drop(req, error)
@@ -293,6 +294,14 @@ class DecodeService:
             self._fail_all(ServeError("the server stopped before this request finished", 503))
             self._flush()
             self.batch.abort()  # the backend's buffers back
+
+    def _intake(self) -> None:
+        """Between two steps, before anything else: what arrived for the decode thread (in-process, submit() and
+        cancel() put it under the lock already)."""
+
+    def _idle(self) -> None:
+        """Nothing to do (under the lock): wait for a submit, a cancellation or a job, or 50 ms."""
+        self._lock.wait(timeout=0.05)
 
     def _emit(self, req: Request, kind: str, data: Any) -> None:
         """An event for `req`'s sink, sent with the rest of this step's (decode thread only)."""
