@@ -184,3 +184,34 @@ def test_admitting_one_sentence_on_onnxruntime_writes_its_rows_only(tiny_artifac
     assert addresses() == pointers
     batch.abort()
 
+
+def test_onnxruntime_bindings_outlive_admissions_to_row_counts_bound_before(tiny_artifact_dir, monkeypatch):
+    """A step's IO binding is kept for its row count (and cross K/V entry count) across admissions and
+    retirements while the buffers stay: a batch going back to row counts it has run binds nothing again, and
+    its sentences still decode as alone."""
+    from transduce.runtime.backends import ort_memory
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    backend = OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    cfg = backend.config
+    rng = np.random.default_rng(7)
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    src, lens = _batch(cfg, [6, 9, 4, 7], rng)
+    first = batch.admit(src, lens, GREEDY)
+
+    def cycle():  # one more row for a step, then back to four
+        late = batch.admit(*_batch(cfg, [5], rng), GREEDY)
+        batch.step()
+        batch.cancel(late)
+        batch.step()
+
+    cycle()  # the buffers grow once: both row counts bound again
+    binds, bind = [], ort_memory.NumpyMemory.bind
+    monkeypatch.setattr(ort_memory.NumpyMemory, "bind", lambda self, *a: (binds.append(a[1]), bind(self, *a)))
+    cycle()
+    cycle()
+    assert binds == []
+    monkeypatch.undo()
+    got = dict(batch.run_until_empty()[first])
+    for s in range(4):
+        _assert_same(got[s], decode(backend, src[s: s + 1, : lens[s]], lens[s: s + 1], GREEDY)[0])
