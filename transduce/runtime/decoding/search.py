@@ -120,13 +120,14 @@ class GreedyCohort(Cohort):
         if options.sampling:  # random sampling: the draw among this many candidates a row
             self.kk = sampling.candidates(options, cfg.vocab_size)
         n = self.n
-        cap = int(max_len.max())
+        # one sentence (a server's commonest cohort): its length read once, not reduced twice
+        first, cap = (max_len.item(),) * 2 if n == 1 else (int(max_len.min()), int(max_len.max()))
         self.on_tokens = on_tokens
         self.row_sent = np.arange(n)  # sentence of each row (`live`)
         self.rows = n
         self.everyone = True  # row_sent is arange(n)
         self.live_max = max_len  # max_len[row_sent]
-        self.first_end = int(max_len.min())  # no row reaches its maximum length before this step count
+        self.first_end = first  # no row reaches its maximum length before this step count
         self.tokens = np.full(n, cfg.bos_id, dtype=np.int64)
         self.out_tok = np.zeros((n, cap), dtype=np.int64)
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
@@ -362,8 +363,10 @@ class BeamCohort(Cohort):
 
 def _prefix_table(prefixes: Sequence[Sequence[int]] | None, max_len: np.ndarray) -> tuple[np.ndarray, int]:
     """(sentences, longest prefix) token table, -1 past each prefix, and the longest prefix's length (0: none)."""
-    lengths = np.array([len(p) for p in prefixes] if prefixes is not None else [0], np.int64)
-    if prefixes is None or not lengths.any():
+    if prefixes is None:
+        return np.full((len(max_len), 1), -1, np.int64), 0
+    lengths = np.array([len(p) for p in prefixes], np.int64)
+    if not lengths.any():
         return np.full((len(max_len), 1), -1, np.int64), 0
     if len(prefixes) != len(max_len):
         raise InputError(f"{len(prefixes)} prefixes for {len(max_len)} sentences: give one per sentence (or none)")
