@@ -213,6 +213,32 @@ def test_a_cohort_whose_search_fails_leaves_and_the_others_go_on(tiny_model):
         _assert_same(got[(good, s)], want)
 
 
+def test_a_solo_cohort_whose_listener_fails_leaves_and_the_others_go_on(tiny_model):
+    """A one-sentence greedy cohort stepped as a solo one whose token listener raises is dropped and named in
+    `failed`, as any cohort whose search fails; the one beside it decodes as alone."""
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(9)
+    good_src, good_lens = _batch(cfg, [5], rng)
+    opts = DecodingOptions(beam_size=1, max_len_b=6)
+
+    def broken(sentences, tokens):
+        raise RuntimeError("the listener failed")
+
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    bad = batch.admit(*_batch(cfg, [4], rng), opts, on_tokens=broken)
+    good = batch.admit(good_src, good_lens, opts)
+    assert bad.solo and good.solo
+    got, failed = {}, []
+    while batch.cohorts:
+        for c, s, res in batch.step():
+            got[(c, s)] = res
+        failed += batch.failed
+    assert [(c, type(e)) for c, e in failed] == [(bad, RuntimeError)]
+    assert list(got) == [(good, 0)]
+    _assert_same(got[(good, 0)], decode(backend, good_src, good_lens, opts)[0])
+
+
 def _one_sentence_requests(cfg, count: int = 24, seed: int = 11):
     """(admit at step, src, lengths, options, prefixes) of one-sentence requests, most greedy with nothing but the
     best candidate to read (solo cohorts), beside greedy ones that ban EOS, force a prefix or draw, and beams."""

@@ -183,11 +183,11 @@ class RunningBatch:
         for c in cohorts:
             r = c.rows
             if c.solo:
-                if c.advance_solo(best_tok[off], best_lp[off]):
-                    changed = True
-                else:
+                if self._advance_solo(c, best_tok[off], best_lp[off]):
                     keep.append(off)
                     tokens.append(best_tok[off])
+                else:
+                    changed = True
             else:
                 self._advance(c, off, vals, ids, full, att, mixed, next(forced_of))
                 changed = changed or c.moved is not None
@@ -208,6 +208,16 @@ class RunningBatch:
             self.backend.reorder(self.state, rows, self.row_src)
         self.tokens = np.array(tokens, np.int64)
         return finished
+
+    def _advance_solo(self, c: Cohort, tok: int, lp: float) -> bool:
+        """A solo cohort advanced from its row's best candidate -> whether its row goes on; a failure of its search
+        (or of its token listener) drops it (listed in `failed`), the others go on."""
+        try:
+            return not c.advance_solo(tok, lp)
+        except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
+            self.failed.append((c, e))
+            c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
+            return False
 
     def _advance(self, c: Cohort, off: int, vals: np.ndarray, ids: np.ndarray, full: np.ndarray | None,
                  att: np.ndarray | None, mixed: bool, forced: np.ndarray | None) -> None:
