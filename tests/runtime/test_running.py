@@ -211,3 +211,89 @@ def test_a_cohort_whose_search_fails_leaves_and_the_others_go_on(tiny_model):
     assert all(c is good for c, _ in got)
     for s, want in enumerate(decode(backend, good_src, good_lens, good_opts)):
         _assert_same(got[(good, s)], want)
+
+
+def test_a_solo_cohort_whose_listener_fails_leaves_and_the_others_go_on(tiny_model):
+    """A one-sentence greedy cohort stepped as a solo one whose token listener raises is dropped and named in
+    `failed`, as any cohort whose search fails; the one beside it decodes as alone."""
+    backend = TorchBackend(tiny_model)
+    cfg = backend.config
+    rng = np.random.default_rng(9)
+    good_src, good_lens = _batch(cfg, [5], rng)
+    opts = DecodingOptions(beam_size=1, max_len_b=6)
+
+    def broken(sentences, tokens):
+        raise RuntimeError("the listener failed")
+
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    bad = batch.admit(*_batch(cfg, [4], rng), opts, on_tokens=broken)
+    good = batch.admit(good_src, good_lens, opts)
+    assert bad.solo and good.solo
+    got, failed = {}, []
+    while batch.cohorts:
+        for c, s, res in batch.step():
+            got[(c, s)] = res
+        failed += batch.failed
+    assert [(c, type(e)) for c, e in failed] == [(bad, RuntimeError)]
+    assert list(got) == [(good, 0)]
+    _assert_same(got[(good, 0)], decode(backend, good_src, good_lens, opts)[0])
+
+
+def _one_sentence_requests(cfg, count: int = 24, seed: int = 11):
+    """(admit at step, src, lengths, options, prefixes) of one-sentence requests, most greedy with nothing but the
+    best candidate to read (solo cohorts), beside greedy ones that ban EOS, force a prefix or draw, and beams."""
+    rng = np.random.default_rng(seed)
+    kinds = [DecodingOptions(beam_size=1, max_len_b=12)] * 4 + [
+        DecodingOptions(beam_size=1, min_length=5, max_len_b=9),
+        DecodingOptions(beam_size=1, sampling_topk=5, seed=3, max_len_b=10),
+        DecodingOptions(beam_size=1, max_len_a=0.0, max_len_b=3),
+        DecodingOptions(beam_size=2, max_len_b=8)]
+    out = []
+    for j in range(count):
+        lengths = [int(rng.integers(2, 21))]
+        prefixes = [[5, 6]] if j % 5 == 4 else None
+        out.append((int(rng.integers(0, 20)), *_batch(cfg, lengths, rng), kinds[j % len(kinds)], prefixes))
+    return sorted(out, key=lambda r: r[0])
+
+
+def _one_sentence_run(backend, requests, solo: bool):
+    """_interleaved over one-sentence requests, each admitted with a token listener;
+    solo=False steps every cohort through advance() -> results, each cohort's streamed tokens, solo cohorts."""
+    batch = RunningBatch(backend, capacity=backend.config.max_positions)
+    pending, results, streamed, solos = list(enumerate(requests)), {}, {}, 0
+    while pending or batch.cohorts:
+        while pending and pending[0][1][0] <= batch.steps:
+            j, (_, src, lens, opts, prefixes) = pending.pop(0)
+            streamed[j] = []
+            c = batch.admit(src, lens, opts, on_tokens=lambda s, t, j=j: streamed[j].extend(t.tolist()),
+                            prefixes=prefixes)
+            solos += c.solo
+            c.solo, c.j = c.solo and solo, j
+        if not batch.cohorts:
+            batch.steps = pending[0][1][0]
+            continue
+        for c, _, res in batch.step():
+            results[c.j] = res
+    return [results[j] for j in range(len(requests))], [streamed[j] for j in range(len(requests))], solos
+
+
+@pytest.mark.parametrize("which", ["torch", "onnxruntime"])
+def test_solo_cohorts_decode_as_through_the_general_path(which, tiny_model, tiny_artifact_dir):
+    """One-sentence greedy cohorts that read only their best candidate are stepped together (advance_solo)
+    beside cohorts that ban EOS, force a prefix, draw or search beams: every result, bit for bit, and every
+    streamed token is what stepping each through advance() gives, and each sentence decodes as alone."""
+    if which == "torch":
+        backend = TorchBackend(tiny_model)
+    else:
+        from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+        backend = OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    requests = _one_sentence_requests(backend.config)
+    fast, fast_streamed, solos = _one_sentence_run(backend, requests, solo=True)
+    slow, slow_streamed, _ = _one_sentence_run(backend, requests, solo=False)
+    assert 8 <= solos < len(requests)  # solo cohorts beside others
+    assert fast == slow and fast_streamed == slow_streamed
+    for (_, src, lens, opts, prefixes), res, tokens in zip(requests, fast, fast_streamed, strict=True):
+        if opts.beam_size == 1:  # a beam search streams nothing
+            assert list(res.best.tokens) + [backend.config.eos_id] * res.best.finished == tokens
+        _assert_same(res, decode(backend, src, lens, opts, prefixes=prefixes)[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from transduce.runtime.backends.base import renumbered_sources
 from transduce.runtime.backends.slots import SlotTable
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode
@@ -52,6 +53,18 @@ def test_a_reused_slot_is_written_again_into_rows_that_held_it():
     table.held[:] = [0, 1]  # the per-row buffer holds slots 0 and 1
     table.admit(np.array([0]), np.array([2]), 2, 64)  # source 1 left: its slot 1 now holds the new source
     assert table.stale_rows(table.row_slots(np.array([0, 1]))).tolist() == [1]
+
+
+def test_renumbered_sources_are_the_rows_sources_ascending_and_each_rows_index_among_them():
+    rng = np.random.default_rng(4)
+    for row_src in [np.array([5, 5, 2, 9, 2, 0]), np.array([3]), *(rng.integers(0, 40, rng.integers(1, 60))
+                                                                  for _ in range(20))]:
+        kept, inverse = renumbered_sources(row_src)
+        want_kept, want_inverse = np.unique(row_src, return_inverse=True)
+        assert kept.tolist() == want_kept.tolist() and inverse.tolist() == want_inverse.tolist()
+        assert kept.dtype == inverse.dtype == np.int64
+    kept, inverse = renumbered_sources(np.zeros(0, np.int64))
+    assert kept.size == inverse.size == 0
 
 
 def test_admitting_one_sentence_copies_one_sources_kv(tiny_model):
@@ -170,3 +183,35 @@ def test_admitting_one_sentence_on_onnxruntime_writes_its_rows_only(tiny_artifac
         assert pooled.copied - before == 2 * one  # its slot in the pool, its row of the bound buffers
     assert addresses() == pointers
     batch.abort()
+
+
+def test_onnxruntime_bindings_outlive_admissions_to_row_counts_bound_before(tiny_artifact_dir, monkeypatch):
+    """A step's IO binding is kept for its row count (and cross K/V entry count) across admissions and
+    retirements while the buffers stay: a batch going back to row counts it has run binds nothing again, and
+    its sentences still decode as alone."""
+    from transduce.runtime.backends import ort_memory
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    backend = OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    cfg = backend.config
+    rng = np.random.default_rng(7)
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    src, lens = _batch(cfg, [6, 9, 4, 7], rng)
+    first = batch.admit(src, lens, GREEDY)
+
+    def cycle():  # one more row for a step, then back to four
+        late = batch.admit(*_batch(cfg, [5], rng), GREEDY)
+        batch.step()
+        batch.cancel(late)
+        batch.step()
+
+    cycle()  # the buffers grow once: both row counts bound again
+    binds, bind = [], ort_memory.NumpyMemory.bind
+    monkeypatch.setattr(ort_memory.NumpyMemory, "bind", lambda self, *a: (binds.append(a[1]), bind(self, *a)))
+    cycle()
+    cycle()
+    assert binds == []
+    monkeypatch.undo()
+    got = dict(batch.run_until_empty()[first])
+    for s in range(4):
+        _assert_same(got[s], decode(backend, src[s: s + 1, : lens[s]], lens[s: s + 1], GREEDY)[0])

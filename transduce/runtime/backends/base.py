@@ -196,5 +196,12 @@ def require_attention(backend: Any) -> None:
 def renumbered_sources(row_src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sources a state's rows decode, ascending (the state's sources after an admit, before the new
     ones), and each row's index among them."""
-    kept, inverse = np.unique(np.asarray(row_src, np.int64), return_inverse=True)
-    return kept, inverse.reshape(-1).astype(np.int64)
+    row_src = np.asarray(row_src, np.int64).reshape(-1)
+    if not row_src.size:
+        return row_src, row_src
+    # a table over the source numbers instead of np.unique's sort: a few times faster on a running batch's rows
+    rank = np.zeros(int(row_src.max()) + 1, np.int64)
+    rank[row_src] = 1
+    kept = np.flatnonzero(rank)
+    rank[kept] = np.arange(len(kept))
+    return kept, rank[row_src]

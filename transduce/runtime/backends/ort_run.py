@@ -107,7 +107,7 @@ class RunState:
     tokens: Any = None  # (R_max,) int64 input buffers, rewritten in place each step
     positions: Any = None
     row_src_given: bytes | None = None  # the row_src last given, as bytes (decoding passes it again while unchanged)
-    bindings: dict = field(default_factory=dict)  # (rows, session, k, ban_eos) -> IOBinding, bound once;
+    bindings: dict = field(default_factory=dict)  # (rows, cross entries, session, k, ban_eos) -> IOBinding, bound once;
     # LAST_STEP -> the last step's (key, session, binding, fused graph)
     topk: dict = field(default_factory=dict)  # k -> (values, ids) (R_max, k) buffers of the fused graph's top-k
     owned: list = field(default_factory=list)  # pooled memory of this run, given back by release()
@@ -119,6 +119,7 @@ class RunState:
     # the sources' cross K/V in a slot pool and the per-entry buffers bound from it (ort_slots), from the first
     # gather that is not a one-source run's in-place write
     pooled: PooledCross | None = None
+    pooled_allocations: int = 0  # the pool's per-entry buffer allocations the bindings were made onto
 
     @classmethod
     def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int) -> RunState:
@@ -156,11 +157,20 @@ class RunState:
                 return
             if self.recyclable and len(rows) == 1 and self._cross_in_place(rows):
                 return
-            self.pooled = PooledCross(self.mem, self.enc, self.layout.cross_names)
+            self._new_pool()
         if self.pooled.bind(rows, self.cache.shape[1], self.owned):
             self.cross = self.pooled.bound
-            self.bindings.clear()
+            if self.pooled.allocations != self.pooled_allocations:  # new buffers: every binding is stale
+                self.pooled_allocations = self.pooled.allocations
+                self.bindings.clear()
+            else:  # another entry count: the bindings of each count stay valid (its key), not the last step's
+                self.bindings.pop(LAST_STEP, None)
         self.cross_rows = rows.copy()
+
+    def _new_pool(self) -> None:
+        """The sources' cross K/V in a slot pool from now on (its buffers not allocated yet)."""
+        self.pooled = PooledCross(self.mem, self.enc, self.layout.cross_names)
+        self.pooled_allocations = 0
 
     def of_rows(self, row_src: np.ndarray) -> dict[str, np.ndarray]:
         """Host copies of the cross K/V and source lengths of rows decoding sources row_src."""
@@ -200,11 +210,12 @@ class RunState:
         """The IOBinding of the current row count on `session`; every tensor is bound by pointer once.
 
         The buffers' contents change in place between runs (tokens, positions, cache slots and rows),
-        their addresses do not, so a binding is reused until the row count, the cross K/V or the
+        their addresses do not, so a binding is kept for its row count and cross K/V entry count until the
         buffers change. The fused graph's also binds its top-k (k, the ban bias and the outputs).
         """
         r = self.rows
-        key = (r, id(session), k, ban_eos) if fused else (r, id(session))
+        n = len(self.cross_rows)
+        key = (r, n, id(session), k, ban_eos) if fused else (r, n, id(session))
         b = self.bindings.get(key)
         if b is not None:
             return b
@@ -256,7 +267,7 @@ class RunState:
         slots of the pool (ort_slots.PooledCross; renumbered as backends.base.renumbered_sources says), only the
         new rows' cross K/V written into the bound buffers."""
         if self.pooled is None:
-            self.pooled = PooledCross(self.mem, self.enc, self.layout.cross_names)
+            self._new_pool()
         row_src = self.pooled.admit(np.frombuffer(self.row_src_given, np.int64), enc, most_width, self.owned)
         self.enc = {}  # the pool holds what the step reads from now on
         n_new = len(row_src) - self.rows
@@ -268,7 +279,9 @@ class RunState:
         if not self.row_pos.any():
             self.row_pos = None
         self.rows = total
-        self.bindings.clear()
+        self.bindings.pop(LAST_STEP, None)  # those of each row count stay valid until the buffers change
+        if len(self.bindings) > MAX_BINDINGS:
+            self.bindings.clear()
         self.recyclable = False  # its cross K/V are several sources' from now on
         self.row_src_given = None  # bound again: only the new rows are written
         self.gather_cross(row_src, per_source)

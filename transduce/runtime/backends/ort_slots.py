@@ -30,6 +30,7 @@ class PooledCross:
         self.entry_slot = np.array([-1])  # the slot each bound entry holds
         self.bound: dict[str, Any] = {}  # name -> the bound views, the first len(entry_slot) entries
         self.copied = 0  # bytes written into the pool and the per-entry buffers
+        self.allocations = 0  # times the per-entry buffers were (re)allocated: bindings onto older ones are stale
 
     def sources(self) -> int:
         """How many sources the protocol's numbering has now."""
@@ -37,12 +38,15 @@ class PooledCross:
 
     def bind(self, entries: np.ndarray, capacity: int, owned: list) -> bool:
         """The bound cross K/V for entries decoding the protocol's sources `entries`, rewriting only the entries
-        whose slot changed -> whether the bound buffers changed (address or shape: the bindings are stale)."""
+        whose slot changed -> whether the bound views changed (their entry count, or the buffers themselves:
+        then `allocations` counts one more)."""
         slot = self.table.row_slots(entries)
         if np.array_equal(slot, self.entry_slot):
             return False
         n = len(slot)
-        changed = self._entries_for(max(n, capacity), owned) or n != len(self.entry_slot) or not self.bound
+        grown = self._entries_for(max(n, capacity), owned)
+        self.allocations += grown
+        changed = grown or n != len(self.entry_slot) or not self.bound
         stale = self.table.stale_rows(slot)
         if stale.size:
             self._write(stale, slot[stale])

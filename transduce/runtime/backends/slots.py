@@ -48,7 +48,9 @@ class SlotTable:
         kept, _ = renumbered_sources(row_src)
         live = self.slot_of[kept]
         n_new = len(lengths)
-        free = np.setdiff1d(np.arange(self.slots), live)
+        used = np.zeros(self.slots, bool)
+        used[live] = True
+        free = np.flatnonzero(~used)
         slots = self.slots
         if len(free) < n_new:
             slots = max(len(live) + n_new, 2 * self.slots)
@@ -58,7 +60,8 @@ class SlotTable:
             self.slot_len = np.concatenate([self.slot_len, np.zeros(slots - self.slots, np.int64)])
         self.slot_len[free] = 0
         self.slot_len[new] = np.asarray(lengths, np.int64)
-        self.held[np.isin(self.held, free)] = -1  # a freed slot's old K/V are not what it holds from now on
+        # a freed slot's old K/V are not what it holds from now on (held names slots below the old count only)
+        self.held[(self.held >= 0) & ~used[self.held]] = -1
         self.slot_of = np.concatenate([live, new])
         grown = self.width if width <= self.width else max(int(width), min(2 * self.width, int(most_width)))
         self.slots, self.width = slots, grown

@@ -66,6 +66,10 @@ class RunningBatch:
         self.state = None
         self.state_capacity = 0
         self.cohorts: list[Cohort] = []  # in the state's row-block order
+        # every row's token for the next step and its source in the backend state (the protocol's numbering),
+        # in row order: kept here for all cohorts at once (a solo cohort's own `tokens` go stale)
+        self.tokens = np.zeros(0, np.int64)
+        self.row_src = np.zeros(0, np.int64)
         self.steps = 0  # steps run (all states)
         self.failed: list[tuple[Cohort, Exception]] = []  # cohorts whose search failed in the last step (dropped)
 
@@ -109,11 +113,13 @@ class RunningBatch:
         longest = max(int(x.max()) for x in lens)
         if self.state is not None and not self.cohorts:
             self._end()
+        tokens = [c.tokens for c in cohorts]
         if self.state is None:
             encoded = backend.encode(src_ids, src_lengths)
             self.state_capacity = self.capacity or longest
-            self.state = backend.begin(encoded, np.arange(len(src_lengths)), self.state_capacity)
-            base = 0
+            self.row_src = np.arange(len(src_lengths))
+            self.state = backend.begin(encoded, self.row_src, self.state_capacity)
+            self.tokens = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
         else:
             if longest > self.state_capacity:
                 raise CapacityError(f"a maximum length of {longest} tokens does not fit the running batch's "
@@ -126,21 +132,16 @@ class RunningBatch:
                                     "backend's running batch now", hint="admit them once the running batch is "
                                     "empty (can_admit(src_ids) says when)")
             encoded = backend.encode(src_ids, src_lengths)
-            kept, _ = renumbered_sources(self._row_sources())
+            kept, inverse = renumbered_sources(self.row_src)
             backend.admit(self.state, encoded)
-            for c in self.cohorts:
-                c.src_of = np.searchsorted(kept, c.src_of)  # sentences already retired get any index
-                c.src_identity = False
-            base = len(kept)
-        for c in cohorts:
-            n = len(c.src_of)
-            c.src_of, c.src_identity = base + np.arange(n), base == 0
-            base += n
+            # the state's sources now: those its rows decode, ascending, then the new ones (one row each)
+            self.row_src = np.concatenate([inverse, len(kept) + np.arange(len(src_lengths))])
+            self.tokens = np.concatenate([self.tokens, *tokens])
         self.cohorts.extend(cohorts)
         return list(cohorts)
 
     def _cohort(self, a: Admission) -> tuple[Cohort, np.ndarray]:
-        """The admission's cohort (its src_of a placeholder of its length) and its sentences' maximum lengths."""
+        """The admission's cohort and its sentences' maximum lengths."""
         backend, cfg = self.backend, self.backend.config
         options = a.options
         greedy = a.search == "greedy" or (a.search == "auto" and options.beam_size == 1)
@@ -151,53 +152,48 @@ class RunningBatch:
             require_attention(backend)
             cohort.attention_layer = alignment_layer(options.alignment_layer, cfg.decoder_layers)
             cohort.src_len = np.asarray(a.src_lengths, np.int64)
-        cohort.src_of = np.arange(len(a.src_lengths))
         return cohort, lens
-
-    def _row_sources(self) -> np.ndarray:
-        """The state's source of every row, cohort after cohort."""
-        parts = [c.src_of[c.row_sent] for c in self.cohorts]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def step(self) -> Finished:
         """One step of every live row -> the sentences that finished in it. A cohort whose search raises beside
         others is dropped and listed in `failed` (alone, its error is raised, as offline decoding's is)."""
-        cohorts, backend = self.cohorts, self.backend
+        cohorts = self.cohorts
         self.failed = []
         if not cohorts:
             return []
         if len(cohorts) == 1:  # offline decoding's every step: the search's own calls, nothing around them
             return self._step_one(cohorts[0])
-        eos, vocab = backend.config.eos_id, backend.config.vocab_size
-        bans = [c.ban_eos for c in cohorts]
-        kk = max(c.kk for c in cohorts)
-        mixed = any(bans) and not all(bans)  # then EOS is taken out here, for the cohorts that ban it
-        tokens = cohorts[0].tokens if len(cohorts) == 1 else np.concatenate([c.tokens for c in cohorts])
-        forced = [c.forced_ids() for c in cohorts]
-        vals, ids, full, att = self._run_step(tokens, min(kk + mixed, vocab), bans[0] and not mixed,
-                                              any(f is not None or c.adjusts for f, c in zip(forced, cohorts)),
-                                              any(c.attention_layer >= 0 for c in cohorts))
+        vocab = self.backend.config.vocab_size
+        general = [c for c in cohorts if not c.solo]  # solo cohorts read their best candidate only, never ban EOS
+        bans = [c.ban_eos for c in general]
+        kk = max((c.kk for c in general), default=1)
+        mixed = any(bans) and (len(general) < len(cohorts) or not all(bans))  # then EOS is taken out here
+        forced = [c.forced_ids() for c in general]
+        vals, ids, full, att = self._run_step(self.tokens, min(kk + mixed, vocab), any(bans) and not mixed,
+                                              any(f is not None or c.adjusts for f, c in zip(forced, general)),
+                                              any(c.attention_layer >= 0 for c in general))
         self.steps += 1
+        best_tok, best_lp = ids[:, 0].tolist(), vals[:, 0].tolist()
         finished: Finished = []
-        starts = []  # each cohort's first row in the state that stepped
+        keep: list[int] = []  # the rows that go on, cohort after cohort
+        tokens: list[int] = []  # and their next tokens
         changed = False
         off = 0
-        for c, ban, f in zip(cohorts, bans, forced, strict=True):
+        forced_of = iter(forced)
+        for c in cohorts:
             r = c.rows
-            v, i = (vals, ids) if len(cohorts) == 1 else (vals[off: off + r], ids[off: off + r])
-            if mixed and ban:
-                v, i = _without_eos(v, i, c.kk, eos)
-            elif v.shape[1] != c.kk:
-                v, i = v[:, : c.kk], i[:, : c.kk]
-            starts.append((off, r))
-            try:
-                rows = None if full is None else full[off: off + r]
-                a = None if att is None or c.attention_layer < 0 else att[off: off + r]
-                c.advance(v, i, None if f is None else (f, _chosen(rows, f)), rows, a)
-            except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
-                self.failed.append((c, e))
-                c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
-            changed = changed or c.moved is not None
+            if c.solo:
+                if self._advance_solo(c, best_tok[off], best_lp[off]):
+                    keep.append(off)
+                    tokens.append(best_tok[off])
+                else:
+                    changed = True
+            else:
+                self._advance(c, off, vals, ids, full, att, mixed, next(forced_of))
+                changed = changed or c.moved is not None
+                if c.rows:
+                    keep.extend(range(off, off + r) if c.moved is None else (off + c.moved).tolist())
+                    tokens.extend(c.tokens.tolist())
             if c.done:
                 finished.extend((c, s, res) for s, res in c.done)
                 c.done = []
@@ -205,11 +201,41 @@ class RunningBatch:
         self.cohorts = [c for c in cohorts if c.rows]
         if not self.cohorts:
             self._end()
-        elif changed:  # the rows that go on, cohort after cohort
-            moves = [off + (np.arange(r) if c.moved is None else c.moved)
-                     for c, (off, r) in zip(cohorts, starts, strict=True)]
-            backend.reorder(self.state, moves[0] if len(moves) == 1 else np.concatenate(moves), self._row_sources())
+            return finished
+        if changed:
+            rows = np.array(keep, np.int64)
+            self.row_src = self.row_src[rows]  # a row that goes on decodes the source of the row it continues
+            self.backend.reorder(self.state, rows, self.row_src)
+        self.tokens = np.array(tokens, np.int64)
         return finished
+
+    def _advance_solo(self, c: Cohort, tok: int, lp: float) -> bool:
+        """A solo cohort advanced from its row's best candidate -> whether its row goes on; a failure of its search
+        (or of its token listener) drops it (listed in `failed`), the others go on."""
+        try:
+            return not c.advance_solo(tok, lp)
+        except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
+            self.failed.append((c, e))
+            c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
+            return False
+
+    def _advance(self, c: Cohort, off: int, vals: np.ndarray, ids: np.ndarray, full: np.ndarray | None,
+                 att: np.ndarray | None, mixed: bool, forced: np.ndarray | None) -> None:
+        """A cohort other than a solo one advanced from its rows' (from `off`) candidates of a step of several
+        cohorts; a failure of its search drops it (listed in `failed`), the others go on."""
+        r = c.rows
+        v, i = vals[off: off + r], ids[off: off + r]
+        if mixed and c.ban_eos:
+            v, i = _without_eos(v, i, c.kk, self.backend.config.eos_id)
+        elif v.shape[1] != c.kk:
+            v, i = v[:, : c.kk], i[:, : c.kk]
+        try:
+            rows = None if full is None else full[off: off + r]
+            a = None if att is None or c.attention_layer < 0 else att[off: off + r]
+            c.advance(v, i, None if forced is None else (forced, _chosen(rows, forced)), rows, a)
+        except Exception as e:  # noqa: BLE001 - this cohort's own failure: it leaves, the others go on
+            self.failed.append((c, e))
+            c.rows, c.moved, c.done = 0, np.zeros(0, np.int64), []
 
     def _run_step(self, tokens: np.ndarray, k: int, ban_eos: bool, full: bool, attention: bool = False):
         """One step of every row -> its top-k (values, ids) and, where `full` (a row is forced through its
@@ -229,7 +255,7 @@ class RunningBatch:
 
     def _step_one(self, c: Cohort) -> Finished:
         forced = c.forced_ids()
-        vals, ids, full, att = self._run_step(c.tokens, c.kk, c.ban_eos, forced is not None or c.adjusts,
+        vals, ids, full, att = self._run_step(self.tokens, c.kk, c.ban_eos, forced is not None or c.adjusts,
                                               c.attention_layer >= 0)
         self.steps += 1
         c.advance(vals, ids, None if forced is None else (forced, _chosen(full, forced)), full, att)
@@ -237,11 +263,13 @@ class RunningBatch:
         if c.done:
             finished = [(c, s, res) for s, res in c.done]
             c.done = []
+        self.tokens = c.tokens
         if not c.rows:
             self.cohorts = []
             self._end()
         elif c.moved is not None:
-            self.backend.reorder(self.state, c.moved, c.row_sent if c.src_identity else c.src_of[c.row_sent])
+            self.row_src = self.row_src[c.moved]
+            self.backend.reorder(self.state, c.moved, self.row_src)
         return finished
 
     def cancel(self, cohort: Cohort) -> None:
@@ -251,13 +279,15 @@ class RunningBatch:
         keep, off = [], 0
         for c in self.cohorts:
             if c is not cohort:
-                keep.append(off + np.arange(c.rows))
+                keep.extend(range(off, off + c.rows))
             off += c.rows
         self.cohorts = [c for c in self.cohorts if c is not cohort]
         if not self.cohorts:
             self._end()
         else:
-            self.backend.reorder(self.state, np.concatenate(keep), self._row_sources())
+            rows = np.array(keep, np.int64)
+            self.tokens, self.row_src = self.tokens[rows], self.row_src[rows]
+            self.backend.reorder(self.state, rows, self.row_src)
 
     def run_until_empty(self) -> dict[Cohort, list[tuple[int, DecodeResult]]]:
         """Step until every cohort is done -> each cohort's (sentence, result) pairs, in finishing order."""

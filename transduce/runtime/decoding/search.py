@@ -7,6 +7,10 @@ continue (`moved`: its local rows of the state that just stepped, None while the
 of its sentences each continuing row decodes (`row_sent`), and it leaves each finished sentence's result in
 `done` until the running batch collects it. Offline decoding is one cohort admitted alone, so the backend
 sees exactly the calls that the search made before it ran in a running batch.
+
+A server's commonest cohort is one sentence decoded greedily with none of the options that read more than the
+best candidate (`solo`): the running batch advances those from its rows' best candidates as plain numbers
+(GreedyCohort.advance_solo), without a numpy slice of its own each step.
 """
 
 from __future__ import annotations
@@ -36,8 +40,7 @@ class Cohort:
     row_sent: np.ndarray  # (rows,) the cohort's sentence each row decodes
     moved: np.ndarray | None  # after advance: local rows of the last step that continue (None: all, unchanged)
     done: list[tuple[int, DecodeResult]]  # finished sentences not collected yet
-    src_of: np.ndarray  # (sentences,) each sentence's source in the backend state (the running batch's)
-    src_identity = False  # src_of is arange(sentences): row_sent is the rows' sources as it is
+    solo = False  # one greedy sentence that reads only its best candidate: advance_solo steps it
     # return_attention: each sentence's source length (EOS included; the running batch sets it) and the decoder
     # layer whose attention it keeps (-1: it keeps none)
     src_len: np.ndarray | None = None
@@ -117,17 +120,22 @@ class GreedyCohort(Cohort):
         if options.sampling:  # random sampling: the draw among this many candidates a row
             self.kk = sampling.candidates(options, cfg.vocab_size)
         n = self.n
-        cap = int(max_len.max())
+        # one sentence (a server's commonest cohort): its length read once, not reduced twice
+        first, cap = (max_len.item(),) * 2 if n == 1 else (int(max_len.min()), int(max_len.max()))
         self.on_tokens = on_tokens
         self.row_sent = np.arange(n)  # sentence of each row (`live`)
         self.rows = n
         self.everyone = True  # row_sent is arange(n)
         self.live_max = max_len  # max_len[row_sent]
-        self.first_end = int(max_len.min())  # no row reaches its maximum length before this step count
+        self.first_end = first  # no row reaches its maximum length before this step count
         self.tokens = np.full(n, cfg.bos_id, dtype=np.int64)
         self.out_tok = np.zeros((n, cap), dtype=np.int64)
         self.out_lp = np.zeros((n, cap), dtype=np.float32)
         self.atts: list[tuple[np.ndarray, np.ndarray]] = []  # return_attention: each step's (row_sent, (rows, S))
+        # one sentence whose step needs its best candidate only: no draw, prefix, forced EOS, ban on EOS (minimum
+        # length), adjusted log-probs or attention
+        self.solo = n == 1 and not (options.sampling or options.adjusts or options.attention or options.forced_eos
+                                    or self.prefix_steps or options.min_length > 1)
 
     def advance(self, vals: np.ndarray, ids: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None = None,
                 full: np.ndarray | None = None, attention: np.ndarray | None = None) -> None:
@@ -172,6 +180,25 @@ class GreedyCohort(Cohort):
             self.rows = len(keep)
             self.moved = keep
         self.tokens = tok
+
+    def advance_solo(self, tok: int, lp: float) -> bool:
+        """advance() of a solo cohort from its row's best candidate (token id, log-prob) -> whether its sentence
+        finished (its result in `done`, its row gone). Its `tokens` are not kept up to date: the running batch
+        holds every row's next token (RunningBatch.tokens)."""
+        t = self.t
+        self.t = t + 1
+        self.out_tok[0, t] = tok
+        self.out_lp[0, t] = lp
+        if self.on_tokens is not None:
+            self.on_tokens(self.row_sent, np.array([tok], np.int64))
+        ended = tok == self.eos
+        if not ended and t + 1 < self.first_end:
+            return False
+        self.done.append((0, self._result(0, t + 1, ended)))
+        self.row_sent = self.moved = np.zeros(0, np.int64)
+        self.everyone, self.live_max, self.first_end, self.rows = False, self.max_len[:0], 0, 0
+        self.tokens = self.row_sent
+        return True
 
     def _result(self, i: int, m: int, ended: bool) -> DecodeResult:
         raw = float(self.out_lp[i, :m].astype(np.float64).sum())
@@ -336,8 +363,10 @@ class BeamCohort(Cohort):
 
 def _prefix_table(prefixes: Sequence[Sequence[int]] | None, max_len: np.ndarray) -> tuple[np.ndarray, int]:
     """(sentences, longest prefix) token table, -1 past each prefix, and the longest prefix's length (0: none)."""
-    lengths = np.array([len(p) for p in prefixes] if prefixes is not None else [0], np.int64)
-    if prefixes is None or not lengths.any():
+    if prefixes is None:
+        return np.full((len(max_len), 1), -1, np.int64), 0
+    lengths = np.array([len(p) for p in prefixes], np.int64)
+    if not lengths.any():
         return np.full((len(max_len), 1), -1, np.int64), 0
     if len(prefixes) != len(max_len):
         raise InputError(f"{len(prefixes)} prefixes for {len(max_len)} sentences: give one per sentence (or none)")
