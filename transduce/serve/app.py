@@ -137,7 +137,8 @@ class App:
             body, kind = b"metrics are off\n", "text/plain"
             status = 404
         else:
-            (body, kind), status = self.metrics.exposition(), 200
+            # in a thread: with --engine process it waits for the engines' figures, which the event loop reads
+            (body, kind), status = await asyncio.to_thread(self.metrics.exposition), 200
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", kind.encode()), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
