@@ -71,11 +71,11 @@ def _cpu_seconds(pid: int) -> float:
 
 def test_process_cpu_seconds_cover_every_process(server):
     """/metrics gives the decode side's gauges and counters and CPU time of the front end and both engines."""
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    assert "transduce_live_rows " in text and "transduce_queue_depth " in text
     engines = _engines(server.proc.pid)
     assert len(engines) == 2
-    engine_cpu = sum(_cpu_seconds(pid) for pid in engines)
+    engine_cpu = sum(_cpu_seconds(pid) for pid in engines)  # read first: CPU time only grows
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert "transduce_live_rows " in text and "transduce_queue_depth " in text
     cpu = float(next(line for line in text.splitlines() if line.startswith("process_cpu_seconds_total ")).split()[1])
     assert cpu >= engine_cpu > min(_cpu_seconds(pid) for pid in engines) > 0
     assert httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["engines"] == 2
@@ -176,3 +176,17 @@ def test_frames_carry_plain_values_only():
     assert wire.error(ValueError("bad"))[:2] == (500, "ValueError: bad")
     with pytest.raises(pickle.UnpicklingError, match="only plain values"):
         wire.loads(pickle.dumps(np.zeros(2)))
+
+
+def test_the_engine_makes_each_distinct_set_of_options_once():
+    """Submits with the same option values share one DecodingOptions; different values get their own."""
+    from transduce.runtime.decoding import DecodingOptions
+    from transduce.serve import wire
+    from transduce.serve.engine_core import EngineService
+
+    service = EngineService.__new__(EngineService)
+    service._options = {}
+    greedy, beam = wire.options(DecodingOptions(beam_size=1)), wire.options(DecodingOptions(beam_size=4))
+    first = service._options_of(dict(greedy))
+    assert service._options_of(dict(greedy)) is first and first == DecodingOptions(beam_size=1)
+    assert service._options_of(beam) == DecodingOptions(beam_size=4) and len(service._options) == 2

@@ -21,6 +21,9 @@ from transduce.serve import wire
 from transduce.serve.service import DecodeService, Request, ServeError
 
 
+OPTIONS_KEPT = 256  # distinct sets of decoding options kept made
+
+
 def _remote(events: list) -> None:
     """The sink of a request from the front end: never called (EngineService._flush sends the frames)."""
 
@@ -36,6 +39,7 @@ class EngineService(DecodeService):
         self.requests: dict[int, Request] = {}  # the front end's request id -> its request here
         self.seen = 0  # submits received: the front end's queue depth counts those it sent and we had not
         self._told = (0, 0)  # (seen, queue depth) of the last frame
+        self._options: dict[tuple, Any] = {}  # submits' options as sent -> their DecodingOptions
 
     def _intake(self) -> None:
         try:
@@ -83,6 +87,20 @@ class EngineService(DecodeService):
         except Exception as e:  # noqa: BLE001 - the front end raises it for its caller
             self.send(("reply", job, False, wire.error(e)))
 
+    def _options_of(self, given: dict) -> Any:
+        """A submit's DecodingOptions, made (and checked) once per distinct set of values: most requests share a
+        few."""
+        try:
+            key = tuple(given.items())
+            made = self._options.get(key)
+        except TypeError:  # a value that does not hash: made each time
+            return wire.unoptions(given)
+        if made is None:
+            if len(self._options) >= OPTIONS_KEPT:
+                self._options.clear()
+            made = self._options[key] = wire.unoptions(given)
+        return made
+
     def _translated(self, req: Request, i: int, result) -> Any:
         return wire.result(result)  # the front end makes the Translation (detokenising is its work)
 
@@ -106,7 +124,7 @@ class EngineService(DecodeService):
     def take(self, message: tuple) -> None:
         """A submit from the front end into the queue (its 429, should the queue have filled meanwhile, sent)."""
         (rid, created, timeout, stream, n, todo, src, lens, prepared, texts, prefixes, options) = message
-        req = Request(n, wire.unoptions(options), timeout, _remote, stream, waiter=rid)
+        req = Request(n, self._options_of(options), timeout, _remote, stream, waiter=rid)
         req.id, req.created, req.deadline = rid, created, created + timeout  # one clock: CLOCK_MONOTONIC
         req.todo, req.src, req.lens, req.prepared, req.prefixes = todo, wire.unarray(src), wire.unarray(lens), \
             prepared, prefixes
