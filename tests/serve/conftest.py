@@ -78,7 +78,9 @@ def free_port() -> int:
 
 
 class Server:
-    """A `transduce serve` process; its output goes to `log`."""
+    """A `transduce serve` process; its output goes to `log`. Its engine is a thread unless `args` name one (the
+    tests that need the engine process, the default, name it: test_engine.py runs the behaviour tests that matter
+    across the pipe again; spawning one per test would cost the suite a minute)."""
 
     def __init__(self, artifact: str, tmp_path, *args: str):
         self.port = free_port()
@@ -87,7 +89,8 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "transduce.cli", "serve", artifact, "--port",
-                                          str(self.port), "--threads", "1", *args],
+                                          str(self.port), "--threads", "1",
+                                          *([] if "--engine" in args else ["--engine", "thread"]), *args],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, headers=None, timeout: float = 90.0) -> None:

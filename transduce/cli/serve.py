@@ -30,9 +30,10 @@ from transduce.serve.service import ServiceOptions
 @click.option("--languages", default=None,
               help="The model's language pair as SRC:TGT (e.g. en:fr), for LibreTranslate's POST /translate and "
                    "GET /languages; default: what the model's tokenizer names, else any codes are taken.")
-@click.option("--engine", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
-              help="Where the backend and decode loop run: a thread of the server, or a process of their own that "
-                   "the HTTP side's work never holds up (see docs/serving.md).")
+@click.option("--engine", type=click.Choice(["thread", "process"]), default=None,
+              help="Where the backend and decode loop run: a process of their own that the HTTP side's work never "
+                   "holds up (the default), or a thread of the server (see docs/serving.md). [default: process; "
+                   "with --ray, each replica's thread]")
 @click.option("--engines", default=1, show_default=True,
               help="With --engine process: engine processes, each loading the model with a running batch of its "
                    "own; a request goes to the one with the fewest under way (on a CPU: the cores one decode "
@@ -49,13 +50,13 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
     """Serve translations over HTTP: POST /v1/translate, /v1/score, LibreTranslate's POST /translate, GET
     /languages, /v1/models, /healthz, /readyz, /metrics.
 
-    One process owns the backend; one decode thread runs the running batch, which admits each request's
-    sentences at the next step boundary where its rows fit and retires them as they finish (a backend that
-    cannot admit rows into a running batch, tensorrt, admits only into an empty one). SIGTERM or Ctrl-C
-    drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0. With
-    --engine process the backend and decode thread run in a process of their own instead.
+    An engine process (--engines N: N of them) owns the backend; its decode thread runs the running batch,
+    which admits each request's sentences at a step boundary where its rows fit and retires them as they finish
+    (a backend that cannot admit rows into a running batch, tensorrt, admits only into an empty one); the
+    server's own process does HTTP, tokenizing and detokenizing (--engine thread: all in one process). SIGTERM
+    or Ctrl-C drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
     """
-    if use_ray and (engine != "thread" or engines != 1):
+    if use_ray and (engine == "process" or engines != 1):
         from transduce.errors import InputError
 
         raise InputError("--engine process is the single server's: each Ray replica runs its decode thread",
@@ -77,7 +78,7 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
 
     sys.exit(run(artifact_dir, spec, host=host, port=port, options=service, api_key_file=api_key_file, grace=grace,
                  max_body_bytes=max_body_bytes, quiet=quiet, log=log, read_timeout=read_timeout,
-                 keep_alive=keep_alive, languages=languages, engine=engine, engines=engines))
+                 keep_alive=keep_alive, languages=languages, engine=engine or "process", engines=engines))
 
 
 @click.command()

@@ -1,5 +1,5 @@
-"""`transduce serve`: one process that owns a backend, its decode thread, and uvicorn in front of them (with
---engine process: the backend and decode thread in an engine process of their own, serve.engine).
+"""`transduce serve`: uvicorn in front of the backend and its decode thread, which run in engine processes of
+their own (--engine process, the default: serve.engine) or in a thread of the server's process (--engine thread).
 
 SIGTERM and Ctrl-C drain: readyz answers 503, uvicorn stops accepting connections, the requests under way
 finish within the grace period (the decode thread keeps stepping them), then the process exits 0. A second
@@ -109,7 +109,7 @@ def check_engines(engine: str, engines: int) -> None:
 def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
           options: ServiceOptions | None = None, api_key_file: str | None = None, grace: float = 30.0,
           max_body_bytes: int = 1 << 20, quiet: bool = False, log=print, read_timeout: float = 10.0,
-          keep_alive: float = 5.0, languages: str | None = None, engine: str = "thread", engines: int = 1) -> int:
+          keep_alive: float = 5.0, languages: str | None = None, engine: str = "process", engines: int = 1) -> int:
     """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0). read_timeout: seconds a request's headers,
     then its body, may take to arrive (408 and the connection closed past it); keep_alive: seconds an idle
     connection is kept open; languages: "SRC:TGT", the model's pair for LibreTranslate's routes; engine: see
