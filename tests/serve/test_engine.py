@@ -190,3 +190,19 @@ def test_the_engine_makes_each_distinct_set_of_options_once():
     first = service._options_of(dict(greedy))
     assert service._options_of(dict(greedy)) is first and first == DecodingOptions(beam_size=1)
     assert service._options_of(beam) == DecodingOptions(beam_size=4) and len(service._options) == 2
+
+
+def test_engines_auto_is_two_on_a_cpu_of_two_cores_and_one_on_a_gpu(monkeypatch):
+    """--engines 0 (the default): two engine processes on a CPU of two cores or more, one on one core or a GPU;
+    each CPU engine's framework threads share the cores less the front end's."""
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve import server
+
+    cpu, gpu = BackendSpec(), BackendSpec(device="cuda")
+    monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
+    assert (server.engine_count(cpu, 0), server.engine_count(gpu, 0), server.engine_count(cpu, 3)) == (2, 1, 3)
+    assert server.engine_spec(cpu, 2).threads == 1 and server.engine_spec(gpu, 2).threads == 0
+    monkeypatch.setattr(server.os, "cpu_count", lambda: 1)
+    assert server.engine_count(cpu, 0) == 1
+    monkeypatch.setattr(server.os, "cpu_count", lambda: 16)
+    assert server.engine_spec(cpu, 2).threads == 7 and server.engine_spec(BackendSpec(threads=4), 2).threads == 4

@@ -386,7 +386,7 @@ def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
     (["--keep-alive", "inf"], "--keep-alive must be a number of seconds > 0, got inf"),
     (["--languages", "en"], "--languages must be SRC:TGT (two codes), got 'en'"),
     (["--engine", "process", "--ray"], "--engine process is the single server's"),
-    (["--engines", "0", "--engine", "process"], "--engines must be an integer 1..64, got 0"),
+    (["--engines", "-1"], "--engines must be an integer 0..64 (0: auto), got -1"),
     (["--engines", "2", "--engine", "thread"], "--engines 2: several engines are processes of their own"),
     (["--join-ratio", "-1"], "--join-ratio must be a number >= 0, got -1"),
     (["--join-steps", "-1"], "--join-steps must be an integer >= 0, got -1"),

@@ -34,10 +34,10 @@ from transduce.serve.service import ServiceOptions
               help="Where the backend and decode loop run: a process of their own that the HTTP side's work never "
                    "holds up (the default), or a thread of the server (see docs/serving.md). [default: process; "
                    "with --ray, each replica's thread]")
-@click.option("--engines", default=1, show_default=True,
-              help="With --engine process: engine processes, each loading the model with a running batch of its "
-                   "own; a request goes to the one with the fewest under way (on a CPU: the cores one decode "
-                   "thread cannot use).")
+@click.option("--engines", default=0, show_default=True,
+              help="Engine processes (--engine process), each loading the model with a running batch of its own; "
+                   "a request goes to the one with the fewest under way. 0: two on a CPU of two cores or more (a "
+                   "core one decode thread cannot use), one on a GPU; 1 halves the memory.")
 @click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
@@ -56,7 +56,7 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
     server's own process does HTTP, tokenizing and detokenizing (--engine thread: all in one process). SIGTERM
     or Ctrl-C drain: readyz fails, the requests under way finish (within --grace), then the exit status is 0.
     """
-    if use_ray and (engine == "process" or engines != 1):
+    if use_ray and (engine == "process" or engines > 1):
         from transduce.errors import InputError
 
         raise InputError("--engine process is the single server's: each Ray replica runs its decode thread",

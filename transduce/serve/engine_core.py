@@ -20,7 +20,6 @@ from typing import Any
 from transduce.serve import wire
 from transduce.serve.service import DecodeService, Request, ServeError
 
-
 OPTIONS_KEPT = 256  # distinct sets of decoding options kept made
 
 

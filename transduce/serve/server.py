@@ -74,6 +74,7 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
         from transduce.serve.metrics import EngineMetrics
 
         watched = EngineMetrics() if metrics else None
+        engines = engine_count(spec, engines)
         client = EngineClient(path, engine_spec(spec, engines), options, watched, identity, engines)
         if watched is not None:
             watched.engine = client
@@ -83,6 +84,15 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
     service = DecodeService(translator, options, ServeMetrics() if metrics else None)
     service.start()
     return service, identity(translator, spec, path, service.options.scheduler)
+
+
+def engine_count(spec: BackendSpec, engines: int) -> int:
+    """The engine processes to start: `engines`, or where it is 0 (auto) two on a CPU of two cores or more (each
+    engine's decode thread runs its batch's Python on one core: a second one turns a spare core into throughput),
+    else one (a GPU's work is one stream's)."""
+    if engines:
+        return engines
+    return 2 if spec.device == "cpu" and (os.cpu_count() or 1) >= 2 else 1
 
 
 def engine_spec(spec: BackendSpec, engines: int) -> BackendSpec:
@@ -99,8 +109,9 @@ def check_engines(engine: str, engines: int) -> None:
     """--engine and --engines: an InputError naming the one that is wrong."""
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", params=("engine",))
-    if isinstance(engines, bool) or not isinstance(engines, int) or not 1 <= engines <= MAX_ENGINES:
-        raise InputError(f"engines must be an integer 1..{MAX_ENGINES}, got {engines!r}", params=("engines",))
+    if isinstance(engines, bool) or not isinstance(engines, int) or not 0 <= engines <= MAX_ENGINES:
+        raise InputError(f"engines must be an integer 0..{MAX_ENGINES} (0: auto), got {engines!r}",
+                         params=("engines",))
     if engines > 1 and engine != "process":
         raise InputError(f"engines {engines}: several engines are processes of their own",
                          hint="add --engine process", params=("engines",))
@@ -109,7 +120,7 @@ def check_engines(engine: str, engines: int) -> None:
 def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
           options: ServiceOptions | None = None, api_key_file: str | None = None, grace: float = 30.0,
           max_body_bytes: int = 1 << 20, quiet: bool = False, log=print, read_timeout: float = 10.0,
-          keep_alive: float = 5.0, languages: str | None = None, engine: str = "process", engines: int = 1) -> int:
+          keep_alive: float = 5.0, languages: str | None = None, engine: str = "process", engines: int = 0) -> int:
     """Serve until SIGTERM or Ctrl-C, then drain -> the exit status (0). read_timeout: seconds a request's headers,
     then its body, may take to arrive (408 and the connection closed past it); keep_alive: seconds an idle
     connection is kept open; languages: "SRC:TGT", the model's pair for LibreTranslate's routes; engine: see
