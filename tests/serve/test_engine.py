@@ -206,3 +206,19 @@ def test_engines_auto_is_two_on_a_cpu_of_two_cores_and_one_on_a_gpu(monkeypatch)
     assert server.engine_count(cpu, 0) == 1
     monkeypatch.setattr(server.os, "cpu_count", lambda: 16)
     assert server.engine_spec(cpu, 2).threads == 7 and server.engine_spec(BackendSpec(threads=4), 2).threads == 4
+
+
+def test_an_engine_whose_warm_up_waits_in_its_queue_starts(tiny_artifact_dir):
+    """A static scheduler holds the engine's own warm-up request in its queue for --max-wait-ms: the front end
+    hears nothing of it before the engine says it is ready (a step frame first was read as the ready message)."""
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+    from transduce.serve.service import ServiceOptions
+
+    client = EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1),
+                          ServiceOptions(scheduler="static", max_wait_ms=50))
+    client.start()
+    try:
+        assert client.translate(["one two"], {"beam_size": 1})[0].tokens
+    finally:
+        client.stop()

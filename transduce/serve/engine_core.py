@@ -105,6 +105,8 @@ class EngineService(DecodeService):
 
     def _flush(self) -> None:
         out, self._outbox = self._outbox, []
+        if not self.ready:  # its own warm-up: the front end hears nothing before "ready"
+            return
         told = (self.seen, len(self._queue))
         if not out and told == self._told:
             return
