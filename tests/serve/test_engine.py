@@ -34,7 +34,8 @@ def server(long_artifact_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wide_server(wide_artifact_dir, tmp_path_factory):
-    with _limited_server(wide_artifact_dir, tmp_path_factory, "--engine", "process") as s:
+    """One engine: the queue tests count one running batch's rows."""
+    with _limited_server(wide_artifact_dir, tmp_path_factory, "--engine", "process", "--engines", "1") as s:
         yield warmed(s)
 
 
@@ -103,18 +104,20 @@ def test_requests_go_to_the_engine_with_the_fewest_under_way(tiny_artifact_dir):
 
 
 def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir, tmp_path):
-    """The engine process killed while a request runs: that request is answered 503 (no hang), healthz and readyz
-    fail, new requests get 503; SIGTERM still ends the server."""
+    """The engine processes (two, the default on this CPU) killed while a request runs: that request is answered 503
+    (no hang), healthz and readyz fail, new requests get 503; SIGTERM still ends the server."""
     s = Server(long_artifact_dir, tmp_path, "--engine", "process")
     try:
         s.wait_ready()
-        [engine] = _engines(s.proc.pid)
+        engines = _engines(s.proc.pid)
+        assert len(engines) == (2 if (os.cpu_count() or 1) >= 2 else 1)
 
         async def run():
             async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
                 task = asyncio.create_task(client.post("/v1/translate", json={"text": ["one two"] * 4, **SLOW}))
                 await _until(client, "transduce_live_rows", lambda rows: rows > 0, [task])  # under way
-                os.kill(engine, signal.SIGKILL)
+                for engine in engines:
+                    os.kill(engine, signal.SIGKILL)
                 return await task
 
         answer = asyncio.run(run())
@@ -131,14 +134,15 @@ def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir,
 
 
 def test_the_engine_dies_with_the_front_end(long_artifact_dir, tmp_path):
-    """The front end killed outright (no drain): its engine process does not stay behind."""
+    """The front end killed outright (no drain): its engine processes do not stay behind."""
     s = Server(long_artifact_dir, tmp_path, "--engine", "process")
     try:
         s.wait_ready()
-        [engine] = _engines(s.proc.pid)
+        engines = _engines(s.proc.pid)
+        assert engines
         s.proc.kill()
         s.proc.wait(timeout=30)
-        _wait_for(lambda: not _alive(engine))
+        _wait_for(lambda: not any(_alive(engine) for engine in engines))
     finally:
         s.stop()
 

@@ -77,3 +77,20 @@ def request_defaults(model: DecodingOptions, options: ServiceOptions) -> Decodin
                          f"({options.max_rows}) holds: every request naming no beam would be refused",
                          hint="set default_beam_size, or more rows", params=("default_beam_size", "max_rows"))
     return model
+
+
+def request_options(translator, defaults: DecodingOptions, given: dict, fields: tuple[str, ...]) -> DecodingOptions:
+    """A request's decoding options over `defaults` (the Translator's checks): InputError naming the field for one
+    not among `fields`, an invalid one, or a length penalty whose normalisation overflows."""
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(fields)}", params=(unknown[0],))
+    opts = translator.options(given, "the request", defaults)
+    try:  # the normalisation of the longest translation must be a number (a huge alpha overflows)
+        ok = math.isfinite(opts.penalty(translator.config.max_positions))
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise InputError(f"length_penalty {opts.length_penalty} overflows the length normalisation",
+                         hint="use a length penalty of a few units at most", params=("length_penalty",))
+    return opts

@@ -22,7 +22,6 @@ waits for no step or encoder run.
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import threading
 import time
 from collections import deque
@@ -36,7 +35,7 @@ from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.running import Admission, RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
-from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions, request_defaults
+from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions, request_defaults, request_options
 from transduce.serve.requests import Event, Request, Sink, deliver
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
@@ -173,19 +172,7 @@ class DecodeService:
 
     def decoding_options(self, given: dict) -> DecodingOptions:
         """The request's decoding options (InputError naming the field for an unknown or invalid one)."""
-        unknown = sorted(set(given) - set(OPTION_FIELDS))
-        if unknown:
-            raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(OPTION_FIELDS)}",
-                             params=(unknown[0],))
-        opts = self.translator.options(given, "the request", self.defaults)
-        try:  # the normalisation of the longest translation must be a number (a huge alpha overflows)
-            ok = math.isfinite(opts.penalty(self.translator.config.max_positions))
-        except OverflowError:
-            ok = False
-        if not ok:
-            raise InputError(f"length_penalty {opts.length_penalty} overflows the length normalisation",
-                             hint="use a length penalty of a few units at most", params=("length_penalty",))
-        return opts
+        return request_options(self.translator, self.defaults, given, OPTION_FIELDS)
 
     def cancel(self, req: Request, error: ServeError) -> None:
         """Drop a request (its client left, or its caller gave up) at the next step boundary."""
@@ -219,12 +206,7 @@ class DecodeService:
         fields only. InputError for bad input, ServeError when the service cannot take it."""
         if self.draining or self._stop:
             raise ServeError("the server is shutting down", 503, hint="retry on another replica")
-        given = dict(options or {})
-        unknown = sorted(set(given) - set(SCORE_OPTION_FIELDS))
-        if unknown:
-            raise InputError(f"unknown option {unknown[0]!r}", hint=f"options: {', '.join(SCORE_OPTION_FIELDS)}",
-                             params=(unknown[0],))
-        opts = self.decoding_options(given)
+        opts = request_options(self.translator, self.defaults, dict(options or {}), SCORE_OPTION_FIELDS)
         if not isinstance(truncate, bool):
             raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         sources, targets = list(_sentences(sources, "source")), list(_sentences(targets, "target"))
