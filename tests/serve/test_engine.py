@@ -226,3 +226,24 @@ def test_an_engine_whose_warm_up_waits_in_its_queue_starts(tiny_artifact_dir):
         assert client.translate(["one two"], {"beam_size": 1})[0].tokens
     finally:
         client.stop()
+
+
+def test_an_engine_that_ends_fails_only_its_own_requests_and_jobs():
+    """With two engines, the one whose pipe closes fails the requests and job replies it had; the other's wait on."""
+    import concurrent.futures
+
+    from transduce.runtime.decoding import DecodingOptions
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+    from transduce.serve.service import Request, ServeError
+
+    client = EngineClient("unused", BackendSpec(), engines=2)  # never started: its bookkeeping only
+    gone, kept = client.engines
+    reqs = [Request(1, DecodingOptions(), 10.0) for _ in range(2)]
+    jobs = [concurrent.futures.Future() for _ in range(2)]
+    for n, (req, job, engine) in enumerate(zip(reqs, jobs, (gone, kept), strict=True)):
+        client._requests[req.id], client._where[req.id], client._replies[n] = req, engine, (engine, job)
+    client._fail_all(ServeError("the engine process stopped", 503), gone)
+    assert reqs[0].error.status == 503 and isinstance(jobs[0].exception(timeout=0), ServeError)
+    assert not reqs[1].finished.is_set() and not jobs[1].done()
+    assert list(client._requests) == [reqs[1].id] and list(client._replies) == [1]

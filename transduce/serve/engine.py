@@ -145,7 +145,7 @@ class EngineClient(DecodeService):
         self._lock = threading.Lock()
         self._requests: dict[int, Request] = {}  # under way in an engine, by id
         self._where: dict[int, _Engine] = {}  # the engine each of them went to
-        self._replies: dict[int, concurrent.futures.Future] = {}
+        self._replies: dict[int, tuple[_Engine, concurrent.futures.Future]] = {}  # a job's engine and answer
         self._jobs_ids = itertools.count(1)
         self._attention: tuple | None = None
         self.engines = [_Engine(n, self) for n in range(engines)]
@@ -275,7 +275,7 @@ class EngineClient(DecodeService):
         with self._lock:
             self._check_running()
             job = next(self._jobs_ids)
-            self._replies[job] = done
+            self._replies[job] = (engine, done)
             engine.send((kind, job, *args))
         return done.result(timeout)
 
@@ -293,7 +293,7 @@ class EngineClient(DecodeService):
                     self._step_frame(engine, *message[1:])
                 elif message[0] == "reply":
                     _, job, ok, value = message
-                    done = self._replies.pop(job, None)
+                    _, done = self._replies.pop(job, (None, None))
                     if done is not None:
                         done.set_result(value) if ok else done.set_exception(wire.unerror(value))
                 elif message[0] == "stopped":
@@ -335,13 +335,14 @@ class EngineClient(DecodeService):
         return t
 
     def _fail_all(self, error: ServeError, engine: _Engine | None = None) -> None:
-        """Every request under way (in `engine`, where given) and every reply awaited fails with `error`."""
+        """Every request under way and every job's reply awaited (in `engine`, where given) fails with `error`."""
         with self._lock:
             held = [r for r in self._requests.values() if engine is None or self._where.get(r.id) is engine]
             for r in held:
                 self._requests.pop(r.id, None)
                 self._where.pop(r.id, None)
-            replies, self._replies = list(self._replies.values()), {}
+            jobs = [j for j, (e, _) in self._replies.items() if engine is None or e is engine]
+            replies = [self._replies.pop(j)[1] for j in jobs]
         for done in replies:
             done.set_exception(error)
         out: list[Event] = []
