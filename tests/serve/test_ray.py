@@ -197,3 +197,19 @@ def test_serve_ray_stops_on_sigterm_with_status_0(tiny_artifact_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_run_settings_are_read_as_their_fields_types():
+    """`serve run transduce.serve.ray:app` key=value strings: optional integers ("none" or a number), floats and
+    the application's own settings as their types; a value of the wrong type names its key."""
+    from transduce.errors import InputError
+    from transduce.serve.ray import app_settings
+
+    artifact, spec, options, settings = app_settings({
+        "artifact": "a", "default_beam_size": "2", "join_ratio": "0.25", "max_rows": "64", "threads": "1",
+        "replicas": "3", "grace": "5"})
+    assert (artifact, spec.threads, settings) == ("a", 1, {"replicas": 3, "grace": 5.0})
+    assert (options.default_beam_size, options.join_ratio, options.max_rows) == (2, 0.25, 64)
+    assert app_settings({"artifact": "a", "default_beam_size": "none"})[2].default_beam_size is None
+    with pytest.raises(InputError, match="max_rows must be an integer, got 'many'"):
+        app_settings({"artifact": "a", "max_rows": "many"})

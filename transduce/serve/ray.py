@@ -124,6 +124,14 @@ def app(args: dict[str, str]):
     """The application builder of `serve run transduce.serve.ray:app artifact=DIR [key=value ...]`: the backend
     (BackendSpec's fields: backend, device, threads, precision, cuda_graph, ...), the service's options
     (ServiceOptions' fields: max_rows, max_queue, ...) and the application's (APP_SETTINGS)."""
+    artifact, spec, options, settings = app_settings(args)
+    return build_app(artifact, spec, options, **settings)
+
+
+def app_settings(args: dict[str, str]) -> tuple[str, BackendSpec, ServiceOptions, dict[str, Any]]:
+    """`serve run`'s key=value strings -> the artifact, the BackendSpec, the ServiceOptions and the application's
+    own settings, each value as its field's type (InputError naming a key that is unknown or a value that is not
+    its type)."""
     args = dict(args)
     if "artifact" not in args:
         raise BackendUnavailable("serve run transduce.serve.ray:app needs artifact=DIR",
@@ -131,14 +139,26 @@ def app(args: dict[str, str]):
     artifact = args.pop("artifact")
     service_fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
     spec_fields = [f.name for f in dataclasses.fields(BackendSpec) if f.name != "options"]
-    kinds = {"int": int, "float": float, "str": str}  # the fields' annotations, as strings
-    options = ServiceOptions(**{k: kinds[service_fields[k]](args.pop(k)) for k in list(args) if k in service_fields})
+    options = ServiceOptions(**{k: _typed(k, service_fields[k], args.pop(k)) for k in list(args)
+                                if k in service_fields})
     spec = BackendSpec.from_mapping({k: args.pop(k) for k in list(args) if k in spec_fields})
     unknown = sorted(set(args) - set(APP_SETTINGS))
     if unknown:
         raise InputError(f"unknown setting {unknown[0]!r}", params=(unknown[0],),
                          hint="settings: artifact, " + ", ".join([*spec_fields, *service_fields, *APP_SETTINGS]))
-    return build_app(artifact, spec, options, **{k: APP_SETTINGS[k](v) for k, v in args.items()})
+    return artifact, spec, options, {k: _typed(k, APP_SETTINGS[k].__name__, v) for k, v in args.items()}
+
+
+def _typed(name: str, kind: str, value: str) -> Any:
+    """A setting's string as its annotation's type ("int", "float", "str", or one of them "| None")."""
+    if "None" in kind and value.lower() in ("none", "null", ""):
+        return None
+    base = kind.split("|")[0].strip()
+    try:
+        return {"int": int, "float": float, "str": str}[base](value)
+    except ValueError:
+        raise InputError(f"{name} must be {'an integer' if base == 'int' else 'a number'}, got {value!r}",
+                         params=(name,)) from None
 
 
 def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
