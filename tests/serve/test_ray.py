@@ -44,7 +44,8 @@ def ray_url(tiny_artifact_dir, tmp_path_factory):
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(tiny_artifact_dir, BackendSpec(threads=1), replicas=2, num_cpus=0.5,
-                            options=ServiceOptions(default_beam_size=2), api_key_file=str(key)),
+                            options=ServiceOptions(default_beam_size=2), api_key_file=str(key),
+                            languages="en:fr", read_timeout=5.0),
                   name="transduce", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         _wait_for_replicas(url, 2)
@@ -103,6 +104,8 @@ def test_two_replicas_answer_concurrent_requests_as_offline_decoding(ray_url, ti
     assert httpx.get(ray_url + "/readyz", headers=AUTH).status_code == 200
     assert httpx.get(ray_url + "/readyz").status_code == 401  # the replicas read the key file themselves
     assert httpx.get(ray_url + "/healthz").status_code == 200
+    # the language pair reaches every replica's LibreTranslate routes
+    assert httpx.get(ray_url + "/languages", headers=AUTH).json()[0]["code"] == "en"
 
 
 def test_a_killed_replica_is_replaced_and_no_answer_is_wrong(ray_url, tiny_artifact_dir):
@@ -207,8 +210,9 @@ def test_serve_run_settings_are_read_as_their_fields_types():
 
     artifact, spec, options, settings = app_settings({
         "artifact": "a", "default_beam_size": "2", "join_ratio": "0.25", "max_rows": "64", "threads": "1",
-        "replicas": "3", "grace": "5"})
-    assert (artifact, spec.threads, settings) == ("a", 1, {"replicas": 3, "grace": 5.0})
+        "replicas": "3", "grace": "5", "read_timeout": "2.5", "languages": "en:fr"})
+    assert (artifact, spec.threads) == ("a", 1)
+    assert settings == {"replicas": 3, "grace": 5.0, "read_timeout": 2.5, "languages": "en:fr"}
     assert (options.default_beam_size, options.join_ratio, options.max_rows) == (2, 0.25, 64)
     assert app_settings({"artifact": "a", "default_beam_size": "none"})[2].default_beam_size is None
     with pytest.raises(InputError, match="max_rows must be an integer, got 'many'"):

@@ -61,12 +61,22 @@ def serve(artifact_dir, host, port, max_body_bytes, grace, api_key_file, read_ti
 
         raise InputError("--engine process is the single server's: each Ray replica runs its decode thread",
                          hint="leave out --engine, or --ray")
-    if use_ray:
-        from transduce.serve.ray import run_ray
+    if use_ray and keep_alive != 5.0:
+        from transduce.errors import InputError
 
+        raise InputError("--keep-alive is the single server's: Ray's HTTP proxy keeps the connections",
+                         hint="leave out --keep-alive, or --ray")
+    if use_ray:
+        from transduce.serve.libre import Languages
+        from transduce.serve.ray import run_ray
+        from transduce.serve.server import check_listening
+
+        check_listening(host, port, grace, max_body_bytes, read_timeout)  # refused before Ray starts
+        if languages is not None:
+            Languages.parse(languages)
         sys.exit(run_ray(artifact_dir, spec, host=host, port=port, options=service, replicas=replicas,
                          address=address, quiet=quiet, grace=grace, api_key_file=api_key_file,
-                         max_body_bytes=max_body_bytes))
+                         max_body_bytes=max_body_bytes, read_timeout=read_timeout, languages=languages))
     if address or replicas != 1:
         from transduce.errors import InputError
 

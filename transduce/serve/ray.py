@@ -63,11 +63,13 @@ def _deployment_class():
         """One replica: a decode service and the HTTP API over it (built after the constructor)."""
 
         def __init__(self, artifact: str, spec: dict | None = None, options: dict | None = None, grace: float = 30.0,
-                     api_key_file: str | None = None, max_body_bytes: int = 1 << 20):
-            """spec and options: a BackendSpec's and ServiceOptions' fields (plain values: Ray sends them)."""
+                     api_key_file: str | None = None, max_body_bytes: int = 1 << 20, read_timeout: float = 10.0,
+                     languages: str | None = None):
+            """spec and options: a BackendSpec's and ServiceOptions' fields (plain values: Ray sends them);
+            languages: "SRC:TGT", the model's pair for LibreTranslate's routes."""
             from transduce.serve.server import build_service, read_api_key
 
-            self.grace = grace
+            self.grace, self.read_timeout, self.languages = grace, read_timeout, languages
             # the key is read here, on the replica's node: it never travels in Ray's deployment config
             self.api_key = read_api_key(api_key_file) if api_key_file else None
             self.max_body_bytes = max_body_bytes
@@ -77,9 +79,12 @@ def _deployment_class():
 
         def __serve_build_asgi_app__(self):
             from transduce.serve.app import create_app
+            from transduce.serve.libre import Languages
 
-            return ReplicaHeader(create_app(self.service, self.identity, self.api_key, self.max_body_bytes),
-                                 self.replica)
+            pair = (Languages.parse(self.languages) if self.languages
+                    else Languages.of(self.service.translator.tokenizer))
+            return ReplicaHeader(create_app(self.service, self.identity, self.api_key, self.max_body_bytes,
+                                            self.read_timeout, pair), self.replica)
 
         def check_health(self) -> None:
             if not self.service.alive():
@@ -98,7 +103,7 @@ def build_app(artifact: str, spec: BackendSpec | None = None, options: ServiceOp
               replicas: int = 1, max_ongoing_requests: int = 64, max_queued_requests: int = 256,
               autoscaling_config: dict[str, Any] | None = None, num_cpus: float = 1.0, num_gpus: float | None = None,
               name: str = "transduce", grace: float = 30.0, api_key_file: str | None = None,
-              max_body_bytes: int = 1 << 20):
+              max_body_bytes: int = 1 << 20, read_timeout: float = 10.0, languages: str | None = None):
     """The Ray Serve application: `replicas` copies (or autoscaling_config's) of one deployment over `artifact`,
     each decoding with the backend `spec` names (num_gpus: one per replica where it runs on a GPU, unless
     given). api_key_file: bearer auth, the file read by each replica (at the same path on every node)."""
@@ -112,12 +117,14 @@ def build_app(artifact: str, spec: BackendSpec | None = None, options: ServiceOp
                                   ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}, **scaling)
     return deployment.bind(os.path.abspath(artifact), spec.to_mapping(),
                            dataclasses.asdict(options or ServiceOptions()), grace,
-                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes)
+                           os.path.abspath(api_key_file) if api_key_file else None, max_body_bytes, read_timeout,
+                           languages)
 
 
 # the application's own settings in `serve run ... key=value` (the BackendSpec's and ServiceOptions' fields too)
 APP_SETTINGS = {"replicas": int, "max_ongoing_requests": int, "max_queued_requests": int, "max_body_bytes": int,
-                "num_cpus": float, "num_gpus": float, "grace": float, "name": str, "api_key_file": str}
+                "num_cpus": float, "num_gpus": float, "grace": float, "name": str, "api_key_file": str,
+                "read_timeout": float, "languages": str}
 
 
 def app(args: dict[str, str]):
@@ -163,7 +170,8 @@ def _typed(name: str, kind: str, value: str) -> Any:
 
 def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
             options: ServiceOptions | None = None, replicas: int = 1, address: str | None = None, quiet: bool = False,
-            log=print, grace: float = 30.0, api_key_file: str | None = None, max_body_bytes: int = 1 << 20) -> int:
+            log=print, grace: float = 30.0, api_key_file: str | None = None, max_body_bytes: int = 1 << 20,
+            read_timeout: float = 10.0, languages: str | None = None) -> int:
     """`transduce serve --ray`: the deployment on a local Ray (or the cluster at `address`) until Ctrl-C or
     SIGTERM, then Serve shut down -> 0."""
     import signal
@@ -195,7 +203,8 @@ def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0
 
             read_api_key(api_key_file)  # refused here, before any replica starts, if it cannot be read
         serve._run(build_app(artifact, spec, options, replicas, grace=grace, api_key_file=api_key_file,
-                             max_body_bytes=max_body_bytes), name="transduce", route_prefix="/", _blocking=False)
+                             max_body_bytes=max_body_bytes, read_timeout=read_timeout, languages=languages),
+                   name="transduce", route_prefix="/", _blocking=False)
         if not _until_running(serve, stop, log, quiet):
             return 1  # a signal came while the replicas were starting
         if not quiet:
