@@ -3,12 +3,12 @@ and backend are in an engine process of their own (engine_core.py), so decoding 
 lock that HTTP, JSON, tokenizing and detokenizing hold here.
 
 EngineClient keeps DecodeService's intake (submit's checks and tokenizing, the options, score's checks) and
-replaces its queue: a checked request goes down the pipe as token ids and plain fields (wire.py; the submits of
-one turn of the event loop in one frame), and one reader thread takes the engine's frames (one per decode step,
-every request's events by id), makes the Translations from the token ids and hands the step's events to the
-requests' sinks, exactly as the decode thread does in-process.
-The queue's depth for the 429 is the engine's last reported depth plus the submits it had not yet seen. The engine
-process dying makes alive() false (healthz 503) and fails every request under way with a 503.
+replaces its queue: a checked request goes to the engine process with the fewest requests under way, down its
+pipe as token ids and plain fields (wire.py; the submits of one turn of the event loop in one frame), and a reader
+thread per engine takes its frames (one per decode step, every request's events by id), makes the Translations
+from the token ids and hands the step's events to the requests' sinks, exactly as the decode thread does
+in-process. The queue's depth for the 429 is the engines' last reported depths plus the submits they had not yet
+seen. An engine process dying makes alive() false (healthz 503) and fails its requests and jobs with a 503.
 """
 
 from __future__ import annotations
@@ -77,9 +77,12 @@ class _Engine:
     def queue_depth(self) -> int:
         return self.depth + self.sent - self.seen
 
+    def reading(self) -> bool:
+        """Whether its frames are still read (the reader thread ends when the pipe does)."""
+        return self.reader is not None and self.reader.is_alive()
+
     def alive(self) -> bool:
-        return (self.process is not None and self.process.is_alive() and self.reader is not None
-                and self.reader.is_alive())
+        return self.process is not None and self.process.is_alive() and self.reading()
 
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -280,8 +283,7 @@ class EngineClient(DecodeService):
         return done.result(timeout)
 
     def _check_running(self) -> None:
-        if self.thread_error is not None or not all(e.reader is not None and e.reader.is_alive()
-                                                    for e in self.engines):
+        if self.thread_error is not None or not all(e.reading() for e in self.engines):
             raise ServeError("the engine process has stopped", 503, hint="see the server's log; restart it")
 
     # -- the reader threads: the engines' frames into the requests' sinks ----------------------------------
