@@ -127,6 +127,7 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     build_service."""
     uvicorn = import_serving()
     from transduce.serve.app import create_app
+    from transduce.serve.http import http_protocol
     from transduce.serve.libre import Languages
 
     # before the model loads: a mistake costs no wait
@@ -142,7 +143,7 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     # and their answers need a moment to go out
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
                             timeout_graceful_shutdown=grace + CUT_ANSWER_S, lifespan="off", access_log=not quiet,
-                            loop="uvloop", http=header_deadline_protocol(read_timeout),
+                            loop="uvloop", http=http_protocol(read_timeout),
                             timeout_keep_alive=keep_alive)
     drain = _Drain(service, grace, log)
     server = _server(config, drain)
@@ -189,58 +190,6 @@ def check_listening(host: str, port: int, grace: float, max_body_bytes: int, rea
         except OSError as e:
             raise InputError(f"cannot listen on {host}:{port}: {e.strerror}",
                              hint="another server may hold that port: choose another one", params=("port",)) from None
-
-
-def header_deadline_protocol(timeout: float):
-    """uvicorn's httptools protocol with a deadline on each request's headers: a connection that opens and sends
-    nothing is closed after `timeout` seconds, and one that sends part of a request's headers and stalls (or
-    trickles them) is answered 408 and closed. (The body's deadline is the app's: asgi.read_body.) Idle
-    connections between requests are uvicorn's keep-alive timeout's."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    body = b'{"error": {"message": "the request headers did not arrive within %g s", "status": 408}}' % timeout
-    answer = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-              b"content-length: %d\r\n\r\n%s" % (len(body), body))
-
-    class Protocol(HttpToolsProtocol):
-        _deadline = None
-        _begun = False  # bytes of a request have come
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._begun = True
-            self._arm()
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            self._begun = False
-            super().on_headers_complete()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            if self._deadline is None:
-                self._deadline = self.loop.call_later(timeout, self._expired)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _expired(self) -> None:
-            self._deadline = None
-            if not self.transport.is_closing():
-                if self._begun:
-                    self.transport.write(answer)
-                self.transport.close()
-
-    return Protocol
 
 
 CUT_ANSWER_S = 5.0  # seconds the 503 answers of requests cut at the end of the grace period get to go out
