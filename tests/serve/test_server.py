@@ -253,8 +253,11 @@ def test_unknown_routes_and_methods_answer_in_the_documented_error_shape(server)
 
 def test_metrics_count_what_happened(server):
     before = _metric(server.url, "transduce_sentences_finished_total")
+    runs, admitted = (_metric(server.url, f"transduce_admission_sentences_{k}") for k in ("count", "sum"))
     httpx.post(server.url + "/v1/translate", headers=AUTH, json={"text": ["one", "two"], "beam_size": 1}, timeout=30)
     assert _metric(server.url, "transduce_sentences_finished_total") == before + 2
+    assert _metric(server.url, "transduce_admission_sentences_count") == runs + 1  # both in one encoder run
+    assert _metric(server.url, "transduce_admission_sentences_sum") == admitted + 2
     for name in ("transduce_batch_rows_count", "transduce_time_to_first_token_seconds_count",
                  "transduce_request_latency_seconds_count", "transduce_generated_tokens_total",
                  "transduce_sentences_admitted_total"):

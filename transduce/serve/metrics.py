@@ -13,6 +13,8 @@ class ServeMetrics:
         self.live_rows = Gauge("transduce_live_rows", "Decoding rows in the running batch", registry=r)
         self.admitted = Counter("transduce_sentences_admitted", "Sentences admitted into the running batch",
                                 registry=r)
+        self.admission = Histogram("transduce_admission_sentences", "Sentences per admission (one encoder run each)",
+                                   registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
         self.finished = Counter("transduce_sentences_finished", "Sentences decoded to the end", registry=r)
         self.batch_rows = Histogram("transduce_batch_rows", "Rows stepped per decoder step", registry=r,
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))

@@ -380,8 +380,10 @@ class DecodeService:
             self._running[cohort] = req
             if req.options.beam_size == 1:
                 self._fresh.append(req)
-            if self.metrics:
-                self.metrics.admitted.inc(len(req.todo))
+        if self.metrics:
+            sentences = sum(len(req.todo) for req in group)
+            self.metrics.admitted.inc(sentences)
+            self.metrics.admission.observe(sentences)
 
     def _token_listener(self, req: Request):
         """on_tokens for a streamed greedy request: the step's tokens as they are, into the outbox."""
