@@ -297,3 +297,49 @@ def test_solo_cohorts_decode_as_through_the_general_path(which, tiny_model, tiny
         if opts.beam_size == 1:  # a beam search streams nothing
             assert list(res.best.tokens) + [backend.config.eos_id] * res.best.finished == tokens
         _assert_same(res, decode(backend, src, lens, opts, prefixes=prefixes)[0])
+
+
+def test_ended_solo_rows_are_filled_from_the_end_and_every_sentence_decodes_as_alone(backend, monkeypatch):
+    """One-sentence greedy cohorts ending at different steps: the rows past the new end move into the ended rows'
+    places, the rest stay (each reorder moves no more rows than ended, where shifting moved every later row),
+    and each sentence, admitted in groups at several steps, decodes as alone; a two-sentence cohort among them
+    (not solo: it shifts when it shrinks) changes nothing in the results."""
+    cfg = backend.config
+    rng = np.random.default_rng(5)
+    moves, reorder = [], backend.reorder
+
+    def counted(state, rows, row_src):
+        moves.append((int(np.count_nonzero(rows != np.arange(len(rows)))), len(rows)))
+        return reorder(state, rows, row_src)
+
+    monkeypatch.setattr(backend, "reorder", counted)
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    sources, results, before = {}, {}, 0
+    for group in range(4):
+        admissions = []
+        for _ in range(8):
+            src, lens = _batch(cfg, [int(rng.integers(2, 15))], rng)
+            admissions.append(Admission(src, lens, DecodingOptions(beam_size=1, max_len_a=0.0,
+                                                                   max_len_b=int(rng.integers(1, 14)))))
+        if group == 3:  # beside the solo ones: one cohort of two sentences
+            src, lens = _batch(cfg, [4, 9], rng)
+            admissions.append(Admission(src, lens, DecodingOptions(beam_size=1, max_len_a=0.0, max_len_b=6)))
+        for c, a in zip(batch.admit_many(admissions), admissions, strict=True):
+            sources[c] = a
+        before = batch.rows
+        for _ in range(3):
+            start = len(moves)
+            for c, s, res in batch.step():
+                results[(c, s)] = res
+            if len(moves) > start and all(c.solo for c in batch.cohorts):
+                moved, rows = moves[-1]
+                assert moved <= before - rows, (moved, before, rows)
+            before = batch.rows
+    while batch.cohorts:
+        for c, s, res in batch.step():
+            results[(c, s)] = res
+    assert any(m for m, _ in moves) and len(results) == 4 * 8 + 2
+    for (c, s), res in results.items():
+        a = sources[c]
+        _assert_same(res, decode(backend, a.src_ids[s: s + 1, : a.src_lengths[s]], a.src_lengths[s: s + 1],
+                                 a.options)[0])

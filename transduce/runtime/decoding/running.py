@@ -178,6 +178,8 @@ class RunningBatch:
         keep: list[int] = []  # the rows that go on, cohort after cohort
         tokens: list[int] = []  # and their next tokens
         changed = False
+        holes: list[int] = []  # the rows of solo cohorts that ended
+        shifted = False  # a cohort other than a solo one changed its rows
         off = 0
         forced_of = iter(forced)
         for c in cohorts:
@@ -188,9 +190,11 @@ class RunningBatch:
                     tokens.append(best_tok[off])
                 else:
                     changed = True
+                    holes.append(off)
             else:
                 self._advance(c, off, vals, ids, full, att, mixed, next(forced_of))
-                changed = changed or c.moved is not None
+                if c.moved is not None:
+                    changed = shifted = True
                 if c.rows:
                     keep.extend(range(off, off + r) if c.moved is None else (off + c.moved).tolist())
                     tokens.extend(c.tokens.tolist())
@@ -204,10 +208,40 @@ class RunningBatch:
             return finished
         if changed:
             rows = np.array(keep, np.int64)
+            toks = np.array(tokens, np.int64)
+            if not shifted:
+                rows, toks = self._fill_holes(holes, rows, toks)
             self.row_src = self.row_src[rows]  # a row that goes on decodes the source of the row it continues
             self.backend.reorder(self.state, rows, self.row_src)
-        self.tokens = np.array(tokens, np.int64)
+            self.tokens = toks
+        else:
+            self.tokens = np.array(tokens, np.int64)
         return finished
+
+    def _fill_holes(self, holes: list[int], rows: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where only solo cohorts ended (`holes`, their rows; `rows`, the rows that go on, ascending, self.cohorts
+        in their order): the rows past the new end moved into the holes below it, every other row left where it
+        is, rather than every row after a hole shifted down (the backend moves only the rows whose content
+        changes) -> (rows, tokens) in the new order, self.cohorts put in it. Where a cohort other than a solo one
+        would have to move: (rows, tokens) as they are."""
+        n = len(rows)
+        tail = np.flatnonzero(rows >= n)  # positions in `rows` of the rows past the new end
+        if not tail.size:
+            return rows, tokens
+        firsts = np.cumsum([0] + [c.rows for c in self.cohorts[:-1]])  # each cohort's first position in `rows`
+        owner = np.searchsorted(firsts, tail, side="right") - 1  # the cohort each of them belongs to
+        moving = [self.cohorts[i] for i in owner.tolist()]
+        if not all(c.solo for c in moving):
+            return rows, tokens
+        below = [h for h in holes if h < n]  # as many as the rows past the end
+        order = np.arange(n)
+        order[below] = rows[tail]
+        placed = dict(zip(rows[firsts].tolist(), self.cohorts))  # each cohort by its first row, in the new order
+        for h, r, c in zip(below, rows[tail].tolist(), moving):
+            del placed[r]
+            placed[h] = c
+        self.cohorts = [placed[r] for r in sorted(placed)]
+        return order, tokens[np.searchsorted(rows, order)]
 
     def _advance_solo(self, c: Cohort, tok: int, lp: float) -> bool:
         """A solo cohort advanced from its row's best candidate -> whether its row goes on; a failure of its search
