@@ -82,25 +82,32 @@ def test_process_cpu_seconds_cover_every_process(server):
     assert httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["engines"] == 2
 
 
-def test_requests_go_to_the_engine_with_the_fewest_under_way(tiny_artifact_dir):
-    """With two engines, a request sent while another runs goes to the other engine; both answers are offline
-    decoding's."""
+def test_requests_fill_the_first_engine_to_fill_rows_then_go_to_the_fewest(tiny_artifact_dir):
+    """With two engines and fill_rows 4: requests go to the first engine while it has fewer than 4 rows under way,
+    then to the engine with the fewest rows; with fill_rows 0, each to the engine with the fewest. Every answer is
+    offline decoding's."""
     from transduce.runtime.api import load
     from transduce.runtime.spec import BackendSpec
     from transduce.serve.engine import EngineClient
+    from transduce.serve.service import ServiceOptions
 
-    client = EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1), engines=2)
-    client.start()
-    try:
-        opts = {"beam_size": 1, "min_length": 20}
-        first, second = client.submit(["one two three"], opts), client.submit(["four five"], opts)
-        assert client._where[first.id] is not client._where[second.id]
-        assert first.finished.wait(60) and second.finished.wait(60)
-    finally:
-        client.stop()
+    texts = ["one two three", "four five", "six", "seven eight", "nine"]
+    opts = {"beam_size": 1, "min_length": 20}
+    got = {}
+    for fill in (4, 0):
+        client = EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1), ServiceOptions(fill_rows=fill), engines=2)
+        client.start()
+        try:
+            first, second = client.submit(texts[:3], opts), client.submit(texts[3:4], opts)  # 3 rows, then 1
+            third = client.submit(texts[4:], opts)
+            where = [client.engines.index(client._where[r.id]) for r in (first, second, third)]
+            assert all(r.finished.wait(60) for r in (first, second, third))
+        finally:
+            client.stop()
+        assert where == ([0, 0, 1] if fill else [0, 1, 1]), (fill, where)
+        got[fill] = [t.tokens for r in (first, second, third) for t in r.translations]
     offline = load(tiny_artifact_dir, threads=1)
-    assert [first.translations[0].tokens, second.translations[0].tokens] == \
-        [t.tokens for t in offline.translate(["one two three", "four five"], **opts)]
+    assert got[4] == got[0] == [t.tokens for t in offline.translate(texts, **opts)]
 
 
 def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir, tmp_path):

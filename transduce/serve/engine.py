@@ -3,7 +3,8 @@ and backend are in an engine process of their own (engine_core.py), so decoding 
 lock that HTTP, JSON, tokenizing and detokenizing hold here.
 
 EngineClient keeps DecodeService's intake (submit's checks and tokenizing, the options, score's checks) and
-replaces its queue: a checked request goes to the engine process with the fewest requests under way, down its
+replaces its queue: a checked request goes to the first engine process with fewer rows under way than
+fill_rows, else to the one with the fewest (one wide batch steps rows more cheaply than two narrow ones), down its
 pipe as token ids and plain fields (wire.py; the submits of one turn of the event loop in one frame), and a reader
 thread per engine takes its frames (one per decode step, every request's events by id), makes the Translations
 from the token ids and hands the step's events to the requests' sinks, exactly as the decode thread does
@@ -64,6 +65,7 @@ class _Engine:
         self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
         self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
         self.under_way = 0  # requests sent to it and not finished
+        self.rows = 0  # their decoding rows, at most (a beam of k takes k per sentence)
 
     def spawn(self) -> None:
         c = self.client
@@ -135,7 +137,7 @@ class _Engine:
 
 class EngineClient(DecodeService):
     """A DecodeService over `engines` engine processes (see the module): start() spawns them and waits until they
-    are warm. Each request goes to the engine with the fewest under way."""
+    are warm. Each request goes where _route says."""
 
     def __init__(self, path: str, spec, options: ServiceOptions | None = None, metrics=None, identity=None,
                  engines: int = 1):
@@ -228,10 +230,11 @@ class EngineClient(DecodeService):
             self._check_running()
             if not self._taken_in(req, self.queue_depth()):
                 return req
-            engine = self._pinned or min(self.engines, key=lambda e: e.under_way)
+            engine = self._pinned or self._route()
             self._requests[req.id], self._where[req.id] = req, engine
             engine.sent += 1
             engine.under_way += 1
+            engine.rows += req.rows
             texts = req.texts if req.options.replace_unknowns else None
             engine.pending.append((req.id, req.created, req.timeout, req.stream, len(req.translations), req.todo,
                                    wire.array(req.src), wire.array(req.lens), req.prepared, texts, req.prefixes,
@@ -245,6 +248,15 @@ class EngineClient(DecodeService):
             else:  # after the other callbacks of this turn of the loop, with the submits they make
                 loop.call_soon(engine.send_pending)
         return req
+
+    def _route(self) -> _Engine:
+        """The engine a request goes to: the first with fewer rows under way than fill_rows (one engine's wide
+        batch costs less per row than two narrow ones), else the one with the fewest."""
+        fill = self.options.fill_rows
+        for e in self.engines if fill else ():
+            if e.rows < fill:
+                return e
+        return min(self.engines, key=lambda e: e.rows)
 
     def cancel(self, req: Request, error: ServeError) -> None:
         engine = self._where.get(req.id)
@@ -261,7 +273,7 @@ class EngineClient(DecodeService):
         return cut
 
     def _scored(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
-        got = self._call(min(self.engines, key=lambda e: e.under_way), "score", pairs, wire.options(opts))
+        got = self._call(min(self.engines, key=lambda e: e.rows), "score", pairs, wire.options(opts))
         return [Score(tuple(t), lp, s, tuple(tlp), cut) for t, lp, s, tlp, cut in got]
 
     def engine_metrics(self) -> bytes:
@@ -327,6 +339,7 @@ class EngineClient(DecodeService):
                 self._requests.pop(rid, None)
                 self._where.pop(rid, None)
                 engine.under_way -= 1
+                engine.rows -= req.rows
                 req.finished.set()
             out.append((req, kind, data))
         deliver(out)

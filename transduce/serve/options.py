@@ -29,6 +29,9 @@ class ServiceOptions:
     join_ratio: float = documented(0.5, "While the batch runs, queued requests join it once their rows reach this "
                                         "share of its rows (0: at every step)...")
     join_steps: int = documented(8, "...or once the oldest has waited this many decoder steps.")
+    fill_rows: int = documented(64, "With several engines (--engines), a request goes to the first engine with fewer "
+                                     "rows under way than this (a batch this wide steps its rows about as cheaply as "
+                                     "a wider one), else to the one with the fewest (0: always the fewest).")
     max_sentences: int = documented(64, "Sentences per request, at most.")
     request_timeout: float = documented(60.0, "Seconds a request may take when it names no timeout of its own (504 "
                                            "past it).")
@@ -50,8 +53,10 @@ class ServiceOptions:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {v!r}", params=(name,))
-        if isinstance(self.join_steps, bool) or not isinstance(self.join_steps, int) or self.join_steps < 0:
-            raise InputError(f"join_steps must be an integer >= 0, got {self.join_steps!r}", params=("join_steps",))
+        for name in ("join_steps", "fill_rows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"{name} must be an integer >= 0, got {v!r}", params=(name,))
         for name in ("max_wait_ms", "join_ratio", "request_timeout"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
