@@ -82,7 +82,7 @@ def test_process_cpu_seconds_cover_every_process(server):
     assert httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["engines"] == 2
 
 
-def test_requests_fill_the_first_engine_to_fill_rows_then_go_to_the_fewest(tiny_artifact_dir):
+def test_requests_fill_the_first_engine_to_fill_rows_then_go_to_the_fewest(long_artifact_dir):
     """With two engines and fill_rows 4: requests go to the first engine while it has fewer than 4 rows under way,
     then to the engine with the fewest rows; with fill_rows 0, each to the engine with the fewest. Every answer is
     offline decoding's."""
@@ -92,21 +92,27 @@ def test_requests_fill_the_first_engine_to_fill_rows_then_go_to_the_fewest(tiny_
     from transduce.serve.service import ServiceOptions
 
     texts = ["one two three", "four five", "six", "seven eight", "nine"]
-    opts = {"beam_size": 1, "min_length": 20}
+    opts = {"beam_size": 1, "min_length": 300, "max_len_a": 0, "max_len_b": 300}  # 300 steps each: under way
     got = {}
     for fill in (4, 0):
-        client = EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1), ServiceOptions(fill_rows=fill), engines=2)
+        client = EngineClient(long_artifact_dir, BackendSpec.of(threads=1), ServiceOptions(fill_rows=fill), engines=2)
         client.start()
+        chosen, route = [], client._route
+
+        def routed(route=route, client=client, chosen=chosen):
+            engine = route()
+            chosen.append(client.engines.index(engine))
+            return engine
+
+        client._route = routed
         try:
-            first, second = client.submit(texts[:3], opts), client.submit(texts[3:4], opts)  # 3 rows, then 1
-            third = client.submit(texts[4:], opts)
-            where = [client.engines.index(client._where[r.id]) for r in (first, second, third)]
-            assert all(r.finished.wait(60) for r in (first, second, third))
+            reqs = [client.submit(texts[:3], opts), client.submit(texts[3:4], opts), client.submit(texts[4:], opts)]
+            assert all(r.finished.wait(120) for r in reqs)
         finally:
             client.stop()
-        assert where == ([0, 0, 1] if fill else [0, 1, 1]), (fill, where)
-        got[fill] = [t.tokens for r in (first, second, third) for t in r.translations]
-    offline = load(tiny_artifact_dir, threads=1)
+        assert chosen == ([0, 0, 1] if fill else [0, 1, 1]), (fill, chosen)  # rows 3, then 1, then 1
+        got[fill] = [t.tokens for r in reqs for t in r.translations]
+    offline = load(long_artifact_dir, threads=1)
     assert got[4] == got[0] == [t.tokens for t in offline.translate(texts, **opts)]
 
 
