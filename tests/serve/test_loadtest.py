@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -74,11 +75,42 @@ def _read(data: bytes):
 
 def test_responses_are_read_by_length_in_chunks_or_to_the_end():
     rest = b"HTTP/1.1 200 OK\r\n"  # the next response on the same connection stays unread
-    assert _read(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" + rest) == ((200, b"hello", True), rest)
-    chunked = b"HTTP/1.1 429 Too Many\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
-    assert _read(chunked + rest) == ((429, b"abcde", True), rest)
-    assert _read(b"HTTP/1.1 503 Gone\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")[0] == (503, b"no", False)
-    assert _read(b"HTTP/1.0 200 OK\r\n\r\nall of it")[0] == (200, b"all of it", False)
+    assert _read(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" + rest) == ((200, b"hello", True, None), rest)
+    chunked = (b"HTTP/1.1 429 Too Many\r\nTransfer-Encoding: chunked\r\nRetry-After: 2\r\n\r\n"
+               b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n")
+    assert _read(chunked + rest) == ((429, b"abcde", True, 2.0), rest)
+    assert _read(b"HTTP/1.1 503 Gone\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")[0] == \
+        (503, b"no", False, None)
+    assert _read(b"HTTP/1.0 200 OK\r\nRetry-After: soon\r\n\r\nall of it")[0] == (200, b"all of it", False, None)
+
+
+def test_a_connection_answered_429_waits_for_its_retry_after():
+    """A closed-loop connection refused with 429 and Retry-After: 1 sends its next request a second later, not at
+    once (a server that refuses everything gets a few requests in 2.5 s, not thousands)."""
+    async def refuse(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def run():
+        server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        [request] = loadgen.encode_requests(f"http://127.0.0.1:{port}", [{"text": ["a"]}], {})
+        part = loadgen.Part("127.0.0.1", port, False, 1, 0, (request,), 10.0)
+        try:
+            return await loadgen._run_part(part, time.monotonic() + 2.5)
+        finally:
+            server.close()
+
+    records = asyncio.run(run())
+    assert [r[2] for r in records] == [429] * len(records) and 2 <= len(records) <= 4, records
 
 
 def test_requests_are_encoded_once_as_whole_http_requests():

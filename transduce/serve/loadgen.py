@@ -77,9 +77,10 @@ def split_connections(connections: int, processes: int) -> list[tuple[int, int]]
     return out
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """One HTTP/1.1 response off `reader` -> its status, its body, and whether the server keeps the connection
-    open. Content-Length, chunked transfer encoding and bodies that end with the connection are read."""
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, float | None]:
+    """One HTTP/1.1 response off `reader` -> its status, its body, whether the server keeps the connection open,
+    and its Retry-After in seconds (None: none, or not a number of seconds). Content-Length, chunked transfer
+    encoding and bodies that end with the connection are read."""
     head = await reader.readuntil(b"\r\n\r\n")
     status_line, *header_lines = head[:-4].decode("latin-1").split("\r\n")
     version, status = status_line.split(" ", 2)[:2]
@@ -102,7 +103,8 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]
         body = await reader.readexactly(int(fields["content-length"]))
     else:
         body, keep = await reader.read(), False
-    return int(status), body, keep
+    retry = fields.get("retry-after", "")
+    return int(status), body, keep, float(retry) if retry.isdigit() else None
 
 
 def _tokens(body: bytes) -> int:
@@ -114,7 +116,9 @@ def _tokens(body: bytes) -> int:
 
 
 async def _connection(part: Part, index: int, end_at: float, out: list[Record]) -> None:
-    """One connection's closed loop until `end_at`: a request, its answer, the next request at once."""
+    """One connection's closed loop until `end_at`: a request, its answer, the next request at once; after a 429,
+    once its Retry-After has passed (as a client that follows the server's word: resending at once would make the
+    load a stream of refusals that cost the server what its queue was protecting)."""
     reader = writer = None
     i = index * 7919  # each connection from its own place in the rotation
     while time.monotonic() < end_at:
@@ -127,7 +131,7 @@ async def _connection(part: Part, index: int, end_at: float, out: list[Record]) 
                     asyncio.open_connection(part.host, part.port, ssl=ssl.create_default_context() if part.tls
                                             else None), part.timeout)
             writer.write(request)
-            status, body, keep = await asyncio.wait_for(read_response(reader), part.timeout)
+            status, body, keep, retry_after = await asyncio.wait_for(read_response(reader), part.timeout)
         except Exception as e:  # noqa: BLE001 - a broken connection or a timeout is a failed request, counted
             timed_out = isinstance(e, (asyncio.TimeoutError, TimeoutError))
             out.append((start, time.monotonic(), "timeout" if timed_out else type(e).__name__, 0))
@@ -140,6 +144,8 @@ async def _connection(part: Part, index: int, end_at: float, out: list[Record]) 
         if not keep:
             writer.close()
             reader = writer = None
+        if status == 429 and retry_after:
+            await asyncio.sleep(max(0.0, min(retry_after, end_at - time.monotonic())))
     if writer is not None:
         writer.close()
 
