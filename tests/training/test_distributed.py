@@ -255,3 +255,34 @@ def test_a_resume_on_another_number_of_ranks_is_warned_about():
     state = {"train_config": {"max_steps": 5}, "world_size": 2, "data_sha256": "x"}
     with pytest.warns(UserWarning, match=r"processes 2 -> 1.*not bit for bit"):
         check_resumable(state, TrainConfig(max_steps=5), "x", "out", ranks=1)
+
+
+def test_the_process_group_ends_after_what_held_it_in_cycles_is_collected(monkeypatch):
+    """DistributedDataParallel sits in reference cycles (its hooks): an object in a cycle made inside joined() is
+    collected before destroy_process_group runs, so its hold on the process group ends there, not in the
+    interpreter's exit (where gloo's threads can abort a rank that finished its run: exit 134)."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from transduce.training.distributed import joined
+
+    class Held:  # in a cycle, like DDP and its reducer's hooks
+        def __init__(self):
+            self.me = self
+
+    alive_at_destroy = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: alive_at_destroy.append(ref() is not None))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    gc.disable()
+    try:
+        with joined("cpu", 60):
+            ref = weakref.ref(Held())
+            assert ref() is not None  # only a collection frees it
+    finally:
+        gc.enable()
+    assert alive_at_destroy == [False]

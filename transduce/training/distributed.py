@@ -17,6 +17,7 @@ DistributedDataParallel averages their gradients. The rules (docs/design/distrib
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -231,5 +232,8 @@ def joined(device: str, timeout_s: float) -> Iterator[World]:
     try:
         yield world
     finally:
+        # DistributedDataParallel's hooks hold it in reference cycles: collected now, its reducer lets go of the
+        # process group here, not during the interpreter's exit (where gloo's threads can abort the process)
+        gc.collect()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
