@@ -36,8 +36,9 @@ from transduce.serve.service import ServiceOptions
                    "with --ray, each replica's thread]")
 @click.option("--engines", default=0, show_default=True,
               help="Engine processes (--engine process), each loading the model with a running batch of its own; "
-                   "a request goes to the one with the fewest under way. 0: two on a CPU of two cores or more (a "
-                   "core one decode thread cannot use), one on a GPU; 1 halves the memory.")
+                   "a request goes to the first with fewer rows under way than --fill-rows, else to the one with "
+                   "the fewest. 0: two on a CPU of two cores or more (a core one decode thread cannot use), one on "
+                   "a GPU; 1 halves the memory.")
 @click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")
