@@ -64,8 +64,7 @@ class _Engine:
         self.send_lock = threading.Lock()
         self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
         self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
-        self.under_way = 0  # requests sent to it and not finished
-        self.rows = 0  # their decoding rows, at most (a beam of k takes k per sentence)
+        self.rows = 0  # decoding rows of the requests sent to it and not finished, at most (a beam of k: k each)
 
     def spawn(self) -> None:
         c = self.client
@@ -233,7 +232,6 @@ class EngineClient(DecodeService):
             engine = self._pinned or self._route()
             self._requests[req.id], self._where[req.id] = req, engine
             engine.sent += 1
-            engine.under_way += 1
             engine.rows += req.rows
             texts = req.texts if req.options.replace_unknowns else None
             engine.pending.append((req.id, req.created, req.timeout, req.stream, len(req.translations), req.todo,
@@ -338,7 +336,6 @@ class EngineClient(DecodeService):
             if kind in ("done", "error"):
                 self._requests.pop(rid, None)
                 self._where.pop(rid, None)
-                engine.under_way -= 1
                 engine.rows -= req.rows
                 req.finished.set()
             out.append((req, kind, data))
