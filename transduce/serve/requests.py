@@ -18,6 +18,38 @@ Event = tuple["Request", str, Any]
 Sink = Callable[[list[Event]], None]  # called on the decode thread with one step's events
 
 
+class Ended:
+    """A request's end, as threading.Event's is_set / set / wait, whose Event (a lock and a condition: a few
+    microseconds to make) is made only for a caller that waits: the decode thread, an engine process and an
+    event loop only set and read it, for every request."""
+
+    __slots__ = ("_set", "_event")
+    _lock = threading.Lock()  # one for all: held only to set the flag or hand out the Event
+
+    def __init__(self):
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with Ended._lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with Ended._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+
 class Request:
     """One client's sentences on their way through the service (fields written by the decode thread)."""
 
@@ -44,7 +76,7 @@ class Request:
         self.cohort = None
         self.queued_step = 0  # the running batch's step count when it was queued
         self.error: ServeError | None = None
-        self.finished = threading.Event()
+        self.finished = Ended()
 
     @property
     def rows(self) -> int:
