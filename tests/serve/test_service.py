@@ -295,3 +295,24 @@ def test_queued_requests_join_a_running_batch_by_ratio_or_after_join_steps(tiny_
         service._step()
     for req, given in zip(reqs, texts, strict=True):
         assert [t.tokens for t in req.translations] == [t.tokens for t in service.translator.translate(given, **long)]
+
+
+def test_a_request_s_options_are_made_once_per_distinct_set_and_checked_by_type(tiny_artifact_dir, monkeypatch):
+    """Requests naming the same options share one DecodingOptions (made and checked once); a value equal to a
+    cached one but of another type (true for 1) is still checked, and refused; a list (unhashable) is made
+    each time."""
+    from transduce.errors import InputError
+    from transduce.runtime.api import load
+    from transduce.serve import service as module
+
+    made, real = [], module.request_options
+    monkeypatch.setattr(module, "request_options", lambda *a: made.append(a[2]) or real(*a))
+    service = module.DecodeService(load(tiny_artifact_dir, threads=1))
+    first = service.decoding_options({"beam_size": 1})
+    assert service.decoding_options({"beam_size": 1}) is first and first.beam_size == 1 and len(made) == 1
+    assert service.decoding_options({"beam_size": 2}).beam_size == 2 and len(made) == 2
+    with pytest.raises(InputError, match="beam_size") as info:
+        service.decoding_options({"beam_size": True})
+    assert info.value.params[0] == "beam_size"
+    listed = service.decoding_options({"suppress": [[5]]})
+    assert listed.suppress == ((5,),) and service.decoding_options({"suppress": [[5]]}) == listed

@@ -29,7 +29,7 @@ from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
 from transduce.serve.options import request_defaults
 from transduce.serve.requests import deliver
-from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
+from transduce.serve.service import OPTIONS_KEPT, DecodeService, Event, Request, ServeError, ServiceOptions
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
 
@@ -186,6 +186,8 @@ class EngineClient(DecodeService):
         self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]),
                                      defaults=DecodingOptions(**info["defaults"]))  # the model's, as loaded there
         self.defaults = request_defaults(self.translator.defaults, self.options)
+        self._made_options: dict[tuple, DecodingOptions] = {}  # decoding_options' cache
+        self._wire_forms: dict[int, tuple[DecodingOptions, tuple]] = {}  # _wired's cache, by the options' id
 
     def _warm(self, engine: _Engine) -> None:
         """The warm-up request through `engine` (before the server takes requests)."""
@@ -236,7 +238,7 @@ class EngineClient(DecodeService):
             texts = req.texts if req.options.replace_unknowns else None
             engine.pending.append((req.id, req.created, req.timeout, req.stream, len(req.translations), req.todo,
                                    wire.array(req.src), wire.array(req.lens), req.prepared, texts, req.prefixes,
-                                   wire.options(req.options)))
+                                   self._wired(req.options)))
             first = len(engine.pending) == 1
         if first:
             try:
@@ -246,6 +248,16 @@ class EngineClient(DecodeService):
             else:  # after the other callbacks of this turn of the loop, with the submits they make
                 loop.call_soon(engine.send_pending)
         return req
+
+    def _wired(self, opts: DecodingOptions) -> tuple:
+        """wire.options(opts), made once per options object (decoding_options gives the same one for the same
+        request options)."""
+        held = self._wire_forms.get(id(opts))
+        if held is None or held[0] is not opts:
+            if len(self._wire_forms) >= OPTIONS_KEPT:
+                self._wire_forms.clear()
+            held = self._wire_forms[id(opts)] = (opts, wire.options(opts))  # the object kept: its id stays its own
+        return held[1]
 
     def _route(self) -> _Engine:
         """The engine a request goes to: the first with fewer rows under way than fill_rows (one engine's wide

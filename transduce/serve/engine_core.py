@@ -18,9 +18,7 @@ import time
 from typing import Any
 
 from transduce.serve import wire
-from transduce.serve.service import DecodeService, Request, ServeError
-
-OPTIONS_KEPT = 256  # distinct sets of decoding options kept made
+from transduce.serve.service import OPTIONS_KEPT, DecodeService, Request, ServeError
 
 
 def _remote(events: list) -> None:
@@ -38,7 +36,7 @@ class EngineService(DecodeService):
         self.requests: dict[int, Request] = {}  # the front end's request id -> its request here
         self.seen = 0  # submits received: the front end's queue depth counts those it sent and we had not
         self._told = (0, 0)  # (seen, queue depth) of the last frame
-        self._options: dict[tuple, Any] = {}  # submits' options as sent -> their DecodingOptions
+        self._options: dict[tuple, Any] = {}  # submits' options as sent (their values) -> their DecodingOptions
 
     def _intake(self) -> None:
         try:
@@ -86,18 +84,17 @@ class EngineService(DecodeService):
         except Exception as e:  # noqa: BLE001 - the front end raises it for its caller
             self.send(("reply", job, False, wire.error(e)))
 
-    def _options_of(self, given: dict) -> Any:
+    def _options_of(self, given: tuple) -> Any:
         """A submit's DecodingOptions, made (and checked) once per distinct set of values: most requests share a
         few."""
         try:
-            key = tuple(given.items())
-            made = self._options.get(key)
+            made = self._options.get(given)
         except TypeError:  # a value that does not hash: made each time
             return wire.unoptions(given)
         if made is None:
             if len(self._options) >= OPTIONS_KEPT:
                 self._options.clear()
-            made = self._options[key] = wire.unoptions(given)
+            made = self._options[given] = wire.unoptions(given)
         return made
 
     def _translated(self, req: Request, i: int, result) -> Any:

@@ -43,6 +43,7 @@ __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptio
 FIRST = 0  # the number of a request's first sentence in messages and error bodies: its index in `text`
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
 SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
+OPTIONS_KEPT = 256  # distinct sets of a request's options kept made
 
 
 class DecodeService:
@@ -51,6 +52,7 @@ class DecodeService:
         self.options = options or ServiceOptions()
         self.metrics = metrics  # a ServeMetrics, or None
         self.defaults = request_defaults(translator.defaults, self.options)
+        self._made_options: dict[tuple, DecodingOptions] = {}  # decoding_options' cache
         self.batch = RunningBatch(translator.backend, capacity=translator.config.max_positions)
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
@@ -171,8 +173,19 @@ class DecodeService:
         return True
 
     def decoding_options(self, given: dict) -> DecodingOptions:
-        """The request's decoding options (InputError naming the field for an unknown or invalid one)."""
-        return request_options(self.translator, self.defaults, given, OPTION_FIELDS)
+        """The request's decoding options (InputError naming the field for an unknown or invalid one), made and
+        checked once per distinct set a client gives (most requests share a few): the same object each time."""
+        try:  # the values' types: True == 1 and 4.0 == 4, but they are not the same option
+            key = tuple((name, type(v), v) for name, v in given.items())
+            made = self._made_options.get(key)
+        except TypeError:  # an unhashable value (a JSON list): made each time
+            return request_options(self.translator, self.defaults, given, OPTION_FIELDS)
+        if made is None:
+            made = request_options(self.translator, self.defaults, given, OPTION_FIELDS)
+            if len(self._made_options) >= OPTIONS_KEPT:
+                self._made_options.clear()
+            self._made_options[key] = made
+        return made
 
     def cancel(self, req: Request, error: ServeError) -> None:
         """Drop a request (its client left, or its caller gave up) at the next step boundary."""

@@ -2,14 +2,13 @@
 
 Messages are pickled tuples of None, bools, numbers, strings, bytes, lists, tuples and dicts, read back by an
 unpickler that refuses every class and function (`loads`): a frame names no code to run, even between our own two
-processes. Arrays cross as (dtype, shape, bytes), decoding options as DecodingOptions' fields, a finished sentence
+processes. Arrays cross as (dtype, shape, bytes), decoding options as their fields' values, a finished sentence
 as its DecodeResult's hypotheses, an error as (status, message, hint, params, sentence, retry_after). Client text
 never reaches the engine: it gets token ids, and sends token ids back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import pickle
 from typing import Any
@@ -46,13 +45,16 @@ def unarray(given: tuple | None) -> np.ndarray | None:
     return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
 
 
-def options(opts: DecodingOptions) -> dict[str, Any]:
+FIELDS = DecodingOptions.names()  # a request's options cross as their values, in this order
+
+
+def options(opts: DecodingOptions) -> tuple:
     """A request's (resolved) decoding options as their fields' values, whatever fields DecodingOptions has."""
-    return {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    return tuple(getattr(opts, name) for name in FIELDS)
 
 
-def unoptions(given: dict[str, Any]) -> DecodingOptions:
-    return DecodingOptions(**given)
+def unoptions(given: tuple) -> DecodingOptions:
+    return DecodingOptions(**dict(zip(FIELDS, given, strict=True)))
 
 
 def result(r: DecodeResult) -> list[tuple]:
