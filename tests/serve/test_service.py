@@ -149,13 +149,19 @@ def test_the_continuous_scheduler_over_cuda_graph_slabs(tiny_artifact_dir, tiny_
     assert backend.stats.replays > backend.stats.captures > 0
 
 
-def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir):
+def test_the_service_says_which_precision_and_graphs_it_runs(tiny_artifact_dir, monkeypatch):
+    """...and tokenizes without the tokenizers library's thread pool (more CPU on the model's cores), unless the
+    environment says otherwise."""
+    import os
+
     from transduce.runtime.spec import BackendSpec
     from transduce.serve.server import build_service
 
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     service, ident = build_service(tiny_artifact_dir, BackendSpec("torch", threads=1, precision="bf16"))
     service.stop()
     assert (ident["backend"], ident["precision"], ident["cuda_graph"]) == ("torch", "bf16", False)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -95,7 +95,9 @@ class Tokenizer:
         return _text_ids(self._tok.encode(text.strip(), add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [_text_ids(e.ids) for e in self._tok.encode_batch([t.strip() for t in texts], add_special_tokens=False)]
+        # the ids only: encode_batch_fast (tokenizers >= 0.21) skips the offsets, a quarter of the work
+        batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [_text_ids(e.ids) for e in batch([t.strip() for t in texts], add_special_tokens=False)]
 
     def encode_target(self, text: str) -> list[int]:
         """Target-side text -> token ids: the shared vocabulary's, as encode."""
