@@ -157,6 +157,36 @@ def test_rows_are_retired_as_sentences_finish_and_freed_on_cancel(tiny_model):
     assert batch.cohorts == [] and batch.state is None
 
 
+@pytest.mark.parametrize("opts", [DecodingOptions(beam_size=3, nbest=2, max_len_b=14),
+                                  DecodingOptions(beam_size=2, no_repeat_ngram_size=2, max_len_b=14)])
+def test_sentences_dropped_from_a_beam_cohort_leave_and_the_rest_decode_as_alone(backend, opts):
+    """A beam cohort's sentences dropped between steps (a server's request that shares the cohort, gone): their
+    rows leave the batch at once, the cohort's other sentences (and the cohorts beside it) decode as alone,
+    back-pointers and per-row history followed through the rows that stayed."""
+    cfg = backend.config
+    rng = np.random.default_rng(8)
+    src, lens = _batch(cfg, [5, 9, 3, 7, 6], rng)
+    other_src, other_lens = _batch(cfg, [4], rng)
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    cohort, other = batch.admit_many([Admission(src, lens, opts), Admission(other_src, other_lens, opts)])
+    results = {cohort: {}, other: {}}
+    for step in range(40):
+        if step == 2:
+            rows = batch.rows
+            batch.cancel(cohort, [1, 3])
+            assert batch.rows == rows - 2 * opts.beam_size and set(cohort.row_sent.tolist()) == {0, 2, 4}
+        if step == 4:
+            batch.cancel(cohort, [0])
+        for c, s, res in batch.step():
+            results[c][s] = res
+        if not batch.cohorts:
+            break
+    assert sorted(results[cohort]) == [2, 4] and sorted(results[other]) == [0]
+    for s in (2, 4):
+        _assert_same(results[cohort][s], decode(backend, src[s: s + 1, : lens[s]], lens[s: s + 1], opts)[0])
+    _assert_same(results[other][0], decode(backend, other_src, other_lens, opts)[0])
+
+
 def test_what_does_not_fit_is_refused_not_truncated(tiny_model):
     backend = TorchBackend(tiny_model)
     cfg = backend.config

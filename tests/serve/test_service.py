@@ -322,3 +322,56 @@ def test_a_request_s_options_are_made_once_per_distinct_set_and_checked_by_type(
     assert info.value.params[0] == "beam_size"
     listed = service.decoding_options({"suppress": [[5]]})
     assert listed.suppress == ((5,),) and service.decoding_options({"suppress": [[5]]}) == listed
+
+
+def _unstarted(artifact_dir: str, **options):
+    from transduce.runtime.api import load
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    return DecodeService(load(artifact_dir, threads=1), ServiceOptions(**options))
+
+
+def test_beam_requests_admitted_together_with_the_same_options_share_one_cohort(tiny_artifact_dir):
+    """One admission of beam requests with equal options makes one cohort (its bookkeeping one numpy pass a step,
+    not one per request); a request with other options, and a greedy one, get their own; every request gets
+    offline decoding's translations, and its own."""
+    service = _unstarted(tiny_artifact_dir)
+    beam, other, greedy = {"beam_size": 3}, {"beam_size": 3, "length_penalty": 1.0}, {"beam_size": 1}
+    cases = [(["one two three", "four"], beam), (["seven thousand and one"], beam), (["", "twelve"], beam),
+             (["nine"], other), (["five six"], beam), (["eight"], greedy), (["ten"], greedy)]
+    reqs = [service.submit(texts, opts) for texts, opts in cases]
+    service._admit()
+    assert len(service.batch.cohorts) == 5  # [3 beam requests] [other] [beam] [greedy] [greedy]
+    assert [r.cohort for r in reqs[:3]] == [service.batch.cohorts[0]] * 3 and reqs[4].cohort is not reqs[0].cohort
+    while service.batch.cohorts:
+        service._step()
+    for req, (texts, opts) in zip(reqs, cases, strict=True):
+        want = service.translator.translate(texts, **opts)
+        assert req.finished.is_set() and req.error is None
+        assert [t.tokens for t in req.translations] == [w.tokens for w in want]
+        np.testing.assert_allclose([t.score for t in req.translations], [w.score for w in want], atol=1e-5)
+
+
+def test_a_request_dropped_from_a_shared_cohort_takes_only_its_own_rows(tiny_artifact_dir):
+    """A request past its deadline (or whose client left) in a cohort it shares with others: its rows leave the
+    batch at once, it gets its error, and the others go on to offline decoding's translations."""
+    from transduce.serve.service import ServeError
+
+    service = _unstarted(tiny_artifact_dir)
+    beam = {"beam_size": 2, "min_length": 6}  # still decoding after the steps below
+    cases = [["one two three", "four"], ["seven thousand and one"], ["five six"]]
+    reqs = [service.submit(texts, beam) for texts in cases]
+    service._admit()
+    assert len(service.batch.cohorts) == 1
+    for _ in range(3):
+        service._step()
+    rows = service.batch.rows
+    service._drop(reqs[1], ServeError("gone", 499))
+    assert service.batch.rows == rows - 2 and reqs[1].error.status == 499 and reqs[1].finished.is_set()
+    while service.batch.cohorts:
+        service._step()
+    for i in (0, 2):
+        want = service.translator.translate(cases[i], **beam)
+        assert reqs[i].error is None and [t.tokens for t in reqs[i].translations] == [w.tokens for w in want]
+    service._drop(reqs[2], ServeError("late", 504))  # a finished request: nothing to drop
+    assert reqs[2].error is None

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from transduce.runtime.decoding import DecodingOptions
+from transduce.runtime.decoding.running import Admission
 from transduce.runtime.translator import Translation
 from transduce.serve.options import ServeError
 
@@ -74,6 +75,8 @@ class Request:
         self.texts: list[str] = []  # its sentences as given (replace_unknowns reads their tokens' text)
         self.prefixes: list[list[int]] | None = None  # each sentence's target prefix (token ids), if given
         self.cohort = None
+        self.start = 0  # the cohort's number of its first sentence (a cohort may hold several requests)
+        self.left = 0  # its sentences still decoding in the running batch
         self.queued_step = 0  # the running batch's step count when it was queued
         self.error: ServeError | None = None
         self.finished = Ended()
@@ -99,3 +102,93 @@ def deliver(events: list[Event]) -> None:
             by_sink.setdefault(id(e[0].sink), []).append(e)
     for group in by_sink.values():
         group[0][0].sink(group)
+
+
+def runs(group: list[Request]) -> list[list[Request]]:
+    """An admission's requests as the cohorts they join: consecutive beam-search requests with the same options
+    share one (its per-step bookkeeping is numpy over all their sentences, not a cohort's each: every sentence
+    decodes as it would alone), every other request has its own (a greedy one's steps are cheapest alone)."""
+    out: list[list[Request]] = []
+    for req in group:
+        opts = req.options
+        last = out[-1][0].options if out else None
+        if opts.beam_size > 1 and last is not None and last.beam_size > 1 and (last is opts or last == opts):
+            out[-1].append(req)
+        else:
+            out.append([req])
+    return out
+
+
+def admission(run: list[Request], pad_id: int, on_tokens=None) -> Admission:
+    """The Admission of one cohort's requests: their sentences in order, each keyed by its number in its
+    request (its random draws), with its prefix."""
+    if len(run) == 1:
+        req = run[0]
+        return Admission(req.src, req.lens, req.options, on_tokens=on_tokens, keys=np.array(req.todo),
+                         prefixes=None if req.prefixes is None else [req.prefixes[i] for i in req.todo])
+    width = max(req.src.shape[1] for req in run)
+    src = np.full((sum(len(req.todo) for req in run), width), pad_id, dtype=run[0].src.dtype)
+    off = 0
+    for req in run:
+        b, w = req.src.shape
+        src[off: off + b, :w] = req.src
+        off += b
+    prefixes = None
+    if any(req.prefixes is not None for req in run):
+        prefixes = [req.prefixes[i] if req.prefixes is not None else () for req in run for i in req.todo]
+    return Admission(src, np.concatenate([req.lens for req in run]), run[0].options,
+                     keys=np.concatenate([np.array(req.todo) for req in run]), prefixes=prefixes)
+
+
+class UnderWay:
+    """The requests in the running batch, by cohort (several beam-search requests may share one: `runs`); the
+    decode thread's alone."""
+
+    def __init__(self):
+        self._by: dict[Any, list[Request]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by)
+
+    def __contains__(self, cohort) -> bool:
+        return cohort in self._by
+
+    def add(self, cohort, run: list[Request]) -> None:
+        """A cohort's requests, its sentences numbered from the first request's on."""
+        start = 0
+        for req in run:
+            req.cohort, req.start, req.left = cohort, start, len(req.todo)
+            start += req.left
+        self._by[cohort] = list(run)
+
+    def member(self, cohort, s: int) -> Request | None:
+        """The request under way whose sentences include the cohort's sentence s (None: none is)."""
+        members = self._by.get(cohort)
+        if members is None:
+            return None
+        if len(members) == 1:
+            return members[0]
+        for req in members:
+            if req.start <= s < req.start + len(req.todo):
+                return req
+        return None
+
+    def leave(self, req: Request) -> bool:
+        """`req` is no longer under way (finished or dropped) -> whether it was."""
+        members = self._by.get(req.cohort) if req.cohort is not None else None
+        if members is None or req not in members:
+            return False
+        members.remove(req)
+        if not members:
+            del self._by[req.cohort]
+        return True
+
+    def pop(self, *cohorts) -> list[Request]:
+        """The requests of cohorts that left the batch whole (none for a cohort that had none)."""
+        return [req for cohort in cohorts for req in self._by.pop(cohort, ())]
+
+    def requests(self) -> list[Request]:
+        return [req for members in list(self._by.values()) for req in members]
+
+    def clear(self) -> None:
+        self._by.clear()

@@ -1,12 +1,12 @@
 """The decode service: a bounded queue of requests and one decode thread driving a running batch over one backend.
 
 A request's sentences are checked and tokenized by the caller (translator.prepare: the command line's messages),
-then wait in the queue; the decode thread admits them as one cohort into the running batch at the next step
-boundary where its rows fit (`max_rows`, counting the k rows a beam takes), steps every live row, and hands each
-finished sentence to its request. Deadlines and cancellations (a client that left) are seen at every step
-boundary: the request's rows leave the batch at once. Nothing a request carries reaches the decode thread
-unchecked, and an error inside a step fails the requests then running (never anyone else's), after which the
-thread goes on with a fresh batch.
+then wait in the queue; the decode thread admits them into the running batch at the next step boundary where
+their rows fit (`max_rows`, counting the k rows a beam takes: a cohort per request, beam requests admitted
+together with the same options sharing one), steps every live row, and hands each finished sentence to its
+request. Deadlines and cancellations (a client that left) are seen at every step boundary: the request's rows
+leave the batch at once. Nothing a request carries reaches the decode thread unchecked; an error inside a step
+fails the requests then running (never anyone else's), and the thread goes on with a fresh batch.
 
 Messages leave the decode thread once per step: every event of that step, for every request, in one list per
 `sink` (the front end's callable, called on the decode thread; it must not block: an event loop's sink hands the
@@ -33,10 +33,10 @@ import numpy as np
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
-from transduce.runtime.decoding.running import Admission, RunningBatch
+from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions, request_defaults, request_options
-from transduce.serve.requests import Event, Request, Sink, deliver
+from transduce.serve.requests import Event, Request, Sink, UnderWay, admission, deliver, runs
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
 
@@ -57,15 +57,13 @@ class DecodeService:
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
         self._cancelled: list[tuple[Request, ServeError]] = []
-        self._running: dict[Any, Request] = {}  # cohort -> request
+        self._running = UnderWay()  # the requests in the running batch, by cohort
         self._admitting: list[Request] = []  # taken off the queue, their encoder running (outside the lock)
         self._fresh: list[Request] = []  # admitted since the last step: their first step gives their first token
         self._outbox: list[Event] = []  # this step's events (decode thread only), sent by _flush
         self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # run between two steps
         self._ended = False  # the decode thread has failed what it held and is ending
-        self._stop = False
-        self.draining = False
-        self.ready = False
+        self._stop = self.draining = self.ready = False
         self.thread_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="transduce-decode", daemon=True)
 
@@ -198,7 +196,7 @@ class DecodeService:
         """Fail every request queued or under way with `error` at the next step boundary (a server that stops
         before they finish) -> them."""
         with self._lock:
-            cut = [r for r in [*self._queue, *list(self._running.values()), *self._admitting]
+            cut = [r for r in [*self._queue, *self._running.requests(), *self._admitting]
                    if r is not None and not r.finished.is_set()]
             self._cancelled.extend((r, error) for r in cut)
             self._lock.notify()
@@ -367,12 +365,9 @@ class DecodeService:
     def _admit_group(self, group: list[Request]) -> None:
         """The requests' cohorts into the running batch at once; refused whole (nothing changed), each is tried
         alone, so that one that cannot join fails alone."""
-        batch = self.batch
-        admissions = [Admission(req.src, req.lens, req.options, on_tokens=self._token_listener(req)
-                                if req.options.beam_size == 1 and req.stream and req.sink is not None else None,
-                                keys=np.array(req.todo),
-                                prefixes=None if req.prefixes is None else [req.prefixes[i] for i in req.todo])
-                      for req in group]
+        batch, pad = self.batch, self.translator.config.pad_id
+        cohort_runs = runs(group)
+        admissions = [admission(run, pad, self._token_listener(run[0])) for run in cohort_runs]
         try:
             cohorts = batch.admit_many(admissions)
         except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
@@ -385,21 +380,22 @@ class DecodeService:
         except Exception as e:  # noqa: BLE001 - the backend failed part way: the batch cannot be trusted
             for req in group:
                 self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
-            for cohort in batch.abort():
-                self._fail(self._running.pop(cohort), ServeError(f"decoding failed: {type(e).__name__}", 500))
+            self._fail_running(batch.abort(), ServeError(f"decoding failed: {type(e).__name__}", 500))
             return
-        for req, cohort in zip(group, cohorts, strict=True):
-            req.cohort = cohort
-            self._running[cohort] = req
-            if req.options.beam_size == 1:
-                self._fresh.append(req)
+        for run, cohort in zip(cohort_runs, cohorts, strict=True):
+            self._running.add(cohort, run)
+            if run[0].options.beam_size == 1:
+                self._fresh.extend(run)
         if self.metrics:
             sentences = sum(len(req.todo) for req in group)
             self.metrics.admitted.inc(sentences)
             self.metrics.admission.observe(sentences)
 
     def _token_listener(self, req: Request):
-        """on_tokens for a streamed greedy request: the step's tokens as they are, into the outbox."""
+        """on_tokens for a streamed greedy request (else None): the step's tokens as they are, into the outbox."""
+        if req.options.beam_size != 1 or not req.stream or req.sink is None:
+            return None
+
         def on_tokens(sentences: np.ndarray, tokens: np.ndarray) -> None:
             self._outbox.append((req, "tokens", (sentences.tolist(), tokens.tolist())))
 
@@ -416,27 +412,22 @@ class DecodeService:
         try:
             finished = batch.step()
         except Exception as e:  # noqa: BLE001 - the running requests fail; the service goes on
-            for cohort in batch.abort():
-                req = self._running.pop(cohort, None)
-                if req is not None:
-                    self._fail(req, ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
+            self._fail_running(batch.abort(), ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
             return
         for req in self._fresh:  # a greedy request's first step gave each of its sentences a token
             if req.first_token is None:
                 self._first_token(req)
         self._fresh.clear()
         for cohort, e in batch.failed:
-            req = self._running.pop(cohort, None)
-            if req is not None:
-                self._fail(req, ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
+            self._fail_running([cohort], ServeError(f"decoding failed: {type(e).__name__}: {e}", 500))
         if self.metrics:
             self.metrics.batch_rows.observe(rows)
             self.metrics.live_rows.set(batch.rows)
         for cohort, s, result in finished:
-            req = self._running.get(cohort)
+            req = self._running.member(cohort, s)
             if req is None:
                 continue
-            i = req.todo[s]
+            i = req.todo[s - req.start]
             req.translations[i] = self._translated(req, i, result)
             if req.first_token is None:
                 self._first_token(req)
@@ -445,13 +436,15 @@ class DecodeService:
                 self.metrics.tokens.inc(len(result.best.tokens) + result.best.finished)
             if req.stream:
                 self._emit(req, "translation", (i, req.translations[i]))
-        if finished:
-            live = set(batch.cohorts)
-            for cohort in {c for c, _, _ in finished} - live:  # requests whose last sentence finished
-                req = self._running.pop(cohort, None)
-                if req is not None:
-                    self._finish(req)
-                    self._emit(req, "done", None)
+            req.left -= 1
+            if not req.left:  # its last sentence
+                self._running.leave(req)
+                self._finish(req)
+                self._emit(req, "done", None)
+
+    def _fail_running(self, cohorts, error: ServeError) -> None:
+        for req in self._running.pop(*cohorts):  # cohorts dropped from the batch: each of their requests fails
+            self._fail(req, error)
 
     def _translated(self, req: Request, i: int, result) -> Any:
         """Sentence i's finished DecodeResult as the request keeps and streams it: its Translation."""
@@ -460,7 +453,7 @@ class DecodeService:
 
     def _expire(self, now: float) -> None:
         with self._lock:
-            late = [r for r in [*self._queue, *self._running.values()] if now > r.deadline]
+            late = [r for r in [*self._queue, *self._running.requests()] if now > r.deadline]
         for req in late:
             if self.metrics:
                 self.metrics.timed_out.inc()
@@ -469,13 +462,13 @@ class DecodeService:
 
     def _drop(self, req: Request, error: ServeError) -> None:
         with self._lock:
-            queued = req in self._queue
-            if queued:
+            if queued := req in self._queue:
                 self._queue.remove(req)
         if queued and self.metrics:
             self.metrics.queue_depth.set(len(self._queue))
-        if req.cohort is not None and self._running.pop(req.cohort, None) is not None:
-            self.batch.cancel(req.cohort)
+        if self._running.leave(req):  # the whole cohort, or (other requests in it) its sentences
+            self.batch.cancel(req.cohort, range(req.start, req.start + len(req.todo)) if req.cohort in self._running
+                              else None)
             if self.metrics:
                 self.metrics.live_rows.set(self.batch.rows)
         self._fail(req, error)
@@ -495,7 +488,7 @@ class DecodeService:
 
     def _fail_all(self, error: ServeError) -> None:
         with self._lock:
-            held = [*self._queue, *self._running.values(), *(r for r, _ in self._cancelled)]
+            held = [*self._queue, *self._running.requests(), *(r for r, _ in self._cancelled)]
             self._queue.clear()
             self._running.clear()
             self._cancelled.clear()

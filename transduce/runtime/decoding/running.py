@@ -306,16 +306,20 @@ class RunningBatch:
             self.backend.reorder(self.state, c.moved, self.row_src)
         return finished
 
-    def cancel(self, cohort: Cohort) -> None:
-        """Drop a cohort's rows now (a request past its deadline, or whose client left): its results are lost."""
+    def cancel(self, cohort: Cohort, sentences: Sequence[int] | None = None) -> None:
+        """Drop a cohort's rows now (a request past its deadline, or whose client left): its results are lost.
+        sentences: only these of its sentences (a beam cohort's; None: all of them)."""
         if cohort not in self.cohorts:
             return
         keep, off = [], 0
         for c in self.cohorts:
+            r = c.rows
             if c is not cohort:
-                keep.extend(range(off, off + c.rows))
-            off += c.rows
-        self.cohorts = [c for c in self.cohorts if c is not cohort]
+                keep.extend(range(off, off + r))
+            elif sentences is not None:
+                keep.extend((off + c.drop(np.asarray(sentences, np.int64))).tolist())
+            off += r
+        self.cohorts = [c for c in self.cohorts if c.rows and (c is not cohort or sentences is not None)]
         if not self.cohorts:
             self._end()
         else:

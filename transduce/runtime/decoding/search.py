@@ -252,6 +252,25 @@ class BeamCohort(Cohort):
     def reserved_rows(self) -> int:
         return len(self.sent) * self.k
 
+    def drop(self, sentences: np.ndarray) -> np.ndarray:
+        """Between two steps: `sentences` leave now (their results are lost) -> the local rows that stay, in
+        order. The last step's back-pointers follow the rows that stay (those before it are untouched)."""
+        keep = np.flatnonzero(~np.isin(self.row_sent, sentences))
+        live = ~np.isin(self.sent, sentences)
+        self.sent, self.scores = self.sent[live], self.scores[live]
+        if self.rank is not None:
+            self.rank = self.rank[live]
+        self.row_sent, self.tokens = self.row_sent[keep], self.tokens[keep]
+        if self.parents:
+            self.parents[-1], self.toks[-1], self.lps[-1] = (self.parents[-1][keep], self.toks[-1][keep],
+                                                             self.lps[-1][keep])
+        if self.adjusts:
+            self.history = self.history[keep]
+        for s in np.asarray(sentences).tolist():
+            self.final[s] = []
+        self.rows, self.moved = len(keep), None
+        return keep
+
     def _finish(self, ss: np.ndarray, rows: np.ndarray, t: int, raws: np.ndarray, last_tok: np.ndarray,
                 last_lp: np.ndarray, finished: bool) -> None:
         """New hypotheses of sentences ss: rows of the state that made step t, plus one token each."""
