@@ -309,11 +309,12 @@ def test_a_request_s_options_are_made_once_per_distinct_set_and_checked_by_type(
     each time."""
     from transduce.errors import InputError
     from transduce.runtime.api import load
-    from transduce.serve import service as module
+    from transduce.serve import options as module
+    from transduce.serve.service import DecodeService
 
     made, real = [], module.request_options
     monkeypatch.setattr(module, "request_options", lambda *a: made.append(a[2]) or real(*a))
-    service = module.DecodeService(load(tiny_artifact_dir, threads=1))
+    service = DecodeService(load(tiny_artifact_dir, threads=1))
     first = service.decoding_options({"beam_size": 1})
     assert service.decoding_options({"beam_size": 1}) is first and first.beam_size == 1 and len(made) == 1
     assert service.decoding_options({"beam_size": 2}).beam_size == 2 and len(made) == 2
@@ -375,3 +376,32 @@ def test_a_request_dropped_from_a_shared_cohort_takes_only_its_own_rows(tiny_art
         assert reqs[i].error is None and [t.tokens for t in reqs[i].translations] == [w.tokens for w in want]
     service._drop(reqs[2], ServeError("late", 504))  # a finished request: nothing to drop
     assert reqs[2].error is None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_full_queue_refuses_only_requests_whose_rows_would_wait(tiny_artifact_dir, engine):
+    """A burst of requests beyond max_queue whose rows all fit the batch is taken (the batch takes them at
+    once: no overload), in-process and across the engine process's pipe (whose submits are in flight before the
+    engine counts them); a request whose rows do not fit beside those taken is refused while the queue is full."""
+    from transduce.serve.service import ServeError
+
+    if engine == "thread":  # unstarted: nothing leaves the queue, so it stays full
+        service = _unstarted(tiny_artifact_dir, max_queue=2, max_rows=8)
+        reqs = [service.submit(["one two"], {"beam_size": 2}) for _ in range(4)]  # 8 rows: they fit
+        assert service.queue_depth() == 4
+        with pytest.raises(ServeError, match="queue is full") as info:
+            service.submit(["three"], {"beam_size": 1})  # a ninth row would wait
+        assert info.value.status == 429
+        service._admit()
+        while service.batch.cohorts:
+            service._step()
+        assert all(r.finished.is_set() and r.error is None for r in reqs)
+        service.submit(["three"], {"beam_size": 1})  # rows free again: taken
+        return
+    from transduce.runtime.api import load
+
+    with _started(tiny_artifact_dir, engine, max_queue=1, max_rows=64) as service:
+        reqs = [service.submit([text], {"beam_size": 1}) for text in TEXTS * 4]  # sent faster than counted
+        assert all(r.finished.wait(60) for r in reqs) and [r.error for r in reqs] == [None] * len(reqs)
+    want = load(tiny_artifact_dir, threads=1).translate(TEXTS * 4, beam_size=1)
+    assert [r.translations[0].text for r in reqs] == [w.text for w in want]

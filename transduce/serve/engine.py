@@ -27,9 +27,9 @@ from transduce.errors import TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
-from transduce.serve.options import request_defaults
+from transduce.serve.options import OPTIONS_KEPT, OptionsMade, request_defaults
 from transduce.serve.requests import deliver
-from transduce.serve.service import OPTIONS_KEPT, DecodeService, Event, Request, ServeError, ServiceOptions
+from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
 
@@ -186,7 +186,7 @@ class EngineClient(DecodeService):
         self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]),
                                      defaults=DecodingOptions(**info["defaults"]))  # the model's, as loaded there
         self.defaults = request_defaults(self.translator.defaults, self.options)
-        self._made_options: dict[tuple, DecodingOptions] = {}  # decoding_options' cache
+        self._made_options = OptionsMade()
         self._wire_forms: dict[int, tuple[DecodingOptions, tuple]] = {}  # _wired's cache, by the options' id
 
     def _warm(self, engine: _Engine) -> None:
@@ -229,9 +229,9 @@ class EngineClient(DecodeService):
     def _enqueue(self, req: Request) -> Request:
         with self._lock:
             self._check_running()
-            if not self._taken_in(req, self.queue_depth()):
-                return req
             engine = self._pinned or self._route()
+            if not self._taken_in(req, self.queue_depth(), engine.rows + req.rows <= self.options.max_rows):
+                return req
             self._requests[req.id], self._where[req.id] = req, engine
             engine.sent += 1
             engine.rows += req.rows

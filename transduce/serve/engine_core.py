@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from transduce.serve import wire
-from transduce.serve.service import OPTIONS_KEPT, DecodeService, Request, ServeError
+from transduce.serve.options import OPTIONS_KEPT
+from transduce.serve.service import DecodeService, Request, ServeError
 
 
 def _remote(events: list) -> None:

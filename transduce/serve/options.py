@@ -10,6 +10,7 @@ from transduce.errors import InputError, TransduceError
 from transduce.runtime.decoding.options import DecodingOptions, documented
 
 SCHEDULERS = ("continuous", "static", "single")
+OPTIONS_KEPT = 256  # distinct sets of a request's options kept made
 
 
 class ServeError(TransduceError):
@@ -99,3 +100,24 @@ def request_options(translator, defaults: DecodingOptions, given: dict, fields: 
         raise InputError(f"length_penalty {opts.length_penalty} overflows the length normalisation",
                          hint="use a length penalty of a few units at most", params=("length_penalty",))
     return opts
+
+
+class OptionsMade:
+    """request_options, made and checked once per distinct set of options a client gives (most requests share a
+    few): the same DecodingOptions each time. The translator and defaults must not change under it."""
+
+    def __init__(self):
+        self._made: dict[tuple, DecodingOptions] = {}
+
+    def of(self, translator, defaults: DecodingOptions, given: dict, fields: tuple[str, ...]) -> DecodingOptions:
+        try:  # the values' types: True == 1 and 4.0 == 4, but they are not the same option
+            key = tuple((name, type(v), v) for name, v in given.items())
+            made = self._made.get(key)
+        except TypeError:  # an unhashable value (a JSON list): made each time
+            return request_options(translator, defaults, given, fields)
+        if made is None:
+            made = request_options(translator, defaults, given, fields)
+            if len(self._made) >= OPTIONS_KEPT:
+                self._made.clear()
+            self._made[key] = made
+        return made

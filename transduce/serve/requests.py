@@ -77,6 +77,7 @@ class Request:
         self.cohort = None
         self.start = 0  # the cohort's number of its first sentence (a cohort may hold several requests)
         self.left = 0  # its sentences still decoding in the running batch
+        self.counted = False  # its rows count in the service's rows taken (queued or running)
         self.queued_step = 0  # the running batch's step count when it was queued
         self.error: ServeError | None = None
         self.finished = Ended()

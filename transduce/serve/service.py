@@ -8,15 +8,13 @@ request. Deadlines and cancellations (a client that left) are seen at every step
 leave the batch at once. Nothing a request carries reaches the decode thread unchecked; an error inside a step
 fails the requests then running (never anyone else's), and the thread goes on with a fresh batch.
 
-Messages leave the decode thread once per step: every event of that step, for every request, in one list per
-`sink` (the front end's callable, called on the decode thread; it must not block: an event loop's sink hands the
-list over with one call_soon_threadsafe). An event is (request, kind, data): "done" (None) or "error" (a
-ServeError) for every request; a request submitted with stream=True also gets "tokens" (greedy: the cohort's
-sentences that stepped and their new token ids, EOS included, as two lists; detokenising is the front end's)
-and "translation" ((sentence, Translation)) as its sentences finish. A request that does not stream costs
-nothing per token or per step here beyond the running batch's own work. The service holds its lock only to
-move requests between its queue and its lists, never across a model call, so submit() (in the event loop)
-waits for no step or encoder run.
+Messages leave the decode thread once per step: every event of that step in one list per `sink` (the front end's
+callable, called on the decode thread; it must not block). An event is (request, kind, data): "done" (None) or
+"error" (a ServeError) for every request; one submitted with stream=True also gets "tokens" (greedy: the cohort's
+sentences that stepped and their new token ids, EOS included, as two lists) and "translation" ((sentence,
+Translation)) as its sentences finish. A request that does not stream costs nothing per token here beyond the
+running batch's work. The lock is held only to move requests between the queue and lists, never across a model
+call, so submit() (in the event loop) waits for no step or encoder run.
 """
 
 from __future__ import annotations
@@ -35,7 +33,14 @@ from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
-from transduce.serve.options import SCHEDULERS, ServeError, ServiceOptions, request_defaults, request_options
+from transduce.serve.options import (
+    SCHEDULERS,
+    OptionsMade,
+    ServeError,
+    ServiceOptions,
+    request_defaults,
+    request_options,
+)
 from transduce.serve.requests import Event, Request, Sink, UnderWay, admission, deliver, runs
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
@@ -43,7 +48,6 @@ __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptio
 FIRST = 0  # the number of a request's first sentence in messages and error bodies: its index in `text`
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
 SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
-OPTIONS_KEPT = 256  # distinct sets of a request's options kept made
 
 
 class DecodeService:
@@ -52,12 +56,13 @@ class DecodeService:
         self.options = options or ServiceOptions()
         self.metrics = metrics  # a ServeMetrics, or None
         self.defaults = request_defaults(translator.defaults, self.options)
-        self._made_options: dict[tuple, DecodingOptions] = {}  # decoding_options' cache
+        self._made_options = OptionsMade()
         self.batch = RunningBatch(translator.backend, capacity=translator.config.max_positions)
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
         self._cancelled: list[tuple[Request, ServeError]] = []
         self._running = UnderWay()  # the requests in the running batch, by cohort
+        self._rows_in = 0  # the rows of the requests queued and running (a beam's k per sentence)
         self._admitting: list[Request] = []  # taken off the queue, their encoder running (outside the lock)
         self._fresh: list[Request] = []  # admitted since the last step: their first step gives their first token
         self._outbox: list[Event] = []  # this step's events (decode thread only), sent by _flush
@@ -142,8 +147,9 @@ class DecodeService:
         """A checked, tokenized request into the queue (a 429 ServeError when it is full); its blank sentences
         are told at once, and a request of blank sentences only is done here."""
         with self._lock:
-            if not self._taken_in(req, len(self._queue)):
+            if not self._taken_in(req, len(self._queue), self._rows_in + req.rows <= self.options.max_rows):
                 return req
+            self._rows_in, req.counted = self._rows_in + req.rows, True
             req.queued_step = self.batch.steps
             self._queue.append(req)
             if self.metrics:
@@ -151,10 +157,11 @@ class DecodeService:
             self._lock.notify()
         return req
 
-    def _taken_in(self, req: Request, waiting: int) -> bool:
-        """Under the lock: the 429 ServeError where `waiting` requests fill the queue; else its blank sentences
-        told at once -> whether it has sentences to decode (False: blank only, answered here)."""
-        if waiting >= self.options.max_queue:
+    def _taken_in(self, req: Request, waiting: int, fits: bool) -> bool:
+        """Under the lock: the 429 ServeError where `waiting` requests fill the queue and this one would wait too
+        (its rows do not `fit` beside those queued and running: a burst the batch takes at once is no overload);
+        else its blank sentences told at once -> whether it has sentences to decode (False: blank only)."""
+        if waiting >= self.options.max_queue and not fits:
             if self.metrics:
                 self.metrics.rejected.inc()
             raise ServeError(f"the queue is full ({self.options.max_queue} requests waiting)", 429,
@@ -173,17 +180,7 @@ class DecodeService:
     def decoding_options(self, given: dict) -> DecodingOptions:
         """The request's decoding options (InputError naming the field for an unknown or invalid one), made and
         checked once per distinct set a client gives (most requests share a few): the same object each time."""
-        try:  # the values' types: True == 1 and 4.0 == 4, but they are not the same option
-            key = tuple((name, type(v), v) for name, v in given.items())
-            made = self._made_options.get(key)
-        except TypeError:  # an unhashable value (a JSON list): made each time
-            return request_options(self.translator, self.defaults, given, OPTION_FIELDS)
-        if made is None:
-            made = request_options(self.translator, self.defaults, given, OPTION_FIELDS)
-            if len(self._made_options) >= OPTIONS_KEPT:
-                self._made_options.clear()
-            self._made_options[key] = made
-        return made
+        return self._made_options.of(self.translator, self.defaults, given, OPTION_FIELDS)
 
     def cancel(self, req: Request, error: ServeError) -> None:
         """Drop a request (its client left, or its caller gave up) at the next step boundary."""
@@ -478,12 +475,15 @@ class DecodeService:
         if req.finished.is_set():
             return
         req.error = error
-        req.finished.set()
+        self._finish(req, False)
         self._emit(req, "error", error)
 
-    def _finish(self, req: Request) -> None:
-        if self.metrics:
+    def _finish(self, req: Request, done: bool = True) -> None:
+        if self.metrics and done:
             self.metrics.latency.observe(time.monotonic() - req.created)
+        if req.counted:  # its rows no longer queued nor running
+            with self._lock:
+                self._rows_in, req.counted = self._rows_in - req.rows, False
         req.finished.set()
 
     def _fail_all(self, error: ServeError) -> None:
