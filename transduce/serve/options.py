@@ -25,7 +25,8 @@ class ServeError(TransduceError):
 @dataclass(frozen=True)
 class ServiceOptions:
     max_rows: int = documented(256, "Decoding rows at once in the running batch (a beam of k takes k per sentence).")
-    max_queue: int = documented(64, "Requests waiting for rows; past it the server answers 429 with Retry-After.")
+    max_queue: int = documented(64, "Requests waiting for rows; past it a request whose rows do not fit either is "
+                                    "answered 429 with Retry-After.")
     max_wait_ms: float = documented(0.0, "An idle batch waits this long after an arrival for others to start with it.")
     join_ratio: float = documented(0.5, "While the batch runs, queued requests join it once their rows reach this "
                                         "share of its rows (0: at every step)...")
