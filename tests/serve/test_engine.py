@@ -200,9 +200,10 @@ def test_the_engine_makes_each_distinct_set_of_options_once():
     from transduce.runtime.decoding import DecodingOptions
     from transduce.serve import wire
     from transduce.serve.engine_core import EngineService
+    from transduce.serve.options import Kept
 
     service = EngineService.__new__(EngineService)
-    service._options = {}
+    service._options = Kept()
     greedy, beam = wire.options(DecodingOptions(beam_size=1)), wire.options(DecodingOptions(beam_size=4))
     first = service._options_of(wire.loads(wire.dumps(greedy)))  # as a frame brings them: equal values, new tuples
     assert service._options_of(wire.loads(wire.dumps(greedy))) is first and first == DecodingOptions(beam_size=1)

@@ -309,7 +309,7 @@ def test_a_request_s_options_are_made_once_per_distinct_set_and_checked_by_type(
     each time."""
     from transduce.errors import InputError
     from transduce.runtime.api import load
-    from transduce.serve import options as module
+    from transduce.serve import service as module
     from transduce.serve.service import DecodeService
 
     made, real = [], module.request_options

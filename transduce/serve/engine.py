@@ -27,7 +27,7 @@ from transduce.errors import TransduceError
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
-from transduce.serve.options import OPTIONS_KEPT, OptionsMade, request_defaults
+from transduce.serve.options import Kept, request_defaults
 from transduce.serve.requests import deliver
 from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
@@ -186,8 +186,8 @@ class EngineClient(DecodeService):
         self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]),
                                      defaults=DecodingOptions(**info["defaults"]))  # the model's, as loaded there
         self.defaults = request_defaults(self.translator.defaults, self.options)
-        self._made_options = OptionsMade()
-        self._wire_forms: dict[int, tuple[DecodingOptions, tuple]] = {}  # _wired's cache, by the options' id
+        self._made_options = Kept()  # decoding_options' made
+        self._wire_forms = Kept()  # _wired's: by the options' id, with the options (alive: the id stays theirs)
 
     def _warm(self, engine: _Engine) -> None:
         """The warm-up request through `engine` (before the server takes requests)."""
@@ -252,12 +252,7 @@ class EngineClient(DecodeService):
     def _wired(self, opts: DecodingOptions) -> tuple:
         """wire.options(opts), made once per options object (decoding_options gives the same one for the same
         request options)."""
-        held = self._wire_forms.get(id(opts))
-        if held is None or held[0] is not opts:
-            if len(self._wire_forms) >= OPTIONS_KEPT:
-                self._wire_forms.clear()
-            held = self._wire_forms[id(opts)] = (opts, wire.options(opts))  # the object kept: its id stays its own
-        return held[1]
+        return self._wire_forms.made(id(opts), lambda: (opts, wire.options(opts)))[1]
 
     def _route(self) -> _Engine:
         """The engine a request goes to: the first with fewer rows under way than fill_rows (one engine's wide

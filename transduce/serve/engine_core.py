@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from transduce.serve import wire
-from transduce.serve.options import OPTIONS_KEPT
+from transduce.serve.options import Kept
 from transduce.serve.service import DecodeService, Request, ServeError
 
 
@@ -37,7 +37,7 @@ class EngineService(DecodeService):
         self.requests: dict[int, Request] = {}  # the front end's request id -> its request here
         self.seen = 0  # submits received: the front end's queue depth counts those it sent and we had not
         self._told = (0, 0)  # (seen, queue depth) of the last frame
-        self._options: dict[tuple, Any] = {}  # submits' options as sent (their values) -> their DecodingOptions
+        self._options = Kept()  # submits' options as sent (their values) -> their DecodingOptions
 
     def _intake(self) -> None:
         try:
@@ -88,15 +88,7 @@ class EngineService(DecodeService):
     def _options_of(self, given: tuple) -> Any:
         """A submit's DecodingOptions, made (and checked) once per distinct set of values: most requests share a
         few."""
-        try:
-            made = self._options.get(given)
-        except TypeError:  # a value that does not hash: made each time
-            return wire.unoptions(given)
-        if made is None:
-            if len(self._options) >= OPTIONS_KEPT:
-                self._options.clear()
-            made = self._options[given] = wire.unoptions(given)
-        return made
+        return self._options.made(given, lambda: wire.unoptions(given))
 
     def _translated(self, req: Request, i: int, result) -> Any:
         return wire.result(result)  # the front end makes the Translation (detokenising is its work)

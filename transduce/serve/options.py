@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.decoding.options import DecodingOptions, documented
@@ -103,22 +105,24 @@ def request_options(translator, defaults: DecodingOptions, given: dict, fields: 
     return opts
 
 
-class OptionsMade:
-    """request_options, made and checked once per distinct set of options a client gives (most requests share a
-    few): the same DecodingOptions each time. The translator and defaults must not change under it."""
+def options_key(given: dict) -> tuple:
+    """A request's options as a key of what is made of them, their values' types in it (True == 1 and 4.0 == 4 in
+    Python, but they are not the same options)."""
+    return tuple((name, type(v), v) for name, v in given.items())
 
-    def __init__(self):
-        self._made: dict[tuple, DecodingOptions] = {}
 
-    def of(self, translator, defaults: DecodingOptions, given: dict, fields: tuple[str, ...]) -> DecodingOptions:
-        try:  # the values' types: True == 1 and 4.0 == 4, but they are not the same option
-            key = tuple((name, type(v), v) for name, v in given.items())
-            made = self._made.get(key)
-        except TypeError:  # an unhashable value (a JSON list): made each time
-            return request_options(translator, defaults, given, fields)
-        if made is None:
-            made = request_options(translator, defaults, given, fields)
-            if len(self._made) >= OPTIONS_KEPT:
-                self._made.clear()
-            self._made[key] = made
-        return made
+class Kept(dict):
+    """What is made once per key (a request's options, most requests sharing a few), at most OPTIONS_KEPT of them
+    (emptied when full)."""
+
+    def made(self, key, make: Callable[[], Any]) -> Any:
+        """make()'s value for `key`, made once; a key that does not hash is made each time."""
+        try:
+            got = self.get(key)
+        except TypeError:
+            return make()
+        if got is None:
+            if len(self) >= OPTIONS_KEPT:
+                self.clear()
+            got = self[key] = make()
+        return got

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from transduce.runtime.decoding import DecodingOptions
-from transduce.runtime.decoding.running import Admission
+from transduce.runtime.decoding.running import Admission, stacked
 from transduce.runtime.translator import Translation
 from transduce.serve.options import ServeError
 
@@ -127,17 +127,11 @@ def admission(run: list[Request], pad_id: int, on_tokens=None) -> Admission:
         req = run[0]
         return Admission(req.src, req.lens, req.options, on_tokens=on_tokens, keys=np.array(req.todo),
                          prefixes=None if req.prefixes is None else [req.prefixes[i] for i in req.todo])
-    width = max(req.src.shape[1] for req in run)
-    src = np.full((sum(len(req.todo) for req in run), width), pad_id, dtype=run[0].src.dtype)
-    off = 0
-    for req in run:
-        b, w = req.src.shape
-        src[off: off + b, :w] = req.src
-        off += b
+    src, lens = stacked([(req.src, req.lens) for req in run], pad_id)
     prefixes = None
     if any(req.prefixes is not None for req in run):
         prefixes = [req.prefixes[i] if req.prefixes is not None else () for req in run for i in req.todo]
-    return Admission(src, np.concatenate([req.lens for req in run]), run[0].options,
+    return Admission(src, lens, run[0].options,
                      keys=np.concatenate([np.array(req.todo) for req in run]), prefixes=prefixes)
 
 

@@ -10,11 +10,10 @@ fails the requests then running (never anyone else's), and the thread goes on wi
 
 Messages leave the decode thread once per step: every event of that step in one list per `sink` (the front end's
 callable, called on the decode thread; it must not block). An event is (request, kind, data): "done" (None) or
-"error" (a ServeError) for every request; one submitted with stream=True also gets "tokens" (greedy: the cohort's
-sentences that stepped and their new token ids, EOS included, as two lists) and "translation" ((sentence,
-Translation)) as its sentences finish. A request that does not stream costs nothing per token here beyond the
-running batch's work. The lock is held only to move requests between the queue and lists, never across a model
-call, so submit() (in the event loop) waits for no step or encoder run.
+"error" (a ServeError) for every request; one with stream=True also gets "tokens" (greedy: the cohort's sentences
+that stepped and their new token ids, EOS included, as two lists) and "translation" ((sentence, Translation)) as
+its sentences finish; one that does not stream costs nothing per token. The lock is held only to move requests
+between the queue and lists, never across a model call: submit() (in the event loop) waits for no step.
 """
 
 from __future__ import annotations
@@ -35,9 +34,10 @@ from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
 from transduce.serve.options import (
     SCHEDULERS,
-    OptionsMade,
+    Kept,
     ServeError,
     ServiceOptions,
+    options_key,
     request_defaults,
     request_options,
 )
@@ -56,7 +56,7 @@ class DecodeService:
         self.options = options or ServiceOptions()
         self.metrics = metrics  # a ServeMetrics, or None
         self.defaults = request_defaults(translator.defaults, self.options)
-        self._made_options = OptionsMade()
+        self._made_options = Kept()  # decoding_options' made
         self.batch = RunningBatch(translator.backend, capacity=translator.config.max_positions)
         self._lock = threading.Condition()
         self._queue: deque[Request] = deque()
@@ -178,9 +178,9 @@ class DecodeService:
         return True
 
     def decoding_options(self, given: dict) -> DecodingOptions:
-        """The request's decoding options (InputError naming the field for an unknown or invalid one), made and
-        checked once per distinct set a client gives (most requests share a few): the same object each time."""
-        return self._made_options.of(self.translator, self.defaults, given, OPTION_FIELDS)
+        """The request's decoding options (InputError naming the field), made once per distinct set given."""
+        return self._made_options.made(options_key(given), lambda: request_options(
+            self.translator, self.defaults, given, OPTION_FIELDS))
 
     def cancel(self, req: Request, error: ServeError) -> None:
         """Drop a request (its client left, or its caller gave up) at the next step boundary."""

@@ -109,7 +109,7 @@ class RunningBatch:
         the backend however many there are. Refused whole (nothing changed) where any one does not fit."""
         backend, cfg = self.backend, self.backend.config
         cohorts, lens = zip(*(self._cohort(a) for a in admissions), strict=True)
-        src_ids, src_lengths = _stacked(admissions, cfg.pad_id)
+        src_ids, src_lengths = stacked([(a.src_ids, a.src_lengths) for a in admissions], cfg.pad_id)
         longest = max(int(x.max()) for x in lens)
         if self.state is not None and not self.cohorts:
             self._end()
@@ -350,19 +350,20 @@ class RunningBatch:
             self.backend.end(state)
 
 
-def _stacked(admissions: Sequence[Admission], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """The admissions' sources as one padded batch (B, S) and their lengths (B,)."""
-    if len(admissions) == 1:
-        return np.asarray(admissions[0].src_ids), np.asarray(admissions[0].src_lengths)
-    width = max(np.shape(a.src_ids)[1] for a in admissions)
-    rows = sum(len(a.src_lengths) for a in admissions)
-    ids = np.full((rows, width), pad_id, dtype=np.asarray(admissions[0].src_ids).dtype)
+def stacked(sources: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Padded batches of sources, each (padded ids (B, S), lengths (B,)), as one padded batch (B, S) and its
+    lengths (B,): the widest's width, the rest padded with pad_id."""
+    if len(sources) == 1:
+        return np.asarray(sources[0][0]), np.asarray(sources[0][1])
+    width = max(np.shape(ids)[1] for ids, _ in sources)
+    rows = sum(len(lengths) for _, lengths in sources)
+    out = np.full((rows, width), pad_id, dtype=np.asarray(sources[0][0]).dtype)
     off = 0
-    for a in admissions:
-        b, w = np.shape(a.src_ids)
-        ids[off: off + b, :w] = a.src_ids
+    for ids, _ in sources:
+        b, w = np.shape(ids)
+        out[off: off + b, :w] = ids
         off += b
-    return ids, np.concatenate([np.asarray(a.src_lengths) for a in admissions])
+    return out, np.concatenate([np.asarray(lengths) for _, lengths in sources])
 
 
 def _chosen(log_probs: np.ndarray, forced: np.ndarray) -> np.ndarray:
