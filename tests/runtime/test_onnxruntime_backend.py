@@ -771,3 +771,37 @@ def test_a_grown_cache_keeps_its_rows_and_zeroes_the_new_ones():
     new = np.full((4, 5, 3, 5, 2), np.nan, np.float32)  # a reused buffer's contents
     mem.copy_rows(new, old)
     assert (new[:, :2] == old).all() and (new[:, 2:] == 0).all()
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_fewer_threads_meanwhile_decode_the_same_on_sessions_of_that_many(tiny_artifact_dir, monkeypatch, large):
+    """limit_threads(n): every run meanwhile is on sessions of n threads (made once per n; a small model's
+    one-thread step session serves as it is), the results equal the whole budget's, and None (or a limit at the
+    budget or above) goes back to the budget's sessions. A model whose steps run on one thread anyway says so."""
+    if large:
+        monkeypatch.setattr(policy, "SMALL_STEP_MFLOP", 0.0)  # as if it were large: its steps on the whole budget
+    monkeypatch.setattr(policy, "NARROW_ENCODER_MFLOP", 0.0)  # every encoder run on the budget's session
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=3, shards=False)
+    assert be.threaded_steps is large
+    cfg = be.config
+    src, lens = _src(cfg, 5, seed=3)
+    opts = DecodingOptions(beam_size=3, max_len_b=8)
+    whole = decode(be, src, lens, opts)
+
+    def threads(session):
+        return session.get_session_options().intra_op_num_threads
+
+    for n in (1, 2):
+        be.limit_threads(n)
+        sessions = be._at[n]
+        assert threads(be._encoder_for(100)) == n and be._encoder_for(100) is sessions.encoder
+        assert threads(be._session_for(1)) == (n if large else 1) and threads(be._session_for(10_000)) == n
+        assert decode(be, src, lens, opts) == whole
+        be.limit_threads(None)
+        assert be._encoder_for(100) is be.encoder and be._session_for(10_000) is be.decoder_wide
+        assert decode(be, src, lens, opts) == whole
+        be.limit_threads(n)
+        assert be._at[n] is sessions  # made once
+    for n in (3, 8, None):
+        be.limit_threads(n)
+        assert be._limit is None and be._session_for(10_000) is be.decoder_wide

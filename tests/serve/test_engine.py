@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -212,18 +213,25 @@ def test_the_engine_makes_each_distinct_set_of_options_once():
 
 def test_engines_auto_is_two_on_a_cpu_of_two_cores_and_one_on_a_gpu(monkeypatch):
     """--engines 0 (the default): two engine processes on a CPU of two cores or more, one on one core or a GPU;
-    each CPU engine's framework threads share the cores less the front end's."""
+    each CPU engine's framework threads are every core while it alone decodes and its share of the cores less
+    the front end's while another engine decodes too, where the backend can change them (ONNX Runtime), else
+    that share always; threads given are kept."""
+    from transduce.runtime import devices
     from transduce.runtime.spec import BackendSpec
     from transduce.serve import server
 
-    cpu, gpu = BackendSpec(), BackendSpec(device="cuda")
-    monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
+    cpu, gpu, torch = BackendSpec(), BackendSpec(device="cuda"), BackendSpec(backend="torch")
+    monkeypatch.setattr(devices, "usable_cpus", lambda: 2)
     assert (server.engine_count(cpu, 0), server.engine_count(gpu, 0), server.engine_count(cpu, 3)) == (2, 1, 3)
-    assert server.engine_spec(cpu, 2).threads == 1 and server.engine_spec(gpu, 2).threads == 0
-    monkeypatch.setattr(server.os, "cpu_count", lambda: 1)
+    assert server.engine_spec(cpu, 2) == (BackendSpec(threads=2), 1)
+    assert server.engine_spec(gpu, 2) == (gpu, 0)
+    assert server.engine_spec(torch, 2) == (BackendSpec(backend="torch", threads=1), 0)
+    assert server.engine_spec(cpu, 1) == (BackendSpec(threads=1), 0)
+    monkeypatch.setattr(devices, "usable_cpus", lambda: 1)
     assert server.engine_count(cpu, 0) == 1
-    monkeypatch.setattr(server.os, "cpu_count", lambda: 16)
-    assert server.engine_spec(cpu, 2).threads == 7 and server.engine_spec(BackendSpec(threads=4), 2).threads == 4
+    monkeypatch.setattr(devices, "usable_cpus", lambda: 16)
+    assert server.engine_spec(cpu, 2) == (BackendSpec(threads=16), 7)
+    assert server.engine_spec(BackendSpec(threads=4), 2) == (BackendSpec(threads=4), 0)
 
 
 def test_an_engine_whose_warm_up_waits_in_its_queue_starts(tiny_artifact_dir):
@@ -261,3 +269,65 @@ def test_an_engine_that_ends_fails_only_its_own_requests_and_jobs():
     assert reqs[0].error.status == 503 and isinstance(jobs[0].exception(timeout=0), ServeError)
     assert not reqs[1].finished.is_set() and not jobs[1].done()
     assert list(client._requests) == [reqs[1].id] and list(client._replies) == [1]
+
+
+class _Backend:
+    """A backend that records the thread limits it is given."""
+
+    def __init__(self, threaded_steps: bool):
+        self.threaded_steps, self.limits = threaded_steps, []
+
+    def limit_threads(self, n):
+        self.limits.append(n)
+
+
+def test_an_engine_runs_on_its_share_of_the_cores_only_while_another_decodes():
+    """Each engine says in shared memory whether it has work; it decodes on every core while no other engine has
+    any, on the crowded share while one does, and says it has none before it waits idle."""
+    from transduce.serve.engine_core import Cores, EngineService
+
+    busy = bytearray(3)
+    engines = []
+    for i in range(3):
+        e = EngineService.__new__(EngineService)  # its core-sharing alone: no decode thread
+        e.translator, e.cores, e._crowded = SimpleNamespace(backend=_Backend(True)), Cores(busy, i, 1), False
+        engines.append(e)
+    a, b, c = engines
+    a._share_cores(True)
+    assert busy == bytearray([1, 0, 0]) and a.translator.backend.limits == []  # alone: the whole budget
+    b._share_cores(True)
+    assert b.translator.backend.limits == [1]  # a decodes too
+    a._share_cores(True)
+    assert a.translator.backend.limits == [1]
+    b._share_cores(False)  # b's batch is done: a has the cores again at its next step
+    a._share_cores(True)
+    assert busy == bytearray([1, 0, 0]) and a.translator.backend.limits == [1, None]
+    c._share_cores(False)  # an idle engine limits nothing
+    assert c.translator.backend.limits == []
+
+
+def test_engines_share_the_cores_only_where_the_backend_gains_from_them(tiny_artifact_dir):
+    """Where the backend's steps run on several threads, its sessions for the crowded share are warmed up before
+    it is ready and it starts on the whole budget; where they run on one thread anyway, it keeps to the share and
+    shares nothing; a backend without the capability shares nothing. The front end hands each engine its byte
+    of one shared array."""
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+    from transduce.serve.engine_core import Cores, _sharing
+
+    translated = []
+
+    def translator(backend):
+        return SimpleNamespace(backend=backend, translate=lambda texts, **o: translated.append((texts, o)))
+
+    cores = Cores(bytearray(2), 0, 1)
+    threaded, single = _Backend(True), _Backend(False)
+    assert _sharing(translator(threaded), cores, {"beam_size": 2}) is cores
+    assert threaded.limits == [1, None] and translated == [(["warm up"], {"beam_size": 2})]
+    assert _sharing(translator(single), cores, {}) is None and single.limits == [1] and len(translated) == 1
+    assert _sharing(translator(object()), cores, {}) is None
+    assert _sharing(translator(_Backend(True)), None, {}) is None
+    client = EngineClient(tiny_artifact_dir, BackendSpec.of(threads=2), engines=2, crowded=1)
+    first, second = client.cores(0), client.cores(1)
+    assert (first.index, second.index, first.crowded) == (0, 1, 1) and first.busy is second.busy
+    assert EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1), engines=2).cores(0) is None

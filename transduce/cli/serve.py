@@ -38,7 +38,8 @@ from transduce.serve.service import ServiceOptions
               help="Engine processes (--engine process), each loading the model with a running batch of its own; "
                    "a request goes to the first with fewer rows under way than --fill-rows, else to the one with "
                    "the fewest. 0: two on a CPU of two cores or more (a core one decode thread cannot use), one on "
-                   "a GPU; 1 halves the memory.")
+                   "a GPU; 1 halves the memory. Without --threads, an ONNX Runtime engine decodes on every core "
+                   "while it alone has work, on its share while another one has too.")
 @click.option("--ray", "use_ray", is_flag=True, help="Run as a Ray Serve deployment instead (see --replicas).")
 @click.option("--replicas", default=1, show_default=True, help="Ray Serve replicas, each with its own backend.")
 @click.option("--address", default=None, help="With --ray: the Ray cluster to join (default: a local Ray).")

@@ -71,7 +71,8 @@ class _Engine:
         ctx = multiprocessing.get_context("spawn")  # never forked: the parent may hold torch's or ORT's threads
         self.conn, theirs = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=engine_core.main, name=f"transduce-engine-{self.number}", daemon=True,
-                                   args=(theirs, c.path, c.spec, c.options, c.metrics is not None, c.identity_of))
+                                   args=(theirs, c.path, c.spec, c.options, c.metrics is not None, c.identity_of,
+                                         c.cores(self.number)))
         self.process.start()
         theirs.close()
 
@@ -139,7 +140,7 @@ class EngineClient(DecodeService):
     are warm. Each request goes where _route says."""
 
     def __init__(self, path: str, spec, options: ServiceOptions | None = None, metrics=None, identity=None,
-                 engines: int = 1):
+                 engines: int = 1, crowded: int = 0):
         # no running batch nor decode thread here: DecodeService.__init__ is not run
         self.path, self.spec, self.options, self.metrics = path, spec, options or ServiceOptions(), metrics
         self.identity_of, self.identity = identity, None
@@ -154,6 +155,14 @@ class EngineClient(DecodeService):
         self._attention: tuple | None = None
         self.engines = [_Engine(n, self) for n in range(engines)]
         self._pinned: _Engine | None = None  # where the warm-up goes
+        # each engine's byte, set while it has work (engine_core.Cores): with several engines sharing the cores
+        self._busy = multiprocessing.get_context("spawn").Array("b", engines, lock=False) \
+            if crowded and engines > 1 else None
+        self.crowded = crowded
+
+    def cores(self, number: int) -> engine_core.Cores | None:
+        """How engine `number` shares the cores with the others (None: its threads are its own)."""
+        return None if self._busy is None else engine_core.Cores(self._busy, number, self.crowded)
 
     # -- starting and stopping -----------------------------------------------------------------------------
     def start(self, warmup: bool = True) -> None:

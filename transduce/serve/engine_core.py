@@ -15,11 +15,23 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from transduce.serve import wire
 from transduce.serve.options import Kept
 from transduce.serve.service import DecodeService, Request, ServeError
+
+
+@dataclass(frozen=True)
+class Cores:
+    """How engine processes on one CPU share its cores: each loads with the whole thread budget and decodes on it
+    while no other engine decodes, and on `crowded` threads while another one does too (SharesCores). `busy` is one
+    byte per engine in shared memory, set by each engine's decode thread while it has work."""
+
+    busy: Any  # multiprocessing's shared Array of bytes, one per engine
+    index: int  # this engine's byte
+    crowded: int  # intra-op threads while another engine decodes
 
 
 def _remote(events: list) -> None:
@@ -30,8 +42,10 @@ class EngineService(DecodeService):
     """A DecodeService whose intake is the pipe and whose step messages go down it as frames of request ids and
     plain values."""
 
-    def __init__(self, translator, options, metrics, send, conn):
+    def __init__(self, translator, options, metrics, send, conn, cores: Cores | None = None):
         super().__init__(translator, options, metrics)
+        self.cores = cores  # None: this engine's threads are its own
+        self._crowded = False  # whether its backend runs on cores.crowded threads now
         self.send = send  # one frame to the front end (thread-safe)
         self.conn = conn  # the pipe from the front end, read by the decode thread only
         self.requests: dict[int, Request] = {}  # the front end's request id -> its request here
@@ -45,8 +59,21 @@ class EngineService(DecodeService):
                 self.handle(wire.loads(self.conn.recv_bytes()))
         except (EOFError, OSError):  # the front end is gone: nobody waits for anything here
             os._exit(0)
+        if self.cores is not None:
+            self._share_cores(bool(self._running or self._queue or self._jobs))
+
+    def _share_cores(self, busy: bool) -> None:
+        """Say whether this engine has work, and run on the crowded thread count while another one has too."""
+        cores = self.cores
+        cores.busy[cores.index] = busy
+        crowded = busy and any(b for i, b in enumerate(cores.busy) if i != cores.index)
+        if crowded != self._crowded:
+            self._crowded = crowded
+            self.translator.backend.limit_threads(cores.crowded if crowded else None)
 
     def _idle(self) -> None:
+        if self.cores is not None:
+            self._share_cores(False)
         self._lock.release()  # nobody else takes it here, but a wait never holds it
         try:
             self.conn.poll(0.05)
@@ -129,7 +156,7 @@ class EngineService(DecodeService):
             self.send(("step", self.seen, len(self._queue), [(rid, "error", wire.error(e))]))
 
 
-def main(conn, path: str, spec, options, metrics: bool, identity) -> None:
+def main(conn, path: str, spec, options, metrics: bool, identity, cores: Cores | None = None) -> None:
     """The engine process: load, warm up, say ready (or why it could not), then serve the front end's messages
     until it says stop or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the front end drains
@@ -149,6 +176,7 @@ def main(conn, path: str, spec, options, metrics: bool, identity) -> None:
 
         translator = load(path, spec)
         service = EngineService(translator, options, ServeMetrics() if metrics else None, send, conn)
+        service.cores = _sharing(translator, cores, service.warmup_options())
         service.start()
         info = _info(translator, spec, path, options, identity, TOKENIZER_FILE)
     except BaseException as e:  # noqa: BLE001 - the front end reports it: the command's message and exit 2
@@ -157,6 +185,26 @@ def main(conn, path: str, spec, options, metrics: bool, identity) -> None:
     send(("ready", info))
     service._thread.join()  # until the front end says stop (or the decode thread fails: its requests get 503s)
     send(("stopped",))
+
+
+def _sharing(translator, cores: Cores | None, warmup: dict[str, Any]) -> Cores | None:
+    """`cores` where the backend can run on fewer threads and its steps run faster on more, after a warm-up of the
+    sessions it runs on while crowded (the first request that meets another engine at work waits for none of
+    it); else None, and a backend whose steps run on one thread anyway keeps to the crowded share (the front end
+    needs the rest when many requests arrive)."""
+    from transduce.runtime.backends.base import SharesCores
+
+    be = translator.backend
+    if cores is None or not isinstance(be, SharesCores):
+        return None
+    be.limit_threads(cores.crowded)
+    if not be.threaded_steps:
+        return None
+    try:
+        translator.translate(["warm up"], **warmup)
+    finally:
+        be.limit_threads(None)
+    return cores
 
 
 def _info(translator, spec, path: str, options, identity, tokenizer_file: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from transduce.errors import BackendUnavailable, InputError
+from transduce.runtime import devices
 from transduce.runtime.spec import BackendSpec
 from transduce.serve.service import DecodeService, ServeError, ServiceOptions
 
@@ -78,7 +79,8 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
 
         watched = EngineMetrics() if metrics else None
         engines = engine_count(spec, engines)
-        client = EngineClient(path, engine_spec(spec, engines), options, watched, identity, engines)
+        each, crowded = engine_spec(spec, engines)
+        client = EngineClient(path, each, options, watched, identity, engines, crowded)
         if watched is not None:
             watched.engine = client
         client.start()
@@ -95,17 +97,26 @@ def engine_count(spec: BackendSpec, engines: int) -> int:
     else one (a GPU's work is one stream's)."""
     if engines:
         return engines
-    return 2 if spec.device == "cpu" and (os.cpu_count() or 1) >= 2 else 1
+    return 2 if spec.device == "cpu" and devices.usable_cpus() >= 2 else 1
 
 
-def engine_spec(spec: BackendSpec, engines: int) -> BackendSpec:
-    """The spec each engine process opens: on the CPU, where it leaves the threads to the framework, a share of
-    the cores less the front end's one (each engine's decode thread is one of them)."""
+def engine_spec(spec: BackendSpec, engines: int) -> tuple[BackendSpec, int]:
+    """The spec each engine process opens, and the threads it decodes on while another engine decodes too (0: its
+    threads are its own). On the CPU, where the threads are left to the framework: each engine's share of the
+    cores less the front end's one (each engine's decode thread is one of them); where the backend can run on
+    fewer threads meanwhile (SharesCores), every core while no other engine decodes (a lone request decodes
+    faster, and one engine takes the load until it holds fill_rows), that share while another one does."""
     if spec.threads or spec.device != "cpu":
-        return spec
+        return spec, 0
     import dataclasses
 
-    return dataclasses.replace(spec, threads=max(1, ((os.cpu_count() or 1) - 1) // engines))
+    from transduce.runtime.backends.registry import entry
+
+    cores = devices.usable_cpus()
+    share = max(1, (cores - 1) // engines)
+    if engines > 1 and entry(spec.backend).shares_cores and share < cores:
+        return dataclasses.replace(spec, threads=cores), share
+    return dataclasses.replace(spec, threads=share), 0
 
 
 def check_engines(engine: str, engines: int) -> None:

@@ -27,6 +27,10 @@ Capabilities, each a protocol of its own; callers ask with isinstance and do wit
                  faster at the same time than this one decodes it whole; decoding then deals the sentences
                  out to them, one search per part, each in its own thread. Offered only where a sentence's
                  results do not depend on the sentences decoded beside it.
+  SharesCores    limit_threads(n): meanwhile run on at most n intra-op threads (None: the budget it loaded
+                 with), as several engines sharing the CPU's cores do while more than one of them decodes;
+                 results do not depend on it. threaded_steps: whether its steps run on more than one thread
+                 where it has them (a small model's run on one: lending it cores gains nothing)
   FullOutputs    step_log_probs(state, tokens): the full (R, vocab) fp32 log-probs, with step's side
                  effects; encoder_outputs(encoded): the encoder's outputs as fp32 numpy (parity, tests)
   KeepsLogProbs  last_log_probs(state): the full (R, vocab) fp32 log-probs of the state's last `step`, on the
@@ -91,6 +95,13 @@ class AdmitsWithin(Protocol):
 @runtime_checkable
 class Shards(Protocol):
     def shards(self, batch: int, beam: int) -> list[Backend] | None: ...
+
+
+@runtime_checkable
+class SharesCores(Protocol):
+    threaded_steps: bool
+
+    def limit_threads(self, n: int | None) -> None: ...
 
 
 @runtime_checkable

@@ -17,7 +17,8 @@ On the CPU the backend tunes itself when it loads (ort_cpu_policy.py; why each r
 its measurements, is in docs/design/onnxruntime-cpu.md): a small model gets a one-thread step session and
 one with the whole thread budget, and which serves which row count is measured (`wide_steps`); small
 encoder runs take a one-thread encoder session; a small model's batch may be decoded in parts at the
-same time (`shards`). `tuning()` reports what it chose.
+same time (`shards`); a server's engines that share the cores run it on fewer threads while more than one of
+them decodes (`limit_threads`). `tuning()` reports what it chose.
 
 Device memory (ort_memory.py): numpy arrays on the CPU, torch CUDA tensors with the CUDA or TensorRT
 execution provider.
@@ -30,7 +31,6 @@ import copy
 import dataclasses
 import functools
 import os
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -51,7 +51,6 @@ from transduce.runtime.backends.ort_cpu_policy import (
     narrow_encoder_run,
     narrow_encoder_tokens,
     pool_spin_us,
-    shard_parts,
     time_one_row,
     wide_from_rows,
     wide_rule,
@@ -59,6 +58,7 @@ from transduce.runtime.backends.ort_cpu_policy import (
 from transduce.runtime.backends.ort_memory import NumpyMemory, TorchCudaMemory
 from transduce.runtime.backends.ort_run import LAST_STEP, RunState, SpareRuns, StepLayout
 from transduce.runtime.backends.ort_sessions import OPTIMIZATION_LEVELS, PROVIDERS, SessionMaker, gpu_provider_options
+from transduce.runtime.backends.ort_threads import ThreadChoices
 from transduce.runtime.backends.ort_topk import OrtTopK
 from transduce.runtime.backends.topk import ban_bias, banned_ids
 from transduce.runtime.checks import check_artifact
@@ -76,7 +76,7 @@ def _import_ort():
     return ort
 
 
-class OnnxRuntimeBackend(Backend):
+class OnnxRuntimeBackend(ThreadChoices, Backend):
     name = "onnxruntime"
 
     def __init__(self, artifact: str | os.PathLike | Artifact, provider: str = "cpu", threads: int = 0,
@@ -116,6 +116,8 @@ class OnnxRuntimeBackend(Backend):
         self._topk_k: dict[int, np.ndarray] = {}
         self._ban_bias = {ban: ban_bias(self.config, ban) for ban in (False, True)}
         self._pinned: str | None = None  # a step graph every row count runs on (only_step_graph)
+        self._limit: int | None = None  # intra-op threads meanwhile (limit_threads); None: the whole budget
+        self._at = {}  # the sessions run at a limit, by its thread count (ort_sessions.ThreadSessions)
         self._spares = SpareRuns()  # ended one-sentence runs, kept for the next
         self._choose_wide_steps(wide_steps)
         # parts a large enough batch is decoded in (1: never): a small model's (it has a wide step session), on
@@ -254,6 +256,9 @@ class OnnxRuntimeBackend(Backend):
             if self._standard is None:
                 self._standard = self._sessions.make(contract.STEP_FILE, self.threads, self.pool_spin_us["steps"])
             return self._standard
+        if self._limit is not None:
+            sessions = self._at[self._limit]
+            return sessions.decoder_wide if rows >= self._wide_from else sessions.decoder
         return self.decoder_wide if rows >= self._wide_from else self.decoder
 
     def _writes_cache(self, session) -> bool:
@@ -264,7 +269,7 @@ class OnnxRuntimeBackend(Backend):
     def _encoder_for(self, tokens: int):
         """The encoder session for a run over `tokens` source positions: one thread for small runs."""
         if self._encoder_threads == 1 or not narrow_encoder_run(self.config, tokens):
-            return self.encoder
+            return self.encoder if self._limit is None else self._at[self._limit].encoder
         return self._one_thread_encoder()
 
     def _one_thread_encoder(self):
@@ -298,35 +303,6 @@ class OnnxRuntimeBackend(Backend):
         names = {o.name for o in self.encoder.get_outputs()}
         return {k: self._mem.to_numpy(v).astype(np.float32) for k, v in enc.items()
                 if k != "src_lengths" and k in names}
-
-    # -- a batch in parts ---------------------------------------------------------------------------
-    def shards(self, batch: int, beam: int) -> list[Backend] | None:
-        """One-thread views of this backend that decoding.decode deals a batch out to (ort_cpu_policy.shard_parts:
-        a small model's batch of two sentences or more and SHARD_MIN_ROWS rows or more, every part at least
-        SHARD_MIN_PART_ROWS rows), or None to decode it whole; never while a step graph is pinned
-        (only_step_graph). Offered on the fused step graph only, which gives a row the same results whatever
-        rows run beside it, so the parts decode bit for bit as the whole batch would."""
-        n = shard_parts(self.shard_count, batch, beam)
-        if n < 2 or self._pinned is not None:
-            return None
-        with self._shard_lock:
-            if self._shard_views is None:
-                self._shard_views = [self._one_thread_view() for _ in range(self.shard_count)]
-        return self._shard_views[:n]
-
-    def _one_thread_view(self) -> OnnxRuntimeBackend:
-        """This backend on its one-thread sessions only: it shares their weights, the memory pool and the top-k
-        session with this one and with the other views, and each decodes a part of a batch in its own thread
-        (ONNX Runtime runs one session from several threads at once; a one-thread session runs in the caller's)."""
-        view = copy.copy(self)
-        view.encoder = view.encoder_narrow = self._one_thread_encoder()
-        view._encoder_threads = 1
-        view.decoder_wide = self.decoder  # the one-thread step session, at every row count
-        view._wide_from = sys.maxsize
-        view.threads = 1
-        view.shard_count, view._shard_views = 1, None
-        view._spares = SpareRuns()  # its own: a view decodes in a thread of its own
-        return view
 
     # -- decoding run -----------------------------------------------------------------------------
     def begin(self, enc: dict[str, Any], row_src: np.ndarray, capacity: int) -> RunState:
@@ -366,7 +342,7 @@ class OnnxRuntimeBackend(Backend):
         # last one's rows and k, and every Python call costs several microseconds here, right after a
         # run has streamed the weights through the caches (kept in `bindings`, so whatever clears
         # those clears this too)
-        key = (r, k, ban_eos, self._pinned)
+        key = (r, k, ban_eos, self._pinned, self._limit)
         last = state.bindings.get(LAST_STEP)
         if last is not None and last[0] == key:
             _, session, binding, fused = last

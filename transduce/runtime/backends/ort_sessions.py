@@ -4,6 +4,7 @@ each graph's inputs and outputs against the artifact's contract when its session
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 from transduce.errors import BackendUnavailable
 from transduce.formats.artifact import Artifact
@@ -35,6 +36,14 @@ def check_io(session, graph_file: str, artifact: Artifact) -> None:
         return [(a.name, ort_type(a.type), tuple(a.shape)) for a in args]
 
     check_graph_io(artifact, graph_file, triples(session.get_inputs()), triples(session.get_outputs()))
+
+
+class ThreadSessions(NamedTuple):
+    """The sessions a backend runs on at a limit of its threads (limit_threads)."""
+
+    encoder: Any
+    decoder: Any  # the step session below the wide row count
+    decoder_wide: Any  # ... and from it
 
 
 class SessionMaker:

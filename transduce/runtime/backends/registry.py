@@ -40,6 +40,7 @@ class BackendEntry:
     precisions: tuple[str, ...] = ()  # what spec.precision may ask; empty: the export's own, nothing to choose
     cuda_graphs: bool = False  # whether spec.cuda_graph means something to it
     options: type | None = None  # its own typed options (spec.options), None: it has none
+    shares_cores: bool = False  # whether it runs on fewer threads meanwhile on the CPU (base.SharesCores)
 
     def open(self, path: str, spec: Any):
         module, function = self.loader.split(":")
@@ -52,7 +53,7 @@ class BackendEntry:
 REGISTRY: dict[str, BackendEntry] = {e.name: e for e in (
     BackendEntry("onnxruntime", "transduce.runtime.backends.onnxruntime_backend:open_backend", "artifact",
                  "an exported artifact on ONNX Runtime (CPU, or CUDA and TensorRT execution providers)",
-                 options=OnnxRuntimeOptions),
+                 options=OnnxRuntimeOptions, shares_cores=True),
     BackendEntry("torch", "transduce.runtime.backends.torch_backend:open_backend", "artifact",
                  "the eager model the artifact was exported from, in PyTorch (CUDA graphs on a GPU)",
                  precisions=PRECISIONS, cuda_graphs=True),
