@@ -132,6 +132,28 @@ def test_language_options_are_checked(family):
         tr.translate(["seven"], target_lang=LANGS[fam][1], source_lang="klingon")
 
 
+def test_replace_unknowns_counts_the_text_after_the_source_language_code(family):
+    """A multilingual source begins with its language code, which the text's own pieces lack: each <unk> takes the
+    piece its attention peaks on counted after the code (one on the code is dropped), and the forced target code,
+    never text, stays out of the replaced text."""
+    from transduce.runtime.translator import Translator
+
+    fam, _, out = family
+    tr = Translator.from_model_dir(out)
+    tok, unk = tr.tokenizer, tr.config.unk_id
+    text = "seven \u2603 two"
+    pieces = tok.source_pieces(text)
+    got = tr.translate([text], beam_size=1, max_len_b=6, target_lang=LANGS[fam][1], prefixes=[[unk] * 3],
+                       replace_unknowns=True)[0]
+    code = tok.languages[LANGS[fam][1]]
+    assert got.tokens[:4] == (code, unk, unk, unk)  # positions count the model's tokens, the codes included
+    source_of = {j: s for s, j in got.alignment}
+    want = [pieces[source_of[j] - 1] if i == unk else tok.id_to_token(i)
+            for j, i in enumerate(got.tokens) if i != code and (i != unk or source_of.get(j, 0) >= 1)]
+    assert got.text == tok.decode_pieces(want)
+    assert tok.id_to_token(code) not in got.text
+
+
 def test_a_model_without_languages_refuses_them(marian_swish_imported):
     from transduce.runtime.translator import Translator
 

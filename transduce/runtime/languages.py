@@ -60,3 +60,14 @@ def target_lead(tokenizer, opts: DecodingOptions) -> list[int]:
     languages). `opts` as resolve() made them."""
     table = getattr(tokenizer, "languages", None) or {}
     return [table[opts.target_lang]] if table and opts.target_lang else []
+
+
+def code_ids(tokenizer) -> frozenset[int]:
+    """The ids of the model's language codes (none without languages): tokens that are never text."""
+    return frozenset((getattr(tokenizer, "languages", None) or {}).values())
+
+
+def lead_length(tokenizer, ids) -> int:
+    """How many of a source's (or a translation's) first token ids are a language code that begins it: 1 or 0
+    (text never gives a code, so a code first is the lead)."""
+    return int(len(ids) > 0 and int(ids[0]) in code_ids(tokenizer))

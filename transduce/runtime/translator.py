@@ -13,8 +13,9 @@ Alignments (return_attention): each candidate's `attention`, (output tokens + EO
 `alignment`, the (source, target) token positions (0-based, Pharaoh's i-j) of each output token and the source
 token its attention peaks on; a token whose attention peaks on the source's EOS has no pair. Positions count
 the model's tokens (subwords), as Marian's and fast_align's do of theirs. replace_unknowns: each <unk> output
-token becomes the text of the source token it is aligned with (one aligned with EOS is dropped, as decode drops
-<unk>).
+token becomes the text of the source token it is aligned with (one aligned with EOS, or with a multilingual
+model's source language code, is dropped, as decode drops <unk>). A multilingual model's codes count as tokens:
+the source's at source position 0, the forced target code at target position 0 (as in `tokens`).
 """
 
 from __future__ import annotations
@@ -272,23 +273,30 @@ class Translator:
             text = None
             if source is not None and self.config.unk_id in h.tokens:
                 pieces = self.tokenizer.source_pieces(source) if pieces is None else pieces
-                text = self.replaced_unknowns(h.tokens, dict((t, s) for s, t in pairs), pieces)
+                text = self.replaced_unknowns(h.tokens, dict((t, s) for s, t in pairs), pieces,
+                                              languages.lead_length(self.tokenizer, encoded[0]))
             cands.append(Candidate(self.tokenizer.decode(h.tokens) if text is None else text, h.tokens, h.score,
                                    h.log_prob, h.finished, h.attention, pairs))
         cands = tuple(cands)
         ids, unk, cut = encoded
         return Translation(cands[0].text, cands[0].tokens, cands[0].score, cands, len(ids), unk, cut)
 
-    def replaced_unknowns(self, tokens: Sequence[int], source_of: dict[int, int], pieces: Sequence[str]) -> str:
-        """The text of `tokens` with each <unk> at target position t replaced by source piece source_of[t] (its
-        aligned source token's text); a <unk> without one is dropped, as decode drops it."""
+    def replaced_unknowns(self, tokens: Sequence[int], source_of: dict[int, int], pieces: Sequence[str],
+                          lead: int = 0) -> str:
+        """The text of `tokens` with each <unk> at target position t replaced by the text's source piece
+        source_of[t] - lead (its aligned source token's text; the source's first `lead` tokens are a language code,
+        not text); a <unk> without one, or aligned with the code, is dropped, as decode drops it, and so are
+        language codes (never text)."""
         unk = self.config.unk_id
+        codes = languages.code_ids(self.tokenizer)
         out = []
         for t, tok in enumerate(tokens):
+            if tok in codes:
+                continue
             if tok != unk:
                 out.append(self.tokenizer.id_to_token(tok))
-            elif t in source_of:
-                out.append(pieces[source_of[t]])
+            elif source_of.get(t, -1) >= lead:
+                out.append(pieces[source_of[t] - lead])
         return self.tokenizer.decode_pieces(out)
 
     def padded(self, prepared: list[tuple[list[int], int, bool]]) -> tuple[np.ndarray, np.ndarray]:
