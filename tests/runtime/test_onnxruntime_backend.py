@@ -801,7 +801,7 @@ def test_fewer_threads_meanwhile_decode_the_same_on_sessions_of_that_many(tiny_a
         assert be._encoder_for(100) is be.encoder and be._session_for(10_000) is be.decoder_wide
         assert decode(be, src, lens, opts) == whole
         be.limit_threads(n)
-        assert be._at[n] is sessions  # made once
+        assert be._at[n] is sessions and be.tuning()["thread_limit"] == n  # made once
     for n in (3, 8, None):
         be.limit_threads(n)
-        assert be._limit is None and be._session_for(10_000) is be.decoder_wide
+        assert be.tuning()["thread_limit"] is None and be._session_for(10_000) is be.decoder_wide

@@ -198,14 +198,15 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
     def tuning(self) -> dict[str, Any]:
         """What this backend chose when it loaded: threads per session, which step session serves which row
         count (and the one-row timings that decided it), its pools' idle spinning, and when it decodes a batch
-        in parts."""
+        in parts; and the threads it is limited to meanwhile (limit_threads; None: its budget)."""
         return {"threads": self._encoder_threads, "step_threads": self.threads, "inter_op_threads": 1,
                 "wide_session": self.decoder_wide is not self.decoder, "wide_from_rows": self._wide_from,
                 "wide_steps": copy.deepcopy(self.wide_steps),
                 "narrow_encoder_tokens": narrow_encoder_tokens(self.config),
                 "bounded_spin": self.bounded_spin, "pool_spin_us": dict(self.pool_spin_us),
                 "shard_count": self.shard_count, "shard_min_rows": SHARD_MIN_ROWS,
-                "shard_min_part_rows": SHARD_MIN_PART_ROWS, "step_graph": self.step_graphs()[0]}
+                "shard_min_part_rows": SHARD_MIN_PART_ROWS, "step_graph": self.step_graphs()[0],
+                "thread_limit": self._limit}
 
     def wide_rows_threshold(self) -> int:
         """Row count from which a step runs on the whole thread budget (decoder_wide)."""
