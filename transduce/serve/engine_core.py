@@ -42,9 +42,9 @@ class EngineService(DecodeService):
     """A DecodeService whose intake is the pipe and whose step messages go down it as frames of request ids and
     plain values."""
 
-    def __init__(self, translator, options, metrics, send, conn, cores: Cores | None = None):
+    def __init__(self, translator, options, metrics, send, conn):
         super().__init__(translator, options, metrics)
-        self.cores = cores  # None: this engine's threads are its own
+        self.cores: Cores | None = None  # how it shares the cores (set by main: _sharing); None: its own threads
         self._crowded = False  # whether its backend runs on cores.crowded threads now
         self.send = send  # one frame to the front end (thread-safe)
         self.conn = conn  # the pipe from the front end, read by the decode thread only
