@@ -47,6 +47,7 @@ from transduce.runtime.backends.ort_cpu_policy import (
     SHARD_MIN_ROWS,
     WIDE_STEPS,
     bounded_spin,
+    encoder_runs,
     intra_op_threads,
     narrow_encoder_run,
     narrow_encoder_tokens,
@@ -105,6 +106,8 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         self.threads = intra_op_threads(self.config, threads)  # the step's threads at small row counts
         self._encoder_threads = threads
         self.layout = StepLayout.of(self.config)
+        # each encoder output's source axis (an encoding in runs pads each run's outputs on it)
+        self._src_axis = {t.name: t.axes.index("src_len") for t in contract.encoder_outputs(self.config.decoder_layers)}
         self.float_dtype = np.dtype(PRECISION_DTYPES[self.precision]) if self.precision != "bf16" else None
         self._mem = (TorchCudaMemory(self.precision, self.device_index) if self.on_device
                      else NumpyMemory(self.precision, ort))
@@ -283,11 +286,8 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         feeds = {"src_ids": np.ascontiguousarray(src_ids, np.int64),
                  "src_lengths": np.ascontiguousarray(src_lengths, np.int64)}
         if not self.on_device:
-            session = self._encoder_for(feeds["src_ids"].size)
-            names = [o.name for o in session.get_outputs()]
-            outs = dict(zip(names, session.run(names, feeds), strict=True))
-            outs["src_lengths"] = feeds["src_lengths"]
-            return outs
+            runs = encoder_runs(feeds["src_lengths"])
+            return self._encode_cpu(feeds) if runs is None else self._encode_in_runs(feeds, runs)
         binding = self.encoder.io_binding()
         for name, arr in feeds.items():
             binding.bind_cpu_input(name, arr)
@@ -298,6 +298,35 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
                 for o, v in zip(self.encoder.get_outputs(), binding.get_outputs(), strict=True)}
         binding.clear_binding_outputs()
         outs["src_lengths"] = self._mem.from_numpy(feeds["src_lengths"])
+        return outs
+
+    def _encode_cpu(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+        session = self._encoder_for(feeds["src_ids"].size)
+        names = [o.name for o in session.get_outputs()]
+        outs = dict(zip(names, session.run(names, feeds), strict=True))
+        outs["src_lengths"] = feeds["src_lengths"]
+        return outs
+
+    def _encode_in_runs(self, feeds: dict[str, np.ndarray], runs: list[np.ndarray]) -> dict[str, Any]:
+        """The batch encoded in runs of its rows (ort_cpu_policy.encoder_runs), each padded to its own longest,
+        put together as one run's outputs would be, the positions past a run's width zeros (every reader masks
+        the positions past a source's length)."""
+        src_ids, lengths = feeds["src_ids"], feeds["src_lengths"]
+        batch, width = src_ids.shape
+        outs: dict[str, Any] = {}
+        for rows in runs:
+            w = int(lengths[rows].max())
+            part = self._encode_cpu({"src_ids": np.ascontiguousarray(src_ids[rows, :w]), "src_lengths": lengths[rows]})
+            for name, arr in part.items():
+                if name == "src_lengths":
+                    continue
+                axis = self._src_axis[name]
+                if name not in outs:
+                    shape = list(arr.shape)
+                    shape[0], shape[axis] = batch, width
+                    outs[name] = np.zeros(shape, arr.dtype)
+                outs[name][(rows,) + (slice(None),) * (axis - 1) + (slice(0, w),)] = arr
+        outs["src_lengths"] = lengths
         return outs
 
     def encoder_outputs(self, enc: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -24,6 +24,12 @@ SMALL_STEP_MFLOP = 5.0
 # saving nothing on its small matrices (design note: "The encoder").
 NARROW_ENCODER_MFLOP = 60.0
 
+# Encoder runs by length: a batch whose sentences' lengths differ (a server's admission of several requests, or
+# of one request's sentences) is encoded in runs of similar lengths where a run saves more padded tokens than
+# this: one more run reads every weight once more, which costs about as much as so many tokens' arithmetic,
+# whatever the model's size (design note: "Encoder runs by length").
+ENCODER_RUN_TOKENS = 16
+
 # Idle spinning (us) of the encoder's and the steps' pools on an onnxruntime that can bound it: the two pools
 # share the cores, so each gets out of the other's way soon after its runs (design note: "Idle spinning").
 ENCODER_SPIN_US = 300
@@ -83,6 +89,37 @@ def encoder_mflop_per_token(config: ModelConfig) -> float:
 def narrow_encoder_run(config: ModelConfig, tokens: int) -> bool:
     """Whether an encoder run over `tokens` source positions runs on one thread (NARROW_ENCODER_MFLOP)."""
     return tokens * encoder_mflop_per_token(config) < NARROW_ENCODER_MFLOP
+
+
+def encoder_runs(lengths: np.ndarray) -> list[np.ndarray] | None:
+    """The rows of a batch of sources (their lengths, EOS included) to encode in separate runs, each padded to
+    its own longest, shortest first -> None where one run over the batch costs least (ENCODER_RUN_TOKENS).
+
+    The batch is cut in two where that saves the most padding, and each part again, while a cut saves more
+    padding than a run costs."""
+    lengths = np.asarray(lengths, np.int64)
+    if len(lengths) < 2:
+        return None
+    order = np.argsort(lengths, kind="stable")
+    cuts: list[int] = []
+    spans = [(0, len(order))]
+    ordered = lengths[order]
+    while spans:
+        lo, hi = spans.pop()
+        part = ordered[lo:hi]
+        k = np.arange(1, len(part))  # a cut after the k shortest: they stop being padded to the part's longest
+        if not k.size:
+            continue
+        saved = k * (part[-1] - part[:-1])
+        best = int(np.argmax(saved))
+        if saved[best] <= ENCODER_RUN_TOKENS:
+            continue
+        cut = lo + best + 1
+        cuts.append(cut)
+        spans += [(lo, cut), (cut, hi)]
+    if not cuts:
+        return None
+    return np.split(order, sorted(cuts))
 
 
 def narrow_encoder_tokens(config: ModelConfig) -> int:
