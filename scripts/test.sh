@@ -12,4 +12,6 @@ if ! command -v wrk >/dev/null; then
         || echo "wrk could not be installed: its test is skipped" >&2
 fi
 .venv/bin/python -m ruff check transduce tests scripts
-.venv/bin/python -m pytest -q "$@"
+# two workers (pytest-xdist), each module's tests on one of them (its fixtures built once): the suite waits on
+# subprocesses, servers and sockets much of the time; TEST_WORKERS=0 runs it in one process
+.venv/bin/python -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadscope "$@"
