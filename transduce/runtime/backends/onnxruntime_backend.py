@@ -43,6 +43,7 @@ from transduce.formats.artifact import Artifact, cpu_step_graph
 from transduce.formats.dtypes import PRECISION_DTYPES
 from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.ort_cpu_policy import (
+    FIRST_CACHE_SLOTS,
     SHARD_MIN_PART_ROWS,
     SHARD_MIN_ROWS,
     WIDE_STEPS,
@@ -344,7 +345,10 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         if state is None:
             if recycle:
                 capacity = SpareRuns.capacity(capacity, self.config.max_positions)
-            state = RunState.allocate(self.layout, self._mem, enc, len(row_src), capacity)
+            # on the CPU a few slots first, more as positions reach them: a server's runs take the model's
+            # max_positions as their capacity, and most sentences end long before it
+            slots = None if self.on_device else FIRST_CACHE_SLOTS
+            state = RunState.allocate(self.layout, self._mem, enc, len(row_src), capacity, slots)
             state.recyclable = recycle
         self._gather_cross(state, np.asarray(row_src, np.int64))
         return state
@@ -364,6 +368,7 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         p = state.position if each is None else int(each.max())
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
+        state.reserve(p)
         r = state.rows
         mem = self._mem
         mem.fill(state.tokens, tokens, r)
@@ -427,6 +432,7 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         p = state.position if each is None else int(each.max())
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
+        state.reserve(p)
         r, mem, lay = state.rows, self._mem, self.layout
         feeds = {"tokens": np.ascontiguousarray(tokens, np.int64),
                  "positions": np.full(r, p, np.int64) if each is None else np.ascontiguousarray(each, np.int64),

@@ -141,6 +141,10 @@ class NumpyMemory:
         dst[:, : src.shape[1]] = src
         dst[:, src.shape[1]:] = 0
 
+    def copy_slots(self, dst, src, rows: int):
+        """The first `rows` rows of dst (2L, R, H, C, Dh), a zeroed buffer with more slots, take src's slots."""
+        dst[:, :rows, :, : src.shape[3]] = src[:, :rows]
+
     def put_rows(self, dst, rows, src):
         """Rows `rows` of dst take src's, in place: (n,) lengths, or (n, H, S, Dh) K/V as wide as dst or
         narrower (dst's positions past them zeroed: padding, as the encoder's)."""
@@ -257,6 +261,9 @@ class TorchCudaMemory:
     def copy_rows(self, dst, src):
         dst[:, : src.shape[1]].copy_(src)
         dst[:, src.shape[1]:].fill_(0)
+
+    def copy_slots(self, dst, src, rows: int):
+        dst[:, :rows, :, : src.shape[3]].copy_(src[:, :rows])
 
     @on_stream
     def put_rows(self, dst, rows, src):

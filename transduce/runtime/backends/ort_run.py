@@ -122,13 +122,28 @@ class RunState:
     pooled_allocations: int = 0  # the pool's per-entry buffer allocations the bindings were made onto
 
     @classmethod
-    def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int) -> RunState:
-        """A run's buffers for `rows` rows and `capacity` cache slots (cross K/V not gathered yet)."""
+    def allocate(cls, layout: StepLayout, mem, enc: dict[str, Any], rows: int, capacity: int,
+                 slots: int | None = None) -> RunState:
+        """A run's buffers for `rows` rows and `capacity` cache slots (cross K/V not gathered yet), `slots` of
+        them allocated now (None: all; reserve() adds more as positions reach them)."""
         owned: list = []
-        cache = mem.zeros((len(layout.cache_names), rows, layout.heads, capacity, layout.head_dim), owned)
+        slots = capacity if slots is None else min(slots, capacity)
+        cache = mem.zeros((len(layout.cache_names), rows, layout.heads, slots, layout.head_dim), owned)
         state = cls(layout, mem, enc, rows, capacity, cache, owned=owned)
         state.alloc_step_buffers(rows)
         return state
+
+    def reserve(self, position: int) -> None:
+        """Room in the cache for slot `position` (below the capacity): the allocated slots doubled (within the
+        capacity), the filled ones kept, the rest zeroed; the bindings made again."""
+        old = self.cache
+        if position < old.shape[3]:
+            return
+        slots = min(self.capacity, max(2 * old.shape[3], position + 1))
+        self.cache = self.mem.zeros(tuple(old.shape[:3]) + (slots,) + tuple(old.shape[4:]), self.owned)
+        self.mem.copy_slots(self.cache, old, self.rows)
+        self.mem.free(old, self.owned)
+        self.bindings.clear()
 
     def alloc_step_buffers(self, rows: int) -> None:
         mem, lay = self.mem, self.layout

@@ -1,0 +1,88 @@
+"""The ONNX Runtime backend's cache on the CPU: a run allocates a few slots first and doubles them as positions
+reach them (within its capacity), and decodes exactly as with every slot allocated at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transduce.formats import contract
+from transduce.runtime.backends import onnxruntime_backend as orb
+from transduce.runtime.decoding import DecodingOptions, decode
+from transduce.runtime.decoding.running import RunningBatch
+
+OPTIONS = [DecodingOptions(beam_size=1, max_len_b=30), DecodingOptions(beam_size=3, nbest=2, max_len_b=25),
+           DecodingOptions(beam_size=1, min_length=20, max_len_b=30)]
+
+
+def _batch(cfg, lengths, rng):
+    src = np.full((len(lengths), max(lengths)), cfg.pad_id, np.int64)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
+        src[i, n - 1] = cfg.eos_id
+    return src, np.array(lengths, np.int64)
+
+
+def _interleaved(backend, capacity):
+    """Three requests admitted at steps 0, 4 and 9 into one running batch (rows at different positions) -> their
+    results and the slots each state's cache had, step by step."""
+    rng = np.random.default_rng(7)
+    requests = [(0, *_batch(backend.config, [5, 12], rng), OPTIONS[0]),
+                (4, *_batch(backend.config, [9], rng), OPTIONS[1]),
+                (9, *_batch(backend.config, [3, 7, 4], rng), OPTIONS[2])]
+    batch, cohorts, results, slots = RunningBatch(backend, capacity=capacity), [], {}, []
+    while requests or batch.cohorts:
+        while requests and requests[0][0] <= batch.steps:
+            _, src, lens, opts = requests.pop(0)
+            cohorts.append(batch.admit(src, lens, opts))
+        slots.append(batch.state.cache.shape[3])
+        for c, s, res in batch.step():
+            results[(cohorts.index(c), s)] = res
+    return [results[k] for k in sorted(results)], slots
+
+
+def _same(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert [h.tokens for h in x.hypotheses] == [h.tokens for h in y.hypotheses]
+        # within float error: the standard graph's softmax sums over every allocated slot (the masked ones add
+        # zeros, in another order), as offline decoding's run and a server's differ in capacity already
+        np.testing.assert_allclose([h.score for h in x.hypotheses], [h.score for h in y.hypotheses], atol=1e-5)
+
+
+@pytest.mark.parametrize("graph", [contract.ORT_STEP_FILE, contract.STEP_FILE])
+def test_slots_double_as_positions_reach_them_and_decode_alike(tiny_artifact_dir, monkeypatch, graph):
+    be = orb.OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    cfg = be.config
+    with be.only_step_graph(graph):
+        whole, slots = _interleaved(be, cfg.max_positions)
+        assert set(slots) == {cfg.max_positions}  # the tiny model's 64 positions: all allocated at once
+        src, lens = _batch(cfg, [6, 14, 3], np.random.default_rng(1))
+        offline = [decode(be, src, lens, o) for o in OPTIONS]
+        monkeypatch.setattr(orb, "FIRST_CACHE_SLOTS", 2)
+        grown, slots = _interleaved(be, cfg.max_positions)
+        assert slots[0] == 2 and max(slots) > 16 and slots == sorted(slots)  # doubled as positions reached them
+        assert all(s in (2, 4, 8, 16, 32, 64) for s in slots)
+        _same(grown, whole)
+        for o, want in zip(OPTIONS, offline, strict=True):
+            _same(decode(be, src, lens, o), want)
+
+
+def test_reserve_keeps_the_filled_slots_and_stops_at_the_capacity(tiny_artifact_dir, monkeypatch):
+    monkeypatch.setattr(orb, "FIRST_CACHE_SLOTS", 4)
+    be = orb.OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    src, lens = _batch(be.config, [5, 8], np.random.default_rng(2))
+    state = be.begin(be.encode(src, lens), np.arange(2), 10)
+    assert state.cache.shape[3] == 4 and state.capacity == 10
+    for t in range(4):
+        be.step_log_probs(state, np.full(2, be.config.bos_id if t == 0 else 5))
+    filled = state.cache.copy()
+    be.step_log_probs(state, np.full(2, 6))  # position 4: slots 4 -> 8
+    assert state.cache.shape[3] == 8
+    np.testing.assert_array_equal(state.cache[:, :2, :, :4], filled[:, :2])
+    for _ in range(4):  # positions 5..8: 8 -> 10, the capacity, not 16
+        be.step_log_probs(state, np.full(2, 6))
+    assert state.cache.shape[3] == 10
+    be.step_log_probs(state, np.full(2, 6))
+    with pytest.raises(IndexError, match="capacity 10 exhausted at position 10"):
+        be.step_log_probs(state, np.full(2, 6))
+    be.end(state)
