@@ -118,6 +118,30 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
     assert report.passed, report.to_dict()
 
 
+def test_score_places_the_language_codes_as_decoding_does(family, demo_pairs, tmp_path):
+    """A translation's score given back by score() with the same languages: the source code first, the target
+    code forced and counted at log-prob 0, as decoding counts it (before, the pair was scored without its
+    codes); the target language is needed as decoding needs it."""
+    from transduce.runtime.translator import Translator
+
+    fam, _, out = family
+    tr = Translator.from_model_dir(out)
+    en, fr = LANGS[fam]
+    texts = [s for s, _ in demo_pairs[:6]]
+    done = tr.translate(texts, beam_size=1, source_lang=en, target_lang=fr)
+    scores = tr.score(texts, [t.text for t in done], source_lang=en, target_lang=fr)
+    compared = 0
+    for t, s in zip(done, scores, strict=True):
+        assert s.tokens[0] == tr.tokenizer.languages[fr] and s.token_log_probs[0] == 0
+        if s.tokens == t.tokens and t.nbest[0].finished:  # the text gives back its tokens
+            assert s.log_prob == pytest.approx(t.nbest[0].log_prob, abs=1e-4)
+            assert s.score == pytest.approx(t.score, abs=1e-4)
+            compared += 1
+    assert compared >= 3
+    with pytest.raises(InputError, match="target_lang is required"):
+        tr.score(texts[:1], [done[0].text])
+
+
 def test_language_options_are_checked(family):
     from transduce.runtime.translator import Translator
 
@@ -163,11 +187,12 @@ def test_a_model_without_languages_refuses_them(marian_swish_imported):
     assert e.value.params == ("target_lang",)
 
 
-def test_cli_decode_takes_target_lang(family, tmp_path):
+def test_cli_decode_and_score_take_the_languages(family, tmp_path):
     from click.testing import CliRunner
 
     from transduce.cli import main
     from transduce.exporter.onnx_export import export_artifact
+    from transduce.runtime.api import load
 
     fam, _, out = family
     export_artifact(out, tmp_path / "artifact")
@@ -177,6 +202,17 @@ def test_cli_decode_takes_target_lang(family, tmp_path):
     assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
     r = CliRunner().invoke(main, args + ["--target-lang", LANGS[fam][1]])
     assert r.exit_code == 0, r.output
+    # score takes the languages too: the translation scored as decode --scores scored it
+    translation = r.output.strip()
+    (tmp_path / "pairs.tsv").write_text(f"seven\t{translation}\n")
+    args = ["score", str(tmp_path / "artifact"), "--input", str(tmp_path / "pairs.tsv")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--source-lang", LANGS[fam][0], "--target-lang", LANGS[fam][1]])
+    assert r.exit_code == 0, r.output
+    want = load(str(tmp_path / "artifact")).score(["seven"], [translation], source_lang=LANGS[fam][0],
+                                                  target_lang=LANGS[fam][1])[0]
+    assert float(r.output) == pytest.approx(want.log_prob, abs=1e-5) and want.token_log_probs[0] == 0
 
 
 @pytest.mark.parametrize("engine", ["thread", "process"])
@@ -213,6 +249,12 @@ def test_libretranslate_route_takes_the_models_codes_and_iso_codes(family, tmp_p
         listing = {row["code"]: row for row in client.get("/languages").json()}
         assert {source, target} <= set(listing) and target in listing[source]["targets"]
         assert listing[source]["name"] == "English"
+        # /v1/score takes the languages as offline score() does (the codes placed, the target's counted at 0)
+        r = client.post("/v1/score", json={"source": ["seven"], "target": [want], "source_lang": source,
+                                           "target_lang": target})
+        scored = offline.score(["seven"], [want], source_lang=source, target_lang=target)[0]
+        assert r.status_code == 200 and r.json()["scores"][0]["tokens"] == list(scored.tokens), r.text
+        assert r.json()["scores"][0]["log_prob"] == pytest.approx(scored.log_prob, abs=1e-5)
     finally:
         service.stop()
 

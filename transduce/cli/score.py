@@ -28,7 +28,8 @@ from transduce.runtime.decoding.options import DecodingOptions
 @click.option("--truncate", is_flag=True, help="Cut over-long sources and targets to the model's maximum.")
 @cli_errors
 @backend_options(model_help="Model directory for --backend torch (default: the one the artifact names).")
-@dataclass_options(DecodingOptions, "decoding", only=("length_penalty", "length_penalty_form"))
+@dataclass_options(DecodingOptions, "decoding", only=("length_penalty", "length_penalty_form", "source_lang",
+                                                      "target_lang"))
 def score(artifact_dir, input_path, source_path, target_path, out_path, force, quiet, normalized, tokens, truncate,
           spec, decoding):
     """Score translations: each target's log-prob given its source, one line per pair, as decode would

@@ -334,19 +334,21 @@ class Translator:
         produces). options: a DecodingOptions or its fields by name; only the length penalty's are read (score).
         truncate: cut an over-long source or target to the model's positions (else an InputError naming its
         line); first_line: the number of the first pair in messages."""
-        opts = DecodingOptions.of(fields, "score()", self.defaults if options is None else options)
-        return self.score_prepared(self.prepare_pairs(sources, targets, truncate, first_line), opts)
+        opts = self.resolved(DecodingOptions.of(fields, "score()", self.defaults if options is None else options))
+        return self.score_prepared(self.prepare_pairs(sources, targets, truncate, first_line, opts), opts)
 
     def prepare_pairs(self, sources: Iterable[str], targets: Iterable[str], truncate: bool = False,
-                      first_line: int = 1) -> tuple[list, list]:
+                      first_line: int = 1, options: DecodingOptions | None = None) -> tuple[list, list]:
         """score()'s checks and tokenization: -> (each source's prepare() item, each target's (ids, truncated)),
-        an InputError naming the side ("source", "target") and the pair for what is wrong."""
+        an InputError naming the side ("source", "target") and the pair for what is wrong. options: resolved()
+        options, whose language codes begin a multilingual model's sources and targets, as decoding places them."""
         sources, targets = list(_sentences(sources, "score()")), list(_sentences(targets, "score() targets"))
         if len(sources) != len(targets):
             raise InputError(f"score() got {len(sources)} sources and {len(targets)} targets",
                              hint="give one target per source")
-        encoded = _on_side(lambda: self.prepare(sources, truncate, first_line), "source")
-        return encoded, _on_side(lambda: self._targets(targets, truncate, first_line), "target")
+        encoded = _on_side(lambda: self.prepare(sources, truncate, first_line, options=options), "source")
+        lead = languages.target_lead(self.tokenizer, options) if options is not None else []
+        return encoded, _on_side(lambda: self._targets(targets, truncate, first_line, lead), "target")
 
     def score_prepared(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
         """The Scores of prepare_pairs()'s pairs: the backend's work, batched by length under the token budget."""
@@ -358,18 +360,21 @@ class Translator:
         for chunk in self.batches(lengths, 1):
             src, lens = self.padded([encoded[i] for i in chunk])
             for i, lp in zip(chunk, score_ids(self.backend, src, lens, [wanted[i][0] for i in chunk]), strict=True):
+                lp[: languages.lead_length(self.tokenizer, wanted[i][0])] = 0  # a forced language code, as decoding
                 raw = float(lp.astype(np.float64).sum())
                 results[i] = Score(tuple(wanted[i][0]), raw, raw / opts.penalty(len(lp)), tuple(lp.tolist()),
                                    encoded[i][2] or wanted[i][1])
         return results  # type: ignore[return-value]
 
-    def _targets(self, targets: list, truncate: bool, first_line: int) -> list[tuple[list[int], bool]]:
-        """Each target text checked and tokenized (the target vocabulary's) -> (ids, truncated) each."""
+    def _targets(self, targets: list, truncate: bool, first_line: int,
+                 lead: list[int]) -> list[tuple[list[int], bool]]:
+        """Each target text checked and tokenized (the target vocabulary's) after `lead` (a language code) ->
+        (ids, truncated) each."""
         self._check_texts(targets, first_line)
         out = []
         limit = self.config.max_positions - 1  # BOS and the target's tokens fill the decoder's positions
         for n, text in enumerate(targets, first_line):
-            ids = self.tokenizer.encode_target(text)
+            ids = lead + self.tokenizer.encode_target(text)
             if len(ids) > limit and not truncate:
                 raise _about(InputError(f"target line {n} has {len(ids)} tokens; this model takes at most {limit}",
                                         hint="pass truncate=True to score its first tokens",

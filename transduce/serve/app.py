@@ -4,7 +4,8 @@ waits for their events; the event loop never runs model code.
   POST /v1/translate   {"text": [...], "prefix", options, "truncate", "timeout", "stream"} -> translations, or with
                        "stream": true Server-Sent Events: "token" (greedy: the text each token adds),
                        "translation" (each sentence as it finishes), then "done" with the whole answer, or "error"
-  POST /v1/score       {"source": [...], "target": [...], "length_penalty", "length_penalty_form", "truncate"}
+  POST /v1/score       {"source": [...], "target": [...], "length_penalty", "length_penalty_form", "source_lang",
+                        "target_lang", "truncate"}
                        -> each target's teacher-forced score: {"scores": [{"log_prob", "score", ...}]}
   POST /translate      LibreTranslate's request and answer (libre.py); GET /languages its language list
   GET  /v1/models      the artifact's identity

@@ -47,7 +47,7 @@ __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptio
 
 FIRST = 0  # the number of a request's first sentence in messages and error bodies: its index in `text`
 OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: DecodingOptions' fields
-SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form")  # the options a score request reads
+SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form", "source_lang", "target_lang")  # a score request's
 
 
 class DecodeService:
@@ -221,7 +221,7 @@ class DecodeService:
         if len(sources) > self.options.max_sentences:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))
-        pairs = self.translator.prepare_pairs(sources, targets, truncate, FIRST)  # here: only the model's work waits
+        pairs = self.translator.prepare_pairs(sources, targets, truncate, FIRST, opts)  # only the model's work waits
         return self._scored(pairs, opts)
 
     def _scored(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
