@@ -94,7 +94,7 @@ def test_log_probs_greedy_and_beam_are_hugging_faces(family, demo_pairs):
     assert sum(a.text != b.text for a, b in zip(into_en, ours)) >= len(texts) // 4
 
 
-def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pairs, tmp_path):
+def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pairs, tmp_path, monkeypatch):
     from transduce.exporter.onnx_export import export_artifact
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
     from transduce.runtime.spec import BackendSpec
@@ -113,9 +113,32 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
     for beams in (1, 4):
         _as_hugging_face(fam, hf, src, tok, tr, texts, fr, beams, "ONNX Runtime")
     (tmp_path / "src.txt").write_text("\n".join(texts[:8]) + "\n")
+    with pytest.raises(InputError, match="target_lang is required"):
+        parity_for_artifact(str(art), BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"), sentences=8)
     report = parity_for_artifact(str(art), BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"),
-                                 sentences=8, beam_size=4)
+                                 sentences=8, beam_size=4, target_lang=fr)
     assert report.passed, report.to_dict()
+    # the sources begin with the source language's code and every output with the target's, as decoding's
+    from transduce.verify import parity as parity_module
+
+    en_code, fr_code = tok.languages[LANGS[fam][0]], tok.languages[fr]
+    firsts, outputs = [], []
+    real_encode, real_decode = tr.backend.encode, parity_module.decode
+
+    def encode(src, lens):
+        firsts.extend(src[:, 0].tolist())
+        return real_encode(src, lens)
+
+    def decode(*args, **kwargs):
+        results = real_decode(*args, **kwargs)
+        outputs.extend(r.best.tokens[0] for r in results)
+        return results
+
+    monkeypatch.setattr(tr.backend, "encode", encode)
+    monkeypatch.setattr(parity_module, "decode", decode)
+    report = parity_module.run_parity(tr.backend, tr.backend, tok, texts[:3], beam_size=2, source_lead=[en_code],
+                                      target_lead=[fr_code])
+    assert report.passed and set(firsts) == {en_code} and set(outputs) == {fr_code} and len(outputs) == 5 * 3
 
 
 def test_score_places_the_language_codes_as_decoding_does(family, demo_pairs, tmp_path):
@@ -213,6 +236,12 @@ def test_cli_decode_and_score_take_the_languages(family, tmp_path):
     want = load(str(tmp_path / "artifact")).score(["seven"], [translation], source_lang=LANGS[fam][0],
                                                   target_lang=LANGS[fam][1])[0]
     assert float(r.output) == pytest.approx(want.log_prob, abs=1e-5) and want.token_log_probs[0] == 0
+    # and parity: the codes as decoding places them
+    args = ["parity", str(tmp_path / "artifact"), "--input", str(tmp_path / "in.txt"), "-n", "1", "--beam-size", "2"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--target-lang", LANGS[fam][1]])
+    assert r.exit_code == 0, r.output
 
 
 @pytest.mark.parametrize("engine", ["thread", "process"])

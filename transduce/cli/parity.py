@@ -7,8 +7,9 @@ import sys
 import click
 
 from transduce.cli.errors import QUIET_HELP, cli_errors, renamed
-from transduce.cli.options import backend_options, renamed_option
+from transduce.cli.options import backend_options, dataclass_options, renamed_option
 from transduce.io.paths import check_output, write_error
+from transduce.runtime.decoding.options import DecodingOptions
 
 
 @click.command()
@@ -30,8 +31,9 @@ from transduce.io.paths import check_output, write_error
 @click.option("--quiet", is_flag=True, help=QUIET_HELP)
 @cli_errors
 @backend_options(model_help="The eager reference model (default: the one the artifact names).")
+@dataclass_options(DecodingOptions, "langs", only=("source_lang", "target_lang"))
 def parity(artifact_dir, data, input_path, sentences, reference_device, beam_size, deprecated_beam_size, nbest,
-           out_path, old_json, force, quiet, spec):
+           out_path, old_json, force, quiet, spec, langs):
     """Check an artifact (or engine) against eager PyTorch: teacher-forced errors, greedy and beam sequences.
 
     The report goes to stdout (and, as JSON, to --out). Exits 1 when parity fails, so it can gate CI.
@@ -44,7 +46,8 @@ def parity(artifact_dir, data, input_path, sentences, reference_device, beam_siz
         check_output(out_path, "--out", force, stdout=False)  # before the run, not after it
     report = parity_for_artifact(artifact_dir, spec, data=data, input_path=input_path, sentences=sentences,
                                  beam_size=4 if beam_size is None else beam_size, nbest=nbest,
-                                 reference_device=reference_device)
+                                 reference_device=reference_device, source_lang=langs.source_lang,
+                                 target_lang=langs.target_lang)
     report.print()
     if out_path is not None:
         from transduce.io.atomic import write_json_atomic

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 from transduce.errors import ArtifactError, InputError
 from transduce.formats.artifact import Artifact
 from transduce.formats.model_dir import TOKENIZER_FILE
+from transduce.runtime import languages
 from transduce.runtime.backends.base import Backend, FullOutputs, only_step_graph, step_graphs
 from transduce.runtime.decoding import DecodingOptions, decode, teacher_forced_log_probs
 from transduce.runtime.decoding.batch import pad_ids
@@ -268,18 +270,20 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
 
 def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[str], targets: list[str] | None = None,
                precision: str = "fp32", beam_size: int = 4, nbest: int = 1, batch_size: int = 16,
-               candidate_name: str | None = None, reference_name: str | None = None) -> ParityReport:
+               candidate_name: str | None = None, reference_name: str | None = None,
+               source_lead: Sequence[int] = (), target_lead: Sequence[int] = ()) -> ParityReport:
     """Compare `candidate` with `reference` (both backends) on the given sentences.
 
     targets: the reference translations used for teacher forcing; None uses the reference
-    backend's own greedy output.
+    backend's own greedy output. source_lead / target_lead: a multilingual model's language codes, which begin
+    every source and which every output is forced to begin with (runtime.languages), as decoding places them.
     """
     if precision not in POLICIES:
         raise InputError(f"no parity policy for precision {precision!r}", hint=f"one of {sorted(POLICIES)}")
     policy = POLICIES[precision]
     cfg = reference.config
     eos, pad, bos = cfg.eos_id, cfg.pad_id, cfg.bos_id
-    limit = cfg.max_positions - 1
+    limit = cfg.max_positions - 1 - len(source_lead)
     src_tok = tokenizer.encode_batch(sources)
     cut = sum(len(ids) > limit for ids in src_tok)
     if cut:  # both backends see the same cut sources; decode would refuse them (or --truncate them)
@@ -287,7 +291,8 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
                       f"with EOS) were cut to their first {limit} for the check", stacklevel=2)
     src_tok = [ids[:limit] for ids in src_tok]
     keep = [i for i, ids in enumerate(src_tok) if ids]
-    src_tok = [src_tok[i] + [eos] for i in keep]
+    src_tok = [list(source_lead) + src_tok[i] + [eos] for i in keep]
+    limit = cfg.max_positions - 1  # the targets', the code included
     report = ParityReport(candidate_name or candidate.name, reference_name or reference.name, precision, len(src_tok))
     tf_ref: dict[str, list[np.ndarray]] = {}
     tf_cand: dict[str, list[np.ndarray]] = {}
@@ -319,10 +324,13 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
             sel = mask if name == "memory" else mask[:, None, :]  # (B,S) or (B,1,S) over (B,H,S,Dh)
             tf_ref.setdefault(key, []).append(r[sel] if name == "memory" else r.transpose(0, 2, 1, 3)[mask])
             tf_cand.setdefault(key, []).append(c[sel] if name == "memory" else c.transpose(0, 2, 1, 3)[mask])
+        forced = [list(target_lead)] * len(chunk) if target_lead else None
         if targets is not None:
-            tgt_tok = [tokenizer.encode(targets[keep[start + j]])[:limit] for j in range(len(chunk))]
+            tgt_tok = [(list(target_lead) + tokenizer.encode(targets[keep[start + j]]))[:limit]
+                       for j in range(len(chunk))]
         else:
-            tgt_tok = [list(r.best.tokens)[:limit] for r in decode(reference, src, lens, greedy_opts)]
+            tgt_tok = [list(r.best.tokens)[:limit] for r in decode(reference, src, lens, greedy_opts,
+                                                                   prefixes=forced)]
         tgt_in, _ = pad_ids(tgt_tok, pad, lead=bos)
         lp_r = teacher_forced_log_probs(reference, src, lens, tgt_in)
         steps = np.arange(tgt_in.shape[1])[None, :] <= np.array([len(t) for t in tgt_tok])[:, None]  # incl. EOS step
@@ -333,8 +341,8 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
             tf_cand.setdefault(label, []).append(lp_c[steps])
         # 2. and 3. decoded sequences
         for mode, opts in (("greedy", greedy_opts), (f"beam{beam_size}", beam_opts)):
-            results[mode][0].extend(decode(reference, src, lens, opts))
-            results[mode][1].extend(decode(candidate, src, lens, opts))
+            results[mode][0].extend(decode(reference, src, lens, opts, prefixes=forced))
+            results[mode][1].extend(decode(candidate, src, lens, opts, prefixes=forced))
     for key in ["memory", "cross_kv"] + [label for label, _ in lp_labels]:
         if key in tf_ref:
             report.teacher_forced.append(error_stats(key, np.concatenate([a.ravel() for a in tf_ref[key]]),
@@ -363,11 +371,13 @@ def _check_quantized_graphs(artifact: Artifact, method: str) -> None:
 
 def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str | None = None,
                         input_path: str | None = None, sentences: int = 200, beam_size: int = 4, nbest: int = 1,
-                        reference_device: str = "cpu") -> ParityReport:
+                        reference_device: str = "cpu", source_lang: str = "", target_lang: str = "") -> ParityReport:
     """`transduce parity`: the backend `spec` names over `path` (an artifact, or an engine directory), checked
     against the eager model the artifact was exported from (spec.model_dir: another copy of it) on
     `reference_device` (the CPU unless asked: the fp32 CPU model is the reference of record), on the sample.
-    The candidate is held to the policy of the precision (or quantization) it runs at."""
+    The candidate is held to the policy of the precision (or quantization) it runs at. source_lang / target_lang:
+    a multilingual model's languages, whose codes begin the sources and the outputs as decoding places them (its
+    defaults where not given; a model without languages refuses them)."""
     from transduce.models.tokenizer import Tokenizer
     from transduce.runtime.api import open_backend
     from transduce.runtime.backends.torch_backend import TorchBackend, source_model
@@ -393,6 +403,7 @@ def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str
     artifact = candidate.artifact  # the one the candidate loaded (an engine directory's copy)
     reference = TorchBackend.from_model_dir(source_model(artifact, spec.model_dir), device=reference_device)
     tokenizer = Tokenizer.from_file(artifact.file(TOKENIZER_FILE))
+    langs = languages.resolve(tokenizer, DecodingOptions(source_lang=source_lang, target_lang=target_lang))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy, TensorRT engines (built from
     # unquantized exports only) to their precision's, and eager PyTorch, which runs the source model at its own
     # precision whatever the artifact's, to that one's
@@ -407,7 +418,9 @@ def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str
     shown = device if spec.backend == "torch" else str(candidate.device)  # TensorRT runs on a GPU whatever
     name = f"{spec.backend}:{shown} ({policy}{', CUDA graphs' if candidate.cuda_graph else ''})"
     return run_parity(reference, candidate, tokenizer, sources, targets, precision=policy, beam_size=beam_size,
-                      nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}")
+                      nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}",
+                      source_lead=languages.source_lead(tokenizer, langs),
+                      target_lead=languages.target_lead(tokenizer, langs))
 
 
 def _sample(data: str | None, input_path: str | None, sentences: int) -> tuple[list[str], list[str] | None]:
