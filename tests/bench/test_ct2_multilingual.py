@@ -5,6 +5,7 @@ code as target_prefix), and the bench's token-equality gate passes them those co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -141,3 +142,32 @@ def test_separate_vocabularies_are_refused_with_the_reason(tiny_model_dir, tmp_p
     with pytest.raises(TransduceError, match="one vocabulary for source and target") as e:
         convert_to_ctranslate2(model_dir, tmp_path / "ct2")
     assert "other systems" in e.value.hint and not (tmp_path / "ct2").exists()
+
+
+def test_the_end_to_end_translate_op_gives_both_systems_the_language_codes(converted, tmp_path):
+    """The bench's end-to-end cells on a multilingual model: ours with source_lang and target_lang, CTranslate2
+    with the source's code first and the target's as target_prefix, as their users give them: the same greedy
+    translations as Translator.translate's with those languages."""
+    from transduce.bench.gates import check_languages
+    from transduce.bench.worker import _CTranslate2, _Ours
+    from transduce.exporter.onnx_export import export_artifact
+
+    family, model_dir, ct2_dir = converted
+    export_artifact(model_dir, tmp_path / "artifact")
+    from hf_models import demo_sentences
+
+    texts = [s for s, _ in demo_sentences(8, seed=7)]
+    langs = dataclasses.asdict(check_languages(model_dir))
+    ours = _Ours("onnxruntime", str(tmp_path / "artifact"), model_dir, 1)
+    theirs = _CTranslate2(ct2_dir, 1, model_dir=model_dir)
+    want = None
+    for one in (False, True):
+        a = ours.translate(texts, 1, None, one, langs)["outputs"]
+        b = theirs.translate(texts, 1, None, one, langs)["outputs"]
+        if want is None:
+            want = ours._translator.translate(texts, beam_size=1, source_lang=langs["source"],
+                                              target_lang=langs["target"])
+        assert a == [t.text for t in want]
+        # the same where ours ended by itself (at the maximum length the two count the forced code apart)
+        ended = [i for i, t in enumerate(want) if t.nbest[0].finished]
+        assert len(ended) >= 4 and [a[i] for i in ended] == [b[i] for i in ended]

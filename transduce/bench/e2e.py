@@ -22,7 +22,7 @@ Only the demo size gets these cells: the other sizes' weights are random (RANDOM
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from transduce.bench.cells import interleaved
@@ -82,7 +82,7 @@ def run_e2e(prepared, cfg: BenchConfig, workers: dict[str, Worker], active: list
     sentences is recorded in e2e["error"], not raised: the forced cells are measured already."""
     import sacrebleu
 
-    from transduce.bench.gates import held_out_pairs
+    from transduce.bench.gates import check_languages, held_out_pairs
 
     try:
         pairs = held_out_pairs(prepared, cfg.e2e_sentences)
@@ -91,6 +91,13 @@ def run_e2e(prepared, cfg: BenchConfig, workers: dict[str, Worker], active: list
         log(f"[{E2E_SIZE}] no end-to-end cells: {e2e['error']}")
         return
     texts, refs = [s for s, _ in pairs], [r for _, r in pairs]
+    try:
+        langs = check_languages(prepared.model_dir)
+    except (TransduceError, OSError):  # no tokenizer to read here: the workers load theirs (and say what fails)
+        langs = None
+    if langs is not None:  # every system given the codes as its users give them (worker.py, the translate op)
+        e2e["languages"] = {"source": langs.source, "target": langs.target}
+        log(f"[{E2E_SIZE}] a multilingual model: {langs.source} -> {langs.target}")
     valid_tsv = os.path.join(os.path.dirname(prepared.model_dir), "data", "valid.tsv")
     e2e.update(sentences=len(texts), trained=prepared.trained, our_default_rule=our_default_rule(),
                source=valid_tsv if os.path.isfile(valid_tsv) else "the demo corpus's held-out sentences (generated)")
@@ -99,7 +106,8 @@ def run_e2e(prepared, cfg: BenchConfig, workers: dict[str, Worker], active: list
     for mode in cfg.modes:
         beam = beam_of(mode)
         for shape in SHAPES:
-            cells = _timed_shape(mode, beam, shape, texts, workers, active, cfg, cpu, log)
+            cells = _timed_shape(mode, beam, shape, texts, workers, active, cfg, cpu, log,
+                                 None if langs is None else asdict(langs))
             for cell in cells:
                 _judge(cell, refs, reference, sacrebleu)
                 _log_cell(cell, log)
@@ -115,8 +123,9 @@ def _entries(active: list[str], beam: int) -> list[Entry]:
 
 
 def _timed_shape(mode: str, beam: int, shape: str, texts: list[str], workers: dict[str, Worker], active: list[str],
-                 cfg: BenchConfig, cpu: tuple[bool, bool], log) -> list[dict[str, Any]]:
-    """One timing of a mode and shape -> its cells: the default rules' and, in a beam mode, the matched rules'."""
+                 cfg: BenchConfig, cpu: tuple[bool, bool], log, languages: dict | None = None) -> list[dict[str, Any]]:
+    """One timing of a mode and shape -> its cells: the default rules' and, in a beam mode, the matched rules'.
+    languages: a multilingual model's codes (gates.Languages as a dict), for every system."""
     one = shape == "one"
     # a CTranslate2 setting that repeats another here is not timed (one sentence a call: inter is 1thread)
     repeats = ct2_cell_repeats(active, cfg.threads, 1 if one else len(texts), *cpu)
@@ -132,7 +141,7 @@ def _timed_shape(mode: str, beam: int, shape: str, texts: list[str], workers: di
         e, w = by_key[key], workers[by_key[key].system]
         try:
             reply = w.call({"op": "translate", "texts": texts, "beam": beam, "early_stopping": e.rule,
-                            "one_at_a_time": one, "min_seconds": cfg.min_seconds})
+                            "one_at_a_time": one, "min_seconds": cfg.min_seconds, "languages": languages})
             settle(w.proc.pid)
         except WorkerError as err:
             failed[key] = str(err)

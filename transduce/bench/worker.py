@@ -21,14 +21,16 @@ pointed at stderr, so anything a library prints cannot corrupt the protocol):
   {"op": "direct", "src": ..., "beam": K, "steps": N}      (our backends only) encoder alone, then N calls
       of backend.step at batch x beam rows -> {"encode_seconds": s, "step_seconds": [s, ...]}
   {"op": "translate", "texts": [str, ...], "beam": K, "early_stopping": RULE|null, "one_at_a_time": B,
-   "min_seconds": T}
+   "min_seconds": T, "languages": {"source", "target", "source_lead", "target_prefix"}|null}
       end to end: the texts translated with the system's defaults (natural stopping, maximum length source
       tokens + 50), tokenisation and detokenisation inside the timed call; all at once (one call for the whole
       list) or one at a time (a loop of one-sentence calls); timed as decode is -> {"seconds": the median of one
       pass over the texts, "calls": c, "outputs": [text, ...], "steps": n}. Ours: Translator.translate with
       beam_size K and early_stopping RULE (null: our default), steps = backend.step calls in one pass (one at a
       time, each is one sentence's). CTranslate2: RULE must be null (its own rule), no "steps"; the load
-      request must have given "model_dir" (the tokenizer).
+      request must have given "model_dir" (the tokenizer). languages: a multilingual model's codes (bench.gates'
+      Languages), ours as source_lang and target_lang, CTranslate2's as the source's first token and the
+      target_prefix, as its users give them.
   {"op": "quit"}
 Times are taken inside the worker around the call (perf_counter), not including the pipe.
 """
@@ -249,9 +251,10 @@ class _Ours:
         be.end(state)
         return {"encode_seconds": encode_seconds, "step_seconds": times}
 
-    def translate(self, texts: list[str], beam: int, early_stopping: str | None, one_at_a_time: bool) -> dict[str, Any]:
-        """One pass over `texts` with Translator.translate (our defaults but the beam size and the stopping rule),
-        and the backend.step calls it took."""
+    def translate(self, texts: list[str], beam: int, early_stopping: str | None, one_at_a_time: bool,
+                  languages: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One pass over `texts` with Translator.translate (our defaults but the beam size, the stopping rule and a
+        multilingual model's languages), and the backend.step calls it took."""
         if self._translator is None:
             from transduce.runtime.translator import Translator
 
@@ -260,6 +263,8 @@ class _Ours:
         fields: dict[str, Any] = {"beam_size": beam}
         if early_stopping is not None:
             fields["early_stopping"] = early_stopping
+        if languages:
+            fields.update(source_lang=languages["source"], target_lang=languages["target"])
         with counted_steps(self.backend) as steps:
             t = time.perf_counter()
             out = [tr.translate([x], **fields)[0] for x in texts] if one_at_a_time else tr.translate(texts, **fields)
@@ -301,9 +306,11 @@ class _CTranslate2:
             raise RuntimeError(f"forced decoding produced lengths {sorted(set(lengths))}, not {steps}")
         return {"seconds": seconds, "tokens": int(sum(lengths))}
 
-    def translate(self, texts: list[str], beam: int, early_stopping: str | None, one_at_a_time: bool) -> dict[str, Any]:
+    def translate(self, texts: list[str], beam: int, early_stopping: str | None, one_at_a_time: bool,
+                  languages: dict[str, Any] | None = None) -> dict[str, Any]:
         """One pass over `texts`: our tokenizer, translate_batch with CTranslate2's defaults (its own stopping
-        rule), our tokenizer back to text, all inside the timed call."""
+        rule; a multilingual model's codes as it takes them), our tokenizer back to text, all inside the timed
+        call."""
         if early_stopping is not None:
             raise RuntimeError("CTranslate2 stops beam search by its own rule only (beam_size x patience hypotheses "
                                f"finished): early_stopping must be null, got {early_stopping!r}")
@@ -312,17 +319,22 @@ class _CTranslate2:
                 raise RuntimeError("the translate op needs the model's tokenizer: load the system with its model_dir")
             self.tokenizer = tokenizer_of(self.model_dir)
         t = time.perf_counter()
-        out = [self._texts([x], beam)[0] for x in texts] if one_at_a_time else self._texts(texts, beam)
+        out = ([self._texts([x], beam, languages)[0] for x in texts] if one_at_a_time
+               else self._texts(texts, beam, languages))
         return {"seconds": time.perf_counter() - t, "outputs": out}
 
-    def _texts(self, texts: list[str], beam: int) -> list[str]:
-        """texts -> their translations, as a user of CTranslate2 with our tokenizer would get them."""
+    def _texts(self, texts: list[str], beam: int, languages: dict[str, Any] | None) -> list[str]:
+        """texts -> their translations, as a user of CTranslate2 with our tokenizer would get them (a multilingual
+        model's: the source's code first in each source, the target's as target_prefix; our detokenizer drops
+        codes)."""
         tok = self.tokenizer
-        ids = tok.encode_batch(texts)  # without EOS (our tokenizer never adds one): CTranslate2 appends it
+        lead = list(languages["source_lead"]) if languages else []
+        ids = [lead + x for x in tok.encode_batch(texts)]  # without EOS (ours never adds one): CTranslate2 appends it
         parts = math.ceil(len(ids) / self.inter) if self.inter > 1 else 0  # as in decode
+        prefix = [[self.vocab[i] for i in languages["target_prefix"]]] * len(ids) if languages else None
         # the tokens our search never proposes are banned here too (suppress, as in decode): the same model
         results = self.translator.translate_batch(
-            [[self.vocab[i] for i in x] for x in ids], beam_size=beam, max_batch_size=parts,
+            [[self.vocab[i] for i in x] for x in ids], beam_size=beam, max_batch_size=parts, target_prefix=prefix,
             max_decoding_length=max_decoding_length(max((len(x) for x in ids), default=0)),
             suppress_sequences=self.suppress or None)
         return [tok.decode([self.index[w] for w in r.hypotheses[0]]) for r in results]
@@ -345,7 +357,8 @@ def _measure(system, op: str, req: dict[str, Any]) -> dict[str, Any]:
     min_seconds = float(req.get("min_seconds", 0.0))
     if op == "translate":
         return repeated(functools.partial(system.translate, list(req["texts"]), int(req["beam"]),
-                                          req.get("early_stopping"), bool(req.get("one_at_a_time"))), min_seconds)
+                                          req.get("early_stopping"), bool(req.get("one_at_a_time")),
+                                          req.get("languages")), min_seconds)
     args = (req["src"], int(req["beam"]), int(req["steps"]))
     if op == "decode":
         return repeated(functools.partial(system.decode, *args), min_seconds)
