@@ -182,9 +182,15 @@ def random_sources(cfg, n: int, seed: int, high: int = 8):
     """n random sources of 2..high-1 tokens plus EOS, padded: -> (src (n, S) int64, lengths (n,), the generator,
     to draw more from)."""
     rng = np.random.default_rng(seed)
-    lens = rng.integers(3, high, n)
-    src = np.full((n, int(lens.max())), cfg.pad_id, np.int64)
-    for i, m in enumerate(lens):
+    src, lens = sources_of_lengths(cfg, rng.integers(3, high, n), rng)
+    return src, lens, rng
+
+
+def sources_of_lengths(cfg, lengths, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Random sources of these lengths (EOS included), padded: -> (src (n, S) int64, lengths (n,))."""
+    lengths = np.asarray(lengths, np.int64)
+    src = np.full((len(lengths), int(lengths.max())), cfg.pad_id, np.int64)
+    for i, m in enumerate(lengths):
         src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
         src[i, m - 1] = cfg.eos_id
-    return src, lens, rng
+    return src, lengths

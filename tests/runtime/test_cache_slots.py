@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import sources_of_lengths
 from transduce.formats import contract
 from transduce.runtime.backends import onnxruntime_backend as orb
 from transduce.runtime.decoding import DecodingOptions, decode
@@ -15,21 +16,13 @@ OPTIONS = [DecodingOptions(beam_size=1, max_len_b=30), DecodingOptions(beam_size
            DecodingOptions(beam_size=1, min_length=20, max_len_b=30)]
 
 
-def _batch(cfg, lengths, rng):
-    src = np.full((len(lengths), max(lengths)), cfg.pad_id, np.int64)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
-        src[i, n - 1] = cfg.eos_id
-    return src, np.array(lengths, np.int64)
-
-
 def _interleaved(backend, capacity):
     """Three requests admitted at steps 0, 4 and 9 into one running batch (rows at different positions) -> their
     results and the slots each state's cache had, step by step."""
     rng = np.random.default_rng(7)
-    requests = [(0, *_batch(backend.config, [5, 12], rng), OPTIONS[0]),
-                (4, *_batch(backend.config, [9], rng), OPTIONS[1]),
-                (9, *_batch(backend.config, [3, 7, 4], rng), OPTIONS[2])]
+    requests = [(0, *sources_of_lengths(backend.config, [5, 12], rng), OPTIONS[0]),
+                (4, *sources_of_lengths(backend.config, [9], rng), OPTIONS[1]),
+                (9, *sources_of_lengths(backend.config, [3, 7, 4], rng), OPTIONS[2])]
     batch, cohorts, results, slots = RunningBatch(backend, capacity=capacity), [], {}, []
     while requests or batch.cohorts:
         while requests and requests[0][0] <= batch.steps:
@@ -56,7 +49,7 @@ def test_slots_double_as_positions_reach_them_and_decode_alike(tiny_artifact_dir
     with be.only_step_graph(graph):
         whole, slots = _interleaved(be, cfg.max_positions)
         assert set(slots) == {cfg.max_positions}  # the tiny model's 64 positions: all allocated at once
-        src, lens = _batch(cfg, [6, 14, 3], np.random.default_rng(1))
+        src, lens = sources_of_lengths(cfg, [6, 14, 3], np.random.default_rng(1))
         offline = [decode(be, src, lens, o) for o in OPTIONS]
         monkeypatch.setattr(orb, "FIRST_CACHE_SLOTS", 2)
         grown, slots = _interleaved(be, cfg.max_positions)
@@ -70,7 +63,7 @@ def test_slots_double_as_positions_reach_them_and_decode_alike(tiny_artifact_dir
 def test_reserve_keeps_the_filled_slots_and_stops_at_the_capacity(tiny_artifact_dir, monkeypatch):
     monkeypatch.setattr(orb, "FIRST_CACHE_SLOTS", 4)
     be = orb.OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
-    src, lens = _batch(be.config, [5, 8], np.random.default_rng(2))
+    src, lens = sources_of_lengths(be.config, [5, 8], np.random.default_rng(2))
     state = be.begin(be.encode(src, lens), np.arange(2), 10)
     assert state.cache.shape[3] == 4 and state.capacity == 10
     for t in range(4):

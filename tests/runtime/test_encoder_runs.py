@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import sources_of_lengths
 from transduce.runtime.api import make_backend
 from transduce.runtime.backends import ort_cpu_policy as policy
 from transduce.runtime.decoding import DecodingOptions, decode
@@ -38,19 +39,10 @@ def test_runs_hold_every_row_once_shortest_first_and_each_cut_pays():
         assert len(lengths) * lengths.max() - padded > policy.ENCODER_RUN_TOKENS * (len(runs) - 1)
 
 
-def _mixed(cfg, lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    src = np.full((len(lengths), max(lengths)), cfg.pad_id, dtype=np.int64)
-    for i, m in enumerate(lengths):
-        src[i, : m - 1] = rng.integers(4, cfg.vocab_size, m - 1)
-        src[i, m - 1] = cfg.eos_id
-    return src, np.array(lengths, np.int64)
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_batch_encoded_in_runs_is_exactly_one_runs_and_decodes_alike(tiny_artifact_dir, monkeypatch, threads):
     be = make_backend(tiny_artifact_dir, "onnxruntime", threads=threads)
-    src, lens = _mixed(be.config, [3, 40, 4, 38, 3, 21, 40, 5])
+    src, lens = sources_of_lengths(be.config, [3, 40, 4, 38, 3, 21, 40, 5], np.random.default_rng(0))
     calls = []
     real = be._encode_cpu
     monkeypatch.setattr(be, "_encode_cpu", lambda feeds: (calls.append(feeds["src_ids"].shape), real(feeds))[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import sources_of_lengths
 from transduce.errors import BackendUnavailable
 from transduce.runtime.backends.torch_backend import TorchBackend
 from transduce.runtime.decoding import DecodingOptions, decode
@@ -18,22 +19,13 @@ OPTIONS = [DecodingOptions(beam_size=1, max_len_b=12),
            DecodingOptions(beam_size=2, max_len_b=15)]
 
 
-def _batch(cfg: dict, lengths: list[int], rng) -> tuple[np.ndarray, np.ndarray]:
-    """A padded batch of random sources of these lengths (EOS included)."""
-    src = np.full((len(lengths), max(lengths)), cfg.pad_id, np.int64)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
-        src[i, n - 1] = cfg.eos_id
-    return src, np.array(lengths, np.int64)
-
-
 def _requests(cfg: dict, count: int = 14, seed: int = 3):
     """(admit at step, src, lengths, options) of requests of 1-3 sentences of mixed lengths and options."""
     rng = np.random.default_rng(seed)
     out = []
     for j in range(count):
         lengths = rng.integers(2, 21, rng.integers(1, 4)).tolist()
-        out.append((int(rng.integers(0, 25)), *_batch(cfg, lengths, rng), OPTIONS[j % len(OPTIONS)]))
+        out.append((int(rng.integers(0, 25)), *sources_of_lengths(cfg, lengths, rng), OPTIONS[j % len(OPTIONS)]))
     return sorted(out, key=lambda r: r[0])
 
 
@@ -122,7 +114,7 @@ def test_offline_decode_is_one_cohort_run_until_empty(tiny_model):
     """decode() and a running batch admitting the whole batch at once give the same results, bit for bit."""
     backend = TorchBackend(tiny_model)
     cfg = backend.config
-    src, lens = _batch(cfg, [5, 9, 3, 14], np.random.default_rng(1))
+    src, lens = sources_of_lengths(cfg, [5, 9, 3, 14], np.random.default_rng(1))
     for opts in OPTIONS:
         batch = RunningBatch(backend)
         cohort = batch.admit(src, lens, opts)
@@ -136,8 +128,8 @@ def test_rows_are_retired_as_sentences_finish_and_freed_on_cancel(tiny_model):
     cfg = backend.config
     rng = np.random.default_rng(2)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    short = batch.admit(*_batch(cfg, [3, 4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=2))
-    long = batch.admit(*_batch(cfg, [6], rng), DecodingOptions(beam_size=3, max_len_a=0, max_len_b=30,
+    short = batch.admit(*sources_of_lengths(cfg, [3, 4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=2))
+    long = batch.admit(*sources_of_lengths(cfg, [6], rng), DecodingOptions(beam_size=3, max_len_a=0, max_len_b=30,
                                                                min_length=31))
     assert batch.rows == 3 and batch.reserved_rows() == 2 + 3
     batch.step()
@@ -145,7 +137,7 @@ def test_rows_are_retired_as_sentences_finish_and_freed_on_cancel(tiny_model):
     finished = batch.step()  # the short cohort reaches its maximum length of 2 tokens
     assert sorted((c is short, s) for c, s, _ in finished) == [(True, 0), (True, 1)]
     assert batch.cohorts == [long] and batch.rows == 3
-    late = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=30))
+    late = batch.admit(*sources_of_lengths(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=30))
     assert batch.rows == 3 + 1  # its one row at position 0 beside rows at position 2
     batch.step()
     assert batch.rows == 3 + 2
@@ -165,8 +157,8 @@ def test_sentences_dropped_from_a_beam_cohort_leave_and_the_rest_decode_as_alone
     back-pointers and per-row history followed through the rows that stayed."""
     cfg = backend.config
     rng = np.random.default_rng(8)
-    src, lens = _batch(cfg, [5, 9, 3, 7, 6], rng)
-    other_src, other_lens = _batch(cfg, [4], rng)
+    src, lens = sources_of_lengths(cfg, [5, 9, 3, 7, 6], rng)
+    other_src, other_lens = sources_of_lengths(cfg, [4], rng)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
     cohort, other = batch.admit_many([Admission(src, lens, opts), Admission(other_src, other_lens, opts)])
     results = {cohort: {}, other: {}}
@@ -192,9 +184,9 @@ def test_what_does_not_fit_is_refused_not_truncated(tiny_model):
     cfg = backend.config
     rng = np.random.default_rng(5)
     batch = RunningBatch(backend)  # offline: the first cohort's maximum length is the state's capacity
-    batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=5))
+    batch.admit(*sources_of_lengths(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=5))
     with pytest.raises(CapacityError, match="maximum length of 9 tokens does not fit the running batch's 5"):
-        batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=9))
+        batch.admit(*sources_of_lengths(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_a=0, max_len_b=9))
     assert len(batch.cohorts) == 1  # the refused cohort left nothing behind
     batch.run_until_empty()
 
@@ -212,10 +204,10 @@ def test_a_backend_without_admit_decodes_from_empty_only(tiny_model):
     rng = np.random.default_rng(6)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
     assert batch.can_admit()
-    first = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_b=3))
+    first = batch.admit(*sources_of_lengths(cfg, [4], rng), DecodingOptions(beam_size=1, max_len_b=3))
     assert not batch.can_admit()
     with pytest.raises(BackendUnavailable, match="cannot add sentences to a running batch"):
-        batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=1))
+        batch.admit(*sources_of_lengths(cfg, [4], rng), DecodingOptions(beam_size=1))
     out = batch.run_until_empty()
     assert list(out) == [first] and batch.can_admit()
 
@@ -227,10 +219,11 @@ def test_a_cohort_whose_search_fails_leaves_and_the_others_go_on(tiny_model):
     backend = TorchBackend(tiny_model)
     cfg = backend.config
     rng = np.random.default_rng(8)
-    good_src, good_lens = _batch(cfg, [5, 7], rng)
+    good_src, good_lens = sources_of_lengths(cfg, [5, 7], rng)
     good_opts = DecodingOptions(beam_size=2, max_len_b=6)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    bad = batch.admit(*_batch(cfg, [4], rng), DecodingOptions(beam_size=2, max_len_b=3, length_penalty=1e300))
+    bad = batch.admit(*sources_of_lengths(cfg, [4], rng),
+                      DecodingOptions(beam_size=2, max_len_b=3, length_penalty=1e300))
     good = batch.admit(good_src, good_lens, good_opts)
     got, failed = {}, []
     while batch.cohorts:
@@ -249,14 +242,14 @@ def test_a_solo_cohort_whose_listener_fails_leaves_and_the_others_go_on(tiny_mod
     backend = TorchBackend(tiny_model)
     cfg = backend.config
     rng = np.random.default_rng(9)
-    good_src, good_lens = _batch(cfg, [5], rng)
+    good_src, good_lens = sources_of_lengths(cfg, [5], rng)
     opts = DecodingOptions(beam_size=1, max_len_b=6)
 
     def broken(sentences, tokens):
         raise RuntimeError("the listener failed")
 
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    bad = batch.admit(*_batch(cfg, [4], rng), opts, on_tokens=broken)
+    bad = batch.admit(*sources_of_lengths(cfg, [4], rng), opts, on_tokens=broken)
     good = batch.admit(good_src, good_lens, opts)
     assert bad.solo and good.solo
     got, failed = {}, []
@@ -282,7 +275,7 @@ def _one_sentence_requests(cfg, count: int = 24, seed: int = 11):
     for j in range(count):
         lengths = [int(rng.integers(2, 21))]
         prefixes = [[5, 6]] if j % 5 == 4 else None
-        out.append((int(rng.integers(0, 20)), *_batch(cfg, lengths, rng), kinds[j % len(kinds)], prefixes))
+        out.append((int(rng.integers(0, 20)), *sources_of_lengths(cfg, lengths, rng), kinds[j % len(kinds)], prefixes))
     return sorted(out, key=lambda r: r[0])
 
 
@@ -348,11 +341,11 @@ def test_ended_solo_rows_are_filled_from_the_end_and_every_sentence_decodes_as_a
     for group in range(4):
         admissions = []
         for _ in range(8):
-            src, lens = _batch(cfg, [int(rng.integers(2, 15))], rng)
+            src, lens = sources_of_lengths(cfg, [int(rng.integers(2, 15))], rng)
             admissions.append(Admission(src, lens, DecodingOptions(beam_size=1, max_len_a=0.0,
                                                                    max_len_b=int(rng.integers(1, 14)))))
         if group == 3:  # beside the solo ones: one cohort of two sentences
-            src, lens = _batch(cfg, [4, 9], rng)
+            src, lens = sources_of_lengths(cfg, [4, 9], rng)
             admissions.append(Admission(src, lens, DecodingOptions(beam_size=1, max_len_a=0.0, max_len_b=6)))
         for c, a in zip(batch.admit_many(admissions), admissions, strict=True):
             sources[c] = a

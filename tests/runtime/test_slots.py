@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.conftest import sources_of_lengths
 from transduce.runtime.backends.base import renumbered_sources
 from transduce.runtime.backends.slots import SlotTable
 from transduce.runtime.backends.torch_backend import TorchBackend
@@ -14,14 +15,6 @@ from transduce.runtime.decoding.running import RunningBatch
 
 GREEDY = DecodingOptions(beam_size=1, max_len_a=0, max_len_b=30, min_length=30)  # runs its whole length
 BEAM = DecodingOptions(beam_size=3, nbest=2, max_len_b=12)
-
-
-def _batch(cfg, lengths, rng):
-    src = np.full((len(lengths), max(lengths)), cfg.pad_id, np.int64)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = rng.integers(4, cfg.vocab_size, n - 1)
-        src[i, n - 1] = cfg.eos_id
-    return src, np.array(lengths, np.int64)
 
 
 def _assert_same(got, want):
@@ -74,16 +67,16 @@ def test_admitting_one_sentence_copies_one_sources_kv(tiny_model):
     cfg = backend.config
     rng = np.random.default_rng(1)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    batch.admit(*_batch(cfg, [6, 9, 4, 7, 8, 5, 9, 3], rng), GREEDY)
+    batch.admit(*sources_of_lengths(cfg, [6, 9, 4, 7, 8, 5, 9, 3], rng), GREEDY)
     batch.step()
-    batch.admit(*_batch(cfg, [5], rng), GREEDY)  # the pool doubles to 16 slots once
+    batch.admit(*sources_of_lengths(cfg, [5], rng), GREEDY)  # the pool doubles to 16 slots once
     batch.step()
     cross = batch.state.cross
     pointers = [t.data_ptr() for t in cross.pool + cross.rows + batch.state.cache_k]
     one = _one_slot_bytes(batch.state)
     for _ in range(3):
         before = cross.copied
-        batch.admit(*_batch(cfg, [7], rng), GREEDY)
+        batch.admit(*sources_of_lengths(cfg, [7], rng), GREEDY)
         batch.step()
         assert one <= cross.copied - before <= 2 * one  # its slot in the pool (and its row of the per-row buffer)
     assert [t.data_ptr() for t in cross.pool + cross.rows + batch.state.cache_k] == pointers
@@ -95,14 +88,14 @@ def test_slots_of_finished_sentences_are_reused(tiny_model):
     rng = np.random.default_rng(2)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
     short = DecodingOptions(beam_size=1, max_len_a=0, max_len_b=2)
-    batch.admit(*_batch(cfg, [5, 6], rng), short)
-    long_src, long_lens = _batch(cfg, [7], rng)
+    batch.admit(*sources_of_lengths(cfg, [5, 6], rng), short)
+    long_src, long_lens = sources_of_lengths(cfg, [7], rng)
     long = batch.admit(long_src, long_lens, GREEDY)
     slots = batch.state.cross.pool[0].shape[0]
     batch.step()
     batch.step()  # the two short sentences finish: their slots are free
     assert batch.cohorts == [long]
-    late_src, late_lens = _batch(cfg, [4, 6], rng)
+    late_src, late_lens = sources_of_lengths(cfg, [4, 6], rng)
     late = batch.admit(late_src, late_lens, BEAM)
     table = batch.state.cross.table
     assert batch.state.cross.pool[0].shape[0] == slots  # no new slot: the freed ones were taken
@@ -118,11 +111,11 @@ def test_a_wider_source_grows_the_pool_and_decodes_as_alone(tiny_model):
     cfg = backend.config
     rng = np.random.default_rng(3)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    first_src, first_lens = _batch(cfg, [4, 5], rng)
+    first_src, first_lens = sources_of_lengths(cfg, [4, 5], rng)
     first = batch.admit(first_src, first_lens, BEAM)
     assert batch.state.cross.pool[0].shape[2] == 5
     batch.step()
-    wide_src, wide_lens = _batch(cfg, [17], rng)
+    wide_src, wide_lens = sources_of_lengths(cfg, [17], rng)
     wide = batch.admit(wide_src, wide_lens, BEAM)
     assert batch.state.cross.pool[0].shape[2] >= 17
     out = batch.run_until_empty()
@@ -136,7 +129,7 @@ def test_beams_reorder_in_place(tiny_model):
     the beams have widened, and the cross K/V of beams of one source are not copied at all."""
     backend = TorchBackend(tiny_model)
     cfg = backend.config
-    src, lens = _batch(cfg, [6, 8], np.random.default_rng(4))
+    src, lens = sources_of_lengths(cfg, [6, 8], np.random.default_rng(4))
     opts = DecodingOptions(beam_size=4, nbest=4, max_len_b=20, min_length=20)
     state = backend.begin(backend.encode(src, lens), np.arange(2), 21)
     backend.step(state, np.full(2, cfg.bos_id), 4)
@@ -165,9 +158,9 @@ def test_admitting_one_sentence_on_onnxruntime_writes_its_rows_only(tiny_artifac
     cfg = backend.config
     rng = np.random.default_rng(6)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    batch.admit(*_batch(cfg, [6, 9, 4, 7, 8, 5, 9, 3], rng), GREEDY)
+    batch.admit(*sources_of_lengths(cfg, [6, 9, 4, 7, 8, 5, 9, 3], rng), GREEDY)
     batch.step()
-    batch.admit(*_batch(cfg, [5], rng), GREEDY)  # the pool and the row buffers double once
+    batch.admit(*sources_of_lengths(cfg, [5], rng), GREEDY)  # the pool and the row buffers double once
     batch.step()
     pooled = batch.state.pooled
 
@@ -178,7 +171,7 @@ def test_admitting_one_sentence_on_onnxruntime_writes_its_rows_only(tiny_artifac
     one = sum(pooled.pool[name][0].nbytes for name in pooled.cross_names)
     for _ in range(3):
         before = pooled.copied
-        batch.admit(*_batch(cfg, [7], rng), GREEDY)
+        batch.admit(*sources_of_lengths(cfg, [7], rng), GREEDY)
         batch.step()
         assert pooled.copied - before == 2 * one  # its slot in the pool, its row of the bound buffers
     assert addresses() == pointers
@@ -196,11 +189,11 @@ def test_onnxruntime_bindings_outlive_admissions_to_row_counts_bound_before(tiny
     cfg = backend.config
     rng = np.random.default_rng(7)
     batch = RunningBatch(backend, capacity=cfg.max_positions)
-    src, lens = _batch(cfg, [6, 9, 4, 7], rng)
+    src, lens = sources_of_lengths(cfg, [6, 9, 4, 7], rng)
     first = batch.admit(src, lens, GREEDY)
 
     def cycle():  # one more row for a step, then back to four
-        late = batch.admit(*_batch(cfg, [5], rng), GREEDY)
+        late = batch.admit(*sources_of_lengths(cfg, [5], rng), GREEDY)
         batch.step()
         batch.cancel(late)
         batch.step()
