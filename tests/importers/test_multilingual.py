@@ -122,7 +122,7 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
     from transduce.verify import parity as parity_module
 
     en_code, fr_code = tok.languages[LANGS[fam][0]], tok.languages[fr]
-    firsts, outputs = [], []
+    firsts, outputs, first_lps = [], [], []
     real_encode, real_decode = tr.backend.encode, parity_module.decode
 
     def encode(src, lens):
@@ -132,13 +132,16 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
     def decode(*args, **kwargs):
         results = real_decode(*args, **kwargs)
         outputs.extend(r.best.tokens[0] for r in results)
+        first_lps.extend(r.best.token_log_probs[0] for r in results)
         return results
 
     monkeypatch.setattr(tr.backend, "encode", encode)
     monkeypatch.setattr(parity_module, "decode", decode)
     report = parity_module.run_parity(tr.backend, tr.backend, tok, texts[:3], beam_size=2, source_lead=[en_code],
-                                      target_lead=[fr_code])
+                                      target_lead=[fr_code], target_lang=fr)
     assert report.passed and set(firsts) == {en_code} and set(outputs) == {fr_code} and len(outputs) == 5 * 3
+    # and the code counted at log-prob 0 in both searches, as decoding counts it
+    assert set(first_lps) == {0.0}
 
 
 def test_score_places_the_language_codes_as_decoding_does(family, demo_pairs, tmp_path):

@@ -73,3 +73,14 @@ def test_a_batch_encoded_in_runs_is_exactly_one_runs_and_decodes_alike(tiny_arti
         for a, b in zip(one, runs, strict=True):
             assert [h.tokens for h in a.hypotheses] == [h.tokens for h in b.hypotheses]
             assert [h.score for h in a.hypotheses] == [h.score for h in b.hypotheses]
+
+
+def test_a_quantized_artifact_encodes_in_one_run(tiny_int8_artifact, monkeypatch):
+    """int8 graphs scale their activations per run: a sentence would encode otherwise in another run."""
+    be = make_backend(tiny_int8_artifact[0], "onnxruntime", threads=1)
+    src, lens = sources_of_lengths(be.config, [3, 40, 4, 38], np.random.default_rng(1))
+    calls = []
+    real = be._encode_cpu
+    monkeypatch.setattr(be, "_encode_cpu", lambda feeds: (calls.append(feeds["src_ids"].shape), real(feeds))[1])
+    be.encode(src, lens)
+    assert policy.encoder_runs(lens) is not None and calls == [src.shape]

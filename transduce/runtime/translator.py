@@ -331,7 +331,8 @@ class Translator:
     def score(self, sources: Iterable[str], targets: Iterable[str], options: DecodingOptions | None = None, *,
               truncate: bool = False, first_line: int = 1, **fields) -> list[Score]:
         """Each target's teacher-forced Score given its source, in their order (as decode scores what it
-        produces). options: a DecodingOptions or its fields by name; only the length penalty's are read (score).
+        produces). options: a DecodingOptions or its fields by name; only the length penalty's and a multilingual
+        model's source_lang and target_lang are read.
         truncate: cut an over-long source or target to the model's positions (else an InputError naming its
         line); first_line: the number of the first pair in messages."""
         opts = self.resolved(DecodingOptions.of(fields, "score()", self.defaults if options is None else options))

@@ -207,7 +207,10 @@ def _reference_scores(reference, src: np.ndarray, length: int, hyps, options: De
     lp = teacher_forced_log_probs(reference, np.repeat(src[None], len(rows), 0), np.full(len(rows), length), tgt)
     scores = []
     for i, r in enumerate(rows):
-        raw = float(lp[i, np.arange(len(r)), r].sum()) if r else 0.0
+        chosen = lp[i, np.arange(len(r)), r]
+        if options.target_lang and r:  # the forced target language code counts 0, as the search counts it
+            chosen[0] = 0.0
+        raw = float(chosen.sum()) if r else 0.0
         scores.append(raw / float(options.penalty(max(len(r), 1))))
     return scores
 
@@ -271,13 +274,17 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
 def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[str], targets: list[str] | None = None,
                precision: str = "fp32", beam_size: int = 4, nbest: int = 1, batch_size: int = 16,
                candidate_name: str | None = None, reference_name: str | None = None,
-               source_lead: Sequence[int] = (), target_lead: Sequence[int] = ()) -> ParityReport:
+               source_lead: Sequence[int] = (), target_lead: Sequence[int] = (), target_lang: str = "") -> ParityReport:
     """Compare `candidate` with `reference` (both backends) on the given sentences.
 
     targets: the reference translations used for teacher forcing; None uses the reference
     backend's own greedy output. source_lead / target_lead: a multilingual model's language codes, which begin
-    every source and which every output is forced to begin with (runtime.languages), as decoding places them.
+    every source and which every output is forced to begin with (runtime.languages), as decoding places them;
+    target_lang: the target code's name, with which both searches count it at log-prob 0, as decoding does.
     """
+    if target_lead and not target_lang:
+        raise InputError("run_parity: a target_lead needs its target_lang (decoding counts the code at log-prob 0)",
+                         params=("target_lang",))
     if precision not in POLICIES:
         raise InputError(f"no parity policy for precision {precision!r}", hint=f"one of {sorted(POLICIES)}")
     policy = POLICIES[precision]
@@ -296,8 +303,8 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
     report = ParityReport(candidate_name or candidate.name, reference_name or reference.name, precision, len(src_tok))
     tf_ref: dict[str, list[np.ndarray]] = {}
     tf_cand: dict[str, list[np.ndarray]] = {}
-    greedy_opts = DecodingOptions(beam_size=1)
-    beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest)
+    greedy_opts = DecodingOptions(beam_size=1, target_lang=target_lang)
+    beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest, target_lang=target_lang)
     results: dict[str, tuple[list, list]] = {"greedy": ([], []), f"beam{beam_size}": ([], [])}
     src_rows: list[tuple[np.ndarray, int]] = []
     # a backend with more than one step graph (ONNX Runtime on an artifact with the fused graph, which it
@@ -420,7 +427,7 @@ def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str
     return run_parity(reference, candidate, tokenizer, sources, targets, precision=policy, beam_size=beam_size,
                       nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}",
                       source_lead=languages.source_lead(tokenizer, langs),
-                      target_lead=languages.target_lead(tokenizer, langs))
+                      target_lead=languages.target_lead(tokenizer, langs), target_lang=langs.target_lang)
 
 
 def _sample(data: str | None, input_path: str | None, sentences: int) -> tuple[list[str], list[str] | None]:

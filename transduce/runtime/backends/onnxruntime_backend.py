@@ -287,7 +287,8 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         feeds = {"src_ids": np.ascontiguousarray(src_ids, np.int64),
                  "src_lengths": np.ascontiguousarray(src_lengths, np.int64)}
         if not self.on_device:
-            runs = encoder_runs(feeds["src_lengths"])
+            # not on quantized graphs: their activations' scales are per run, so a run's rows would encode otherwise
+            runs = None if self.quantization else encoder_runs(feeds["src_lengths"])
             return self._encode_cpu(feeds) if runs is None else self._encode_in_runs(feeds, runs)
         binding = self.encoder.io_binding()
         for name, arr in feeds.items():

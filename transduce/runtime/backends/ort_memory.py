@@ -262,6 +262,7 @@ class TorchCudaMemory:
         dst[:, : src.shape[1]].copy_(src)
         dst[:, src.shape[1]:].fill_(0)
 
+    @on_stream
     def copy_slots(self, dst, src, rows: int):
         dst[:, :rows, :, : src.shape[3]].copy_(src[:, :rows])
 
