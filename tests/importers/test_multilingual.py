@@ -137,8 +137,8 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
 
     monkeypatch.setattr(tr.backend, "encode", encode)
     monkeypatch.setattr(parity_module, "decode", decode)
-    report = parity_module.run_parity(tr.backend, tr.backend, tok, texts[:3], beam_size=2, source_lead=[en_code],
-                                      target_lead=[fr_code], target_lang=fr)
+    report = parity_module.run_parity(tr.backend, tr.backend, tok, texts[:3], beam_size=2,
+                                      source_lang=LANGS[fam][0], target_lang=fr)
     assert report.passed and set(firsts) == {en_code} and set(outputs) == {fr_code} and len(outputs) == 5 * 3
     # and the code counted at log-prob 0 in both searches, as decoding counts it
     assert set(first_lps) == {0.0}

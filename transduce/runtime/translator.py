@@ -352,16 +352,18 @@ class Translator:
         return encoded, _on_side(lambda: self._targets(targets, truncate, first_line, lead), "target")
 
     def score_prepared(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
-        """The Scores of prepare_pairs()'s pairs: the backend's work, batched by length under the token budget."""
+        """The Scores of prepare_pairs()'s pairs (prepared with the same resolved `opts`): the backend's work,
+        batched by length under the token budget."""
         from transduce.runtime.decoding.scoring import score_ids
 
         encoded, wanted = pairs
+        lead = len(languages.target_lead(self.tokenizer, opts))  # a forced language code, counted 0 as decoding
         results: list[Score | None] = [None] * len(encoded)
         lengths = [max(len(e[0]), len(t)) + 1 for e, (t, _) in zip(encoded, wanted, strict=True)]
         for chunk in self.batches(lengths, 1):
             src, lens = self.padded([encoded[i] for i in chunk])
             for i, lp in zip(chunk, score_ids(self.backend, src, lens, [wanted[i][0] for i in chunk]), strict=True):
-                lp[: languages.lead_length(self.tokenizer, wanted[i][0])] = 0  # a forced language code, as decoding
+                lp[:lead] = 0
                 raw = float(lp.astype(np.float64).sum())
                 results[i] = Score(tuple(wanted[i][0]), raw, raw / opts.penalty(len(lp)), tuple(lp.tolist()),
                                    encoded[i][2] or wanted[i][1])

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -274,17 +273,17 @@ def _compare_sequences(mode, reference, src_batches, ref_results, cand_results, 
 def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[str], targets: list[str] | None = None,
                precision: str = "fp32", beam_size: int = 4, nbest: int = 1, batch_size: int = 16,
                candidate_name: str | None = None, reference_name: str | None = None,
-               source_lead: Sequence[int] = (), target_lead: Sequence[int] = (), target_lang: str = "") -> ParityReport:
+               source_lang: str = "", target_lang: str = "") -> ParityReport:
     """Compare `candidate` with `reference` (both backends) on the given sentences.
 
     targets: the reference translations used for teacher forcing; None uses the reference
-    backend's own greedy output. source_lead / target_lead: a multilingual model's language codes, which begin
-    every source and which every output is forced to begin with (runtime.languages), as decoding places them;
-    target_lang: the target code's name, with which both searches count it at log-prob 0, as decoding does.
+    backend's own greedy output. source_lang / target_lang: a multilingual model's languages (its defaults where
+    not given; runtime.languages), whose codes begin every source and every output (forced, counted at log-prob 0
+    in both searches), as decoding places them.
     """
-    if target_lead and not target_lang:
-        raise InputError("run_parity: a target_lead needs its target_lang (decoding counts the code at log-prob 0)",
-                         params=("target_lang",))
+    langs = languages.resolve(tokenizer, DecodingOptions(source_lang=source_lang, target_lang=target_lang))
+    source_lead = languages.source_lead(tokenizer, langs)
+    target_lead = languages.target_lead(tokenizer, langs)
     if precision not in POLICIES:
         raise InputError(f"no parity policy for precision {precision!r}", hint=f"one of {sorted(POLICIES)}")
     policy = POLICIES[precision]
@@ -298,13 +297,13 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
                       f"with EOS) were cut to their first {limit} for the check", stacklevel=2)
     src_tok = [ids[:limit] for ids in src_tok]
     keep = [i for i, ids in enumerate(src_tok) if ids]
-    src_tok = [list(source_lead) + src_tok[i] + [eos] for i in keep]
+    src_tok = [source_lead + src_tok[i] + [eos] for i in keep]
     limit = cfg.max_positions - 1  # the targets', the code included
     report = ParityReport(candidate_name or candidate.name, reference_name or reference.name, precision, len(src_tok))
     tf_ref: dict[str, list[np.ndarray]] = {}
     tf_cand: dict[str, list[np.ndarray]] = {}
-    greedy_opts = DecodingOptions(beam_size=1, target_lang=target_lang)
-    beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest, target_lang=target_lang)
+    greedy_opts = DecodingOptions(beam_size=1, target_lang=langs.target_lang)
+    beam_opts = DecodingOptions(beam_size=beam_size, nbest=nbest, target_lang=langs.target_lang)
     results: dict[str, tuple[list, list]] = {"greedy": ([], []), f"beam{beam_size}": ([], [])}
     src_rows: list[tuple[np.ndarray, int]] = []
     # a backend with more than one step graph (ONNX Runtime on an artifact with the fused graph, which it
@@ -331,9 +330,9 @@ def run_parity(reference: Backend, candidate: Backend, tokenizer, sources: list[
             sel = mask if name == "memory" else mask[:, None, :]  # (B,S) or (B,1,S) over (B,H,S,Dh)
             tf_ref.setdefault(key, []).append(r[sel] if name == "memory" else r.transpose(0, 2, 1, 3)[mask])
             tf_cand.setdefault(key, []).append(c[sel] if name == "memory" else c.transpose(0, 2, 1, 3)[mask])
-        forced = [list(target_lead)] * len(chunk) if target_lead else None
+        forced = [target_lead] * len(chunk) if target_lead else None
         if targets is not None:
-            tgt_tok = [(list(target_lead) + tokenizer.encode(targets[keep[start + j]]))[:limit]
+            tgt_tok = [(target_lead + tokenizer.encode(targets[keep[start + j]]))[:limit]
                        for j in range(len(chunk))]
         else:
             tgt_tok = [list(r.best.tokens)[:limit] for r in decode(reference, src, lens, greedy_opts,
@@ -410,7 +409,6 @@ def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str
     artifact = candidate.artifact  # the one the candidate loaded (an engine directory's copy)
     reference = TorchBackend.from_model_dir(source_model(artifact, spec.model_dir), device=reference_device)
     tokenizer = Tokenizer.from_file(artifact.file(TOKENIZER_FILE))
-    langs = languages.resolve(tokenizer, DecodingOptions(source_lang=source_lang, target_lang=target_lang))
     # an int8 artifact (transduce export --quantize) is held to the int8 policy, TensorRT engines (built from
     # unquantized exports only) to their precision's, and eager PyTorch, which runs the source model at its own
     # precision whatever the artifact's, to that one's
@@ -426,8 +424,7 @@ def parity_for_artifact(path: str, spec: BackendSpec | None = None, *, data: str
     name = f"{spec.backend}:{shown} ({policy}{', CUDA graphs' if candidate.cuda_graph else ''})"
     return run_parity(reference, candidate, tokenizer, sources, targets, precision=policy, beam_size=beam_size,
                       nbest=nbest, candidate_name=name, reference_name=f"torch:{reference_device}",
-                      source_lead=languages.source_lead(tokenizer, langs),
-                      target_lead=languages.target_lead(tokenizer, langs), target_lang=langs.target_lang)
+                      source_lang=source_lang, target_lang=target_lang)
 
 
 def _sample(data: str | None, input_path: str | None, sentences: int) -> tuple[list[str], list[str] | None]:
