@@ -166,6 +166,13 @@ def test_score_places_the_language_codes_as_decoding_does(family, demo_pairs, tm
     assert compared >= 3
     with pytest.raises(InputError, match="target_lang is required"):
         tr.score(texts[:1], [done[0].text])
+    # an over-long target: its own tokens counted, the forced code apart
+    limit = tr.config.max_positions - 2
+    long = " ".join(["seven"] * tr.config.max_positions)
+    own = len(tr.tokenizer.encode_target(long))
+    with pytest.raises(InputError, match=f"target line 1 has {own} tokens; this model takes at most {limit} after "
+                                         "its language code"):
+        tr.score(texts[:1], [long], source_lang=en, target_lang=fr)
 
 
 def test_language_options_are_checked(family):

@@ -378,8 +378,10 @@ class Translator:
         limit = self.config.max_positions - 1  # BOS and the target's tokens fill the decoder's positions
         for n, text in enumerate(targets, first_line):
             ids = lead + self.tokenizer.encode_target(text)
-            if len(ids) > limit and not truncate:
-                raise _about(InputError(f"target line {n} has {len(ids)} tokens; this model takes at most {limit}",
+            if len(ids) > limit and not truncate:  # the text's own tokens counted, the language code apart
+                after = " after its language code" if lead else ""
+                raise _about(InputError(f"target line {n} has {len(ids) - len(lead)} tokens; this model takes at "
+                                        f"most {limit - len(lead)}{after}",
                                         hint="pass truncate=True to score its first tokens",
                                         params=("truncate=True",)), n)
             out.append((ids[:limit], len(ids) > limit))
