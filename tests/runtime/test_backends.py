@@ -363,7 +363,15 @@ def test_the_core_protocol_and_the_capabilities_are_declared_apart(tiny_model, t
     the ONNX Runtime backend has them all (its step graphs, parts and load-time choices)."""
     from transduce.formats import contract
     from transduce.runtime.backends import base
-    from transduce.runtime.backends.base import AdmitsRows, Backend, FullOutputs, Shards, StepGraphs, Tuned
+    from transduce.runtime.backends.base import (
+        AdmitsRows,
+        Backend,
+        EncodesAside,
+        FullOutputs,
+        Shards,
+        StepGraphs,
+        Tuned,
+    )
 
     eager = TorchBackend(tiny_model)
     assert Backend in TorchBackend.__mro__ and eager.artifact is None and not base.missing_members(eager)
@@ -378,7 +386,8 @@ def test_the_core_protocol_and_the_capabilities_are_declared_apart(tiny_model, t
         pass
     ort = make_backend(tiny_artifact_dir, "onnxruntime", threads=2, wide_steps="rows")
     assert ort.artifact.path == tiny_artifact_dir and ort.artifact.config == ort.config and ort.device == "cpu"
-    assert all(isinstance(ort, c) for c in (AdmitsRows, FullOutputs, Shards, StepGraphs, Tuned))
+    assert all(isinstance(ort, c) for c in (AdmitsRows, EncodesAside, FullOutputs, Shards, StepGraphs, Tuned))
+    assert ort.encodes_aside and not isinstance(eager, EncodesAside)
     tuning = ort.tuning()
     assert json.loads(json.dumps(tuning)) == tuning  # JSON-ready, for reports
     assert tuning["step_threads"] == 1 and tuning["wide_session"] and tuning["shard_count"] == 2

@@ -60,7 +60,7 @@ class EngineService(DecodeService):
         except (EOFError, OSError):  # the front end is gone: nobody waits for anything here
             os._exit(0)
         if self.cores is not None:
-            self._share_cores(bool(self._running or self._queue or self._jobs))
+            self._share_cores(bool(self._running or self._queue or self._jobs or self._aside))
 
     def _share_cores(self, busy: bool) -> None:
         """Say whether this engine has work, and run on the crowded thread count while another one has too."""
@@ -70,6 +70,9 @@ class EngineService(DecodeService):
         if crowded != self._crowded:
             self._crowded = crowded
             self.translator.backend.limit_threads(cores.crowded if crowded else None)
+
+    def _may_encode_aside(self) -> bool:
+        return not self._crowded  # another engine decoding takes the core the encoding would
 
     def _idle(self) -> None:
         if self.cores is not None:

@@ -42,6 +42,10 @@ class ServiceOptions:
     # None: the model's (its decoding defaults: an imported model's framework's, else the paper's 4)
     default_beam_size: int | None = documented(None, "Beam size of requests that name none (1 = greedy; not given: "
                                                      "the model's default, 4 for a model transduce trained).")
+    encode_aside: bool = documented(False, "Encode arriving requests on a thread of their own while the running batch "
+                                           "steps (where the backend can: ONNX Runtime on the CPU), so that the "
+                                           "running rows never wait for an arrival's encoder: a lower p99 where a "
+                                           "core is spare; by default they are encoded between two steps.")
     scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
                                            "empty batch, run to completion (a dynamic batcher's way); single: one "
                                            "request at a time. The last two are for comparison (transduce loadtest).",

@@ -25,13 +25,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from transduce.errors import InputError, TransduceError
 from transduce.runtime.backends.base import alignment_layer, require_attention
 from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.decoding.running import RunningBatch
 from transduce.runtime.translator import Score, Translation, Translator, _sentences
+from transduce.serve.admitting import Admitting, aside_encoder
 from transduce.serve.options import (
     SCHEDULERS,
     Kept,
@@ -41,7 +40,7 @@ from transduce.serve.options import (
     request_defaults,
     request_options,
 )
-from transduce.serve.requests import Event, Request, Sink, UnderWay, admission, deliver, runs
+from transduce.serve.requests import Event, Request, Sink, UnderWay, deliver
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
 
@@ -50,7 +49,7 @@ OPTION_FIELDS = DecodingOptions.names()  # a request's decoding options: Decodin
 SCORE_OPTION_FIELDS = ("length_penalty", "length_penalty_form", "source_lang", "target_lang")  # a score request's
 
 
-class DecodeService:
+class DecodeService(Admitting):
     def __init__(self, translator: Translator, options: ServiceOptions | None = None, metrics=None):
         self.translator = translator
         self.options = options or ServiceOptions()
@@ -63,7 +62,8 @@ class DecodeService:
         self._cancelled: list[tuple[Request, ServeError]] = []
         self._running = UnderWay()  # the requests in the running batch, by cohort
         self._rows_in = 0  # the rows of the requests queued and running (a beam's k per sentence)
-        self._admitting: list[Request] = []  # taken off the queue, their encoder running (outside the lock)
+        self._admitting: list[Request] = []  # taken off the queue, their encoder running (outside the lock, or aside)
+        self._encoder = aside_encoder(translator.backend, self.options.encode_aside)  # None: inline
         self._fresh: list[Request] = []  # admitted since the last step: their first step gives their first token
         self._outbox: list[Event] = []  # this step's events (decode thread only), sent by _flush
         self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []  # run between two steps
@@ -248,7 +248,7 @@ class DecodeService:
         """Stop admitting; let what runs finish for up to `grace` seconds, fail the rest, end the thread."""
         self.draining = True
         end = time.monotonic() + grace
-        while time.monotonic() < end and (self._queue or self._running) and self.alive():
+        while time.monotonic() < end and (self._queue or self._running or self._admitting) and self.alive():
             time.sleep(0.01)
         with self._lock:
             self._stop = True
@@ -265,7 +265,7 @@ class DecodeService:
                     if self._stop:
                         break
                     cancelled, self._cancelled = self._cancelled, []
-                    if not (self._running or self._queue or self._jobs or cancelled):
+                    if not (self._running or self._queue or self._jobs or cancelled or self._aside):
                         self._idle()
                         continue
                 for req, error in cancelled:
@@ -284,6 +284,8 @@ class DecodeService:
             self._fail_all(ServeError("the server stopped before this request finished", 503))
             self._flush()
             self.batch.abort()  # the backend's buffers back
+            if self._encoder is not None:
+                self._encoder.close()
 
     def _intake(self) -> None:
         """Between two steps, before anything else: what arrived for the decode thread (in-process, submit() and
@@ -303,100 +305,6 @@ class DecodeService:
         if self._outbox:
             out, self._outbox = self._outbox, []
             deliver(out)
-
-    def _admit(self) -> None:
-        """Queued requests into the running batch, oldest first, while their rows fit: all that fit now in one
-        admission (one encoder run, one backend admission, a cohort each). The lock is held only to take them
-        off the queue: their encoder runs outside it."""
-        opts, batch = self.options, self.batch
-        while True:
-            with self._lock:
-                if self._running and opts.scheduler != "continuous":
-                    return  # static and single: the batch runs to completion first
-                if not self._queue or not batch.can_admit(self._queue[0].src):
-                    break
-                if self._running and self._holds_back():
-                    break
-                if not self._running and opts.max_wait_ms > 0:
-                    waited = (time.monotonic() - self._queue[0].created) * 1000
-                    if waited < opts.max_wait_ms and sum(r.rows for r in self._queue) < opts.max_rows:
-                        self._lock.wait(timeout=(opts.max_wait_ms - waited) / 1000)
-                        return
-                group = self._take(batch.reserved_rows())
-                if not group:
-                    break  # the first waits for rows to be freed
-                self._admitting = group
-            try:
-                self._admit_group(group)
-            finally:
-                self._admitting = []
-            if opts.scheduler == "single" and self._running:
-                break
-        if self.metrics:
-            self.metrics.queue_depth.set(len(self._queue))
-
-    def _holds_back(self) -> bool:
-        """Under the lock, with a batch running: whether the queued requests wait for more to join with (TGI's
-        rule): their rows are under join_ratio of the running rows and the oldest has waited under join_steps
-        steps. Every admission costs an encoder run and the state's bookkeeping whatever its size: a few at a time
-        beside a full batch cost more than the steps they wait."""
-        opts, batch = self.options, self.batch
-        if not opts.join_ratio or batch.steps - self._queue[0].queued_step >= opts.join_steps:
-            return False
-        return sum(r.rows for r in self._queue) < opts.join_ratio * batch.rows
-
-    def _take(self, rows: int) -> list[Request]:
-        """Off the queue (under the lock), oldest first: the requests whose rows fit beside `rows` taken (the
-        first one alone into an empty batch, whatever its rows). One only for the single scheduler, and where the
-        backend has fixed ranges (each is checked against the state as it is)."""
-        group: list[Request] = []
-        one = self.options.scheduler == "single" or self.batch.within
-        while self._queue and not (one and group):
-            req = self._queue[0]
-            if (self._running or group) and rows + req.rows > self.options.max_rows:
-                break
-            group.append(self._queue.popleft())
-            rows += req.rows
-        return group
-
-    def _admit_group(self, group: list[Request]) -> None:
-        """The requests' cohorts into the running batch at once; refused whole (nothing changed), each is tried
-        alone, so that one that cannot join fails alone."""
-        batch, pad = self.batch, self.translator.config.pad_id
-        cohort_runs = runs(group)
-        admissions = [admission(run, pad, self._token_listener(run[0])) for run in cohort_runs]
-        try:
-            cohorts = batch.admit_many(admissions)
-        except TransduceError as e:  # refused before the state changed (capacity, a backend without admit)
-            if len(group) > 1:
-                for req in group:
-                    self._admit_group([req])
-                return
-            self._fail(group[0], ServeError(e.args[0], 503, e.hint))
-            return
-        except Exception as e:  # noqa: BLE001 - the backend failed part way: the batch cannot be trusted
-            for req in group:
-                self._fail(req, ServeError(f"admitting failed: {type(e).__name__}: {e}", 500))
-            self._fail_running(batch.abort(), ServeError(f"decoding failed: {type(e).__name__}", 500))
-            return
-        for run, cohort in zip(cohort_runs, cohorts, strict=True):
-            self._running.add(cohort, run)
-            if run[0].options.beam_size == 1:
-                self._fresh.extend(run)
-        if self.metrics:
-            sentences = sum(len(req.todo) for req in group)
-            self.metrics.admitted.inc(sentences)
-            self.metrics.admission.observe(sentences)
-
-    def _token_listener(self, req: Request):
-        """on_tokens for a streamed greedy request (else None): the step's tokens as they are, into the outbox."""
-        if req.options.beam_size != 1 or not req.stream or req.sink is None:
-            return None
-
-        def on_tokens(sentences: np.ndarray, tokens: np.ndarray) -> None:
-            self._outbox.append((req, "tokens", (sentences.tolist(), tokens.tolist())))
-
-        return on_tokens
 
     def _first_token(self, req: Request) -> None:
         req.first_token = time.monotonic()
@@ -450,7 +358,7 @@ class DecodeService:
 
     def _expire(self, now: float) -> None:
         with self._lock:
-            late = [r for r in [*self._queue, *self._running.requests()] if now > r.deadline]
+            late = [r for r in [*self._queue, *self._running.requests(), *self._admitting] if now > r.deadline]
         for req in late:
             if self.metrics:
                 self.metrics.timed_out.inc()
@@ -463,11 +371,7 @@ class DecodeService:
                 self._queue.remove(req)
         if queued and self.metrics:
             self.metrics.queue_depth.set(len(self._queue))
-        if self._running.leave(req):  # the whole cohort, or (other requests in it) its sentences
-            self.batch.cancel(req.cohort, range(req.start, req.start + len(req.todo)) if req.cohort in self._running
-                              else None)
-            if self.metrics:
-                self.metrics.live_rows.set(self.batch.rows)
+        self._leave_batch(req)
         self._fail(req, error)
 
     def _fail(self, req: Request, error: ServeError) -> None:
@@ -488,7 +392,7 @@ class DecodeService:
 
     def _fail_all(self, error: ServeError) -> None:
         with self._lock:
-            held = [*self._queue, *self._running.requests(), *(r for r, _ in self._cancelled)]
+            held = [*self._queue, *self._running.requests(), *self._admitting, *(r for r, _ in self._cancelled)]
             self._queue.clear()
             self._running.clear()
             self._cancelled.clear()

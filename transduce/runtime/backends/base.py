@@ -31,6 +31,10 @@ Capabilities, each a protocol of its own; callers ask with isinstance and do wit
                  with), as several engines sharing the CPU's cores do while more than one of them decodes;
                  results do not depend on it. threaded_steps: whether its steps run on more than one thread
                  where it has them (a small model's run on one: lending it cores gains nothing)
+  EncodesAside   encode_aside(src_ids, src_lengths): encode's result, made on one thread from a thread of the
+                 caller's own while another thread steps a state (they share no buffer), so that a running
+                 batch's steps go on while arriving sentences are encoded on a spare core; encodes_aside:
+                 whether it can now (ONNX Runtime on the CPU)
   FullOutputs    step_log_probs(state, tokens): the full (R, vocab) fp32 log-probs, with step's side
                  effects; encoder_outputs(encoded): the encoder's outputs as fp32 numpy (parity, tests)
   KeepsLogProbs  last_log_probs(state): the full (R, vocab) fp32 log-probs of the state's last `step`, on the
@@ -105,6 +109,13 @@ class SharesCores(Protocol):
 
 
 @runtime_checkable
+class EncodesAside(Protocol):
+    encodes_aside: bool
+
+    def encode_aside(self, src_ids: np.ndarray, src_lengths: np.ndarray) -> Any: ...
+
+
+@runtime_checkable
 class FullOutputs(Protocol):
     def step_log_probs(self, state: Any, tokens: np.ndarray) -> np.ndarray: ...
 
@@ -135,7 +146,8 @@ class ReturnsAttention(Protocol):
     def attention_problem(self) -> str | None: ...
 
 
-CAPABILITIES = (AdmitsRows, AdmitsWithin, Shards, FullOutputs, KeepsLogProbs, StepGraphs, Tuned, ReturnsAttention)
+CAPABILITIES = (AdmitsRows, AdmitsWithin, Shards, EncodesAside, FullOutputs, KeepsLogProbs, StepGraphs, Tuned,
+                ReturnsAttention)
 CORE = ("name", "config", "device", "precision", "encode", "begin", "step", "reorder", "end")
 
 

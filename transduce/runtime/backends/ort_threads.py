@@ -1,6 +1,7 @@
 """The ONNX Runtime backend's choices of threads on the CPU that change while it decodes: a batch decoded in parts
-on one-thread views of the backend (Shards), and fewer threads meanwhile while other work shares the cores
-(SharesCores). A mixin of OnnxRuntimeBackend, whose sessions and tuning it reads."""
+on one-thread views of the backend (Shards), fewer threads meanwhile while other work shares the cores
+(SharesCores), and sources encoded on one thread beside the steps (EncodesAside). A mixin of OnnxRuntimeBackend,
+whose sessions and tuning it reads."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class ThreadChoices:
     _pinned: str | None
     _shard_views: Any
     _shard_lock: Any
+    _aside_view: Any = None  # the one-thread view encode_aside runs on (made when first needed)
 
     @property
     def threaded_steps(self) -> bool:
@@ -52,6 +54,23 @@ class ThreadChoices:
         decoder = self.decoder if self.threads == 1 else self._sessions.make(graph, n, spin["steps"])
         wide = decoder if n == 1 or self.decoder_wide is self.decoder else self._sessions.make(graph, n, spin["steps"])
         return ThreadSessions(encoder, decoder, wide)
+
+    # -- encoding beside the steps (EncodesAside) -------------------------------------------------------------
+    @property
+    def encodes_aside(self) -> bool:
+        """On the CPU: its encoder writes fresh arrays, never a run's buffers (on a GPU both share a stream)."""
+        return not self.on_device
+
+    def encode_aside(self, src_ids, src_lengths) -> Any:
+        """encode() on the one-thread encoder session, from a thread of the caller's while the decode thread
+        steps on its own sessions (a view's: ONNX Runtime runs sessions from several threads at once)."""
+        view = self._aside_view
+        if view is None:
+            with self._shard_lock:
+                if self._aside_view is None:
+                    self._aside_view = self._one_thread_view()
+                view = self._aside_view
+        return view.encode(src_ids, src_lengths)
 
     # -- a batch in parts ---------------------------------------------------------------------------
     def shards(self, batch: int, beam: int) -> list[Backend] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -103,19 +104,26 @@ class RunningBatch:
         sentence's target prefix (token ids), which its first steps are forced through (None: none)."""
         return self.admit_many([Admission(src_ids, src_lengths, options, search, on_tokens, keys, prefixes)])[0]
 
-    def admit_many(self, admissions: Sequence[Admission]) -> list[Cohort]:
+    def sources(self, admissions: Sequence[Admission]) -> tuple[np.ndarray, np.ndarray]:
+        """The admissions' sources as admit_many encodes them: one padded batch (B, S) and its lengths (B,)."""
+        return stacked([(a.src_ids, a.src_lengths) for a in admissions], self.backend.config.pad_id)
+
+    def admit_many(self, admissions: Sequence[Admission], encoded: Any = None) -> list[Cohort]:
         """A cohort for each admission (admit's arguments), all joining at the next step: their sources encoded
         in one batch (padded to the widest) and added to the state at once, one encoder run and one admission of
-        the backend however many there are. Refused whole (nothing changed) where any one does not fit."""
-        backend, cfg = self.backend, self.backend.config
+        the backend however many there are. Refused whole (nothing changed) where any one does not fit.
+        encoded: the backend's encoding of sources(admissions), made beforehand (encode_aside, on a thread of
+        the caller's while steps ran); None: encoded here."""
+        backend = self.backend
         cohorts, lens = zip(*(self._cohort(a) for a in admissions), strict=True)
-        src_ids, src_lengths = stacked([(a.src_ids, a.src_lengths) for a in admissions], cfg.pad_id)
+        src_ids, src_lengths = self.sources(admissions)
         longest = max(int(x.max()) for x in lens)
         if self.state is not None and not self.cohorts:
             self._end()
         tokens = [c.tokens for c in cohorts]
         if self.state is None:
-            encoded = backend.encode(src_ids, src_lengths)
+            if encoded is None:
+                encoded = backend.encode(src_ids, src_lengths)
             self.state_capacity = self.capacity or longest
             self.row_src = np.arange(len(src_lengths))
             self.state = backend.begin(encoded, self.row_src, self.state_capacity)
@@ -131,7 +139,8 @@ class RunningBatch:
                 raise CapacityError(f"sources of {np.shape(src_ids)[1]} tokens do not fit the {backend.name} "
                                     "backend's running batch now", hint="admit them once the running batch is "
                                     "empty (can_admit(src_ids) says when)")
-            encoded = backend.encode(src_ids, src_lengths)
+            if encoded is None:
+                encoded = backend.encode(src_ids, src_lengths)
             kept, inverse = renumbered_sources(self.row_src)
             backend.admit(self.state, encoded)
             # the state's sources now: those its rows decode, ascending, then the new ones (one row each)
