@@ -234,3 +234,30 @@ def test_concurrent_requests_encoded_aside_get_offline_translations(tiny_artifac
     finally:
         service.stop()
     assert engine == "process" or calls  # some arrived beside a running batch
+
+
+def test_a_request_past_its_deadline_while_it_encodes_is_told_and_counted_once(tiny_artifact_dir):
+    """Past its deadline while its group encodes aside: a 504 at the next step boundary, counted once however many
+    steps pass before the group joins; its rows leave as they join."""
+    import time as clock
+
+    from transduce.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    service = DecodeService(load(tiny_artifact_dir, threads=1),
+                            ServiceOptions(join_ratio=0.0, encode_aside=True), metrics)
+    gate = Gate(service.translator.backend)
+    service.submit(["one two three"], LONG)
+    service._admit()
+    late = service.submit(["five six"], {"beam_size": 1}, timeout=5.0)
+    service._admit()
+    assert gate.entered.wait(30)
+    for _ in range(3):
+        service._expire(clock.monotonic() + 10)
+        service._step()
+    assert late.error.status == 504 and metrics.timed_out._value.get() == 1
+    gate.open.set()
+    service._aside[3].result()
+    service._admit()
+    assert service.batch.rows == 1
+    _run_out(service)

@@ -217,3 +217,7 @@ def test_serve_run_settings_are_read_as_their_fields_types():
     assert app_settings({"artifact": "a", "default_beam_size": "none"})[2].default_beam_size is None
     with pytest.raises(InputError, match="max_rows must be an integer, got 'many'"):
         app_settings({"artifact": "a", "max_rows": "many"})
+    assert app_settings({"artifact": "a", "encode_aside": "true"})[2].encode_aside
+    assert not app_settings({"artifact": "a", "encode_aside": "0"})[2].encode_aside
+    with pytest.raises(InputError, match="encode_aside must be true or false, got 'maybe'"):
+        app_settings({"artifact": "a", "encode_aside": "maybe"})

@@ -111,6 +111,8 @@ class Admitting:
             for req in group:  # cancelled or past its deadline while it encoded: answered already, its rows go now
                 if req.finished.is_set():
                     self._leave_batch(req)
+                    if req in self._fresh:  # no first token to time
+                        self._fresh.remove(req)
         finally:
             self._admitting = []
         return True

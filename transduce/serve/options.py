@@ -44,7 +44,7 @@ class ServiceOptions:
                                                      "the model's default, 4 for a model transduce trained).")
     encode_aside: bool = documented(False, "Encode arriving requests on a thread of their own while the running batch "
                                            "steps (where the backend can: ONNX Runtime on the CPU), so that the "
-                                           "running rows never wait for an arrival's encoder: a lower p99 where a "
+                                           "running rows do not wait for an arrival's encoder: a lower p99 where a "
                                            "core is spare; by default they are encoded between two steps.")
     scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
                                            "empty batch, run to completion (a dynamic batcher's way); single: one "

@@ -157,10 +157,15 @@ def app_settings(args: dict[str, str]) -> tuple[str, BackendSpec, ServiceOptions
 
 
 def _typed(name: str, kind: str, value: str) -> Any:
-    """A setting's string as its annotation's type ("int", "float", "str", or one of them "| None")."""
+    """A setting's string as its annotation's type ("int", "float", "str", "bool", or one of them "| None")."""
     if "None" in kind and value.lower() in ("none", "null", ""):
         return None
     base = kind.split("|")[0].strip()
+    if base == "bool":
+        truth = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(value.lower())
+        if truth is None:
+            raise InputError(f"{name} must be true or false, got {value!r}", params=(name,))
+        return truth
     try:
         return {"int": int, "float": float, "str": str}[base](value)
     except ValueError:

@@ -358,7 +358,8 @@ class DecodeService(Admitting):
 
     def _expire(self, now: float) -> None:
         with self._lock:
-            late = [r for r in [*self._queue, *self._running.requests(), *self._admitting] if now > r.deadline]
+            late = [r for r in [*self._queue, *self._running.requests(), *self._admitting]
+                    if now > r.deadline and not r.finished.is_set()]  # one answered while it encodes aside waits
         for req in late:
             if self.metrics:
                 self.metrics.timed_out.inc()
