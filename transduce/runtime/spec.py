@@ -74,7 +74,7 @@ class BackendSpec:
         if unknown:
             raise InputError(f"unknown backend setting {unknown[0]!r}", hint=f"settings: {', '.join(types)}",
                              params=(unknown[0],))
-        fields = {k: _typed(k, types[k], v) for k, v in values.items()}
+        fields = {k: typed_value(k, types[k], v) for k, v in values.items()}
         return cls(**fields, options=options_of(fields.get("backend", "onnxruntime"), given))
 
     def to_mapping(self) -> dict[str, Any]:
@@ -120,8 +120,9 @@ class BackendSpec:
         return made
 
 
-def _typed(name: str, kind: str, value: Any) -> Any:
-    """A config value as its field's type (the dataclass's annotations are strings here)."""
+def typed_value(name: str, kind: str, value: Any) -> Any:
+    """A config value as its field's type (the dataclass's annotations are strings here): a string read as a bool,
+    int or float (or None where the type allows it); InputError naming `name` for one that is not its type."""
     if not isinstance(value, str) or kind == "str":
         return value
     if value.lower() in ("none", "null", "") and "None" in kind:
@@ -137,4 +138,9 @@ def _typed(name: str, kind: str, value: Any) -> Any:
             return int(value)
         except ValueError:
             raise InputError(f"{name} must be an integer, got {value!r}", params=(name,)) from None
+    if kind.startswith("float"):
+        try:
+            return float(value)
+        except ValueError:
+            raise InputError(f"{name} must be a number, got {value!r}", params=(name,)) from None
     return value

@@ -24,7 +24,7 @@ from typing import Any
 
 from transduce.errors import BackendUnavailable, InputError
 from transduce.runtime.backends.registry import entry
-from transduce.runtime.spec import BackendSpec
+from transduce.runtime.spec import BackendSpec, typed_value
 from transduce.serve.service import ServiceOptions
 
 REPLICA_HEADER = "x-transduce-replica"  # which replica answered: host:pid
@@ -146,31 +146,14 @@ def app_settings(args: dict[str, str]) -> tuple[str, BackendSpec, ServiceOptions
     artifact = args.pop("artifact")
     service_fields = {f.name: f.type for f in dataclasses.fields(ServiceOptions)}
     spec_fields = [f.name for f in dataclasses.fields(BackendSpec) if f.name != "options"]
-    options = ServiceOptions(**{k: _typed(k, service_fields[k], args.pop(k)) for k in list(args)
+    options = ServiceOptions(**{k: typed_value(k, service_fields[k], args.pop(k)) for k in list(args)
                                 if k in service_fields})
     spec = BackendSpec.from_mapping({k: args.pop(k) for k in list(args) if k in spec_fields})
     unknown = sorted(set(args) - set(APP_SETTINGS))
     if unknown:
         raise InputError(f"unknown setting {unknown[0]!r}", params=(unknown[0],),
                          hint="settings: artifact, " + ", ".join([*spec_fields, *service_fields, *APP_SETTINGS]))
-    return artifact, spec, options, {k: _typed(k, APP_SETTINGS[k].__name__, v) for k, v in args.items()}
-
-
-def _typed(name: str, kind: str, value: str) -> Any:
-    """A setting's string as its annotation's type ("int", "float", "str", "bool", or one of them "| None")."""
-    if "None" in kind and value.lower() in ("none", "null", ""):
-        return None
-    base = kind.split("|")[0].strip()
-    if base == "bool":
-        truth = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(value.lower())
-        if truth is None:
-            raise InputError(f"{name} must be true or false, got {value!r}", params=(name,))
-        return truth
-    try:
-        return {"int": int, "float": float, "str": str}[base](value)
-    except ValueError:
-        raise InputError(f"{name} must be {'an integer' if base == 'int' else 'a number'}, got {value!r}",
-                         params=(name,)) from None
+    return artifact, spec, options, {k: typed_value(k, APP_SETTINGS[k].__name__, v) for k, v in args.items()}
 
 
 def run_ray(artifact: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", port: int = 8000,
