@@ -250,6 +250,62 @@ def test_an_engine_whose_warm_up_waits_in_its_queue_starts(tiny_artifact_dir):
         client.stop()
 
 
+def test_frames_are_read_on_the_requests_event_loop_and_by_threads_once_it_has_stopped(long_artifact_dir):
+    """A request from an event loop moves the reading of every engine's frames onto that loop (the reader threads
+    end) while a stream from a thread is under way: none of its token events is lost or repeated, and those after
+    the move arrive on the loop's thread. Once that loop has stopped, a caller in a thread of its own is answered
+    through reader threads again. Every answer is offline decoding's."""
+    import threading
+    import time
+
+    import uvloop
+
+    from transduce.runtime.api import load
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+
+    opts = {"beam_size": 1, "min_length": 300, "max_len_a": 0, "max_len_b": 300}  # 300 steps: under way
+    got, threads = [], set()
+
+    def sink(events):
+        for _, kind, data in events:
+            if kind == "tokens":
+                got.extend(t for _, t in zip(*data, strict=True))
+                threads.add(threading.current_thread().name)
+                if threading.current_thread() is not threading.main_thread():
+                    time.sleep(0.002)  # a slow reader thread: frames wait in the pipe when the loop takes over
+
+    client = EngineClient(long_artifact_dir, BackendSpec.of(threads=1), engines=2)
+    client.start()
+    try:
+        streamed = client.submit(["one two three"], opts, sink=sink, stream=True)
+
+        async def on_loop():
+            while len(got) < 20:
+                await asyncio.sleep(0.005)
+            req = client.submit(["four five"], opts)
+            while not (req.finished.is_set() and streamed.finished.is_set()):
+                await asyncio.sleep(0.005)
+            loop = asyncio.get_running_loop()
+            return req, [e.loop is loop for e in client.engines], [e.reader.is_alive() for e in client.engines], \
+                [os.get_blocking(e.conn.fileno()) for e in client.engines]
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the server's loop
+            req, looped, reading, blocking = runner.run(on_loop())
+        assert looped == [True, True] and reading == [False, False]
+        assert blocking == [True, True]  # its sends and a frame read in parts wait, as they did in the thread
+        assert threading.main_thread().name in threads and len(threads) == 2, threads  # a reader thread, then the loop
+        after = client.translate(["six seven"], opts)  # the loop has closed: threads read again
+        assert [e.loop for e in client.engines] == [None, None] and all(e.reader.is_alive() for e in client.engines)
+    finally:
+        client.stop()
+    translator = load(long_artifact_dir, threads=1)
+    offline = translator.translate(["one two three", "four five", "six seven"], **opts)
+    assert [t for t in got if t != translator.config.eos_id] == list(offline[0].tokens)
+    assert streamed.error is None and streamed.translations[0].tokens == offline[0].tokens
+    assert req.translations[0].tokens == offline[1].tokens and after[0].tokens == offline[2].tokens
+
+
 def test_an_engine_that_ends_fails_only_its_own_requests_and_jobs():
     """With two engines, the one whose pipe closes fails the requests and job replies it had; the other's wait on."""
     import concurrent.futures

@@ -281,7 +281,7 @@ def test_a_signal_drains_then_exits_0(long_artifact_dir, tmp_path, sig, engine):
                 return await task
 
         answer = asyncio.run(run())
-        assert answer.status_code == 200 and len(answer.json()["translations"]) == 4
+        assert answer.status_code == 200 and len(answer.json()["translations"]) == 4, (answer.text, s.output())
         assert all(len(t["tokens"]) == 500 for t in answer.json()["translations"])
         assert s.proc.wait(timeout=30) == 0, s.output()
         assert "drained" in s.output()

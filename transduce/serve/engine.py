@@ -5,11 +5,13 @@ lock that HTTP, JSON, tokenizing and detokenizing hold here.
 EngineClient keeps DecodeService's intake (submit's checks and tokenizing, the options, score's checks) and
 replaces its queue: a checked request goes to the first engine process with fewer rows under way than
 fill_rows, else to the one with the fewest (one wide batch steps rows more cheaply than two narrow ones), down its
-pipe as token ids and plain fields (wire.py; the submits of one turn of the event loop in one frame), and a reader
-thread per engine takes its frames (one per decode step, every request's events by id), makes the Translations
-from the token ids and hands the step's events to the requests' sinks, exactly as the decode thread does
-in-process. The queue's depth for the 429 is the engines' last reported depths plus the submits they had not yet
-seen. An engine process dying makes alive() false (healthz 503) and fails its requests and jobs with a 503.
+pipe as token ids and plain fields (wire.py; the submits of one turn of the event loop in one frame). Its frames
+(one per decode step, every request's events by id) are read on the event loop once a request has come from one
+(a reader of the pipe's file descriptor: no thread wakes and hands each frame over), before then by a reader
+thread per engine; either makes the Translations from the token ids and hands the step's events to the requests'
+sinks, exactly as the decode thread does in-process. The queue's depth for the 429 is the engines' last
+reported depths plus the submits they had not yet seen. An engine process dying makes alive() false (healthz
+503) and fails its requests and jobs with a 503.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import atexit
 import concurrent.futures
 import itertools
 import multiprocessing
+import multiprocessing.connection
+import os
 import threading
 import time
 from typing import Any
@@ -55,12 +59,16 @@ class RemoteBackend:
 
 
 class _Engine:
-    """One engine process as the front end holds it: the process, its pipe, the reader thread taking its frames,
-    the submits not sent yet, and what it has under way."""
+    """One engine process as the front end holds it: the process, its pipe, what reads its frames (a thread, then
+    an event loop), the submits not sent yet, and what it has under way."""
 
     def __init__(self, number: int, client: EngineClient):
         self.number, self.client = number, client
         self.process = self.conn = self.reader = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the event loop reading its frames, once handed over
+        self.ended = False  # its frames ended: its pipe closed, or it said it stopped
+        self.handover = False  # an event loop asked the reader thread to stop
+        self.wake_r, self.wake_w = os.pipe()  # wakes the reader thread for the handover
         self.send_lock = threading.Lock()
         self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
         self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
@@ -80,7 +88,9 @@ class _Engine:
         return self.depth + self.sent - self.seen
 
     def reading(self) -> bool:
-        """Whether its frames are still read (the reader thread ends when the pipe does)."""
+        """Whether its frames are still read (the reader ends when the pipe does)."""
+        if self.loop is not None or self.handover:  # (read by an event loop, or about to be)
+            return not self.ended
         return self.reader is not None and self.reader.is_alive()
 
     def alive(self) -> bool:
@@ -133,6 +143,10 @@ class _Engine:
         self.kill()
         if self.reader is not None:
             self.reader.join(timeout=10)
+        if self.wake_w >= 0 and (self.reader is None or not self.reader.is_alive()):
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            self.wake_r = self.wake_w = -1
 
 
 class EngineClient(DecodeService):
@@ -148,6 +162,8 @@ class EngineClient(DecodeService):
         self.draining = self.ready = self._stop = False
         self.thread_error: BaseException | None = None
         self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop reading the engines' frames (_home)
+        self._homing = threading.Lock()
         self._requests: dict[int, Request] = {}  # under way in an engine, by id
         self._where: dict[int, _Engine] = {}  # the engine each of them went to
         self._replies: dict[int, tuple[_Engine, concurrent.futures.Future]] = {}  # a job's engine and answer
@@ -174,9 +190,7 @@ class EngineClient(DecodeService):
             infos = [e.await_ready() for e in self.engines]
             self._started(infos[0])
             for e in self.engines:
-                e.reader = threading.Thread(target=self._read, args=(e,), name=f"transduce-engine-reader-{e.number}",
-                                            daemon=True)
-                e.reader.start()
+                self._read_in_thread(e)
             if warmup:  # the whole path, both processes, once per engine before readyz says yes
                 for e in self.engines:
                     self._warm(e)
@@ -223,6 +237,7 @@ class EngineClient(DecodeService):
         while time.monotonic() < end and self._requests and self.alive():
             time.sleep(0.01)
         self._stop = True
+        self._home(None)
         for e in self.engines:
             e.stop()
         atexit.unregister(self._kill)
@@ -236,6 +251,12 @@ class EngineClient(DecodeService):
             raise ServeError(self._attention[0], 400, self._attention[1])
 
     def _enqueue(self, req: Request) -> Request:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a caller in a thread of its own
+            loop = None
+        if self._loop is not loop:
+            self._home(loop)
         with self._lock:
             self._check_running()
             engine = self._pinned or self._route()
@@ -250,9 +271,7 @@ class EngineClient(DecodeService):
                                    self._wired(req.options)))
             first = len(engine.pending) == 1
         if first:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # a caller in a thread of its own: at once
+            if loop is None:  # at once
                 engine.send_pending()
             else:  # after the other callbacks of this turn of the loop, with the submits they make
                 loop.call_soon(engine.send_pending)
@@ -312,27 +331,92 @@ class EngineClient(DecodeService):
         if self.thread_error is not None or not all(e.reading() for e in self.engines):
             raise ServeError("the engine process has stopped", 503, hint="see the server's log; restart it")
 
-    # -- the reader threads: the engines' frames into the requests' sinks ----------------------------------
+    # -- reading the engines' frames: a thread each, then the event loop ---------------------------------------
+    def _read_in_thread(self, engine: _Engine) -> None:
+        engine.handover = False
+        engine.reader = threading.Thread(target=self._read, args=(engine,), daemon=True,
+                                         name=f"transduce-engine-reader-{engine.number}")
+        engine.reader.start()
+
     def _read(self, engine: _Engine) -> None:
+        """The reader thread: the engine's frames until its pipe ends, or until an event loop takes them over."""
+        conn = engine.conn
         try:
-            while True:
-                message = wire.loads(engine.conn.recv_bytes())
-                if message[0] == "step":
-                    self._step_frame(engine, *message[1:])
-                elif message[0] == "reply":
-                    _, job, ok, value = message
-                    _, done = self._replies.pop(job, (None, None))
-                    if done is not None:
-                        done.set_result(value) if ok else done.set_exception(wire.unerror(value))
-                elif message[0] == "stopped":
-                    break
-        except (EOFError, OSError) as e:
-            self.thread_error = EngineFailed(f"the engine process ended ({type(e).__name__})")
+            while not engine.handover:  # asked for: the next frame is the loop's to read
+                if conn in multiprocessing.connection.wait([conn, engine.wake_r]):
+                    if self._frame(engine, conn.recv_bytes()):
+                        break
+            else:
+                os.read(engine.wake_r, 1)  # the handover's wake-up (written right after the flag)
+                return
         except BaseException as e:  # noqa: BLE001 - recorded: healthz reports it
-            self.thread_error = e
-        finally:
-            self._fail_all(ServeError("the engine process stopped before this request finished", 503,
-                                      hint="see the server's log; send it again (to another replica)"), engine)
+            self._ended(engine, e)
+        else:
+            self._ended(engine, None)
+
+    def _home(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The engines' frames read on `loop`, the caller's (a frame wakes it, not a thread that then wakes it); for
+        a caller with none (None), on the loop reading them while it runs, else by reader threads again."""
+        with self._homing:
+            now = self._loop
+            if now is loop or (now is not None and now.is_running()):  # a running loop keeps them
+                return
+            for e in self.engines:
+                if e.loop is not None and not e.ended:  # its loop has stopped
+                    try:
+                        e.loop.remove_reader(e.conn.fileno())
+                    except Exception:  # noqa: BLE001 - a closed loop has forgotten it already
+                        pass
+                    e.loop = None
+                    self._read_in_thread(e)
+            self._loop = loop
+            for e in self.engines if loop is not None else ():  # each reader thread hands over between two frames
+                if not e.reading():
+                    continue
+                e.handover = True
+                os.write(e.wake_w, b"h")
+                e.reader.join()
+                if not e.ended:
+                    e.loop = loop
+                    loop.add_reader(e.conn.fileno(), self._readable, e)
+                    os.set_blocking(e.conn.fileno(), True)  # uvloop's (libuv's) poll made it non-blocking
+
+    def _readable(self, engine: _Engine) -> None:
+        """On the event loop: the frames that have arrived."""
+        conn = engine.conn
+        try:
+            while conn.poll():
+                if self._frame(engine, conn.recv_bytes()):
+                    break
+            else:
+                return
+            ended = None
+        except BaseException as e:  # noqa: BLE001 - recorded: healthz reports it
+            ended = e
+        engine.loop.remove_reader(conn.fileno())
+        self._ended(engine, ended)
+
+    def _frame(self, engine: _Engine, data: bytes) -> bool:
+        """One frame from `engine` -> whether it said it stopped."""
+        message = wire.loads(data)
+        if message[0] == "step":
+            self._step_frame(engine, *message[1:])
+        elif message[0] == "reply":
+            _, job, ok, value = message
+            _, done = self._replies.pop(job, (None, None))
+            if done is not None:
+                done.set_result(value) if ok else done.set_exception(wire.unerror(value))
+        return message[0] == "stopped"
+
+    def _ended(self, engine: _Engine, error: BaseException | None) -> None:
+        """`engine`'s frames have ended (with `error`, or it stopped): its requests and jobs get their 503."""
+        engine.ended = True
+        if isinstance(error, (EOFError, OSError)):
+            error = EngineFailed(f"the engine process ended ({type(error).__name__})")
+        if error is not None:
+            self.thread_error = error
+        self._fail_all(ServeError("the engine process stopped before this request finished", 503,
+                                  hint="see the server's log; send it again (to another replica)"), engine)
 
     def _step_frame(self, engine: _Engine, seen: int, depth: int, events: list) -> None:
         engine.seen, engine.depth = seen, depth  # (the queue's gauge is the engine's)
