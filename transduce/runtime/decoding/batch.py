@@ -12,14 +12,13 @@ def pad_ids(rows: Sequence[Sequence[int]], pad: int, *, lead: int | None = None,
     """Each id list with `lead` before it (a target's BOS) and `end` after it (a source's EOS) where given, padded
     with `pad` to the longest (at least one column) -> (B, T) int64 ids and (B,) int64 lengths, lead and end
     included."""
-    extra = (lead is not None) + (end is not None)
-    lengths = np.array([len(r) + extra for r in rows], dtype=np.int64)
-    out = np.full((len(rows), max(int(lengths.max(initial=0)), 1)), pad, dtype=np.int64)
-    first = int(lead is not None)
-    for i, r in enumerate(rows):
-        if lead is not None:
-            out[i, 0] = lead
-        out[i, first: first + len(r)] = r
-        if end is not None:
-            out[i, first + len(r)] = end
-    return out, lengths
+    head, tail = [] if lead is None else [lead], [] if end is None else [end]
+    lengths = [len(r) + len(head) + len(tail) for r in rows]
+    width = max(max(lengths, default=0), 1)
+    flat: list[int] = []  # one list made into an array at once: a server pads every request, most of one row
+    for r, n in zip(rows, lengths, strict=True):
+        flat += head
+        flat += r.tolist() if isinstance(r, np.ndarray) else r
+        flat += tail
+        flat += [pad] * (width - n)
+    return np.array(flat, dtype=np.int64).reshape(len(rows), width), np.array(lengths, dtype=np.int64)
