@@ -2,14 +2,16 @@
 request's events queued on its Waiter, and streamed text detokenised incrementally.
 
 The decode thread calls a LoopSink with every event of one step (service.py); the sink schedules one dispatch
-on the event loop (call_soon_threadsafe), which appends each event to its request's Waiter and wakes the
-coroutine waiting there. A request's coroutine waits on its Waiter and on the client's connection at once
-(the ASGI receive channel's http.disconnect), so nothing polls.
+on the event loop (call_soon_threadsafe; an engine's frame read on the loop is dispatched at once), which
+appends each event to its request's Waiter and wakes the coroutine waiting there. A request's coroutine waits
+on its Waiter and on the client's connection at once (the ASGI receive channel's http.disconnect), so nothing
+polls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from typing import Any
 
@@ -19,12 +21,16 @@ class ClientLeft(Exception):
 
 
 class LoopSink:
-    """A DecodeService sink that hands each step's events to one event loop."""
+    """A DecodeService sink that hands each step's events to one event loop (made on that loop's thread)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
+        self.thread = threading.get_ident()  # the loop's
 
-    def __call__(self, events: list) -> None:  # on the decode thread
+    def __call__(self, events: list) -> None:  # on the decode thread, or the loop's (an engine's frames read there)
+        if threading.get_ident() == self.thread:
+            _dispatch(events)  # no wake-up of the loop through its self-pipe, no turn of it waited for
+            return
         try:
             self.loop.call_soon_threadsafe(_dispatch, events)
         except RuntimeError:  # the event loop has closed (the server stopped): nobody waits for them
