@@ -306,6 +306,49 @@ def test_frames_are_read_on_the_requests_event_loop_and_by_threads_once_it_has_s
     assert req.translations[0].tokens == offline[1].tokens and after[0].tokens == offline[2].tokens
 
 
+class _Pipe:
+    """A pipe end with nothing to read, recording each poll's timeout."""
+
+    def __init__(self):
+        self.polls: list[float] = []
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        self.polls.append(timeout)
+        return False
+
+
+def test_an_idle_engine_polls_its_pipe_for_idle_spin_ms_once_after_each_message_then_sleeps_on_it():
+    """After a message from the front end, the engine's first idle wait polls the pipe (timeout 0) for idle_spin_ms,
+    then sleeps on it; later idle waits only sleep (an engine without work spins no more), and 0 never polls."""
+    import threading
+    import time
+
+    from transduce.serve.engine_core import EngineService
+    from transduce.serve.service import ServiceOptions
+
+    def idle_engine(spin_ms: float) -> EngineService:
+        service = EngineService.__new__(EngineService)  # its idle wait only: no model
+        service.options, service.conn, service.cores = ServiceOptions(idle_spin_ms=spin_ms), _Pipe(), None
+        service._lock, service._spun, service.requests = threading.Lock(), True, {}
+        return service
+
+    service = idle_engine(30)
+    service._lock.acquire()  # as the decode loop holds it
+    service.handle(("cancel", 1, None))  # any message (of a request that has gone)
+    start = time.monotonic()
+    service._idle()
+    assert time.monotonic() - start >= 0.03
+    assert service.conn.polls[-1] == 0.05 and service.conn.polls[:-1] and set(service.conn.polls[:-1]) == {0}
+    service.conn.polls.clear()
+    service._idle()
+    assert service.conn.polls == [0.05]  # no new message: no polling
+    service = idle_engine(0)
+    service._lock.acquire()
+    service.handle(("cancel", 1, None))
+    service._idle()
+    assert service.conn.polls == [0.05]
+
+
 def test_an_engine_that_ends_fails_only_its_own_requests_and_jobs():
     """With two engines, the one whose pipe closes fails the requests and job replies it had; the other's wait on."""
     import concurrent.futures

@@ -397,6 +397,7 @@ def test_loadtest_closed_loop_keeps_each_connection_busy(server, tmp_path):
     (["--join-ratio", "-1"], "--join-ratio must be a number >= 0, got -1"),
     (["--join-steps", "-1"], "--join-steps must be an integer >= 0, got -1"),
     (["--fill-rows", "-1"], "--fill-rows must be an integer >= 0, got -1"),
+    (["--idle-spin-ms", "-1"], "--idle-spin-ms must be a number >= 0, got -1"),
 ])
 def test_bad_serve_options_are_refused_before_the_model_loads(tiny_artifact_dir, monkeypatch, args, says):
     from transduce.serve import server

@@ -52,6 +52,7 @@ class EngineService(DecodeService):
         self.seen = 0  # submits received: the front end's queue depth counts those it sent and we had not
         self._told = (0, 0)  # (seen, queue depth) of the last frame
         self._options = Kept()  # submits' options as sent (their values) -> their DecodingOptions
+        self._spun = True  # this idle time's polling is done (set again by each message)
 
     def _intake(self) -> None:
         try:
@@ -79,6 +80,12 @@ class EngineService(DecodeService):
             self._share_cores(False)
         self._lock.release()  # nobody else takes it here, but a wait never holds it
         try:
+            if not self._spun:  # once after each piece of work: polled, not slept on (ServiceOptions.idle_spin_ms)
+                self._spun = True
+                end = time.monotonic() + self.options.idle_spin_ms / 1000
+                while time.monotonic() < end:
+                    if self.conn.poll(0):
+                        return
             self.conn.poll(0.05)
         except (EOFError, OSError):
             os._exit(0)
@@ -87,6 +94,7 @@ class EngineService(DecodeService):
 
     def handle(self, message: tuple) -> None:
         """One message from the front end, on the decode thread between two steps."""
+        self._spun = False  # work: the next idle wait polls first
         kind = message[0]
         if kind == "submit":
             for submit in message[1]:

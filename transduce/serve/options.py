@@ -46,6 +46,10 @@ class ServiceOptions:
                                            "steps (where the backend can: ONNX Runtime on the CPU), so that the "
                                            "running rows do not wait for an arrival's encoder: a lower p99 where a "
                                            "core is spare; by default they are encoded between two steps.")
+    idle_spin_ms: float = documented(2.0, "An engine process (--engine process) that runs out of work polls its pipe "
+                                          "this long before it sleeps, so a request that comes soon after is taken "
+                                          "at once and on warm caches, not after a sleeping process's wake-up (0: "
+                                          "it sleeps at once).")
     scheduler: str = documented("continuous", "continuous: admit sentences at every decoder step; static: only into an "
                                            "empty batch, run to completion (a dynamic batcher's way); single: one "
                                            "request at a time. The last two are for comparison (transduce loadtest).",
@@ -65,7 +69,7 @@ class ServiceOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {v!r}", params=(name,))
-        for name in ("max_wait_ms", "join_ratio", "request_timeout"):
+        for name in ("max_wait_ms", "join_ratio", "request_timeout", "idle_spin_ms"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
                 raise InputError(f"{name} must be a number >= 0, got {v!r}", params=(name,))
