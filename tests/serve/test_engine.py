@@ -276,6 +276,7 @@ def test_frames_are_read_on_the_requests_event_loop_and_by_threads_once_it_has_s
                     time.sleep(0.002)  # a slow reader thread: frames wait in the pipe when the loop takes over
 
     client = EngineClient(long_artifact_dir, BackendSpec.of(threads=1), engines=2)
+    client.loop_reads = True  # as serve() sets it
     client.start()
     try:
         streamed = client.submit(["one two three"], opts, sink=sink, stream=True)

@@ -164,6 +164,7 @@ class EngineClient(DecodeService):
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None  # the event loop reading the engines' frames (_home)
         self._homing = threading.Lock()
+        self.loop_reads = False  # set by a server whose one event loop lives as long as it (serve): it reads them
         self._requests: dict[int, Request] = {}  # under way in an engine, by id
         self._where: dict[int, _Engine] = {}  # the engine each of them went to
         self._replies: dict[int, tuple[_Engine, concurrent.futures.Future]] = {}  # a job's engine and answer
@@ -255,7 +256,7 @@ class EngineClient(DecodeService):
             loop = asyncio.get_running_loop()
         except RuntimeError:  # a caller in a thread of its own
             loop = None
-        if self._loop is not loop:
+        if self.loop_reads and self._loop is not loop:
             self._home(loop)
         with self._lock:
             self._check_running()

@@ -151,6 +151,8 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     api_key = read_api_key(api_key_file) if api_key_file else None
     started = time.monotonic()
     service, ident = build_service(path, spec, options, engine=engine, engines=engines)
+    if engine == "process":  # uvicorn's loop lives as long as the server: it reads the engines' frames
+        service.loop_reads = True
     app = create_app(service, ident, api_key, max_body_bytes, read_timeout,
                      pair or Languages.of(service.translator.tokenizer))
     # uvicorn's own limit only backs ours up: at --grace the requests still under way are answered 503 (_Drain),
