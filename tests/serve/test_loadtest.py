@@ -17,7 +17,7 @@ from tests.serve.conftest import KEY
 from transduce.cli import main
 from transduce.serve import loadgen
 from transduce.serve.loadcost import cpu_cost, cpu_seconds
-from transduce.serve.loadtest import summarize
+from transduce.serve.loadtest import markdown, short_warmups, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,6 +39,22 @@ def test_cpu_seconds_are_read_from_an_exposition_and_divided_per_request_and_sen
     assert cpu_cost(None, (20.0, 5.0), lambda *_: 1, 1)["cpu_s_per_request"] is None
     assert cpu_cost((10.0, 2.0), (20.0, 2.0), lambda *_: 0, 1) == {"server_cpu_s": 0.0, "cpu_s_per_request": None,
                                                                     "cpu_s_per_sentence": None}
+
+
+def test_a_closed_loop_window_whose_requests_outlast_its_warmup_is_told_to_warm_up_longer():
+    def row(connections, p50, scheduler="continuous"):
+        counted = [{"status": 200, "latency": p50, "ttft": None, "tokens": 3}] * 3
+        return {"scheduler": scheduler, "cpu_s_per_request": None, "cpu_s_per_sentence": None,
+                **summarize(counted, None if connections else 2.0, 10.0, 10.0, connections)}
+
+    # seconds-long answers at 128 connections after a 2 s warm-up: the window opened on a load still building up
+    report = {"plan": {"warmup": 2.0}, "rows": [row(128, 4.5), row(8, 0.4), row(None, 9.0)]}
+    [said] = short_warmups(report)
+    assert "continuous at 128 conn" in said and "4.5 s" in said and "2 s warm-up" in said
+    assert said.endswith("--warmup 9 or more")
+    assert markdown(report).count("Warning: ") == 1
+    assert short_warmups({"plan": {"warmup": 5.0}, "rows": [row(128, 4.5)]}) == []  # the open loop has no warm-up
+    assert "Warning" not in markdown({"plan": {"warmup": 5.0}, "rows": [row(128, 4.5)]})
 
 
 def test_connections_are_spread_over_the_processes():
@@ -169,6 +185,17 @@ def test_the_closed_loop_over_two_processes_measures_a_server(server, long_artif
     assert offline["requests_timed"] >= 1 and offline["beam_size"] == 1
     md = (out / "loadtest.md").read_text()
     assert "| continuous | 3 conn |" in md and "p50 ÷ offline" in md and "one request of 2 sentence(s)" in md
+    assert "warning" not in r.output.lower() and "Warning" not in md  # answers well within the 0.3 s warm-up
+
+
+def test_a_closed_loop_with_no_warmup_warns_that_its_window_undercounts(server, tmp_path):
+    out = tmp_path / "report"
+    r = CliRunner().invoke(main, ["loadtest", server.url, "--connections", "2", "--processes", "1", "--warmup", "0",
+                                  "--duration", "0.5", "--api-key-file", _key(tmp_path), "--out", str(out),
+                                  "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "warning: continuous at 2 conn: requests took" in r.output and "--warmup 1 or more" in r.output
+    assert "Warning: continuous at 2 conn" in (out / "loadtest.md").read_text()
 
 
 def test_the_closed_loop_counts_errors_by_status(server, tmp_path):

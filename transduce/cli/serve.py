@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from transduce.cli.errors import QUIET_HELP, cli_errors, renamed
+from transduce.cli.errors import QUIET_HELP, cli_errors, renamed, warn
 from transduce.cli.options import backend_options, dataclass_options, renamed_option
 from transduce.serve.service import ServiceOptions
 
@@ -165,6 +165,8 @@ def loadtest(urls, rates, connections, processes, warmup, duration, sentences_pe
             f"{offline['request_latency_p50'] * 1000:.1f} ms")
     for path in lt.write_report(report, out_dir):
         log(f"wrote {path}")
+    for text in lt.short_warmups(report):
+        warn(text)
 
 
 def _numbers(text: str, kind: type, flag: str, what: str) -> tuple:

@@ -293,6 +293,21 @@ def _order(row: dict[str, Any]) -> tuple:
     return row["scheduler"], row.get("connections") or 0, row["offered_rate"] or 0
 
 
+def short_warmups(report: dict[str, Any]) -> list[str]:
+    """The closed-loop windows whose requests took longer (median) than the warm-up before them, each in words:
+    their connections' first requests were still under way when the window opened, so it counted a load
+    building up, not a steady one, and undercounts (a server answering in seconds needs a longer --warmup)."""
+    warmup = report["plan"]["warmup"]
+    out = []
+    for r in sorted(report["rows"], key=_order):
+        p50 = r["latency_p50"]
+        if r.get("connections") and p50 is not None and p50 > warmup:
+            out.append(f"{r['scheduler']} at {_load(r)}: requests took {p50:.3g} s (median), longer than the "
+                       f"{warmup:g} s warm-up: its window opened before the load was steady and undercounts; give "
+                       f"--warmup {math.ceil(2 * p50)} or more")
+    return out
+
+
 def markdown(report: dict[str, Any]) -> str:
     offline = report.get("offline")
     head = ["scheduler", "load", "answered", "requests/s", "sentences/s", "tokens/s", "p50", "p95", "p99",
@@ -314,6 +329,7 @@ def markdown(report: dict[str, Any]) -> str:
                      f"({offline['tokens_per_s']:.0f} tokens/s) all at once; one request of "
                      f"{offline['sentences_per_request']} sentence(s) at a time: p50 "
                      f"{_ms(offline['request_latency_p50'])}, p95 {_ms(offline['request_latency_p95'])}.")
+    lines += [f"\nWarning: {w}." for w in short_warmups(report)]
     return "\n".join(lines) + "\n"
 
 
