@@ -162,6 +162,15 @@ def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):
     assert r.status_code == 200 and r.json() == {"translatedText": "\n".join(want)}, r.text
     r = httpx.post(url + "/translate", data={"q": "twelve", "source": "en", "target": "fr", "alternatives": "2"})
     assert r.json()["translatedText"] == want[1] and len(r.json()["alternatives"]) == 2, r.text
+    # a browser's FormData: multipart/form-data, a textarea's lines ending in CRLF
+    r = httpx.post(url + "/translate", content=_form_data({"q": "one two three\r\ntwelve", "source": "en",
+                                                         "target": "fr"}), headers={"content-type": FORM_DATA})
+    assert r.status_code == 200 and r.json() == {"translatedText": "\n".join(want)}, r.text
+    r = httpx.post(url + "/translate", data={"source": "en", "target": "fr"}, files={"q": ("q.txt", b"twelve")})
+    assert r.status_code == 400 and "q is a file" in r.json()["error"], r.text
+    r = httpx.post(url + "/translate", content=_form_data({"q": "twelve"}),
+                   headers={"content-type": "multipart/form-data"})
+    assert r.status_code == 400 and "boundary" in r.json()["error"], r.text
     assert httpx.get(url + "/languages").json() == [{"code": "en", "name": "English", "targets": ["fr"]},
                                                     {"code": "fr", "name": "French", "targets": []}]
     for body, says in [({"source": "en", "target": "fr"}, "Invalid request: missing q parameter"),
@@ -174,11 +183,23 @@ def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):
         assert r.status_code == 400 and says in r.json()["error"], (body, r.text)
 
 
+FORM_DATA = "multipart/form-data; boundary=----formdata-boundary"
+
+
+def _form_data(fields: dict[str, str]) -> bytes:
+    """A multipart/form-data body of text fields, as a browser's FormData writes it (FORM_DATA's boundary)."""
+    parts = [f'------formdata-boundary\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
+             for k, v in fields.items()]
+    return ("".join(parts) + "------formdata-boundary--\r\n").encode()
+
+
 def test_libretranslate_api_key_in_the_body_or_the_bearer_header(server):
     body = {"q": "one two", "source": "en", "target": "fr"}  # a model of unknown languages takes any codes
     assert httpx.post(server.url + "/translate", json={**body, "api_key": KEY}).status_code == 200
     assert httpx.post(server.url + "/translate", json=body, headers=AUTH).status_code == 200
     assert httpx.post(server.url + "/translate", data={**body, "api_key": KEY}).status_code == 200
+    assert httpx.post(server.url + "/translate", content=_form_data({**body, "api_key": KEY}),
+                      headers={"content-type": FORM_DATA}).status_code == 200
     r = httpx.post(server.url + "/translate", json={**body, "api_key": "wrong"})
     assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
     r = httpx.post(server.url + "/translate", json=body)

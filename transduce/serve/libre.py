@@ -2,8 +2,9 @@
 
   POST /translate   q (a string, or with a JSON body a list of strings), source, target, format ("text"),
                     alternatives (optional), api_key (optional) as JSON or as a form (application/x-www-form-
-                    urlencoded) -> {"translatedText": "..."} (a list for a list q), with "detectedLanguage" for
-                    source "auto" and "alternatives" when asked; errors {"error": "..."}: 400 bad input, 403 a
+                    urlencoded, or multipart/form-data as a browser's FormData sends it) -> {"translatedText":
+                    "..."} (a list for a list q), with "detectedLanguage" for source "auto" and "alternatives"
+                    when asked; errors {"error": "..."}: 400 bad input, 403 a
                     wrong api_key, 429 "Slowdown: ...", 500, 503, 504
   GET  /languages   [{"code", "name", "targets"}] (no key needed, as LibreTranslate)
 
@@ -185,8 +186,35 @@ def _fields(scope, body: bytes) -> dict[str, Any]:
         except UnicodeDecodeError:
             raise _Refused("Invalid request: the form is not UTF-8") from None
         return {k: v[-1] for k, v in form.items()}
-    raise _Refused(f"Invalid request: a body of {kind.decode('latin-1')} is not taken here; send JSON or "
-                   "application/x-www-form-urlencoded")
+    if kind == b"multipart/form-data":
+        return _multipart(header(scope, b"content-type"), body)
+    raise _Refused(f"Invalid request: a body of {kind.decode('latin-1')} is not taken here; send JSON, "
+                   "application/x-www-form-urlencoded or multipart/form-data")
+
+
+def _multipart(content_type: bytes, body: bytes) -> dict[str, Any]:
+    """A multipart/form-data body's text fields (the last value of each name), as a browser's FormData sends
+    them; a file part is refused (files are not translated here)."""
+    import email.parser
+    import email.policy
+
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type + b"\r\n\r\n" + body)
+    if not message.is_multipart() or not message.get_boundary():
+        raise _Refused("Invalid request: a multipart/form-data body needs its boundary in the Content-Type")
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not name:
+            raise _Refused("Invalid request: a part of the form has no name (Content-Disposition: form-data; "
+                           'name="q")')
+        if part.get_filename() is not None:
+            raise _Refused(f"Invalid request: {name} is a file; files are not translated here, send its text as q")
+        try:
+            fields[str(name)] = part.get_payload(decode=True).decode(part.get_content_charset() or "utf-8")
+        except (UnicodeDecodeError, LookupError):
+            raise _Refused(f"Invalid request: the form's {name} is not UTF-8 (nor the charset it names)") from None
+    return fields
 
 
 def _request(app, fields: dict[str, Any]) -> tuple[list[str], list[tuple[int, int]], dict[str, Any]]:
