@@ -211,29 +211,6 @@ def test_the_engine_makes_each_distinct_set_of_options_once():
     assert service._options_of(beam) == DecodingOptions(beam_size=4) and len(service._options) == 2
 
 
-def test_engines_auto_is_two_on_a_cpu_of_two_cores_and_one_on_a_gpu(monkeypatch):
-    """--engines 0 (the default): two engine processes on a CPU of two cores or more, one on one core or a GPU;
-    each CPU engine's framework threads are every core while it alone decodes and its share of the cores less
-    the front end's while another engine decodes too, where the backend can change them (ONNX Runtime), else
-    that share always; threads given are kept."""
-    from transduce.runtime import devices
-    from transduce.runtime.spec import BackendSpec
-    from transduce.serve import server
-
-    cpu, gpu, torch = BackendSpec(), BackendSpec(device="cuda"), BackendSpec(backend="torch")
-    monkeypatch.setattr(devices, "usable_cpus", lambda: 2)
-    assert (server.engine_count(cpu, 0), server.engine_count(gpu, 0), server.engine_count(cpu, 3)) == (2, 1, 3)
-    assert server.engine_spec(cpu, 2) == (BackendSpec(threads=2), 1)
-    assert server.engine_spec(gpu, 2) == (gpu, 0)
-    assert server.engine_spec(torch, 2) == (BackendSpec(backend="torch", threads=1), 0)
-    assert server.engine_spec(cpu, 1) == (BackendSpec(threads=1), 0)
-    monkeypatch.setattr(devices, "usable_cpus", lambda: 1)
-    assert server.engine_count(cpu, 0) == 1
-    monkeypatch.setattr(devices, "usable_cpus", lambda: 16)
-    assert server.engine_spec(cpu, 2) == (BackendSpec(threads=16), 7)
-    assert server.engine_spec(BackendSpec(threads=4), 2) == (BackendSpec(threads=4), 0)
-
-
 def test_an_engine_whose_warm_up_waits_in_its_queue_starts(tiny_artifact_dir):
     """A static scheduler holds the engine's own warm-up request in its queue for --max-wait-ms: the front end
     hears nothing of it before the engine says it is ready (a step frame first was read as the ready message)."""

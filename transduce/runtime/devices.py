@@ -51,3 +51,32 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # no affinity on this OS (macOS, Windows)
         return os.cpu_count() or 1
+
+
+# a cgroup's memory limit and usage (a container's): v2, then v1 (which writes "no limit" as a huge number)
+CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def available_memory(meminfo: str = "/proc/meminfo", cgroups=CGROUP_MEMORY) -> int | None:
+    """Bytes of memory this process can still take: what the OS says is available (Linux's MemAvailable), or
+    less where its cgroup's limit (a container's) leaves less -> None where neither can be read."""
+    found = []
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in cgroups:
+        try:
+            with open(limit, encoding="ascii") as f, open(usage, encoding="ascii") as g:
+                text = f.read().strip()
+                if text != "max" and int(text) < 1 << 60:
+                    found.append(max(0, int(text) - int(g.read().strip())))
+                break
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from typing import Any
 
-from transduce.errors import BackendUnavailable, InputError
-from transduce.runtime import devices
+from transduce.errors import BackendUnavailable, InputError, TransduceWarning
 from transduce.runtime.spec import BackendSpec
+from transduce.serve.planning import plan_engines
 from transduce.serve.service import DecodeService, ServeError, ServiceOptions
 
 
@@ -78,9 +79,10 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
         from transduce.serve.metrics import EngineMetrics
 
         watched = EngineMetrics() if metrics else None
-        engines = engine_count(spec, engines)
-        each, crowded = engine_spec(spec, engines)
-        client = EngineClient(path, each, options, watched, identity, engines, crowded)
+        plan = plan_engines(path, spec, engines)
+        if plan.note:
+            warnings.warn(TransduceWarning(plan.note), stacklevel=2)
+        client = EngineClient(path, plan.spec, options, watched, identity, plan.count, plan.crowded)
         if watched is not None:
             watched.engine = client
         client.start()
@@ -89,34 +91,6 @@ def build_service(path: str, spec: BackendSpec | None = None, options: ServiceOp
     service = DecodeService(translator, options, ServeMetrics() if metrics else None)
     service.start()
     return service, identity(translator, spec, path, service.options.scheduler)
-
-
-def engine_count(spec: BackendSpec, engines: int) -> int:
-    """The engine processes to start: `engines`, or where it is 0 (auto) two on a CPU of two cores or more (each
-    engine's decode thread runs its batch's Python on one core: a second one turns a spare core into throughput),
-    else one (a GPU's work is one stream's)."""
-    if engines:
-        return engines
-    return 2 if spec.device == "cpu" and devices.usable_cpus() >= 2 else 1
-
-
-def engine_spec(spec: BackendSpec, engines: int) -> tuple[BackendSpec, int]:
-    """The spec each engine process opens, and the threads it decodes on while another engine decodes too (0: its
-    threads are its own). On the CPU, where the threads are left to the framework: each engine's share of the
-    cores less the front end's one (each engine's decode thread is one of them); where the backend can run on
-    fewer threads meanwhile (SharesCores), every core while no other engine decodes (a lone request decodes
-    faster, and one engine takes the load until it holds fill_rows), that share while another one does."""
-    if spec.threads or spec.device != "cpu":
-        return spec, 0
-    import dataclasses
-
-    from transduce.runtime.backends.registry import entry
-
-    cores = devices.usable_cpus()
-    share = max(1, (cores - 1) // engines)
-    if engines > 1 and entry(spec.backend).shares_cores and share < cores:
-        return dataclasses.replace(spec, threads=cores), share
-    return dataclasses.replace(spec, threads=share), 0
 
 
 def check_engines(engine: str, engines: int) -> None:
