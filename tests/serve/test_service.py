@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 
@@ -405,3 +406,57 @@ def test_a_full_queue_refuses_only_requests_whose_rows_would_wait(tiny_artifact_
         assert all(r.finished.wait(60) for r in reqs) and [r.error for r in reqs] == [None] * len(reqs)
     want = load(tiny_artifact_dir, threads=1).translate(TEXTS * 4, beam_size=1)
     assert [r.translations[0].text for r in reqs] == [w.text for w in want]
+
+
+class _NoThreads(concurrent.futures.ThreadPoolExecutor):
+    """An event loop's default executor that refuses work: what runs under it takes no worker thread."""
+
+    def submit(self, fn, *args, **kwargs):
+        raise AssertionError(f"{fn} was sent to a thread")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_score_requests_are_awaited_on_the_event_loop_without_a_thread_each(tiny_artifact_dir, engine):
+    """Score requests from an event loop (POST /v1/score) wait for the decode thread without holding a worker
+    thread each (a thread pool of a few workers capped how many could be under way): many at once, none sent to
+    the loop's executor, each equal to the blocking call's and offline scoring's."""
+    import orjson
+
+    from transduce.runtime.api import load
+    from transduce.serve.app import create_app
+
+    targets = [t.text for t in load(tiny_artifact_dir, threads=1).translate(TEXTS, beam_size=1)]
+    want = load(tiny_artifact_dir, threads=1).score(TEXTS, targets, length_penalty=1.0)
+    with _started(tiny_artifact_dir, engine) as service:
+        app = create_app(service, {"id": "tiny"})
+
+        async def posted(body: dict) -> tuple[int, dict]:
+            sent: list[dict] = []
+            received = [{"type": "http.request", "body": orjson.dumps(body), "more_body": False}]
+
+            async def receive():
+                return received.pop(0) if received else await asyncio.Event().wait()
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": "/v1/score", "headers": []}
+            await app(scope, receive, send)
+            return sent[0]["status"], orjson.loads(sent[1]["body"])
+
+        async def main():
+            asyncio.get_running_loop().set_default_executor(_NoThreads())
+            direct = await asyncio.gather(*(service.score_async(TEXTS, targets, {"length_penalty": 1.0})
+                                            for _ in range(12)))
+            routed = await asyncio.gather(*(posted({"source": TEXTS, "target": targets, "length_penalty": 1.0})
+                                            for _ in range(12)))
+            return direct, routed
+
+        direct, routed = asyncio.run(main())
+        blocking = service.score(TEXTS, targets, {"length_penalty": 1.0})
+    assert all([s.tokens for s in got] == [s.tokens for s in blocking] for got in direct)
+    for got in direct:
+        np.testing.assert_allclose([s.log_prob for s in got], [w.log_prob for w in want], atol=1e-5)
+    for status, body in routed:
+        assert status == 200, body
+        np.testing.assert_allclose([s["score"] for s in body["scores"]], [w.score for w in want], atol=1e-5)

@@ -73,6 +73,19 @@ class Tokenizer:
             raise CheckpointError(f"tokenizer file {path} is corrupt or not a tokenizers JSON file ({e})") from None
         return cls(tok)
 
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Tokenizer:
+        """A tokenizer file's bytes (as another process read them) -> the tokenizer from_file would give."""
+        import tempfile
+
+        fd, path = tempfile.mkstemp(suffix=".json", prefix="transduce-tokenizer-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return cls.from_file(path)
+        finally:
+            os.unlink(path)
+
     def save(self, path: str | os.PathLike) -> None:
         self._tok.save(os.fspath(path))
 

@@ -246,9 +246,9 @@ class App:
         if body is None:
             return
         try:
-            scores = await asyncio.to_thread(self.service.score, body["source"], body["target"],
-                                             {k: body[k] for k in SCORE_OPTION_FIELDS if k in body},
-                                             body.get("truncate", False))
+            scores = await self.service.score_async(body["source"], body["target"],
+                                                    {k: body[k] for k in SCORE_OPTION_FIELDS if k in body},
+                                                    body.get("truncate", False))
         except InputError as e:
             return await self.failed(send, e, 400)
         except ServeError as e:

@@ -202,12 +202,13 @@ class EngineClient(DecodeService):
 
     def _started(self, info: dict[str, Any]) -> None:
         from transduce.formats.model_config import ModelConfig
+        from transduce.models.tokenizer import Tokenizer
 
         self.identity, self._attention = info["identity"], info["attention"]
         if self.identity is not None and len(self.engines) > 1:
             self.identity = {**self.identity, "engines": len(self.engines)}
         config = ModelConfig(**info["config"])
-        self.translator = Translator(RemoteBackend(info, config), _tokenizer(info["tokenizer"]),
+        self.translator = Translator(RemoteBackend(info, config), Tokenizer.from_bytes(info["tokenizer"]),
                                      defaults=DecodingOptions(**info["defaults"]))  # the model's, as loaded there
         self.defaults = request_defaults(self.translator.defaults, self.options)
         self._made_options = Kept()  # decoding_options' made
@@ -306,9 +307,18 @@ class EngineClient(DecodeService):
                 e.send(("cut", wire.error(error)))
         return cut
 
-    def _scored(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
-        got = self._call(min(self.engines, key=lambda e: e.rows), "score", pairs, wire.options(opts))
-        return [Score(tuple(t), lp, s, tuple(tlp), cut) for t, lp, s, tlp, cut in got]
+    def _score_job(self, pairs: tuple[list, list], opts: DecodingOptions) -> concurrent.futures.Future:
+        got = self._job(min(self.engines, key=lambda e: e.rows), "score", pairs, wire.options(opts))
+        scores: concurrent.futures.Future = concurrent.futures.Future()
+
+        def made(f: concurrent.futures.Future) -> None:
+            if f.exception() is not None:
+                scores.set_exception(f.exception())
+            else:
+                scores.set_result([Score(tuple(t), lp, s, tuple(tlp), cut) for t, lp, s, tlp, cut in f.result()])
+
+        got.add_done_callback(made)
+        return scores
 
     def engine_metrics(self) -> bytes:
         """The engine processes' Prometheus exposition (their registries: the decode threads' metrics), summed."""
@@ -320,13 +330,17 @@ class EngineClient(DecodeService):
         return summed
 
     def _call(self, engine: _Engine, kind: str, *args, timeout: float | None = None) -> Any:
+        return self._job(engine, kind, *args).result(timeout)
+
+    def _job(self, engine: _Engine, kind: str, *args) -> concurrent.futures.Future:
+        """A job sent to `engine` -> the future of its reply."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             self._check_running()
             job = next(self._jobs_ids)
             self._replies[job] = (engine, done)
             engine.send((kind, job, *args))
-        return done.result(timeout)
+        return done
 
     def _check_running(self) -> None:
         if self.thread_error is not None or not all(e.reading() for e in self.engines):
@@ -482,18 +496,3 @@ def _load_error(kind: str, error: tuple) -> TransduceError:
         made = EngineFailed(f"the engine process failed to load: {text}", hint)
     return made
 
-
-def _tokenizer(data: bytes):
-    """The engine's tokenizer from its file's bytes (read through a file: a pair of tokenizers or one)."""
-    import os
-    import tempfile
-
-    from transduce.models.tokenizer import Tokenizer
-
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="transduce-tokenizer-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return Tokenizer.from_file(path)
-    finally:
-        os.unlink(path)

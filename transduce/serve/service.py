@@ -18,6 +18,7 @@ between the queue and lists, never across a model call: submit() (in the event l
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -212,6 +213,16 @@ class DecodeService(Admitting):
         """Blocking: each target's teacher-forced Score (Translator.score), worked out on the decode thread between
         two steps of the running batch (the backend is the decode thread's alone). options: the length penalty's
         fields only. InputError for bad input, ServeError when the service cannot take it."""
+        return self._score_job(*self._score_pairs(sources, targets, options, truncate)).result()
+
+    async def score_async(self, sources: Any, targets: Any, options: dict | None = None,
+                          truncate: bool = False) -> list[Score]:
+        """score() for an event loop: checked and tokenized on it, then awaited without a thread of its own (as
+        many score requests under way as arrive, none holding a worker thread while the decode thread gets to it)."""
+        return await asyncio.wrap_future(self._score_job(*self._score_pairs(sources, targets, options, truncate)))
+
+    def _score_pairs(self, sources: Any, targets: Any, options: dict | None, truncate: bool) -> tuple[tuple, Any]:
+        """A score request checked and tokenized -> (the pairs, their DecodingOptions) (InputError, ServeError)."""
         if self.draining or self._stop:
             raise ServeError("the server is shutting down", 503, hint="retry on another replica")
         opts = request_options(self.translator, self.defaults, dict(options or {}), SCORE_OPTION_FIELDS)
@@ -221,18 +232,17 @@ class DecodeService(Admitting):
         if len(sources) > self.options.max_sentences:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))
-        pairs = self.translator.prepare_pairs(sources, targets, truncate, FIRST, opts)  # only the model's work waits
-        return self._scored(pairs, opts)
+        return self.translator.prepare_pairs(sources, targets, truncate, FIRST, opts), opts
 
-    def _scored(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
-        """Translator.score_prepared on the decode thread, between two steps; blocking."""
+    def _score_job(self, pairs: tuple[list, list], opts: DecodingOptions) -> concurrent.futures.Future:
+        """Translator.score_prepared queued for the decode thread, between two steps -> its future."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._ended:
                 raise ServeError("the decode thread has stopped", 503, hint="see the server's log")
             self._jobs.append((lambda: self.translator.score_prepared(pairs, opts), done))
             self._lock.notify()
-        return done.result()
+        return done
 
     def _run_jobs(self) -> None:
         """The jobs queued for the decode thread, each with its future's result or exception."""
