@@ -28,6 +28,13 @@ def fr_server(long_artifact_dir, tmp_path_factory):
         s.stop()
 
 
+def _texts(text, ids) -> list[str]:
+    """Each token's text as IncrementalText gives it (its events in order, every token once), then finished."""
+    events = [e for t in ids for e in text.add(t)] + text.finish()
+    assert [t for t, _ in events] == list(ids)
+    return [x for _, x in events]
+
+
 def test_incremental_text_adds_up_to_the_decode_of_every_token(tiny_tokenizer):
     import numpy as np
 
@@ -44,12 +51,10 @@ def test_incremental_text_adds_up_to_the_decode_of_every_token(tiny_tokenizer):
     rng = np.random.default_rng(0)
     for _ in range(20):
         ids = rng.integers(3, tiny_tokenizer.vocab_size, size=int(rng.integers(1, 40))).tolist()  # <unk> too
-        text = IncrementalText(tiny_tokenizer)
-        assert "".join(text.add(t) for t in ids) == tiny_tokenizer.decode(ids)
+        assert "".join(_texts(IncrementalText(tiny_tokenizer), ids)) == tiny_tokenizer.decode(ids)
     ids = rng.integers(4, tiny_tokenizer.vocab_size, size=2000).tolist()
     counted = Counted()
-    text = IncrementalText(counted)
-    assert "".join(text.add(t) for t in ids) == tiny_tokenizer.decode(ids)
+    assert "".join(_texts(IncrementalText(counted), ids)) == tiny_tokenizer.decode(ids)
     assert counted.decoded < 10 * len(ids)  # a window of a few tokens per token, not the sentence so far
 
 
@@ -61,10 +66,41 @@ def test_incremental_text_holds_back_a_character_split_over_byte_pieces():
             return bytes(ids).decode("utf-8", errors="replace")
 
     ids = list("né ü €!".encode())
-    text = IncrementalText(Bytes())
-    deltas = [text.add(t) for t in ids]
+    deltas = _texts(IncrementalText(Bytes()), ids)
     assert "".join(deltas) == "né ü €!" and "\ufffd" not in "".join(deltas)
     assert deltas[list(ids).index(0xE2) + 1] == ""  # "€" is three bytes: nothing until the third
+
+
+def test_incremental_text_of_moses_detokenized_tokens_waits_a_token_and_adds_up(monkeypatch):
+    """Moses' detokenizer writes a straight quote by how many came before and a word's space by the next token:
+    decoded in windows, the stream's texts made 'dit "bonjour "et' of 'dit "bonjour" et'. Its tokenizer is not
+    prefix_stable: each token's text waits for the next token (or the end) and is what both decodes agree on."""
+    sacremoses = pytest.importorskip("sacremoses")
+    from transduce.models.pair_tokenizer import _MosesBpeSide, _SentencePieceSide
+    from transduce.serve.stream import IncrementalText
+
+    detok = sacremoses.MosesDetokenizer(lang="fr")
+
+    class Moses:  # token i is words[i]; decoded as FSMT's and fairseq's targets are
+        prefix_stable = False
+
+        def __init__(self, words):
+            self.words = words
+
+        def decode(self, ids):
+            return detok.detokenize([self.words[i] for i in ids])
+
+    for sentence in ['il dit " bonjour " et part .', 'deux " trois " quatre " cinq "', "l' homme , qui ( dit ) : oui !",
+                     '« oui » , dit -il " non "']:
+        tok = Moses(sentence.split())
+        ids = list(range(len(tok.words)))
+        texts = _texts(IncrementalText(tok), ids)
+        assert "".join(texts) == tok.decode(ids), texts
+    stream = IncrementalText(Moses(["il", "dit", "oui"]))
+    assert stream.add(0) == [] and stream.add(1) == [(0, "il")] and stream.finish() == [(1, " dit")]
+    spec = {"lang": "fr", "vocab": ["a</w>"], "merges": []}
+    assert not _MosesBpeSide(spec, 0).prefix_stable and _MosesBpeSide({**spec, "moses": False}, 0).prefix_stable
+    assert _SentencePieceSide.prefix_stable
 
 
 def test_step_messages_batch_every_request_and_skip_tokens_of_requests_that_do_not_stream(tiny_artifact_dir):
@@ -119,6 +155,44 @@ def _events(body: str) -> list[tuple[str, dict]]:
         lines = dict(line.split(": ", 1) for line in block.splitlines())
         out.append((lines["event"], json.loads(lines["data"])))
     return out
+
+
+def test_a_stream_of_a_tokenizer_decoded_whole_sends_each_token_once_before_its_sentence(tiny_artifact_dir):
+    """A tokenizer that is not prefix_stable (Moses' detokenizer) is streamed a token late: every token's event
+    still comes once, in order, before its sentence's translation event, and their texts add up to it."""
+    import asyncio
+
+    import orjson
+
+    from transduce.runtime.api import load
+    from transduce.serve.app import create_app
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions())
+    service.translator.tokenizer.prefix_stable = False  # decoded whole, as a Moses target would be
+    service.start()
+    try:
+        app = create_app(service, {"id": "tiny"})
+        sent: list[bytes] = []
+        received = [{"type": "http.request", "more_body": False,
+                     "body": orjson.dumps({"text": ["one two three", "", "twelve"], "beam_size": 1, "stream": True})}]
+
+        async def receive():
+            return received.pop(0) if received else await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message.get("body", b""))
+
+        asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/translate", "headers": []}, receive, send))
+    finally:
+        service.stop()
+    events = _events(b"".join(sent).decode())
+    done = events[-1][1]["translations"]
+    for i in (0, 2):
+        mine = [(k, d) for k, d in events if d.get("sentence") == i]
+        assert [k for k, _ in mine][-1] == "translation" and all(k == "token" for k, _ in mine[:-1])
+        assert [d["token"] for _, d in mine[:-1]] == done[i]["tokens"]
+        assert "".join(d["text"] for _, d in mine[:-1]) == done[i]["text"] == mine[-1][1]["translation"]["text"]
 
 
 def test_a_long_stream_is_linear_in_its_length_and_its_text_adds_up(server):

@@ -64,6 +64,7 @@ def merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
 
 
 class _SentencePieceSide:
+    prefix_stable = True  # the text of the first n pieces is the start of the text of them all
     """SentencePiece segmentation, pieces mapped to ids by `vocab` (a list: id -> piece)."""
 
     def __init__(self, spec: dict[str, Any], unk_id: int, family: str = ""):
@@ -116,6 +117,9 @@ class _MosesBpeSide:
         self.tokenizer = sacremoses.MosesTokenizer(lang=self.lang)
         self.detokenizer = sacremoses.MosesDetokenizer(lang=self.lang)
         self.cache: dict[str, list[str]] = {}
+        # Moses' detokenizer writes a token by the ones after it (a straight quote opens or closes by its count, a
+        # word's space by the next token): the text of the first n tokens is not the start of the whole text's
+        self.prefix_stable = not spec.get("moses", True)
 
     def _bpe(self, token: str) -> list[str]:
         """The pieces of one Moses token, merges applied lowest rank first."""
@@ -236,6 +240,11 @@ class PairTokenizer:
     def normalize(self, text: str) -> str:
         """What decoded text is compared with: the text itself (the source projects score detokenized text)."""
         return text
+
+    @property
+    def prefix_stable(self) -> bool:
+        """Whether decoding the first n tokens gives the start of decoding them all (IncrementalText relies on it)."""
+        return self.target.prefix_stable
 
     def decode(self, ids: Sequence[int]) -> str:
         """Target ids -> detokenized text; specials are dropped."""

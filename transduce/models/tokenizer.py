@@ -123,6 +123,8 @@ class Tokenizer:
         normalizer = self._tok.normalizer
         return normalizer.normalize_str(text) if normalizer is not None else text
 
+    prefix_stable = True  # decoding the first n tokens gives the start of decoding them all (a streamed text's)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids -> text; specials are dropped."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -216,9 +216,11 @@ class App:
                     for s, t in zip(*data, strict=True):
                         if t != eos:
                             i = req.todo[s]
-                            text = texts.setdefault(i, IncrementalText(tokenizer)).add(t)
-                            out.append(_event(b"token", {"sentence": i, "token": t, "text": text}))
+                            for token, text in texts.setdefault(i, IncrementalText(tokenizer)).add(t):
+                                out.append(_event(b"token", {"sentence": i, "token": token, "text": text}))
                 elif kind == "translation":
+                    for token, text in texts[data[0]].finish() if data[0] in texts else ():
+                        out.append(_event(b"token", {"sentence": data[0], "token": token, "text": text}))
                     out.append(_event(b"translation", {"sentence": data[0],
                                                        "translation": translation_json(data[1], matrix)}))
                 elif kind == "done":

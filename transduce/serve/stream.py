@@ -11,6 +11,7 @@ polls.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections import deque
 from typing import Any
@@ -90,31 +91,63 @@ class Waiter:
 
 
 class IncrementalText:
-    """A sentence's text as its tokens arrive: add(token) -> the text that token adds ("" while it is held back).
+    """A sentence's text as its tokens arrive: add(token) -> the token events ready, (token, the text it adds),
+    finish() -> those still held once the sentence has ended; their texts concatenated are the tokenizer's decode
+    of every token.
 
     Each add decodes a short window of the last tokens twice (the text already given out of it, and the text with
     the new token) and gives the difference, so a sentence costs O(its length) in all, where decoding everything
     so far at each token would be quadratic. The window starts at a token already given out: a decoder that drops
     the word-boundary space of the first piece it decodes (SentencePiece's "▁", Metaspace) drops it from both
     decodes alike. New text is held back while it ends in U+FFFD (a byte-level piece of a character not yet
-    complete) or does not extend the old (a decoder that rewrites earlier text); the concatenated deltas equal
-    the tokenizer's decode of all the tokens whenever its decoding is prefix-stable, as transduce's tokenizer's
-    is."""
+    complete) or does not extend the old (a decoder that rewrites earlier text). A tokenizer that says it is not
+    prefix_stable (Moses' detokenizer writes a token by the ones after it: a straight quote opens or closes by
+    their count, a word's space by the next token) is decoded whole at each token instead, and each token's event
+    waits for the next token or the sentence's end: its text is what the two decodes agree on."""
 
-    __slots__ = ("tokenizer", "ids", "start", "read")
+    __slots__ = ("tokenizer", "ids", "start", "read", "whole", "given", "held", "last")
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.start = 0  # the window's first token
         self.read = 0  # tokens whose text has been given out
+        self.whole = not getattr(tokenizer, "prefix_stable", True)  # decoded whole, each event a token late
+        self.given = ""  # (whole) the text given out
+        self.held: int | None = None  # (whole) the token whose event waits for the next one
+        self.last = ""  # (whole) the decode of every token so far
 
-    def add(self, token: int) -> str:
+    def add(self, token: int) -> list[tuple[int, str]]:
         self.ids.append(token)
+        if self.whole:
+            return self._add_whole(token)
         decode = self.tokenizer.decode
         before = decode(self.ids[self.start:self.read]) if self.read > self.start else ""
         after = decode(self.ids[self.start:])
         if len(after) <= len(before) or after.endswith("\ufffd") or not after.startswith(before):
-            return ""
+            return [(token, "")]
         self.start, self.read = self.read, len(self.ids)
-        return after[len(before):]
+        return [(token, after[len(before):])]
+
+    def _add_whole(self, token: int) -> list[tuple[int, str]]:
+        now = self.tokenizer.decode(self.ids)
+        out = []
+        if self.held is not None:
+            sure = os.path.commonprefix([self.last, now])
+            out.append((self.held, self._give(sure)))
+        self.held, self.last = token, now
+        return out
+
+    def finish(self) -> list[tuple[int, str]]:
+        """The event still held (a whole decoder's last token), with the rest of the text."""
+        if self.held is None:
+            return []
+        held, self.held = self.held, None
+        return [(held, self._give(self.last))]
+
+    def _give(self, text: str) -> str:
+        """What `text` adds to the text given out (none where it does not extend it)."""
+        if len(text) <= len(self.given) or not text.startswith(self.given):
+            return ""
+        added, self.given = text[len(self.given):], text
+        return added
