@@ -178,6 +178,36 @@ def test_admitting_one_sentence_on_onnxruntime_writes_its_rows_only(tiny_artifac
     batch.abort()
 
 
+def test_a_long_source_that_leaves_narrows_the_onnxruntime_pool_to_the_sources_still_decoded(tiny_artifact_dir):
+    """One long source widens the pool, and every step reads the pool's width for every row: once it has left,
+    the pool and the bound buffers narrow to the sources rows still decode (the steps read them at that width),
+    and those sentences decode as they would alone."""
+    from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+    backend = OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    cfg = backend.config
+    rng = np.random.default_rng(8)
+    batch = RunningBatch(backend, capacity=cfg.max_positions)
+    src, lens = sources_of_lengths(cfg, [6, 9, 4], rng)
+    short = batch.admit(src, lens, GREEDY)
+    batch.step()
+    long = batch.admit(*sources_of_lengths(cfg, [48], rng), GREEDY)
+    batch.step()
+    pooled = batch.state.pooled
+    assert pooled.table.width >= 48 and all(b.shape[2] >= 48 for b in pooled.bound.values() if b.ndim == 4)
+    batch.cancel(long)
+    out = {s: res for _, s, res in batch.step()}
+    assert pooled.table.width == 16  # the widest left is 9 tokens: one step of 16
+    assert all(b.shape[2] == 16 for b in pooled.bound.values() if b.ndim == 4)
+    assert all(p.shape[2] == 16 for n, p in pooled.pool.items() if n != "src_lengths")
+    while batch.cohorts:
+        for cohort, s, res in batch.step():
+            assert cohort is short
+            out[s] = res
+    for s in range(3):
+        _assert_same(out[s], decode(backend, src[s: s + 1, : lens[s]], lens[s: s + 1], GREEDY)[0])
+
+
 def test_onnxruntime_bindings_outlive_admissions_to_row_counts_bound_before(tiny_artifact_dir, monkeypatch):
     """A step's IO binding is kept for its row count (and cross K/V entry count) across admissions and
     retirements while the buffers stay: a batch going back to row counts it has run binds nothing again, and

@@ -18,6 +18,8 @@ import numpy as np
 from transduce.runtime.backends.base import renumbered_sources
 from transduce.runtime.backends.slots import SlotTable
 
+NARROW_STEP = 16  # a narrowed pool's width is a multiple of this
+
 
 class PooledCross:
     def __init__(self, mem, enc: dict[str, Any], cross_names: list[str]):
@@ -43,6 +45,7 @@ class PooledCross:
         slot = self.table.row_slots(entries)
         if np.array_equal(slot, self.entry_slot):
             return False
+        self._narrow(self.table.live_width(slot), owned)
         n = len(slot)
         grown = self._entries_for(max(n, capacity), owned)
         self.allocations += grown
@@ -97,7 +100,7 @@ class PooledCross:
             cap = max(capacity, 2 * have.shape[0])
         old, self.rows = self.rows, {name: self._new_like(name, cap, width, owned) for name in self.pool}
         for name, o in old.items():
-            self.mem.put_rows(self.rows[name], np.arange(o.shape[0]), o)
+            self.mem.put_rows(self.rows[name], np.arange(o.shape[0]), o if o.ndim == 1 else o[:, :, :width])
             self.mem.free(o, owned)
             self.copied += o.nbytes
         self.table.hold_rows(cap)
@@ -115,6 +118,23 @@ class PooledCross:
             self.mem.put_rows(self.pool[name], np.arange(o.shape[0]), o)
             self.mem.free(o, owned)
             self.copied += o.nbytes
+
+    def _narrow(self, live: int, owned: list) -> None:
+        """The pool cut to the width of the sources rows decode now (`live`, rounded up to NARROW_STEP) where it is
+        at least twice that: a long source that has left would otherwise have every later step read its width
+        for every row until the batch empties. The per-entry buffers follow (_entries_for: new buffers, so the
+        bindings are made again); the free slots' K/V past the width are dropped (a slot is written whole when
+        it is taken)."""
+        width = -(-max(live, 1) // NARROW_STEP) * NARROW_STEP
+        if self.table.width < 2 * width:
+            return
+        for name in self.cross_names:
+            old = self.pool[name]
+            self.pool[name] = self._new_like(name, old.shape[0], width, owned)
+            self.mem.put_rows(self.pool[name], np.arange(old.shape[0]), old[:, :, :width])
+            self.mem.free(old, owned)
+            self.copied += self.pool[name].nbytes
+        self.table.width = width
 
     def _write(self, entries: np.ndarray, slots: np.ndarray) -> None:
         """Entries `entries` of the per-entry buffers take the K/V of pool slots `slots`."""
