@@ -47,7 +47,8 @@ def test_engines_that_would_not_fit_in_memory_lend_no_threads_then_are_fewer(tin
     engine = planning.PROCESS_BYTES + per_set  # one engine, one set of sessions
 
     def plan(available: float, engines: int = 0) -> planning.EnginePlan:
-        return planning.plan_engines(tiny_artifact_dir, BackendSpec(), engines, int(available / planning.MEMORY_SHARE))
+        over = int(available / planning.MEMORY_SHARE) + 64  # a little over the sizes named: no rounding's edge
+        return planning.plan_engines(tiny_artifact_dir, BackendSpec(), engines, over)
 
     assert plan(2 * (engine + per_set)) == planning.EnginePlan(2, BackendSpec(threads=4), 1)  # room for all of it
     lent_none = plan(2 * engine)
