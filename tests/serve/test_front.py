@@ -242,6 +242,10 @@ def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):
     assert r.status_code == 200 and r.json() == {"translatedText": "\n".join(want)}, r.text
     r = httpx.post(url + "/translate", data={"source": "en", "target": "fr"}, files={"q": ("q.txt", b"twelve")})
     assert r.status_code == 400 and "q is a file" in r.json()["error"], r.text
+    nested = (b'------formdata-boundary\r\nContent-Disposition: form-data; name="q"\r\nContent-Type: multipart/mixed; '
+              b'boundary=in\r\n\r\n--in\r\n\r\ntwelve\r\n--in--\r\n------formdata-boundary--\r\n')
+    r = httpx.post(url + "/translate", content=nested, headers={"content-type": FORM_DATA})
+    assert r.status_code == 400 and "q is not a text field" in r.json()["error"], r.text
     r = httpx.post(url + "/translate", content=_form_data({"q": "twelve"}),
                    headers={"content-type": "multipart/form-data"})
     assert r.status_code == 400 and "boundary" in r.json()["error"], r.text

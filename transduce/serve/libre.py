@@ -210,8 +210,11 @@ def _multipart(content_type: bytes, body: bytes) -> dict[str, Any]:
                            'name="q")')
         if part.get_filename() is not None:
             raise _Refused(f"Invalid request: {name} is a file; files are not translated here, send its text as q")
+        payload = part.get_payload(decode=True)
+        if not isinstance(payload, bytes):  # a part that is itself multipart: not a text field
+            raise _Refused(f"Invalid request: the form's {name} is not a text field")
         try:
-            fields[str(name)] = part.get_payload(decode=True).decode(part.get_content_charset() or "utf-8")
+            fields[str(name)] = payload.decode(part.get_content_charset() or "utf-8")
         except (UnicodeDecodeError, LookupError):
             raise _Refused(f"Invalid request: the form's {name} is not UTF-8 (nor the charset it names)") from None
     return fields
