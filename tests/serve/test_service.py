@@ -460,3 +460,18 @@ def test_score_requests_are_awaited_on_the_event_loop_without_a_thread_each(tiny
     for status, body in routed:
         assert status == 200, body
         np.testing.assert_allclose([s["score"] for s in body["scores"]], [w.score for w in want], atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_score_request_given_up_before_its_turn_leaves_the_service_running(tiny_artifact_dir, engine):
+    """A score request whose caller gave up (its awaiting task cancelled: the job's future cancelled) before the
+    decode thread got to it is skipped; the decode thread (and the engine's reader) go on."""
+    targets = ["un deux", "douze"]
+    with _started(tiny_artifact_dir, engine) as service:
+        # in-process, the decode thread cannot take the job before it is cancelled; an engine's reply comes later
+        with service._lock if engine == "thread" else contextlib.nullcontext():
+            job = service._score_job(*service._score_pairs(TEXTS[:2], targets, {}, False))
+            assert job.cancel()
+        # the next one is answered: the decode thread is alive (a dead one never answers: bounded here)
+        got = service._score_job(*service._score_pairs(TEXTS[:2], targets, {}, False)).result(timeout=60)
+        assert service.alive() and len(got) == 2

@@ -64,8 +64,9 @@ def merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
 
 
 class _SentencePieceSide:
-    prefix_stable = True  # the text of the first n pieces is the start of the text of them all
     """SentencePiece segmentation, pieces mapped to ids by `vocab` (a list: id -> piece)."""
+
+    prefix_stable = True  # the text of the first n pieces is the start of the text of them all
 
     def __init__(self, spec: dict[str, Any], unk_id: int, family: str = ""):
         try:

@@ -312,10 +312,11 @@ class EngineClient(DecodeService):
         scores: concurrent.futures.Future = concurrent.futures.Future()
 
         def made(f: concurrent.futures.Future) -> None:
-            if f.exception() is not None:
-                scores.set_exception(f.exception())
-            else:
-                scores.set_result([Score(tuple(t), lp, s, tuple(tlp), cut) for t, lp, s, tlp, cut in f.result()])
+            try:
+                if not scores.done():  # (its caller may have given up)
+                    scores.set_result([Score(tuple(t), lp, s, tuple(tlp), cut) for t, lp, s, tlp, cut in f.result()])
+            except Exception as e:  # noqa: BLE001 - the engine's error (or a reply not as expected): the caller's
+                scores.set_exception(e)
 
         got.add_done_callback(made)
         return scores
@@ -419,7 +420,7 @@ class EngineClient(DecodeService):
         elif message[0] == "reply":
             _, job, ok, value = message
             _, done = self._replies.pop(job, (None, None))
-            if done is not None:
+            if done is not None and not done.done():  # (one whose caller gave up is cancelled already)
                 done.set_result(value) if ok else done.set_exception(wire.unerror(value))
         return message[0] == "stopped"
 
@@ -471,7 +472,8 @@ class EngineClient(DecodeService):
             jobs = [j for j, (e, _) in self._replies.items() if engine is None or e is engine]
             replies = [self._replies.pop(j)[1] for j in jobs]
         for done in replies:
-            done.set_exception(error)
+            if not done.done():
+                done.set_exception(error)
         out: list[Event] = []
         for req in held:
             if not req.finished.is_set():

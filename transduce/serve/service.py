@@ -249,6 +249,8 @@ class DecodeService(Admitting):
         with self._lock:
             jobs, self._jobs = self._jobs, []
         for job, done in jobs:
+            if not done.set_running_or_notify_cancel():  # its caller gave up (a cancelled score request)
+                continue
             try:
                 done.set_result(job())
             except Exception as e:  # noqa: BLE001 - the caller's to raise (an InputError names its pair)
@@ -408,7 +410,8 @@ class DecodeService(Admitting):
             self._running.clear()
             self._cancelled.clear()
             for _, done in self._jobs:
-                done.set_exception(error)
+                if not done.done():  # (one whose caller gave up is cancelled already)
+                    done.set_exception(error)
             self._jobs.clear()
             self._ended = True  # no job may wait for this thread now
         for req in held:
