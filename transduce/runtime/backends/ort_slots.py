@@ -112,10 +112,15 @@ class PooledCross:
         have = self.pool[self.cross_names[0]].shape
         if have[0] >= slots and have[2] >= width:
             return
-        old, self.pool = self.pool, dict(self.pool)
-        for name, o in old.items():
-            self.pool[name] = self._new_like(name, max(slots, have[0]), max(width, have[2]), owned)
-            self.mem.put_rows(self.pool[name], np.arange(o.shape[0]), o)
+        self._repool(list(self.pool), max(slots, have[0]), max(width, have[2]), owned)
+
+    def _repool(self, names: list[str], slots: int, width: int, owned: list) -> None:
+        """The pool's `names` reallocated at `slots` slots of `width` positions, contents kept (cut where
+        narrower)."""
+        for name in names:
+            o = self.pool[name]
+            self.pool[name] = self._new_like(name, slots, width, owned)
+            self.mem.put_rows(self.pool[name], np.arange(o.shape[0]), o if o.ndim == 1 else o[:, :, :width])
             self.mem.free(o, owned)
             self.copied += o.nbytes
 
@@ -128,12 +133,7 @@ class PooledCross:
         width = -(-max(live, 1) // NARROW_STEP) * NARROW_STEP
         if self.table.width < 2 * width:
             return
-        for name in self.cross_names:
-            old = self.pool[name]
-            self.pool[name] = self._new_like(name, old.shape[0], width, owned)
-            self.mem.put_rows(self.pool[name], np.arange(old.shape[0]), old[:, :, :width])
-            self.mem.free(old, owned)
-            self.copied += self.pool[name].nbytes
+        self._repool(self.cross_names, self.pool[self.cross_names[0]].shape[0], width, owned)
         self.table.width = width
 
     def _write(self, entries: np.ndarray, slots: np.ndarray) -> None:
