@@ -408,3 +408,69 @@ def test_engines_share_the_cores_only_where_the_backend_gains_from_them(tiny_art
     first, second = client.cores(0), client.cores(1)
     assert (first.index, second.index, first.crowded) == (0, 1, 1) and first.busy is second.busy
     assert EngineClient(tiny_artifact_dir, BackendSpec.of(threads=1), engines=2).cores(0) is None
+
+
+def _readable_bytes(fd: int) -> int:
+    import fcntl
+    import struct
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def test_the_event_loop_never_waits_on_a_full_pipe_while_the_engine_waits_on_another(long_artifact_dir):
+    """The engine blocks sending a step frame larger than the pipe holds (32 sentences' attention) while the event
+    loop that reads its frames is busy; the loop then sends submits larger than the pipe holds too. Waiting on
+    that write, the loop would read nothing and the engine nothing either: both would wait for ever. Every request
+    is answered, as offline decoding answers it."""
+    import threading
+    import time
+
+    from transduce.runtime.api import load
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+    from transduce.serve.service import ServiceOptions
+
+    long_opts = {"beam_size": 1, "min_length": 200, "max_len_a": 0, "max_len_b": 200, "return_attention": True}
+    short_opts = {"beam_size": 1, "max_len_a": 0, "max_len_b": 2}
+    words = "one two three four five six seven eight".split()
+    first = [" ".join(words[(i + j) % 8] for j in range(40)) for i in range(32)]  # (200 x 40) fp32 each: 32 KB
+    big = [[" ".join(words[(i * k + j) % 8] for j in range(120)) for i in range(64)] for k in range(1, 6)]
+    path = long_artifact_dir
+    client = EngineClient(path, BackendSpec.of(threads=1), ServiceOptions(max_rows=64 * 6))
+    client.loop_reads = True
+    client.start()
+    box: dict = {}
+
+    async def on_loop():
+        r1 = client.submit(first, long_opts)
+        await asyncio.sleep(0)  # its submit goes out
+        fd, seen, since = client.engines[0].conn.fileno(), -1, time.monotonic()
+        end = since + 120
+        while (time.monotonic() - since < 0.5 or seen < 100_000) and time.monotonic() < end:  # the engine fills
+            # the pipe while the loop is busy
+            now = _readable_bytes(fd)
+            if now != seen:
+                seen, since = now, time.monotonic()
+            time.sleep(0.05)
+        box["waiting"] = seen
+        rest = [client.submit(texts, short_opts) for texts in big]  # one frame of ~0.3 MB, this turn's
+        while not all(r.finished.is_set() for r in [r1, *rest]):
+            await asyncio.sleep(0.01)
+        box["reqs"] = [r1, *rest]
+
+    runner = threading.Thread(target=asyncio.run, args=(on_loop(),), daemon=True)
+    runner.start()
+    runner.join(timeout=120)
+    stuck = runner.is_alive()
+    if stuck:
+        client._kill()  # (what unblocks both)
+    client.stop()
+    assert not stuck, f"the loop and the engine waited on each other ({box.get('waiting')} bytes unread)"
+    translator = load(path, threads=1)
+    r1, *rest = box["reqs"]
+    assert [t.tokens for t in r1.translations] == [t.tokens for t in translator.translate(first, **long_opts)]
+    assert all(t.attention.shape[0] == 200 for t in r1.translations)
+    for req, texts in zip(rest, big, strict=True):
+        assert req.error is None
+        assert [t.tokens for t in req.translations] == [t.tokens for t in translator.translate(texts, **short_opts)]

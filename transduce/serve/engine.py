@@ -32,6 +32,7 @@ from transduce.runtime.decoding import DecodingOptions
 from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
 from transduce.serve.options import Kept, request_defaults
+from transduce.serve.outbox import Outbox
 from transduce.serve.requests import deliver
 from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
@@ -68,8 +69,8 @@ class _Engine:
         self.loop: asyncio.AbstractEventLoop | None = None  # the event loop reading its frames, once handed over
         self.ended = False  # its frames ended: its pipe closed, or it said it stopped
         self.handover = False  # an event loop asked the reader thread to stop
-        self.wake_r, self.wake_w = os.pipe()  # wakes the reader thread for the handover
-        self.send_lock = threading.Lock()
+        self.wake_r = self.wake_w = -1  # a pipe that wakes the reader thread for the handover
+        self.outbox: Outbox | None = None  # the frames to it (never waited for on the event loop)
         self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
         self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
         self.rows = 0  # decoding rows of the requests sent to it and not finished, at most (a beam of k: k each)
@@ -78,6 +79,8 @@ class _Engine:
         c = self.client
         ctx = multiprocessing.get_context("spawn")  # never forked: the parent may hold torch's or ORT's threads
         self.conn, theirs = ctx.Pipe(duplex=True)
+        self.outbox = Outbox(self.conn)
+        self.wake_r, self.wake_w = os.pipe()
         self.process = ctx.Process(target=engine_core.main, name=f"transduce-engine-{self.number}", daemon=True,
                                    args=(theirs, c.path, c.spec, c.options, c.metrics is not None, c.identity_of,
                                          c.cores(self.number)))
@@ -113,13 +116,11 @@ class _Engine:
         message = wire.loads(self.conn.recv_bytes())
         if message[0] == "failed":  # the engine's own error (a bad artifact: exit 2), with its message and hint
             self.process.join(timeout=10)
-            raise _load_error(*message[1:])
+            raise wire.load_error(*message[1:], EngineFailed)
         return message[1]
 
     def send(self, message: tuple) -> None:
-        data = wire.dumps(message)
-        with self.send_lock:
-            self.conn.send_bytes(data)
+        self.outbox.send(wire.dumps(message))
 
     def send_pending(self) -> None:
         """The submits made since the last frame, in one frame."""
@@ -132,9 +133,7 @@ class _Engine:
                     pass
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.is_alive():
+        if self.process is not None and self.process.is_alive():
             try:
                 self.send(("stop",))
             except OSError:
@@ -147,6 +146,7 @@ class _Engine:
             os.close(self.wake_r)
             os.close(self.wake_w)
             self.wake_r = self.wake_w = -1
+            self.outbox.close()
 
 
 class EngineClient(DecodeService):
@@ -197,6 +197,8 @@ class EngineClient(DecodeService):
                     self._warm(e)
         except BaseException:
             self._kill()
+            for e in self.engines:  # (their readers and pipes)
+                e.stop()
             raise
         self.ready = True
 
@@ -385,6 +387,7 @@ class EngineClient(DecodeService):
                         pass
                     e.loop = None
                     self._read_in_thread(e)
+                    e.outbox.attach(None)  # what waited for that loop is written from here
             self._loop = loop
             for e in self.engines if loop is not None else ():  # each reader thread hands over between two frames
                 if not e.reading():
@@ -392,10 +395,16 @@ class EngineClient(DecodeService):
                 e.handover = True
                 os.write(e.wake_w, b"h")
                 e.reader.join()
-                if not e.ended:
-                    e.loop = loop
+                if e.ended:
+                    continue
+                try:
                     loop.add_reader(e.conn.fileno(), self._readable, e)
-                    os.set_blocking(e.conn.fileno(), True)  # uvloop's (libuv's) poll made it non-blocking
+                except NotImplementedError:  # a loop that cannot watch a pipe (Windows'): threads keep reading
+                    self._read_in_thread(e)
+                    continue
+                e.loop = loop
+                os.set_blocking(e.conn.fileno(), True)  # uvloop's (libuv's) poll made it non-blocking
+                e.outbox.attach(loop)
 
     def _readable(self, engine: _Engine) -> None:
         """On the event loop: the frames that have arrived."""
@@ -481,20 +490,4 @@ class EngineClient(DecodeService):
                 req.finished.set()
                 out.append((req, "error", error))
         deliver(out)
-
-
-def _load_error(kind: str, error: tuple) -> TransduceError:
-    """The engine's own error while loading (a bad artifact: the command's exit 2), as its class where it is one of
-    transduce's, with its message and hint."""
-    from transduce import errors
-
-    _, text, hint, params, _, _ = error
-    cls = getattr(errors, kind, None)
-    try:
-        made = cls(text, hint, params=params)
-    except TypeError:  # not one of transduce's errors, or one with a signature of its own
-        made = None
-    if not isinstance(made, TransduceError):
-        made = EngineFailed(f"the engine process failed to load: {text}", hint)
-    return made
 

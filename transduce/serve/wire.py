@@ -85,3 +85,20 @@ def unerror(given: tuple) -> ServeError:
     if sentence is not None:
         e.sentence = sentence  # type: ignore[attr-defined]
     return e
+
+
+def load_error(kind: str, error: tuple, failed: type[TransduceError]) -> TransduceError:
+    """The engine's own error while loading (a bad artifact: the command's exit 2), as its class where it is one of
+    transduce's, with its message and hint; else as `failed`."""
+    from transduce import errors
+
+    _, text, hint, params, _, _ = error
+    cls = getattr(errors, kind, None)
+    try:
+        made = cls(text, hint, params=params)
+    except TypeError:  # not one of transduce's errors, or one with a signature of its own
+        made = None
+    if not isinstance(made, TransduceError):
+        made = failed(f"the engine process failed to load: {text}", hint)
+    return made
+
