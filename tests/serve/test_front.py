@@ -98,6 +98,16 @@ def test_incremental_text_of_moses_detokenized_tokens_waits_a_token_and_adds_up(
         assert "".join(texts) == tok.decode(ids), texts
     stream = IncrementalText(Moses(["il", "dit", "oui"]))
     assert stream.add(0) == [] and stream.add(1) == [(0, "il")] and stream.finish() == [(1, " dit")]
+    subword = Moses([])  # subword-nmt's pieces of escaped text: "&#124;" is "|", "&quot;" a straight quote
+    subword.decode = lambda ids: detok.detokenize((" ".join(subword.words[i] for i in ids) + " ").replace("@@ ", "")
+                                                  .split())
+    for sentence in ["a &#@@ 124@@ ; b c", "x &am@@ p; y &quot; z &quot; .", "AT&@@ T rocks", "a &#@@ 12@@"]:
+        subword.words = sentence.split()
+        ids = list(range(len(subword.words)))
+        assert "".join(_texts(IncrementalText(subword), ids)) == subword.decode(ids)  # was "a &#", then nothing
+    rewrites = Moses([])  # a decoder whose last token rewrites text given out already: its new text still comes
+    rewrites.decode = lambda ids: ["", "ab", "abc", "abd", "aZ"][len(ids)]
+    assert _texts(IncrementalText(rewrites), [0, 1, 2, 3]) == ["ab", "", "", "Z"]
     spec = {"lang": "fr", "vocab": ["a</w>"], "merges": []}
     assert not _MosesBpeSide(spec, 0).prefix_stable and _MosesBpeSide({**spec, "moses": False}, 0).prefix_stable
     assert _SentencePieceSide.prefix_stable
@@ -193,6 +203,53 @@ def test_a_stream_of_a_tokenizer_decoded_whole_sends_each_token_once_before_its_
         assert [k for k, _ in mine][-1] == "translation" and all(k == "token" for k, _ in mine[:-1])
         assert [d["token"] for _, d in mine[:-1]] == done[i]["tokens"]
         assert "".join(d["text"] for _, d in mine[:-1]) == done[i]["text"] == mine[-1][1]["translation"]["text"]
+
+
+def test_a_stream_cut_short_sends_the_token_it_held_before_its_error(tiny_artifact_dir, monkeypatch):
+    """A stream decoded whole (each token's event a token late) that the server cuts short (an error event) gets the
+    event of the token it held first: every token decoded for it is streamed once, in order, then the error."""
+    import asyncio
+
+    import orjson
+
+    from transduce.runtime.api import load
+    from transduce.serve import stream
+    from transduce.serve.app import create_app
+    from transduce.serve.service import DecodeService, ServeError, ServiceOptions
+
+    decoded: list[int] = []
+    push = stream.Waiter.push
+
+    def recording(self, kind, data):
+        if kind == "tokens":
+            decoded.extend(data[1])
+        push(self, kind, data)
+
+    monkeypatch.setattr(stream.Waiter, "push", recording)
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions())
+    service.translator.tokenizer.prefix_stable = False
+    service.start()
+    sent: list[bytes] = []
+    try:
+        app = create_app(service, {"id": "tiny"})
+        body = {"text": ["one two three"], "beam_size": 1, "stream": True, "min_length": 400, "max_len_a": 0,
+                "max_len_b": 400}
+        received = [{"type": "http.request", "more_body": False, "body": orjson.dumps(body)}]
+
+        async def receive():
+            return received.pop(0) if received else await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message.get("body", b""))
+            if b"event: token" in b"".join(sent) and len(sent) == 3:  # some tokens out: the server stops
+                service.cut(ServeError("the server is stopping", 503))
+
+        asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/translate", "headers": []}, receive, send))
+    finally:
+        service.stop()
+    events = _events(b"".join(sent).decode())
+    assert events[-1][0] == "error" and all(k == "token" for k, _ in events[:-1])
+    assert [d["token"] for _, d in events[:-1]] == decoded and len(decoded) > 1
 
 
 def test_a_long_stream_is_linear_in_its_length_and_its_text_adds_up(server):

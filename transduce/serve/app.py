@@ -227,7 +227,10 @@ class App:
                     out.append(_event(b"done", {"translations": [translation_json(t, matrix)
                                                                  for t in req.translations]}))
                     last = True
-                else:
+                else:  # the tokens of the sentences cut short, then why
+                    for i, text in texts.items():
+                        out.extend(_event(b"token", {"sentence": i, "token": token, "text": t})
+                                   for token, t in text.finish())
                     out.append(_event(b"error", error_body(data, data.status)))
                     last = True
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": not last})

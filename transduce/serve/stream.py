@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 from collections import deque
 from typing import Any
@@ -90,6 +91,9 @@ class Waiter:
         raise ClientLeft
 
 
+_OPEN_ENTITY = re.compile(r"&#?[0-9A-Za-z]*$")  # the start of an XML entity (Moses escapes "&", "|", quotes...)
+
+
 class IncrementalText:
     """A sentence's text as its tokens arrive: add(token) -> the token events ready, (token, the text it adds),
     finish() -> those still held once the sentence has ended; their texts concatenated are the tokenizer's decode
@@ -102,8 +106,9 @@ class IncrementalText:
     decodes alike. New text is held back while it ends in U+FFFD (a byte-level piece of a character not yet
     complete) or does not extend the old (a decoder that rewrites earlier text). A tokenizer that says it is not
     prefix_stable (Moses' detokenizer writes a token by the ones after it: a straight quote opens or closes by
-    their count, a word's space by the next token) is decoded whole at each token instead, and each token's event
-    waits for the next token or the sentence's end: its text is what the two decodes agree on."""
+    their count, a word's space by the next token, and unescapes the entities subword pieces spell in parts) is
+    decoded whole at each token instead, and each token's event waits for the next token or the sentence's end: its
+    text is what the two decodes agree on, less an entity not yet closed."""
 
     __slots__ = ("tokenizer", "ids", "start", "read", "whole", "given", "held", "last")
 
@@ -134,7 +139,8 @@ class IncrementalText:
         out = []
         if self.held is not None:
             sure = os.path.commonprefix([self.last, now])
-            out.append((self.held, self._give(sure)))
+            entity = _OPEN_ENTITY.search(sure)  # "&#12" may yet be "&#124;", which Moses writes as "|"
+            out.append((self.held, self._give(sure[:entity.start()] if entity else sure)))
         self.held, self.last = token, now
         return out
 
@@ -143,6 +149,8 @@ class IncrementalText:
         if self.held is None:
             return []
         held, self.held = self.held, None
+        if not self.last.startswith(self.given):  # (text given out that the end rewrote: the rest is not lost)
+            self.given = os.path.commonprefix([self.given, self.last])
         return [(held, self._give(self.last))]
 
     def _give(self, text: str) -> str:
