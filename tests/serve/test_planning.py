@@ -71,21 +71,58 @@ def test_engines_that_would_not_fit_in_memory_lend_no_threads_then_are_fewer(tin
 
 
 def test_available_memory_is_the_systems_or_less_where_a_cgroup_limits_it(tmp_path):
+    """MemAvailable, or less where a cgroup over the process (its own, as /proc/self/cgroup names it, or an
+    ancestor: v2, then v1) is limited: the limit less its usage, less the page cache it would reclaim first."""
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   20000000 kB\n")
-    v2, v1 = (tmp_path / "memory.max", tmp_path / "memory.current"), (tmp_path / "limit", tmp_path / "usage")
-    none = (tmp_path / "no-limit", tmp_path / "no-usage")
-    assert devices.available_memory(str(meminfo), [none]) == 20000000 * 1024
-    v2[0].write_text("max\n")
-    v2[1].write_text("5000\n")
-    assert devices.available_memory(str(meminfo), [v2]) == 20000000 * 1024  # a cgroup with no limit
-    v2[0].write_text("1073741824\n")
-    assert devices.available_memory(str(meminfo), [v2]) == (1 << 30) - 5000  # a container's limit, less its usage
-    v1[0].write_text(str((1 << 63) - 4096))
-    v1[1].write_text("10\n")
-    assert devices.available_memory(str(meminfo), [none, v1]) == 20000000 * 1024  # v1 writes no limit as huge
-    assert devices.available_memory(str(tmp_path / "nothing"), [none]) is None
+    root, membership = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    system = 20000000 * 1024
+
+    def available():
+        return devices.available_memory(str(meminfo), str(root), str(membership))
+
+    def cgroup(directory, limit, usage, stat="", v1=False):
+        directory.mkdir(parents=True, exist_ok=True)
+        names = ("memory.limit_in_bytes", "memory.usage_in_bytes") if v1 else ("memory.max", "memory.current")
+        (directory / names[0]).write_text(f"{limit}\n")
+        (directory / names[1]).write_text(f"{usage}\n")
+        (directory / "memory.stat").write_text(stat)
+
+    assert available() == system  # no cgroup files, no membership
+    membership.write_text("0::/system.slice/serve.service\n")
+    cgroup(root, "max", 5000)
+    assert available() == system  # a cgroup with no limit
+    cgroup(root / "system.slice" / "serve.service", 1 << 30, 5000, "anon 1000\ninactive_file 3000\n")
+    assert available() == (1 << 30) - 2000  # the service's own limit (not the root's), less its unreclaimable usage
+    cgroup(root / "system.slice", 1 << 29, 1 << 28)
+    assert available() == 1 << 28  # its parent's leaves less
+    membership.write_text("12:cpu,cpuacct:/\n4:memory:/jobs/one\n")  # v1: the memory controller's line
+    (root / "memory.max").unlink()
+    cgroup(root / "memory", (1 << 63) - 4096, 10, v1=True)  # v1 writes no limit as a huge number
+    assert available() == system
+    cgroup(root / "memory" / "jobs" / "one", 1 << 31, 1 << 30, "inactive_file 5\ntotal_inactive_file 1024\n", v1=True)
+    assert available() == (1 << 31) - (1 << 30) + 1024
+    assert devices.available_memory(str(tmp_path / "nothing"), str(tmp_path / "none"), str(tmp_path / "no")) is None
     assert devices.available_memory() is None or devices.available_memory() > 0  # this machine's, where it says
+
+
+def test_the_sessions_estimate_counts_a_graph_s_external_data(tiny_artifact_dir, tmp_path):
+    """A graph whose weights are in files beside it (an export over 2 GB) counts them: the graph file alone is
+    a few kilobytes."""
+    import json
+    import shutil
+
+    from transduce.formats.contract import ENCODER_FILE
+
+    inline = planning.session_bytes(tiny_artifact_dir, BackendSpec())
+    copy = tmp_path / "artifact"
+    shutil.copytree(tiny_artifact_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"][ENCODER_FILE + ".data"] = {**manifest["files"][ENCODER_FILE], "bytes": 3 << 30}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with open(copy / (ENCODER_FILE + ".data"), "wb") as f:
+        f.truncate(3 << 30)  # (sparse: no disk taken)
+    assert abs(planning.session_bytes(str(copy), BackendSpec()) - (inline + (3 << 30) * 1.4)) <= 1
 
 
 def test_a_server_short_of_memory_starts_fewer_engines_and_says_why(tiny_artifact_dir, monkeypatch):

@@ -53,14 +53,17 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-# a cgroup's memory limit and usage (a container's): v2, then v1 (which writes "no limit" as a huge number)
-CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+# where cgroups are mounted, and each version's files: (limit, usage, memory.stat's count of reclaimable page cache)
+CGROUP_ROOT = "/sys/fs/cgroup"
+_CGROUP_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
+                 1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
 
 
-def available_memory(meminfo: str = "/proc/meminfo", cgroups=CGROUP_MEMORY) -> int | None:
+def available_memory(meminfo: str = "/proc/meminfo", cgroup_root: str = CGROUP_ROOT,
+                     membership: str = "/proc/self/cgroup") -> int | None:
     """Bytes of memory this process can still take: what the OS says is available (Linux's MemAvailable), or
-    less where its cgroup's limit (a container's) leaves less -> None where neither can be read."""
+    less where a cgroup limit over it (a container's, or a service's) leaves less -> None where neither can be
+    read."""
     found = []
     try:
         with open(meminfo, encoding="ascii") as f:
@@ -70,13 +73,58 @@ def available_memory(meminfo: str = "/proc/meminfo", cgroups=CGROUP_MEMORY) -> i
                     break
     except (OSError, ValueError, IndexError):
         pass
-    for limit, usage in cgroups:
-        try:
-            with open(limit, encoding="ascii") as f, open(usage, encoding="ascii") as g:
-                text = f.read().strip()
-                if text != "max" and int(text) < 1 << 60:
-                    found.append(max(0, int(text) - int(g.read().strip())))
-                break
-        except (OSError, ValueError):
-            continue
+    for directory, version in _cgroups(cgroup_root, membership):
+        left = _cgroup_left(directory, *_CGROUP_FILES[version])
+        if left is not None:
+            found.append(left)
     return min(found) if found else None
+
+
+def _cgroups(root: str, membership: str) -> list[tuple[str, int]]:
+    """The memory cgroup directories over this process, its own first, each with its version: its cgroup (from
+    `membership`, /proc/self/cgroup) and every ancestor's up to the mount's root, which is all a container that
+    hides the hierarchy shows."""
+    own = {2: "/", 1: "/"}
+    try:
+        with open(membership, encoding="utf-8") as f:
+            for line in f:
+                number, controllers, path = line.rstrip("\n").split(":", 2)
+                if number == "0" and not controllers:
+                    own[2] = path
+                elif "memory" in controllers.split(","):
+                    own[1] = path
+    except (OSError, ValueError):
+        pass
+    out = []
+    for version, base in ((2, root), (1, os.path.join(root, "memory"))):
+        parts = [p for p in own[version].split("/") if p]
+        for n in range(len(parts), -1, -1):
+            directory = os.path.join(base, *parts[:n])
+            if os.path.isfile(os.path.join(directory, _CGROUP_FILES[version][0])):
+                out.append((directory, version))
+    return out
+
+
+def _cgroup_left(directory: str, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    """What a cgroup's limit leaves: the limit less its usage, less the page cache it would reclaim first (its
+    inactive file pages, as `docker stats` counts) -> None for no limit (v2's "max", v1's huge number)."""
+    try:
+        with open(os.path.join(directory, limit_file), encoding="ascii") as f:
+            text = f.read().strip()
+        if text == "max" or int(text) >= 1 << 60:
+            return None
+        with open(os.path.join(directory, usage_file), encoding="ascii") as f:
+            usage = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    inactive = 0
+    try:
+        with open(os.path.join(directory, "memory.stat"), encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == inactive_key:
+                    inactive = int(value)
+                    break
+    except (OSError, ValueError):
+        pass
+    return max(0, int(text) - max(0, usage - inactive))

@@ -60,8 +60,8 @@ def engine_spec(spec: BackendSpec, engines: int) -> tuple[BackendSpec, int]:
 
 def session_bytes(path: str, spec: BackendSpec) -> int | None:
     """The memory one set of an engine's sessions takes, estimated from the graph files it loads (ONNX Runtime on
-    the CPU: the encoder and the step graph), -> None where it cannot be told (another backend or device, or a
-    directory that is not an artifact: its loading says what is wrong)."""
+    the CPU: the encoder and the step graph, with their external-data files), -> None where it cannot be told
+    (another backend or device, or a directory that is not an artifact: its loading says what is wrong)."""
     if spec.backend != "onnxruntime" or spec.device != "cpu":
         return None
     from transduce.errors import TransduceError
@@ -71,7 +71,9 @@ def session_bytes(path: str, spec: BackendSpec) -> int | None:
     try:
         manifest = read_manifest(path, verify_hashes=False)
         files = manifest["files"]
-        graphs = sum(int(files[name]["bytes"]) for name in (ENCODER_FILE, cpu_step_graph(manifest)))
+        graphs = sum(int(entry["bytes"]) for name, entry in files.items()
+                     for graph in (ENCODER_FILE, cpu_step_graph(manifest))
+                     if name == graph or name.startswith(graph + "."))  # (its weights in files beside it)
     except (TransduceError, OSError, KeyError, TypeError, ValueError):
         return None
     return int(graphs * SESSION_BYTES_PER_GRAPH_BYTE)
