@@ -474,3 +474,43 @@ def test_the_event_loop_never_waits_on_a_full_pipe_while_the_engine_waits_on_ano
     for req, texts in zip(rest, big, strict=True):
         assert req.error is None
         assert [t.tokens for t in req.translations] == [t.tokens for t in translator.translate(texts, **short_opts)]
+
+
+class _Frames:
+    """A pipe end holding frames to read."""
+
+    def __init__(self, frames: list[bytes]):
+        self.frames = frames
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return bool(self.frames)
+
+    def recv_bytes(self) -> bytes:
+        frame = self.frames.pop(0)
+        if frame == b"interrupt":
+            raise KeyboardInterrupt
+        return frame
+
+    def fileno(self) -> int:
+        return -1
+
+
+def test_the_event_loop_reads_a_few_frames_per_wake_up_and_an_interrupt_is_not_an_engine_failure():
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve import engine as engine_module
+    from transduce.serve import wire
+    from transduce.serve.engine import EngineClient
+
+    client = EngineClient("unused", BackendSpec(), engines=1)  # never started: its frame reading only
+    e = client.engines[0]
+    e.conn = _Frames([wire.dumps(("step", n, 0, [])) for n in range(40)])
+    e.loop = SimpleNamespace(remove_reader=lambda fd: None)
+    client._readable(e)
+    assert len(e.conn.frames) == 40 - engine_module.FRAMES_PER_READ and e.seen == engine_module.FRAMES_PER_READ - 1
+    client._readable(e)
+    client._readable(e)
+    assert e.conn.frames == [] and e.seen == 39 and not e.ended
+    e.conn.frames = [b"interrupt"]
+    with pytest.raises(KeyboardInterrupt):
+        client._readable(e)
+    assert not e.ended and client.thread_error is None

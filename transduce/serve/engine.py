@@ -37,6 +37,7 @@ from transduce.serve.requests import deliver
 from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
+FRAMES_PER_READ = 16  # frames read per wake-up of the event loop, at most (the rest at its next turn)
 
 
 class EngineFailed(TransduceError):
@@ -407,16 +408,18 @@ class EngineClient(DecodeService):
                 e.outbox.attach(loop)
 
     def _readable(self, engine: _Engine) -> None:
-        """On the event loop: the frames that have arrived."""
+        """On the event loop: the frames that have arrived (a few at a time: the loop's other work goes on)."""
         conn = engine.conn
         try:
-            while conn.poll():
+            for _ in range(FRAMES_PER_READ):
+                if not conn.poll():
+                    return
                 if self._frame(engine, conn.recv_bytes()):
                     break
             else:
                 return
             ended = None
-        except BaseException as e:  # noqa: BLE001 - recorded: healthz reports it
+        except Exception as e:  # noqa: BLE001 - recorded: healthz reports it
             ended = e
         engine.loop.remove_reader(conn.fileno())
         self._ended(engine, ended)
