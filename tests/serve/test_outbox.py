@@ -6,7 +6,9 @@ import asyncio
 import multiprocessing
 import os
 import threading
+import time
 
+import pytest
 import uvloop
 
 from transduce.serve.outbox import Outbox, header
@@ -90,3 +92,49 @@ def test_senders_in_threads_wait_for_the_pipe_and_their_frames_stay_whole():
     reader.join(timeout=30)
     for n, frames in per.items():  # each sender's frames whole, in its order
         assert [f for f in got if f[0] == n] == frames
+
+
+def test_what_waits_for_a_stopped_loop_is_dropped_where_the_engine_has_gone():
+    """Handing back to threads writes what waited; an engine gone meanwhile takes nothing, and nothing raises (the
+    server's stop goes on to the other engines)."""
+    ours, theirs = multiprocessing.Pipe()
+    box = Outbox(ours)
+    loop = uvloop.new_event_loop()
+    box.attach(loop)
+    box.send(b"s" * 1_000_000)
+    loop.close()
+    theirs.close()
+    box.attach(None)
+    assert box.pending() == 0
+
+
+def test_a_thread_waits_for_a_pipe_nobody_reads_only_until_its_timeout():
+    ours, _theirs = multiprocessing.Pipe()
+    box = Outbox(ours)
+    with pytest.raises(TimeoutError):
+        box.send(b"s" * 1_000_000, timeout=0.2)
+    assert box.pending() == 0
+
+
+def test_closing_an_outbox_the_loop_watches_removes_the_watch_first():
+    """Closed while the reading loop (in its own thread) waits to write: the loop stops watching the descriptor
+    (a closed one watched would wake it at every turn)."""
+    ours, _theirs = multiprocessing.Pipe()
+    box, calls = Outbox(ours), []
+    loop = uvloop.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    writable = box._writable
+    box._writable = lambda: (calls.append(1), writable())
+    box.attach(loop)
+    box.send(b"s" * 1_000_000)
+    assert box.watching is loop
+    time.sleep(0.1)  # its writer callback is added on the loop
+    box.close()
+    time.sleep(0.3)
+    before = len(calls)
+    time.sleep(0.3)
+    loop.call_soon_threadsafe(loop.stop)
+    runner.join(timeout=10)
+    loop.close()
+    assert len(calls) - before < 5, len(calls) - before

@@ -136,7 +136,7 @@ class _Engine:
     def stop(self) -> None:
         if self.process is not None and self.process.is_alive():
             try:
-                self.send(("stop",))
+                self.outbox.send(wire.dumps(("stop",)), timeout=10.0)  # (a wedged engine is killed below)
             except OSError:
                 pass
             self.process.join(timeout=10)

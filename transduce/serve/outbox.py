@@ -15,9 +15,11 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 POLL_MS = 50  # how long a sender's thread waits for the pipe before it looks again for a loop that took over
+HANDBACK_WAIT_S = 10.0  # how long a hand-back waits for an engine to read what was left (a wedged one is killed)
 
 
 def _socket_of(conn: Any) -> socket.socket | None:
@@ -46,13 +48,15 @@ class Outbox:
     def __init__(self, conn: Any):
         self.conn = conn
         self.sock = _socket_of(conn)
+        self.fd = self.sock.fileno() if self.sock is not None else -1  # (kept: a closed socket's reads -1)
         self.lock = threading.Lock()  # one writer at a time: frames go out whole and in order
         self.out = bytearray()  # framed bytes not written yet
         self.loop: asyncio.AbstractEventLoop | None = None
         self.watching: asyncio.AbstractEventLoop | None = None  # the loop with a writer callback for `out`
 
-    def send(self, data: bytes) -> None:
-        """One message's bytes, framed; OSError where the engine has gone."""
+    def send(self, data: bytes, timeout: float | None = None) -> None:
+        """One message's bytes, framed; OSError where the engine has gone (TimeoutError where a thread waited
+        `timeout` seconds for it to read)."""
         if self.sock is None:
             with self.lock:
                 self.conn.send_bytes(data)
@@ -60,15 +64,16 @@ class Outbox:
         with self.lock:
             self.out += header(len(data))
             self.out += data
-            self._write()
+            self._write(None if timeout is None else time.monotonic() + timeout)
 
     def pending(self) -> int:
         """Bytes waiting for the pipe to drain."""
         return len(self.out)
 
-    def _write(self) -> None:
+    def _write(self, deadline: float | None = None) -> None:
         """`out` into the pipe (the lock held): what it takes at once; the rest is left to the reading loop's writer
-        callback, or waited for here where threads read the frames (waiting then stalls nobody)."""
+        callback, or waited for here where threads read the frames (waiting then stalls nobody), until `deadline`
+        (TimeoutError). An engine gone (OSError) takes nothing more: `out` is dropped."""
         if self.watching is not None:  # the loop's callback writes, in order
             return
         while self.out:
@@ -79,7 +84,13 @@ class Outbox:
                 if loop is not None:
                     self._watch(loop)
                     return
+                if deadline is not None and time.monotonic() > deadline:
+                    self.out.clear()
+                    raise TimeoutError("the engine process read nothing for too long") from None
                 socket_wait(self.sock, POLL_MS)
+            except OSError:
+                self.out.clear()
+                raise
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -92,8 +103,8 @@ class Outbox:
         with self.lock:
             if self.watching is not loop:  # handed back meanwhile
                 return
-            loop.add_writer(self.sock.fileno(), self._writable)
-            os.set_blocking(self.sock.fileno(), True)  # uvloop's (libuv's) poll made it non-blocking: reads wait
+            loop.add_writer(self.fd, self._writable)
+            os.set_blocking(self.fd, True)  # uvloop's (libuv's) poll made it non-blocking: reads wait
 
     def _writable(self) -> None:
         """On the event loop: the pipe has room for (some of) `out`."""
@@ -113,26 +124,49 @@ class Outbox:
         loop, self.watching = self.watching, None
         if loop is not None:
             try:
-                loop.remove_writer(self.sock.fileno())
+                loop.remove_writer(self.fd)
             except Exception:  # noqa: BLE001 - a closed loop has forgotten it already
                 pass
 
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """The event loop now reading the engine's frames, or None: threads read them again, and what waited for the
-        loop's callback is written here."""
+        """The event loop now reading the engine's frames, or None (that loop has stopped): threads read them again,
+        and what waited for the loop's callback is written here (dropped where the engine has gone, or reads
+        nothing for HANDBACK_WAIT_S: its reader fails its requests)."""
         self.loop = loop  # first, unlocked: a sender waiting in its thread sees it and hands over
         if self.sock is None:
             return
         with self.lock:
             if loop is None:
                 self._unwatch()
-                os.set_blocking(self.sock.fileno(), True)
+                os.set_blocking(self.fd, True)
             if self.out:
-                self._write()
+                try:
+                    self._write(time.monotonic() + HANDBACK_WAIT_S)
+                except OSError:
+                    pass
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
+        """The socket closed, once no loop watches it (a watched descriptor closed would wake the loop for ever)."""
+        if self.sock is None:
+            return
+        with self.lock:
+            self.out.clear()
+            loop, self.watching = self.watching, None
+        if loop is not None and loop.is_running():
+            try:
+                loop.call_soon_threadsafe(self._close_on, loop)
+                return
+            except RuntimeError:  # closed meanwhile
+                pass
+        self._close_on(loop)
+
+    def _close_on(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        if loop is not None:
+            try:
+                loop.remove_writer(self.fd)
+            except Exception:  # noqa: BLE001 - a closed loop has forgotten it already
+                pass
+        self.sock.close()
 
 
 def socket_wait(sock: socket.socket, ms: int) -> None:

@@ -145,7 +145,9 @@ class IncrementalText:
         return out
 
     def finish(self) -> list[tuple[int, str]]:
-        """The event still held (a whole decoder's last token), with the rest of the text."""
+        """The event still held (a whole decoder's last token), with the rest of the text. Where the end rewrote
+        text already given out (no Moses case known), what follows their common start comes again: the texts then
+        repeat a little rather than lose the end."""
         if self.held is None:
             return []
         held, self.held = self.held, None
