@@ -205,6 +205,63 @@ def test_a_stream_of_a_tokenizer_decoded_whole_sends_each_token_once_before_its_
         assert "".join(d["text"] for _, d in mine[:-1]) == done[i]["text"] == mine[-1][1]["translation"]["text"]
 
 
+def test_under_our_http_protocol_a_request_waits_on_its_disconnect_future_with_no_task_of_its_own(
+        tiny_artifact_dir):
+    """Where the HTTP protocol holds the arrival deadline and gives a disconnect future (scope extensions), a
+    request starts no task of its own (no watcher on the receive channel, no timeout around its body), and the
+    future's completion is the client leaving: the request is cancelled, nothing is sent. Without them (another
+    ASGI server), the watcher task as before."""
+    import asyncio
+
+    import orjson
+
+    from transduce.runtime.api import load
+    from transduce.serve.app import create_app
+    from transduce.serve.asgi import DEADLINE_HELD, DISCONNECTED
+    from transduce.serve.service import DecodeService, ServiceOptions
+
+    service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions())
+    service.start()
+    try:
+        app = create_app(service, {"id": "tiny"})
+        long = {"text": ["one two three"], "beam_size": 1, "min_length": 400, "max_len_a": 0, "max_len_b": 400}
+
+        async def request(extensions: bool, leave: bool):
+            loop = asyncio.get_running_loop()
+            gone, sent, tasks = loop.create_future(), [], []
+            factory = loop.get_task_factory()
+            loop.set_task_factory(lambda lp, coro, **kw: tasks.append(coro) or asyncio.Task(coro, loop=lp, **kw))
+            body = orjson.dumps(long if leave else {"text": ["one two"], "beam_size": 1})
+            received = [{"type": "http.request", "more_body": False, "body": body}]
+
+            async def receive():
+                if received:
+                    return received.pop(0)
+                await gone
+                return {"type": "http.disconnect"}
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": "/v1/translate", "headers": []}
+            if extensions:
+                scope["extensions"] = {DEADLINE_HELD: True, DISCONNECTED: gone}
+            handling = asyncio.ensure_future(app(scope, receive, send))
+            if leave:  # (before it has read its body: it leaves once that has been read)
+                gone.set_result(None)
+            await asyncio.wait_for(handling, 30)
+            loop.set_task_factory(factory)
+            return len(tasks) - 1, sent  # (the request's own handler)
+
+        for extensions in (True, False):
+            started, sent = asyncio.run(request(extensions, leave=False))
+            assert sent[0]["status"] == 200 and started == (0 if extensions else 1)
+            started, sent = asyncio.run(request(extensions, leave=True))
+            assert sent == [] and started == (0 if extensions else 1)
+    finally:
+        service.stop()
+
+
 def test_a_stream_cut_short_sends_the_token_it_held_before_its_error(tiny_artifact_dir, monkeypatch):
     """A stream decoded whole (each token's event a token late) that the server cuts short (an error event) gets the
     event of the token it held first: every token decoded for it is streamed once, in order, then the error."""
@@ -362,6 +419,16 @@ def test_a_stalled_body_is_answered_408_and_the_connection_closed(fr_server):
         answer = _read_all(s)  # the server closes it: recv returns b"" rather than waiting forever
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"did not arrive within 1 s" in answer
+
+
+def test_a_request_answered_before_its_body_came_is_not_also_answered_408(fr_server):
+    """A body declared over the limit is answered 413 at once; the arrival deadline ends with that answer, so the
+    connection gets nothing more (the keep-alive timeout closes it)."""
+    with _connect(fr_server) as s:
+        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000000\r\n\r\n")
+        answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 413") and b"408" not in answer, answer
 
 
 def test_trickled_headers_are_answered_408_and_the_connection_closed(fr_server):

@@ -30,7 +30,16 @@ from typing import Any
 
 from transduce.errors import InputError, TransduceError
 from transduce.serve import libre
-from transduce.serve.asgi import dumps, error_body, json_object, read_body, send_error, send_json, watch_disconnect
+from transduce.serve.asgi import (
+    dumps,
+    error_body,
+    json_object,
+    read_body,
+    send_error,
+    send_json,
+    unwatch,
+    watch_disconnect,
+)
 from transduce.serve.service import OPTION_FIELDS, SCORE_OPTION_FIELDS, DecodeService, ServeError
 from transduce.serve.stream import ClientLeft, IncrementalText, LoopSink, Waiter
 
@@ -177,7 +186,7 @@ class App:
             return await self.failed(send, e, 400)
         except ServeError as e:
             return await self.failed(send, e, e.status)
-        gone = watch_disconnect(receive)
+        gone = watch_disconnect(scope, receive)
         try:
             if stream:
                 await self._stream(req, waiter, gone, send)
@@ -192,9 +201,9 @@ class App:
             matrix = req.options.return_attention
             await send_json(send, 200, {"translations": [translation_json(t, matrix) for t in req.translations]})
         finally:
-            gone.cancel()
+            unwatch(gone)
 
-    async def _stream(self, req, waiter: Waiter, gone: asyncio.Task, send) -> None:
+    async def _stream(self, req, waiter: Waiter, gone: asyncio.Future, send) -> None:
         """The request's events as Server-Sent Events, several to a write when a step gave several."""
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),

@@ -60,36 +60,50 @@ def header(scope, name: bytes) -> bytes | None:
     return None
 
 
+# scope["extensions"] keys our HTTP protocol (http.py) sets: it enforces the whole request's arrival deadline
+# itself, and gives a future done when the client disconnects (no task per request waits on the receive channel)
+DEADLINE_HELD = "transduce.deadline_held"
+DISCONNECTED = "transduce.disconnected"
+
+
 async def read_body(scope, receive, limit: int, timeout: float) -> bytes:
     """The request's body: ServeError 413 past `limit` bytes, 408 when it has not all arrived within `timeout`
-    seconds of the headers (a client that stalls or trickles it); ClientLeft when the client went away."""
+    seconds of the headers (a client that stalls or trickles it; where the HTTP protocol holds that deadline, it
+    answers the 408 and closes the connection, and this sees the client leave); ClientLeft when the client went
+    away."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ServeError(f"the request body has {int(declared)} bytes; this server takes at most {limit}", 413,
                          hint="send fewer or shorter sentences per request")
+    if scope.get("extensions", {}).get(DEADLINE_HELD):
+        return await _body(receive, limit)
     try:
         async with asyncio.timeout(timeout):
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientLeft
-            body = message.get("body", b"")
-            if not message.get("more_body", False):
-                if len(body) > limit:
-                    raise _too_big(limit)
-                return body
-            chunks, size = [body], len(body)
-            while message.get("more_body", False):
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientLeft
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise _too_big(limit)
-                chunks.append(chunk)
+            return await _body(receive, limit)
     except TimeoutError:
         raise ServeError(f"the request body did not arrive within {timeout:g} s", 408,
                          hint="send the whole body at once, right after the headers") from None
+
+
+async def _body(receive, limit: int) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientLeft
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise _too_big(limit)
+        return body
+    chunks, size = [body], len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_big(limit)
+        chunks.append(chunk)
     return b"".join(chunks)
 
 
@@ -121,10 +135,19 @@ def json_object(body: bytes, fields: tuple[str, ...], required: tuple[str, ...])
     return obj
 
 
-def watch_disconnect(receive) -> asyncio.Task:
-    """A task that ends when the client disconnects (or the response is complete), once the request's body has
-    been read: the receive channel then has nothing but http.disconnect to give."""
+def watch_disconnect(scope, receive) -> asyncio.Future:
+    """A future done when the client disconnects, once the request's body has been read: our HTTP protocol's
+    (DISCONNECTED), else a task that waits on the receive channel, which then has nothing but http.disconnect
+    (or the response's completion) to give. Give it to `unwatch` when the request is done."""
+    given = scope.get("extensions", {}).get(DISCONNECTED)
+    if given is not None:
+        return given
     return asyncio.get_running_loop().create_task(_disconnected(receive))
+
+
+def unwatch(gone: asyncio.Future) -> None:
+    if isinstance(gone, asyncio.Task):  # (the protocol's future is its connection's, left as it is)
+        gone.cancel()
 
 
 async def _disconnected(receive) -> None:

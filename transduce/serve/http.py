@@ -1,4 +1,4 @@
-"""The server's HTTP protocol: uvicorn's httptools protocol with a deadline on each request's headers, and its
+"""The server's HTTP protocol: uvicorn's httptools protocol with a deadline on each request's arrival, and its
 writes coalesced into one socket write per turn of the event loop (uvicorn writes a response's head and body
 apart: two system calls, and two segments for the client to read, per answer)."""
 
@@ -41,19 +41,29 @@ class CorkedTransport:
 
 
 def http_protocol(timeout: float):
-    """uvicorn's httptools protocol over a CorkedTransport, with a deadline on each request's headers: a connection
-    that opens and sends nothing is closed after `timeout` seconds, and one that sends part of a request's headers
-    and stalls (or trickles them) is answered 408 and closed. (The body's deadline is the app's: asgi.read_body.)
-    Idle connections between requests are uvicorn's keep-alive timeout's."""
+    """uvicorn's httptools protocol over a CorkedTransport, with a deadline on each request's arrival: a
+    connection that opens and sends nothing is closed after `timeout` seconds, and one that sends part of a
+    request (its headers or its body) and stalls, or trickles it, is answered 408 and closed. The app learns
+    through the scope's extensions that the deadline is held here (asgi.DEADLINE_HELD) and gets a future done
+    when the client disconnects (asgi.DISCONNECTED), instead of a task per request on the receive channel. Idle
+    connections between requests are uvicorn's keep-alive timeout's."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    body = b'{"error": {"message": "the request headers did not arrive within %g s", "status": 408}}' % timeout
-    answer = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-              b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    from transduce.serve.asgi import DEADLINE_HELD, DISCONNECTED
+
+    def answer(what: str) -> bytes:
+        body = (b'{"error": {"message": "the request %s did not arrive within %g s", "status": 408, "hint": '
+                b'"send the whole request at once"}}' % (what.encode(), timeout))
+        return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+    late = {False: answer("headers"), True: answer("body")}  # by whether the headers had come
 
     class Protocol(HttpToolsProtocol):
         _deadline = None
         _begun = False  # bytes of a request have come
+        _headers = False  # and all its headers
+        _gones = None  # the futures for a disconnect of the requests not answered yet, oldest first (pipelined)
 
         def connection_made(self, transport) -> None:
             super().connection_made(CorkedTransport(transport, self.loop))
@@ -61,16 +71,34 @@ def http_protocol(timeout: float):
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._begun = True
+            self._begun, self._headers = True, False
+            gone = self.loop.create_future()
+            self._gones = [*(self._gones or ()), gone]
+            self.scope["extensions"] = {DEADLINE_HELD: True, DISCONNECTED: gone}
             self._arm()
 
         def on_headers_complete(self) -> None:
-            self._disarm()
-            self._begun = False
+            self._headers = True
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()  # it has all arrived
+            self._begun = False
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            if self._begun and len(self._gones or ()) == 1:  # the request arriving was answered before its body
+                self._disarm()  # came (a 413 on its declared length): nothing more to wait for
+                self._begun = False
+            if self._gones:
+                self._gones.pop(0)
+            super().on_response_complete()
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            for gone in self._gones or ():
+                if not gone.done():
+                    gone.set_result(None)
             super().connection_lost(exc)
 
         def _arm(self) -> None:
@@ -86,7 +114,7 @@ def http_protocol(timeout: float):
             self._deadline = None
             if not self.transport.is_closing():
                 if self._begun:
-                    self.transport.write(answer)
+                    self.transport.write(late[self._headers])
                 self.transport.close()
 
     return Protocol

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from transduce.errors import InputError, TransduceError
-from transduce.serve.asgi import header, read_body, send_json, watch_disconnect
+from transduce.serve.asgi import header, read_body, send_json, unwatch, watch_disconnect
 from transduce.serve.options import ServeError
 from transduce.serve.stream import ClientLeft, Waiter
 
@@ -155,7 +155,7 @@ async def translate(app, scope, receive, send) -> None:
         return await _error(app, send, _message(e), 400)
     except ClientLeft:
         return
-    gone = watch_disconnect(receive)
+    gone = watch_disconnect(scope, receive)
     try:
         try:
             await waiter.wait(gone)
@@ -166,7 +166,7 @@ async def translate(app, scope, receive, send) -> None:
             return await _error(app, send, _message(data), data.status)
         await send_json(send, 200, _answer(req, joined, fields, app.languages))
     finally:
-        gone.cancel()
+        unwatch(gone)
 
 
 def _fields(scope, body: bytes) -> dict[str, Any]:
