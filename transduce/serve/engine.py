@@ -120,8 +120,8 @@ class _Engine:
             raise wire.load_error(*message[1:], EngineFailed)
         return message[1]
 
-    def send(self, message: tuple) -> None:
-        self.outbox.send(wire.dumps(message))
+    def send(self, message: tuple, timeout: float | None = None) -> None:
+        self.outbox.send(wire.dumps(message), timeout)
 
     def send_pending(self) -> None:
         """The submits made since the last frame, in one frame."""
@@ -136,7 +136,7 @@ class _Engine:
     def stop(self) -> None:
         if self.process is not None and self.process.is_alive():
             try:
-                self.outbox.send(wire.dumps(("stop",)), timeout=10.0)  # (a wedged engine is killed below)
+                self.send(("stop",), timeout=10.0)  # (a wedged engine is killed below)
             except OSError:
                 pass
             self.process.join(timeout=10)

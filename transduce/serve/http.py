@@ -63,9 +63,8 @@ def http_protocol(timeout: float):
         _deadline = None
         _begun = False  # bytes of a request have come
         _headers = False  # and all its headers
-        _gones = None  # the futures for a disconnect of the requests not answered yet, oldest first (pipelined)
-
         def connection_made(self, transport) -> None:
+            self._gones: list = []  # the futures for a disconnect of the requests not answered yet, oldest first
             super().connection_made(CorkedTransport(transport, self.loop))
             self._arm()
 
@@ -73,7 +72,7 @@ def http_protocol(timeout: float):
             super().on_message_begin()
             self._begun, self._headers = True, False
             gone = self.loop.create_future()
-            self._gones = [*(self._gones or ()), gone]
+            self._gones.append(gone)
             self.scope["extensions"] = {DEADLINE_HELD: True, DISCONNECTED: gone}
             self._arm()
 
@@ -87,7 +86,7 @@ def http_protocol(timeout: float):
             super().on_message_complete()
 
         def on_response_complete(self) -> None:
-            if self._begun and len(self._gones or ()) == 1:  # the request arriving was answered before its body
+            if self._begun and len(self._gones) == 1:  # the request arriving was answered before its body
                 self._disarm()  # came (a 413 on its declared length): nothing more to wait for
                 self._begun = False
             if self._gones:
@@ -96,7 +95,7 @@ def http_protocol(timeout: float):
 
         def connection_lost(self, exc) -> None:
             self._disarm()
-            for gone in self._gones or ():
+            for gone in self._gones:
                 if not gone.done():
                     gone.set_result(None)
             super().connection_lost(exc)

@@ -76,21 +76,28 @@ class Outbox:
         (TimeoutError). An engine gone (OSError) takes nothing more: `out` is dropped."""
         if self.watching is not None:  # the loop's callback writes, in order
             return
+        while not self._drain():
+            loop = self.loop
+            if loop is not None:
+                self._watch(loop)
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                self.out.clear()
+                raise TimeoutError("the engine process read nothing for too long")
+            socket_wait(self.sock, POLL_MS)
+
+    def _drain(self) -> bool:
+        """As much of `out` as the pipe takes now (the lock held) -> whether all of it went; OSError where the
+        engine has gone (`out` dropped: it takes nothing more)."""
         while self.out:
             try:
                 del self.out[:self.sock.send(self.out, socket.MSG_DONTWAIT)]
             except (BlockingIOError, InterruptedError):
-                loop = self.loop
-                if loop is not None:
-                    self._watch(loop)
-                    return
-                if deadline is not None and time.monotonic() > deadline:
-                    self.out.clear()
-                    raise TimeoutError("the engine process read nothing for too long") from None
-                socket_wait(self.sock, POLL_MS)
+                return False
             except OSError:
                 self.out.clear()
                 raise
+        return True
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -111,17 +118,19 @@ class Outbox:
         with self.lock:
             if self.watching is None:
                 return
-            while self.out:
-                try:
-                    del self.out[:self.sock.send(self.out, socket.MSG_DONTWAIT)]
-                except (BlockingIOError, InterruptedError):  # full again: called again
+            try:
+                if not self._drain():  # full again: called again
                     return
-                except OSError:  # the engine has gone: its reader fails what it had
-                    self.out.clear()
+            except OSError:  # the engine has gone: its reader fails what it had
+                pass
             self._unwatch()
 
     def _unwatch(self) -> None:
         loop, self.watching = self.watching, None
+        self._forget(loop)
+
+    def _forget(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """`loop` no longer watches the descriptor."""
         if loop is not None:
             try:
                 loop.remove_writer(self.fd)
@@ -161,11 +170,7 @@ class Outbox:
         self._close_on(loop)
 
     def _close_on(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        if loop is not None:
-            try:
-                loop.remove_writer(self.fd)
-            except Exception:  # noqa: BLE001 - a closed loop has forgotten it already
-                pass
+        self._forget(loop)
         self.sock.close()
 
 

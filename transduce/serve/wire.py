@@ -101,4 +101,3 @@ def load_error(kind: str, error: tuple, failed: type[TransduceError]) -> Transdu
     if not isinstance(made, TransduceError):
         made = failed(f"the engine process failed to load: {text}", hint)
     return made
-
