@@ -154,12 +154,44 @@ class _MosesBpeSide:
     def encode(self, text: str) -> list[int]:
         return [self.ids.get(p, self.unk_id) for p in self.pieces(text)]
 
-    def decode(self, pieces: list[str]) -> str:
+    def words(self, pieces: list[str]) -> list[str]:
+        """The words the pieces spell, as the detokenizer reads them."""
         if self.spec.get("style") == "subword_nmt":  # fairseq's: "@@ " joins a word's pieces
-            words = (" ".join(pieces) + " ").replace("@@ ", "").split()
-        else:
-            words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
+            return (" ".join(pieces) + " ").replace("@@ ", "").split()
+        return "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
+
+    def decode(self, pieces: list[str]) -> str:
+        words = self.words(pieces)
         return self.detokenizer.detokenize(words) if self.spec.get("moses", True) else " ".join(words)
+
+    def anchor(self, pieces: list[str]) -> int | None:
+        """Where a stream of these pieces may start decoding afresh: a word's first piece k, whole words after it,
+        such that decode(pieces[:k]) + " " + decode(pieces[k:]) is decode(pieces) now and whatever pieces follow;
+        None where there is no such place near the end. Moses' detokenizer carries over a boundary only its state
+        (whether the next word takes a space, each kind of straight quote's count: even opens, odd closes) and
+        rules that read the word before or the two after; k is taken where a probe of words after it finds the
+        state as at a sentence's start and the words on both sides decode apart as together. Czech's rule reads
+        the sentence's last words: no anchor."""
+        if not self.spec.get("moses", True) or self.lang == "cs":
+            return None
+        subword = self.spec.get("style") == "subword_nmt"
+        starts = [j for j in range(1, len(pieces))
+                  if (not pieces[j - 1].endswith("@@") if subword else pieces[j - 1].endswith("</w>"))]
+        detok = self.detokenizer.detokenize
+        whole = None
+        for k in reversed(starts[-3:-1]):  # the last word may not be complete: the starts of the two before it
+            head, tail = self.words(pieces[:k]), self.words(pieces[k:])
+            if not head or not tail or (self.lang == "fi" and self.detokenizer.FINNISH_REGEX.search(tail[0])):
+                continue  # (a Finnish case suffix first in a window reads the window's last word)
+            quotes = {w for w in map(self.detokenizer.unescape_xml, head) if self.detokenizer.IS_OPEN_QUOTE.search(w)}
+            probe = ["x", *(q for quote in sorted(quotes) for q in (quote, "x"))]
+            text = detok(head)
+            if detok(head + probe) != f"{text} {detok(probe)}":
+                continue  # a quote left open, or the next word's space taken (a currency sign, "(", "l'")
+            whole = whole if whole is not None else self.decode(pieces)
+            if whole == f"{text} {detok(tail)}":
+                return k
+        return None
 
 
 _SIDES = {"sentencepiece": _SentencePieceSide, "moses_bpe": _MosesBpeSide}
@@ -251,6 +283,18 @@ class PairTokenizer:
         """Target ids -> detokenized text; specials are dropped."""
         vocab = self.target.vocab
         return self.target.decode([vocab[int(i)] for i in ids if int(i) not in self._specials and int(i) < len(vocab)])
+
+    def stream_anchor(self, ids: Sequence[int]) -> int | None:
+        """Where a stream decoding these target ids whole (prefix_stable False) may start afresh: k with
+        decode(ids[:k]) + " " + decode(ids[k:]) == decode(ids) now and whatever ids follow; None where the target
+        has no such place now (see _MosesBpeSide.anchor)."""
+        anchor = getattr(self.target, "anchor", None)
+        if anchor is None:
+            return None
+        vocab = self.target.vocab
+        kept = [j for j, i in enumerate(ids) if int(i) not in self._specials and int(i) < len(vocab)]
+        k = anchor([vocab[int(ids[j])] for j in kept])
+        return None if k is None else kept[k]
 
     def id_to_token(self, i: int) -> str:
         return self.target.vocab[int(i)]

@@ -91,6 +91,7 @@ class Waiter:
         raise ClientLeft
 
 
+WINDOW_LOOK = 8  # tokens in a whole decode's window before an anchor is looked for
 _OPEN_ENTITY = re.compile(r"&#?[0-9A-Za-z]*$")  # the start of an XML entity (Moses escapes "&", "|", quotes...)
 
 
@@ -108,9 +109,11 @@ class IncrementalText:
     prefix_stable (Moses' detokenizer writes a token by the ones after it: a straight quote opens or closes by
     their count, a word's space by the next token, and unescapes the entities subword pieces spell in parts) is
     decoded whole at each token instead, and each token's event waits for the next token or the sentence's end: its
-    text is what the two decodes agree on, less an entity not yet closed."""
+    text is what the two decodes agree on, less an entity not yet closed. "Whole" starts at the tokenizer's last
+    stream_anchor (where it has one: a place its decode carries nothing over), looked for every few tokens, so
+    that a sentence costs O(its length) there too, but for stretches with no anchor (inside quotes)."""
 
-    __slots__ = ("tokenizer", "ids", "start", "read", "whole", "given", "held", "last")
+    __slots__ = ("tokenizer", "ids", "start", "read", "whole", "given", "held", "last", "anchor", "look")
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -118,9 +121,11 @@ class IncrementalText:
         self.start = 0  # the window's first token
         self.read = 0  # tokens whose text has been given out
         self.whole = not getattr(tokenizer, "prefix_stable", True)  # decoded whole, each event a token late
-        self.given = ""  # (whole) the text given out
+        self.given = ""  # (whole) the text given out, from the window's start
         self.held: int | None = None  # (whole) the token whose event waits for the next one
-        self.last = ""  # (whole) the decode of every token so far
+        self.last = ""  # (whole) the decode of the window's tokens so far
+        self.anchor = getattr(tokenizer, "stream_anchor", None) if self.whole else None
+        self.look = WINDOW_LOOK  # (whole) the window's length in tokens at which an anchor is looked for next
 
     def add(self, token: int) -> list[tuple[int, str]]:
         self.ids.append(token)
@@ -135,14 +140,29 @@ class IncrementalText:
         return [(token, after[len(before):])]
 
     def _add_whole(self, token: int) -> list[tuple[int, str]]:
-        now = self.tokenizer.decode(self.ids)
+        now = self.tokenizer.decode(self.ids[self.start:])
         out = []
         if self.held is not None:
             sure = os.path.commonprefix([self.last, now])
             entity = _OPEN_ENTITY.search(sure)  # "&#12" may yet be "&#124;", which Moses writes as "|"
             out.append((self.held, self._give(sure[:entity.start()] if entity else sure)))
         self.held, self.last = token, now
+        if self.anchor is not None and len(self.ids) - self.start >= self.look:
+            self._move_window()
         return out
+
+    def _move_window(self) -> None:
+        """The window's start moved to the tokenizer's anchor, where the text before it has been given out: what
+        follows decodes alone as it does after the rest. Looked for again WINDOW_LOOK tokens on (a look costs
+        about what decoding the window once does, and the window is decoded at every token)."""
+        window = self.ids[self.start:]
+        k = self.anchor(window)
+        if k:
+            head = self.tokenizer.decode(window[:k]) + " "
+            if self.given.startswith(head) and self.last.startswith(head):
+                self.start += k
+                self.given, self.last = self.given[len(head):], self.last[len(head):]
+        self.look = len(self.ids) - self.start + WINDOW_LOOK
 
     def finish(self) -> list[tuple[int, str]]:
         """The event still held (a whole decoder's last token), with the rest of the text. Where the end rewrote
