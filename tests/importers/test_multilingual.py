@@ -27,6 +27,16 @@ def family(request, tmp_path_factory):
     return request.param, hf_dir, str(out)
 
 
+@pytest.fixture(scope="module")
+def artifact(family, tmp_path_factory) -> str:
+    """The family's imported model exported to ONNX, once: the tests read it and never change it."""
+    from transduce.exporter.onnx_export import export_artifact
+
+    path = tmp_path_factory.mktemp(family[0] + "-artifact") / "artifact"
+    export_artifact(family[2], path)
+    return str(path)
+
+
 def _hf(fam, hf_dir):
     from transformers import AutoModelForSeq2SeqLM
 
@@ -94,8 +104,7 @@ def test_log_probs_greedy_and_beam_are_hugging_faces(family, demo_pairs):
     assert sum(a.text != b.text for a, b in zip(into_en, ours)) >= len(texts) // 4
 
 
-def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pairs, tmp_path, monkeypatch):
-    from transduce.exporter.onnx_export import export_artifact
+def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, artifact, demo_pairs, tmp_path, monkeypatch):
     from transduce.runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
     from transduce.runtime.spec import BackendSpec
     from transduce.runtime.translator import Translator
@@ -105,17 +114,15 @@ def test_onnx_runtime_decodes_as_hugging_face_and_parity_passes(family, demo_pai
     _, tok, _ = load_model_dir(out)
     hf, hf_tok = _hf(fam, hf_dir)
     fr = LANGS[fam][1]
-    art = tmp_path / "artifact"
-    export_artifact(out, art)
-    tr = Translator(OnnxRuntimeBackend(str(art)), tok)
+    tr = Translator(OnnxRuntimeBackend(artifact), tok)
     texts = [s for s, _ in demo_pairs]
     src = [hf_tok(s)["input_ids"] for s in texts]
     for beams in (1, 4):
         _as_hugging_face(fam, hf, src, tok, tr, texts, fr, beams, "ONNX Runtime")
     (tmp_path / "src.txt").write_text("\n".join(texts[:8]) + "\n")
     with pytest.raises(InputError, match="target_lang is required"):
-        parity_for_artifact(str(art), BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"), sentences=8)
-    report = parity_for_artifact(str(art), BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"),
+        parity_for_artifact(artifact, BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"), sentences=8)
+    report = parity_for_artifact(artifact, BackendSpec(model_dir=out), input_path=str(tmp_path / "src.txt"),
                                  sentences=8, beam_size=4, target_lang=fr)
     assert report.passed, report.to_dict()
     # the sources begin with the source language's code and every output with the target's, as decoding's
@@ -220,17 +227,15 @@ def test_a_model_without_languages_refuses_them(marian_swish_imported):
     assert e.value.params == ("target_lang",)
 
 
-def test_cli_decode_and_score_take_the_languages(family, tmp_path):
+def test_cli_decode_and_score_take_the_languages(family, artifact, tmp_path):
     from click.testing import CliRunner
 
     from transduce.cli import main
-    from transduce.exporter.onnx_export import export_artifact
     from transduce.runtime.api import load
 
-    fam, _, out = family
-    export_artifact(out, tmp_path / "artifact")
+    fam = family[0]
     (tmp_path / "in.txt").write_text("seven\n")
-    args = ["decode", str(tmp_path / "artifact"), "--input", str(tmp_path / "in.txt"), "--beam-size", "1"]
+    args = ["decode", artifact, "--input", str(tmp_path / "in.txt"), "--beam-size", "1"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
     r = CliRunner().invoke(main, args + ["--target-lang", LANGS[fam][1]])
@@ -238,16 +243,16 @@ def test_cli_decode_and_score_take_the_languages(family, tmp_path):
     # score takes the languages too: the translation scored as decode --scores scored it
     translation = r.output.strip()
     (tmp_path / "pairs.tsv").write_text(f"seven\t{translation}\n")
-    args = ["score", str(tmp_path / "artifact"), "--input", str(tmp_path / "pairs.tsv")]
+    args = ["score", artifact, "--input", str(tmp_path / "pairs.tsv")]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
     r = CliRunner().invoke(main, args + ["--source-lang", LANGS[fam][0], "--target-lang", LANGS[fam][1]])
     assert r.exit_code == 0, r.output
-    want = load(str(tmp_path / "artifact")).score(["seven"], [translation], source_lang=LANGS[fam][0],
+    want = load(artifact).score(["seven"], [translation], source_lang=LANGS[fam][0],
                                                   target_lang=LANGS[fam][1])[0]
     assert float(r.output) == pytest.approx(want.log_prob, abs=1e-5) and want.token_log_probs[0] == 0
     # and parity: the codes as decoding places them
-    args = ["parity", str(tmp_path / "artifact"), "--input", str(tmp_path / "in.txt"), "-n", "1", "--beam-size", "2"]
+    args = ["parity", artifact, "--input", str(tmp_path / "in.txt"), "-n", "1", "--beam-size", "2"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "--target-lang is required" in r.output, r.output
     r = CliRunner().invoke(main, args + ["--target-lang", LANGS[fam][1]])
@@ -255,24 +260,22 @@ def test_cli_decode_and_score_take_the_languages(family, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["thread", "process"])
-def test_libretranslate_route_takes_the_models_codes_and_iso_codes(family, tmp_path, engine):
+def test_libretranslate_route_takes_the_models_codes_and_iso_codes(family, artifact, engine):
     """LibreTranslate's /translate on a multilingual model, served with the engine in its thread or its own
     process (both warm up naming a target, which the model needs): its own codes or the two-letter ones clients
     send select the source and target languages (the same translation as target_lang offline); /languages lists
     the model's codes; a language it lacks is LibreTranslate's 400."""
     from starlette.testclient import TestClient
 
-    from transduce.exporter.onnx_export import export_artifact
     from transduce.runtime.api import load
     from transduce.runtime.spec import BackendSpec
     from transduce.serve.app import create_app
     from transduce.serve.server import build_service
 
-    fam, _, out = family
-    export_artifact(out, tmp_path / "artifact")
+    fam = family[0]
     source, target = LANGS[fam]
-    service, identity = build_service(str(tmp_path / "artifact"), BackendSpec(threads=1), engine=engine)
-    offline = load(str(tmp_path / "artifact"), threads=1)
+    service, identity = build_service(artifact, BackendSpec(threads=1), engine=engine)
+    offline = load(artifact, threads=1)
     try:
         client = TestClient(create_app(service, identity))
         want = offline.translate(["seven"], target_lang=target)[0].text
