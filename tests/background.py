@@ -5,6 +5,10 @@ user run mostly on one core of two, so the other builds them meanwhile. Each is 
 the same seeds and one thread, as the fixture would call in-process: the same files. A fixture asks `built(request,
 name)` for its path, which waits for the build; None where it was not built in the background (a run that did not
 need it at its start, or TRANSDUCE_TEST_DEMO_MODEL set), and then the fixture builds it in-process.
+
+Under pytest-xdist every worker collects every test: the first worker to claim the run's shared directory starts
+the one builder, the others wait for its files. The builder then outlives its worker's session (another worker may
+still wait for it) and ends with the run: it watches the xdist controller, the workers' parent.
 """
 
 from __future__ import annotations
@@ -31,25 +35,48 @@ BUILDS = {
     "wide_artifact_dir": "tests.serve.conftest:export_wide_artifact",
 }
 _DEMO = ("demo_model_dir", "demo_artifact_dir")  # left to TRANSDUCE_TEST_DEMO_MODEL where it is set
+CLAIM_WAIT_S = 60.0  # how long a worker waits for the pid of the builder another worker claimed to start
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
 class Builds:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # the builder, where this process started it
     paths: dict[str, str]
     parent: str
-    log: IO[str]
+    log: IO[str] | None  # its log, where this process started it
+    shared: bool = False  # the run's workers share it (pytest-xdist): it is left to end with the run
 
     def done(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.parent, name + ".done"))
+
+    def failed(self) -> str | None:
+        """The builder's log where it has ended (or never started) without finishing, else None."""
+        if self.proc is not None:
+            ended = self.proc.poll() is not None
+        else:
+            try:
+                with open(os.path.join(self.parent, "pid")) as f:
+                    os.kill(int(f.read()), 0)
+                ended = False
+            except (FileNotFoundError, ValueError):  # (being written by the worker that claimed the directory)
+                ended = time.monotonic() - self.since > CLAIM_WAIT_S
+            except ProcessLookupError:
+                ended = True
+        if not ended:
+            return None
+        with open(os.path.join(self.parent, "build.log")) as f:
+            return f.read()
+
+    since: float = 0.0  # when this process began waiting for the builds
 
 
 _KEY = pytest.StashKey[Builds]()
 
 
 def start(session) -> None:
-    """Start building what the collected tests need (pytest_collection_finish)."""
+    """Start building what the collected tests need, or find the builder another xdist worker started
+    (pytest_collection_finish)."""
     config = session.config
     if config.option.collectonly:
         return
@@ -57,20 +84,33 @@ def start(session) -> None:
     names = [n for n in BUILDS if n in needed and not (n in _DEMO and os.environ.get("TRANSDUCE_TEST_DEMO_MODEL"))]
     if not names:
         return
-    parent = tempfile.mkdtemp(prefix="transduce-test-builds-")
+    shared = hasattr(config, "workerinput")  # an xdist worker: its basetemp's parent is the run's, shared
+    if shared:
+        parent = os.path.join(os.path.dirname(str(config._tmp_path_factory.getbasetemp())), "background-builds")
+        try:
+            os.mkdir(parent)  # the claim: one worker wins it
+        except FileExistsError:
+            paths = {name: os.path.join(parent, name, "out") for name in names}
+            config.stash[_KEY] = Builds(None, paths, parent, None, True, time.monotonic())
+            return
+    else:
+        parent = tempfile.mkdtemp(prefix="transduce-test-builds-")
     paths = {name: os.path.join(parent, name, "out") for name in names}
     log = open(os.path.join(parent, "build.log"), "w+")  # closed by stop()
     code = "import sys; sys.path.insert(0, 'tests'); from background import main; main(sys.argv[1])"
-    plan = json.dumps({"parent": parent, "paths": paths})
+    plan = json.dumps({"parent": parent, "paths": paths, "watch": os.getppid() if shared else None})
     proc = subprocess.Popen([sys.executable, "-c", code, plan], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
-    config.stash[_KEY] = Builds(proc, paths, parent, log)
+    with open(os.path.join(parent, "pid.tmp"), "w") as f:
+        f.write(str(proc.pid))
+    os.replace(os.path.join(parent, "pid.tmp"), os.path.join(parent, "pid"))
+    config.stash[_KEY] = Builds(proc, paths, parent, log, shared, time.monotonic())
 
 
 def stop(session) -> None:
     """End the builds (a run stopped early: -x, Ctrl-C) and remove what they wrote (pytest_sessionfinish)."""
     builds = session.config.stash.get(_KEY, None)
-    if builds is None:
+    if builds is None or builds.shared:  # (a shared builder ends with the run; pytest removes old basetemps)
         return
     if builds.proc.poll() is None:
         builds.proc.kill()
@@ -85,9 +125,9 @@ def built(request, name: str) -> str | None:
     if builds is None or name not in builds.paths:
         return None
     while not builds.done(name):
-        if builds.proc.poll() is not None and not builds.done(name):
-            builds.log.seek(0)
-            raise AssertionError(f"building {name} in the background failed:\n{builds.log.read()}")
+        log = builds.failed()
+        if log is not None and not builds.done(name):
+            raise AssertionError(f"building {name} in the background failed:\n{log}")
         time.sleep(0.05)
     return builds.paths[name]
 
@@ -99,9 +139,26 @@ def main(plan_json: str) -> None:
     torch.set_num_threads(1)
     plan = json.loads(plan_json)
     paths = plan["paths"]
+    if plan.get("watch"):
+        _end_with(plan["watch"])
     for name, path in paths.items():
         module, function = BUILDS[name].split(":")
         os.makedirs(os.path.dirname(path))
         getattr(importlib.import_module(module), function)(path, paths)
         with open(os.path.join(plan["parent"], name + ".done"), "w"):
             pass
+
+
+def _end_with(pid: int) -> None:
+    """A thread that ends this process once process `pid` (the xdist controller) has gone."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
