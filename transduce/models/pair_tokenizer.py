@@ -179,7 +179,12 @@ class _MosesBpeSide:
                   if (not pieces[j - 1].endswith("@@") if subword else pieces[j - 1].endswith("</w>"))]
         detok = self.detokenizer.detokenize
         whole = None
-        for k in reversed(starts[-3:-1]):  # the last word may not be complete: the starts of the two before it
+        for i in (len(starts) - 2, len(starts) - 3):  # the last word may not be complete: the two before it
+            if i < 0:
+                continue
+            k = starts[i]
+            if len(self.words(pieces[k: starts[i + 1]])) != 1:  # a piece that spells no word ("</w>", "") ends
+                continue  # none: the word after k could still be the last, not yet complete
             head, tail = self.words(pieces[:k]), self.words(pieces[k:])
             if not head or not tail or (self.lang == "fi" and self.detokenizer.FINNISH_REGEX.search(tail[0])):
                 continue  # (a Finnish case suffix first in a window reads the window's last word)

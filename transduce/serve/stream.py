@@ -93,6 +93,9 @@ class Waiter:
 
 WINDOW_LOOK = 8  # tokens in a whole decode's window before an anchor is looked for
 _OPEN_ENTITY = re.compile(r"&#?[0-9A-Za-z]*$")  # the start of an XML entity (Moses escapes "&", "|", quotes...)
+# "@-@" as a word may be Moses' split hyphen, written "-" with the words on both sides joined: until the word after
+# it has come, it (spelt in pieces) and the space before it are not sure
+_OPEN_HYPHEN = re.compile(r" ?@(?:-@?)?$")
 
 
 class IncrementalText:
@@ -109,9 +112,10 @@ class IncrementalText:
     prefix_stable (Moses' detokenizer writes a token by the ones after it: a straight quote opens or closes by
     their count, a word's space by the next token, and unescapes the entities subword pieces spell in parts) is
     decoded whole at each token instead, and each token's event waits for the next token or the sentence's end: its
-    text is what the two decodes agree on, less an entity not yet closed. "Whole" starts at the tokenizer's last
-    stream_anchor (where it has one: a place its decode carries nothing over), looked for every few tokens, so
-    that a sentence costs O(its length) there too, but for stretches with no anchor (inside quotes)."""
+    text is what the two decodes agree on, less an entity not yet closed or a split hyphen's start. "Whole" starts
+    at the tokenizer's last stream_anchor (where it has one: a place its decode carries nothing over), looked
+    for every few tokens, so that a sentence costs O(its length) there too, but for stretches with no anchor
+    (inside quotes)."""
 
     __slots__ = ("tokenizer", "ids", "start", "read", "whole", "given", "held", "last", "anchor", "look")
 
@@ -144,8 +148,8 @@ class IncrementalText:
         out = []
         if self.held is not None:
             sure = os.path.commonprefix([self.last, now])
-            entity = _OPEN_ENTITY.search(sure)  # "&#12" may yet be "&#124;", which Moses writes as "|"
-            out.append((self.held, self._give(sure[:entity.start()] if entity else sure)))
+            open_ = _OPEN_ENTITY.search(sure) or _OPEN_HYPHEN.search(sure)  # see their comments
+            out.append((self.held, self._give(sure[:open_.start()] if open_ else sure)))
         self.held, self.last = token, now
         if self.anchor is not None and len(self.ids) - self.start >= self.look:
             self._move_window()
@@ -166,8 +170,9 @@ class IncrementalText:
 
     def finish(self) -> list[tuple[int, str]]:
         """The event still held (a whole decoder's last token), with the rest of the text. Where the end rewrote
-        text already given out (no Moses case known), what follows their common start comes again: the texts then
-        repeat a little rather than lose the end."""
+        text already given out (Moses: a split hyphen "@-@" that joins a word given out already, a straight quote
+        among them, which then no longer counts as one), what follows their common start comes again: the texts
+        then repeat a little rather than lose the end."""
         if self.held is None:
             return []
         held, self.held = self.held, None
