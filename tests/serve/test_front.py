@@ -200,6 +200,16 @@ def test_a_moses_stream_costs_its_length_not_its_square():
     assert tok.stream_anchor(closed) == 5 and _moses_pair("cs", "subword_nmt").stream_anchor(closed) is None
 
 
+def test_a_czech_moses_target_decodes_dashed_words_as_moses_writes_them():
+    """sacremoses' Czech rule for "x' - li" (a word ending in an apostrophe, a dash, "li" or "mail...") raises
+    TypeError: a server translating into Czech answered such an output with a 500. The three are one word now."""
+    pytest.importorskip("sacremoses")
+    tok = _moses_pair("cs", "subword_nmt", ["x'", "-", "li", "mailu", "a", "x&apos;"])
+    x, dash, li, mailu, a, escaped = range(4 + len(_MOSES_PIECES), 10 + len(_MOSES_PIECES))
+    assert tok.decode([x, dash, li, a]) == "x'-li a" and tok.decode([a, escaped, dash, mailu]) == "a x'-mailu"
+    assert tok.decode([a, dash, li]) == "a - li" and _moses_pair("fr", "subword_nmt").decode([]) == ""
+
+
 def test_step_messages_batch_every_request_and_skip_tokens_of_requests_that_do_not_stream(tiny_artifact_dir):
     """One sink call per step with every request's events of that step; a request that does not stream gets only
     its "done"; one that streams its tokens (greedy), its translations and its "done"."""

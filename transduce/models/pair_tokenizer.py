@@ -162,7 +162,9 @@ class _MosesBpeSide:
 
     def decode(self, pieces: list[str]) -> str:
         words = self.words(pieces)
-        return self.detokenizer.detokenize(words) if self.spec.get("moses", True) else " ".join(words)
+        if not self.spec.get("moses", True):
+            return " ".join(words)
+        return self.detokenizer.detokenize(_czech_dashes(self.detokenizer, words) if self.lang == "cs" else words)
 
     def anchor(self, pieces: list[str]) -> int | None:
         """Where a stream of these pieces may start decoding afresh: a word's first piece k, whole words after it,
@@ -197,6 +199,24 @@ class _MosesBpeSide:
             if whole == f"{text} {detok(tail)}":
                 return k
         return None
+
+
+_CZECH_DASHED = re.compile(r"^li$|^mail.*", re.IGNORECASE)
+
+
+def _czech_dashes(detokenizer, words: list[str]) -> list[str]:
+    """Czech words with each "x' - li" (a word ending in an apostrophe, a dash, then "li" or "mail...") as one word,
+    as Moses' Czech rule writes them: sacremoses' own rule for them raises TypeError (next() on a list)."""
+    out, i = [], 0
+    while i < len(words):
+        if (i + 2 < len(words) and detokenizer.IS_FRENCH_CONRTACTION.search(detokenizer.unescape_xml(words[i]))
+                and words[i + 1] in ("-", "\u2013") and _CZECH_DASHED.search(words[i + 2])):
+            out.append("".join(words[i: i + 3]))
+            i += 3
+        else:
+            out.append(words[i])
+            i += 1
+    return out
 
 
 _SIDES = {"sentencepiece": _SentencePieceSide, "moses_bpe": _MosesBpeSide}
