@@ -24,13 +24,13 @@ def converted(request, tmp_path_factory):
     require_ct2()
     pytest.importorskip("transformers", reason="the import extra is not installed")
     pytest.importorskip("sentencepiece", reason="the import extra is not installed")
-    from multilingual_models import build
+    from multilingual_models import shared_build
 
     from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
     from transduce.importers import import_model
 
     root = tmp_path_factory.mktemp(request.param)
-    hf_dir = build(request.param, str(root / "hf"))
+    hf_dir = shared_build(request.param, tmp_path_factory)
     model_dir = str(import_model(request.param, hf_dir, root / "model"))
     return request.param, model_dir, convert_to_ctranslate2(model_dir, str(root / "ct2"))
 

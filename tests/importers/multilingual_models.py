@@ -89,6 +89,23 @@ def _batches(tok, family: str, pairs: list[tuple[str, str]], size: int, seed: in
             yield ids, (ids != tok.pad_token_id).long(), labels
 
 
+def shared_build(family: str, tmp_path_factory) -> str:
+    """build()'s directory for `family`, made once per test run: the modules and pytest-xdist workers that ask for
+    it share it, and only read it (it takes ~10 s of a core to train)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's basetemp is the run's/gwN
+    directory = root / f"multilingual-{family}"
+    with open(f"{directory}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second asker waits for the first's build
+        if not (directory / "built").exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            build(family, str(directory / "hf"))
+            (directory / "built").touch()
+    return str(directory / "hf")
+
+
 def build(family: str, directory: str, seed: int = 3, steps: int = 300) -> str:
     """A trained tiny model directory of `family` ("nllb", "m2m100", "mbart") as the hub's look."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration, MBartConfig, MBartForConditionalGeneration

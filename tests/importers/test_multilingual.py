@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from compare import hf_generate, teacher_forced_error
-from multilingual_models import LANGS, build, hf_tokenizer
+from multilingual_models import LANGS, hf_tokenizer, shared_build
 
 from transduce.errors import InputError
 from transduce.models.checkpoint import load_model_dir
@@ -22,7 +22,7 @@ def family(request, tmp_path_factory):
     """(family, its Hugging Face directory, the imported model directory)."""
     from transduce.importers import import_model
 
-    hf_dir = build(request.param, str(tmp_path_factory.mktemp(request.param) / "hf"))
+    hf_dir = shared_build(request.param, tmp_path_factory)
     out = import_model(request.param, hf_dir, tmp_path_factory.mktemp(request.param + "-import") / "model")
     return request.param, hf_dir, str(out)
 
