@@ -52,23 +52,29 @@ class Builds:
 
     def failed(self) -> str | None:
         """The builder's log where it has ended (or never started) without finishing, else None."""
-        if self.proc is not None:
+        if os.path.exists(os.path.join(self.parent, "failed")):  # its own word: an exited child of another
+            ended = True  # worker stays a zombie, which os.kill still finds, until that worker reaps it
+        elif self.proc is not None:
             ended = self.proc.poll() is not None
         else:
             try:
                 with open(os.path.join(self.parent, "pid")) as f:
-                    os.kill(int(f.read()), 0)
-                ended = False
+                    pid = int(f.read())
+                os.kill(pid, 0)
+                ended = _zombie(pid)  # (killed outright: no word of its own)
             except (FileNotFoundError, ValueError):  # (being written by the worker that claimed the directory)
                 ended = time.monotonic() - self.since > CLAIM_WAIT_S
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # (gone; its number reused by another user's process)
                 ended = True
         if not ended:
             return None
-        with open(os.path.join(self.parent, "build.log")) as f:
-            return f.read()
+        try:
+            with open(os.path.join(self.parent, "build.log")) as f:
+                return f.read()
+        except FileNotFoundError:
+            return "(the worker that claimed the builds never started them)"
 
-    since: float = 0.0  # when this process began waiting for the builds
+    since: float = 0.0  # when this process found or started the builds
 
 
 _KEY = pytest.StashKey[Builds]()
@@ -141,12 +147,17 @@ def main(plan_json: str) -> None:
     paths = plan["paths"]
     if plan.get("watch"):
         _end_with(plan["watch"])
-    for name, path in paths.items():
-        module, function = BUILDS[name].split(":")
-        os.makedirs(os.path.dirname(path))
-        getattr(importlib.import_module(module), function)(path, paths)
-        with open(os.path.join(plan["parent"], name + ".done"), "w"):
+    try:
+        for name, path in paths.items():
+            module, function = BUILDS[name].split(":")
+            os.makedirs(os.path.dirname(path))
+            getattr(importlib.import_module(module), function)(path, paths)
+            with open(os.path.join(plan["parent"], name + ".done"), "w"):
+                pass
+    except BaseException:
+        with open(os.path.join(plan["parent"], "failed"), "w"):  # read by every waiting worker (Builds.failed)
             pass
+        raise
 
 
 def _end_with(pid: int) -> None:
@@ -162,3 +173,12 @@ def _end_with(pid: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process `pid` has exited and waits to be reaped (Linux; False where /proc cannot say)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

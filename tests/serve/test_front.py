@@ -208,6 +208,10 @@ def test_a_czech_moses_target_decodes_dashed_words_as_moses_writes_them():
     x, dash, li, mailu, a, escaped = range(4 + len(_MOSES_PIECES), 10 + len(_MOSES_PIECES))
     assert tok.decode([x, dash, li, a]) == "x'-li a" and tok.decode([a, escaped, dash, mailu]) == "a x'-mailu"
     assert tok.decode([a, dash, li]) == "a - li" and _moses_pair("fr", "subword_nmt").decode([]) == ""
+    chained = _moses_pair("cs", "subword_nmt", ["x'", "-", "li", "mail'", "@-@", "foo"])
+    x, dash, li, mail, hyphen, foo = range(4 + len(_MOSES_PIECES), 10 + len(_MOSES_PIECES))
+    assert chained.decode([x, dash, mail, dash, li]) == "x'-mail'-li"  # (each "-li" rule after the last)
+    assert chained.decode([x, dash, li, hyphen, foo]) == "x' - li-foo"  # sacremoses' own: "li-foo" is not "li"
 
 
 def test_step_messages_batch_every_request_and_skip_tokens_of_requests_that_do_not_stream(tiny_artifact_dir):

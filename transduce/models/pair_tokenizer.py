@@ -206,16 +206,17 @@ _CZECH_DASHED = re.compile(r"^li$|^mail.*", re.IGNORECASE)
 
 def _czech_dashes(detokenizer, words: list[str]) -> list[str]:
     """Czech words with each "x' - li" (a word ending in an apostrophe, a dash, then "li" or "mail...") as one word,
-    as Moses' Czech rule writes them: sacremoses' own rule for them raises TypeError (next() on a list)."""
-    out, i = [], 0
-    while i < len(words):
-        if (i + 2 < len(words) and detokenizer.IS_FRENCH_CONRTACTION.search(detokenizer.unescape_xml(words[i]))
-                and words[i + 1] in ("-", "\u2013") and _CZECH_DASHED.search(words[i + 2])):
-            out.append("".join(words[i: i + 3]))
-            i += 3
+    as Moses' Czech rule writes them: sacremoses' own rule for them raises TypeError (next() on a list). Joined
+    against what is joined already (x' - mail' - li is one word), and "li" not where a split hyphen "@-@" follows,
+    which Moses joins to it first."""
+    out: list[str] = []
+    for i, word in enumerate(words):
+        if (len(out) >= 2 and out[-1] in ("-", "\u2013") and _CZECH_DASHED.search(word)
+                and detokenizer.IS_FRENCH_CONRTACTION.search(detokenizer.unescape_xml(out[-2]))
+                and not (word.lower() == "li" and words[i + 1: i + 2] == ["@-@"])):
+            out[-2:] = [out[-2] + out[-1] + word]
         else:
-            out.append(words[i])
-            i += 1
+            out.append(word)
     return out
 
 
