@@ -80,10 +80,7 @@ def test_altered_position_table_is_refused(fsmt, tmp_path):
 def test_a_served_stream_of_an_imported_fsmt_model_adds_up_to_its_translations(fsmt_imported, demo_pairs):
     """FSMT's target is Moses-detokenized BPE: streamed through the app, each sentence's token texts (decoded from
     the tokenizer's anchors, not the whole sentence at each token) add up to its translation."""
-    import asyncio
-
-    import orjson
-
+    from tests.serve.conftest import post_to_app, sent_body, sse_events
     from transduce.runtime.translator import Translator
     from transduce.serve.app import create_app
     from transduce.serve.service import DecodeService, ServiceOptions
@@ -92,22 +89,11 @@ def test_a_served_stream_of_an_imported_fsmt_model_adds_up_to_its_translations(f
     service = DecodeService(Translator.from_model_dir(fsmt_imported), ServiceOptions())
     service.start()
     try:
-        sent: list[bytes] = []
-        received = [{"type": "http.request", "more_body": False,
-                     "body": orjson.dumps({"text": texts, "beam_size": 1, "stream": True})}]
-
-        async def receive():
-            return received.pop(0) if received else await asyncio.Event().wait()
-
-        async def send(message):
-            sent.append(message.get("body", b""))
-
-        app = create_app(service, {"id": "fsmt"})
-        asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/translate", "headers": []}, receive, send))
+        sent = post_to_app(create_app(service, {"id": "fsmt"}), "/v1/translate",
+                           {"text": texts, "beam_size": 1, "stream": True})
     finally:
         service.stop()
-    events = [(b.split("\n", 1)[0][7:], json.loads(b.split("data: ", 1)[1]))
-              for b in b"".join(sent).decode().strip().split("\n\n") if not b.startswith(":")]
+    events = sse_events(sent_body(sent))
     done = events[-1][1]["translations"]
     assert max(len(t["tokens"]) for t in done) > 16  # long enough for the stream's window to move on
     for i, translation in enumerate(done):

@@ -71,6 +71,46 @@ def wide_artifact_dir(request, tmp_path_factory):
     return _built(request, tmp_path_factory, "wide_artifact_dir", export_wide_artifact)
 
 
+def sse_events(body: str) -> list[tuple[str, dict]]:
+    """A Server-Sent Events answer's events as (kind, data), its keep-alive comments left out."""
+    import json
+
+    out = []
+    for block in body.strip().split("\n\n"):
+        if block.startswith(":"):  # a keep-alive comment
+            continue
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def post_to_app(app, path: str, body: dict, on_send=None) -> list[dict]:
+    """`body` posted to the ASGI `app` at `path`, run in an event loop of its own until the app returns -> the
+    messages it sent (on_send(sent) after each one)."""
+    import asyncio
+
+    import orjson
+
+    sent: list[dict] = []
+    received = [{"type": "http.request", "more_body": False, "body": orjson.dumps(body)}]
+
+    async def receive():
+        return received.pop(0) if received else await asyncio.Event().wait()
+
+    async def send(message):
+        sent.append(message)
+        if on_send is not None:
+            on_send(sent)
+
+    asyncio.run(app({"type": "http", "method": "POST", "path": path, "headers": []}, receive, send))
+    return sent
+
+
+def sent_body(sent: list[dict]) -> str:
+    """The body of an answer's messages (post_to_app's), as text."""
+    return b"".join(m.get("body", b"") for m in sent).decode()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,7 +3,6 @@ and the deadlines on slow or idle connections (real sockets against a real `tran
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -11,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import KEY, Server
+from tests.serve.conftest import KEY, Server, post_to_app, sent_body, sse_events
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -258,23 +257,9 @@ def test_step_messages_batch_every_request_and_skip_tokens_of_requests_that_do_n
         assert tokens[i][:len(streamed.translations[i].tokens)] == list(streamed.translations[i].tokens)
 
 
-def _events(body: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in body.strip().split("\n\n"):
-        if block.startswith(":"):
-            continue
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
 def test_a_stream_of_a_tokenizer_decoded_whole_sends_each_token_once_before_its_sentence(tiny_artifact_dir):
     """A tokenizer that is not prefix_stable (Moses' detokenizer) is streamed a token late: every token's event
     still comes once, in order, before its sentence's translation event, and their texts add up to it."""
-    import asyncio
-
-    import orjson
-
     from transduce.runtime.api import load
     from transduce.serve.app import create_app
     from transduce.serve.service import DecodeService, ServiceOptions
@@ -283,21 +268,11 @@ def test_a_stream_of_a_tokenizer_decoded_whole_sends_each_token_once_before_its_
     service.translator.tokenizer.prefix_stable = False  # decoded whole, as a Moses target would be
     service.start()
     try:
-        app = create_app(service, {"id": "tiny"})
-        sent: list[bytes] = []
-        received = [{"type": "http.request", "more_body": False,
-                     "body": orjson.dumps({"text": ["one two three", "", "twelve"], "beam_size": 1, "stream": True})}]
-
-        async def receive():
-            return received.pop(0) if received else await asyncio.Event().wait()
-
-        async def send(message):
-            sent.append(message.get("body", b""))
-
-        asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/translate", "headers": []}, receive, send))
+        sent = post_to_app(create_app(service, {"id": "tiny"}), "/v1/translate",
+                           {"text": ["one two three", "", "twelve"], "beam_size": 1, "stream": True})
     finally:
         service.stop()
-    events = _events(b"".join(sent).decode())
+    events = sse_events(sent_body(sent))
     done = events[-1][1]["translations"]
     for i in (0, 2):
         mine = [(k, d) for k, d in events if d.get("sentence") == i]
@@ -366,10 +341,6 @@ def test_under_our_http_protocol_a_request_waits_on_its_disconnect_future_with_n
 def test_a_stream_cut_short_sends_the_token_it_held_before_its_error(tiny_artifact_dir, monkeypatch):
     """A stream decoded whole (each token's event a token late) that the server cuts short (an error event) gets the
     event of the token it held first: every token decoded for it is streamed once, in order, then the error."""
-    import asyncio
-
-    import orjson
-
     from transduce.runtime.api import load
     from transduce.serve import stream
     from transduce.serve.app import create_app
@@ -383,29 +354,21 @@ def test_a_stream_cut_short_sends_the_token_it_held_before_its_error(tiny_artifa
             decoded.extend(data[1])
         push(self, kind, data)
 
+    def cut_after_some_tokens(sent):
+        if "event: token" in sent_body(sent) and len(sent) == 3:  # some tokens out: the server stops
+            service.cut(ServeError("the server is stopping", 503))
+
     monkeypatch.setattr(stream.Waiter, "push", recording)
     service = DecodeService(load(tiny_artifact_dir, threads=1), ServiceOptions())
     service.translator.tokenizer.prefix_stable = False
     service.start()
-    sent: list[bytes] = []
     try:
-        app = create_app(service, {"id": "tiny"})
         body = {"text": ["one two three"], "beam_size": 1, "stream": True, "min_length": 400, "max_len_a": 0,
                 "max_len_b": 400}
-        received = [{"type": "http.request", "more_body": False, "body": orjson.dumps(body)}]
-
-        async def receive():
-            return received.pop(0) if received else await asyncio.Event().wait()
-
-        async def send(message):
-            sent.append(message.get("body", b""))
-            if b"event: token" in b"".join(sent) and len(sent) == 3:  # some tokens out: the server stops
-                service.cut(ServeError("the server is stopping", 503))
-
-        asyncio.run(app({"type": "http", "method": "POST", "path": "/v1/translate", "headers": []}, receive, send))
+        sent = post_to_app(create_app(service, {"id": "tiny"}), "/v1/translate", body, cut_after_some_tokens)
     finally:
         service.stop()
-    events = _events(b"".join(sent).decode())
+    events = sse_events(sent_body(sent))
     assert events[-1][0] == "error" and all(k == "token" for k, _ in events[:-1])
     assert [d["token"] for _, d in events[:-1]] == decoded and len(decoded) > 1
 
@@ -417,7 +380,7 @@ def test_a_long_stream_is_linear_in_its_length_and_its_text_adds_up(server):
             "stream": True}
     r = httpx.post(server.url + "/v1/translate", headers=AUTH, json=body, timeout=120)
     assert r.status_code == 200, r.text
-    events = _events(r.text)
+    events = sse_events(r.text)
     final = events[-1][1]["translations"]
     for i, t in enumerate(final):
         streamed = [d for k, d in events if k == "token" and d["sentence"] == i]
@@ -433,7 +396,7 @@ def test_error_bodies_and_stream_events_count_sentences_from_0(server):
     assert "sentence 2 is an int (5)" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=30,
                    json={"text": ["one", "two"], "beam_size": 1, "stream": True})
-    assert {d["sentence"] for k, d in _events(r.text) if k in ("token", "translation")} == {0, 1}
+    assert {d["sentence"] for k, d in sse_events(r.text) if k in ("token", "translation")} == {0, 1}
 
 
 def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tests.serve.conftest import KEY, SLOW, Server
+from tests.serve.conftest import KEY, SLOW, Server, sse_events
 from transduce.cli import main
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -45,16 +45,6 @@ def _wait_for(check, timeout: float = 20.0) -> None:
     while not check():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.05)
-
-
-def _events(body: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in body.strip().split("\n\n"):
-        if block.startswith(":"):  # a keep-alive comment
-            continue
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
 
 
 def test_concurrent_requests_get_what_offline_decoding_gives(server, long_artifact_dir):
@@ -125,7 +115,7 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
     r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
                    json={"text": ["one two", "three"], "beam_size": 1, "max_len_b": 5, "stream": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    events = _events(r.text)
+    events = sse_events(r.text)
     assert events[-1][0] == "done"
     final = events[-1][1]["translations"]
     for i, t in enumerate(final):  # the tokens streamed for each sentence are its translation's, in order
@@ -133,13 +123,13 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
         assert [d["translation"] for k, d in events if k == "translation" and d["sentence"] == i] == [t]
     r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
                    json={"text": ["one two", "three"], "beam_size": 3, "stream": True})
-    kinds = [k for k, _ in _events(r.text)]
+    kinds = [k for k, _ in sse_events(r.text)]
     assert kinds.count("translation") == 2 and "token" not in kinds and kinds[-1] == "done"
     # a blank line gets its translation event too (first: it needs no decoding), alone or beside others
     for text in (["", "three", "  "], [""]):
         r = httpx.post(server.url + "/v1/translate", headers=AUTH, timeout=60,
                        json={"text": text, "beam_size": 2, "stream": True})
-        events = _events(r.text)
+        events = sse_events(r.text)
         said = sorted(d["sentence"] for k, d in events if k == "translation")
         assert said == list(range(len(text))) and events[-1][0] == "done", events
         blank = [d for k, d in events if k == "translation" and text[d["sentence"]].strip() == ""]
@@ -314,7 +304,7 @@ def test_requests_still_running_when_the_grace_ends_are_answered_503(wide_artifa
         answer = _signalled_while_under_way(s, {"text": ["one two three"] * 8, **SLOW, "stream": stream},
                                             [signal.SIGTERM])
         if stream:
-            kind, error = _events(answer.text)[-1]
+            kind, error = sse_events(answer.text)[-1]
             assert kind == "error" and error["error"]["status"] == 503, answer.text
         else:
             assert answer.status_code == 503, answer.text
