@@ -80,6 +80,18 @@ class Builds:
 _KEY = pytest.StashKey[Builds]()
 
 
+def in_worker() -> bool:
+    """Whether this process is a pytest-xdist worker."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def run_dir(tmp_path_factory) -> str:
+    """The directory of this test run that all its xdist workers share (a worker's basetemp is the run's /gwN);
+    without workers, the run's basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return str(base.parent if in_worker() else base)
+
+
 def start(session) -> None:
     """Start building what the collected tests need, or find the builder another xdist worker started
     (pytest_collection_finish)."""
@@ -90,9 +102,9 @@ def start(session) -> None:
     names = [n for n in BUILDS if n in needed and not (n in _DEMO and os.environ.get("TRANSDUCE_TEST_DEMO_MODEL"))]
     if not names:
         return
-    shared = hasattr(config, "workerinput")  # an xdist worker: its basetemp's parent is the run's, shared
+    shared = in_worker()
     if shared:
-        parent = os.path.join(os.path.dirname(str(config._tmp_path_factory.getbasetemp())), "background-builds")
+        parent = os.path.join(run_dir(config._tmp_path_factory), "background-builds")
         try:
             os.mkdir(parent)  # the claim: one worker wins it
         except FileExistsError:

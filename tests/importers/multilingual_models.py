@@ -93,10 +93,11 @@ def shared_build(family: str, tmp_path_factory) -> str:
     """build()'s directory for `family`, made once per test run: the modules and pytest-xdist workers that ask for
     it share it, and only read it (it takes ~10 s of a core to train)."""
     import fcntl
+    from pathlib import Path
 
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's basetemp is the run's/gwN
-    directory = root / f"multilingual-{family}"
+    import background  # tests/background.py (tests/ is on sys.path, as for every conftest here)
+
+    directory = Path(background.run_dir(tmp_path_factory)) / f"multilingual-{family}"
     with open(f"{directory}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second asker waits for the first's build
         if not (directory / "built").exists():
