@@ -168,6 +168,52 @@ def test_one_straight_line_step_graph(artifact_fp32):
                                   "encoder.onnx"]
 
 
+def test_the_step_graph_is_the_attention_steps_trace_less_its_attention(artifact_fp32, tiny_model, tmp_path):
+    """decoder_step.onnx comes from the attention step's trace, its attention output and the nodes only it reads
+    dropped: the nodes (op for op, with their attributes), weights and outputs of a trace of the step alone, and
+    its own doc string and metadata."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from transduce.exporter import graphs
+    from transduce.exporter.onnx_export import export_graph
+
+    cfg = tiny_model.cfg
+    n = cfg.decoder_layers
+    _, step_args = graphs.example_inputs(cfg, "fp32")
+    _, shapes = graphs.dynamic_shapes(cfg)
+    alone = str(tmp_path / "alone.onnx")
+    export_graph(graphs.StepGraph(tiny_model).eval(), step_args, shapes, [s.name for s in contract.step_inputs(n)],
+                 [s.name for s in contract.step_outputs(n)], alone, 18)
+    ours = onnx.load(os.path.join(artifact_fp32.path, "decoder_step.onnx"))
+    traced = onnx.load(alone)
+
+    def nodes(m):
+        return [(x.op_type, x.domain, [(a.name, helper.get_attribute_value(a)) for a in x.attribute])
+                for x in m.graph.node]
+
+    def weights(m):
+        return [numpy_helper.to_array(t) for t in m.graph.initializer]
+
+    assert nodes(ours) == nodes(traced)
+    assert len(weights(ours)) == len(weights(traced))
+    assert all(np.array_equal(a, b) for a, b in zip(weights(ours), weights(traced), strict=True))
+    assert [o.name for o in ours.graph.output] == [s.name for s in contract.step_outputs(n)]
+    props = {p.key: p.value for p in ours.metadata_props}
+    assert props["transduce.graph"] == "decoder_step" and ours.doc_string.startswith("transduce decoder_step graph")
+    rng = np.random.default_rng(0)
+    b, c, s = 3, 5, 7
+    feeds = {"tokens": rng.integers(4, cfg.vocab_size, b), "positions": np.full(b, c),
+             "src_lengths": np.array([s, 2, 1])}
+    for spec in contract.step_inputs(n)[3:]:
+        feeds[spec.name] = rng.standard_normal((b, cfg.n_heads, c if spec.name.startswith("past") else s,
+                                                cfg.head_dim)).astype(np.float32)
+    got = ort.InferenceSession(os.path.join(artifact_fp32.path, "decoder_step.onnx")).run(None, feeds)
+    want = ort.InferenceSession(alone).run(None, feeds)
+    assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
+
+
 @pytest.mark.parametrize("batch,src_len,cache_len", [(1, 1, 1), (1, 64, 64), (5, 3, 1), (4, 17, 30), (9, 2, 5)])
 def test_dynamic_axes_are_dynamic(artifact_fp32, tiny_model, batch, src_len, cache_len):
     """ONNX Runtime runs both graphs at sizes other than the traced ones (2, 7, 6), ends of the ranges included."""

@@ -3,6 +3,9 @@
   OUT_DIR/
     encoder.onnx        Transformer.encode, exactly per transduce/formats/contract.py
     decoder_step.onnx   Transformer.decode_step: one graph for every step, past length 0 included
+    decoder_step.attn.onnx  the same step that also gives the cross-attention (alignments read it); one trace
+                        writes both, decoder_step.onnx being this graph less that output and the nodes only
+                        it reads (the same nodes and weights as a trace of its own)
     decoder_step.ort.onnx  fp32 post-norm models: the same step with ONNX Runtime's fused contrib ops,
                         built from the weights (transduce/exporter/ort_step.py), validated like the others;
                         left out with ort_step_graph=False (`--no-ort-step`); its weights always inline,
@@ -42,6 +45,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from transduce.errors import CheckpointError, ExportError, TransduceError
@@ -239,9 +243,21 @@ def _torch_onnx_quiet():
             lg.setLevel(level)
 
 
+@dataclass(frozen=True)
+class GraphFile:
+    """A graph file export_graph writes: where, and what it says of itself."""
+
+    path: str
+    doc: str = ""  # the model's doc_string
+    metadata: dict[str, str] = field(default_factory=dict)  # added to the model's metadata_props
+
+
 def export_graph(module, args: tuple, dynamic_shapes: dict, input_names: list[str], output_names: list[str],
-                 path: str, opset: int, doc: str = "", metadata: dict[str, str] | None = None) -> None:
-    """torch.onnx.export (dynamo) of one module to `path`; weights go to `path`.data above 1.5 GB."""
+                 path: str, opset: int, doc: str = "", metadata: dict[str, str] | None = None,
+                 pruned: GraphFile | None = None) -> None:
+    """torch.onnx.export (dynamo) of one module to `path`; weights go to `path`.data above 1.5 GB. `pruned`: the
+    same trace less its last output, and the nodes only that output reads, written there too (what tracing a
+    module without that output gives, node for node and weight for weight, at one trace's cost)."""
     import torch
 
     label = os.path.basename(path)
@@ -257,15 +273,27 @@ def export_graph(module, args: tuple, dynamic_shapes: dict, input_names: list[st
                 f"torch.onnx could not export {label}: {type(e).__name__}: {detail}\n{captured.getvalue()[-2000:]}",
                 hint="the model code must be traceable by torch.export with symbolic batch/src_len/cache_len",
             ) from None
-    program.model.doc_string = doc
-    program.model.metadata_props.update(metadata or {})
-    program.save(path)
+    _save(program, GraphFile(path, doc, dict(metadata or {})))
+    if pruned is not None:
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+        program.model.graph.outputs.pop()
+        RemoveUnusedNodesPass()(program.model)
+        _save(program, pruned)
+
+
+def _save(program, graph: GraphFile) -> None:
+    """An ONNXProgram written to graph.path with its doc string and metadata."""
+    program.model.doc_string = graph.doc
+    program.model.metadata_props.update(graph.metadata)
+    program.save(graph.path)
 
 
 def export_graphs(model, directory: str, precision: str, opset: int, log: Log = _quiet,
                   ort_step_graph: bool = True) -> dict[str, float]:
-    """Write encoder.onnx and decoder_step.onnx for `model` (fp32, eval) in `precision`, and
-    decoder_step.ort.onnx where ort_step can build it (unless ort_step_graph is False); -> seconds per graph."""
+    """Write encoder.onnx, decoder_step.attn.onnx and decoder_step.onnx for `model` (fp32, eval) in `precision`,
+    and decoder_step.ort.onnx where ort_step can build it (unless ort_step_graph is False); -> seconds per trace
+    (the step's writes both step graphs) and for the ONNX Runtime step graph."""
     from transduce.exporter import graphs, ort_step
 
     cfg = model.cfg
@@ -274,24 +302,30 @@ def export_graphs(model, directory: str, precision: str, opset: int, log: Log = 
     enc_args, step_args = graphs.example_inputs(cfg, precision)
     enc_shapes, step_shapes = graphs.dynamic_shapes(cfg)
     n = cfg.decoder_layers
-    jobs = [
-        ("encoder", graphs.EncoderGraph(traced), enc_args, enc_shapes, contract.encoder_inputs(),
-         contract.encoder_outputs(n), contract.ENCODER_FILE),
-        ("decoder_step", graphs.StepGraph(traced), step_args, step_shapes, contract.step_inputs(n),
-         contract.step_outputs(n), contract.STEP_FILE),
-        ("decoder_step.attn", graphs.AttentionStepGraph(traced), step_args, step_shapes, contract.step_inputs(n),
-         contract.attn_step_outputs(n), contract.ATTN_STEP_FILE),
-    ]
     seconds = {}
-    for name, module, args, shapes, ins, outs, filename in jobs:
-        log(f"tracing {filename} ({precision}, opset {opset})")
+
+    def graph_file(name: str, filename: str) -> GraphFile:
+        return GraphFile(
+            os.path.join(directory, filename),
+            f"transduce {name} graph, IO contract version {contract.CONTRACT_VERSION}, {precision}",
+            {"transduce.graph": name, "transduce.contract_version": str(contract.CONTRACT_VERSION),
+             "transduce.precision": precision})
+
+    def trace(name: str, module, args: tuple, shapes: dict, ins: list, outs: list, graph: GraphFile,
+              pruned: GraphFile | None = None) -> None:
+        log(f"tracing {os.path.basename(graph.path)}{' and ' + os.path.basename(pruned.path) if pruned else ''} "
+            f"({precision}, opset {opset})")
         t0 = time.perf_counter()
-        doc = f"transduce {name} graph, IO contract version {contract.CONTRACT_VERSION}, {precision}"
-        metadata = {"transduce.graph": name, "transduce.contract_version": str(contract.CONTRACT_VERSION),
-                    "transduce.precision": precision}
-        export_graph(module.eval(), args, shapes, [s.name for s in ins], [s.name for s in outs],
-                     os.path.join(directory, filename), opset, doc, metadata)
+        export_graph(module.eval(), args, shapes, [s.name for s in ins], [s.name for s in outs], graph.path, opset,
+                     graph.doc, graph.metadata, pruned)
         seconds[name] = round(time.perf_counter() - t0, 2)
+
+    trace("encoder", graphs.EncoderGraph(traced), enc_args, enc_shapes, contract.encoder_inputs(),
+          contract.encoder_outputs(n), graph_file("encoder", contract.ENCODER_FILE))
+    # one trace of the step that gives the cross-attention writes the step without it too (its last output)
+    trace("decoder_step", graphs.AttentionStepGraph(traced), step_args, step_shapes, contract.step_inputs(n),
+          contract.attn_step_outputs(n), graph_file("decoder_step.attn", contract.ATTN_STEP_FILE),
+          graph_file("decoder_step", contract.STEP_FILE))
     if ort_step_graph and ort_step.unsupported_reason(cfg, precision) is None:
         import onnx
 
