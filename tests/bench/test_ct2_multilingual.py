@@ -20,19 +20,17 @@ FAMILIES = ("m2m100", "nllb", "mbart")
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def converted(request, tmp_path_factory):
-    """(family, the imported model directory, its CTranslate2 conversion), built once per family."""
+    """(family, the imported model directory, its ONNX artifact, its CTranslate2 conversion), once per family."""
     require_ct2()
     pytest.importorskip("transformers", reason="the import extra is not installed")
     pytest.importorskip("sentencepiece", reason="the import extra is not installed")
-    from multilingual_models import shared_build
+    from multilingual_models import shared_export
 
     from transduce.bench.ctranslate2.convert import convert_to_ctranslate2
-    from transduce.importers import import_model
 
-    root = tmp_path_factory.mktemp(request.param)
-    hf_dir = shared_build(request.param, tmp_path_factory)
-    model_dir = str(import_model(request.param, hf_dir, root / "model"))
-    return request.param, model_dir, convert_to_ctranslate2(model_dir, str(root / "ct2"))
+    model_dir, artifact = shared_export(request.param, tmp_path_factory)  # shared with the run's other modules
+    ct2 = convert_to_ctranslate2(model_dir, str(tmp_path_factory.mktemp(request.param) / "ct2"))
+    return request.param, model_dir, artifact, ct2
 
 
 def _sources_and_prefix(family: str, model_dir: str) -> tuple[list[list[int]], list[int]]:
@@ -53,7 +51,7 @@ def test_the_conversion_has_the_models_structure(converted):
 
     from transduce.formats.model_dir import model_config
 
-    family, model_dir, ct2_dir = converted
+    family, model_dir, _, ct2_dir = converted
     cfg = model_config(model_dir)
     assert cfg.norm_first and (cfg.positions == "learned") == (family == "mbart") == cfg.layernorm_embedding
     ct2_cfg = json.loads(open(os.path.join(ct2_dir, "config.json")).read())
@@ -65,7 +63,7 @@ def test_greedy_equals_ours_with_the_language_codes(converted):
     each output beginning with the target language's code."""
     from transduce.bench.ctranslate2.check import check_greedy_equality
 
-    family, model_dir, ct2_dir = converted
+    family, model_dir, _, ct2_dir = converted
     sources, prefix = _sources_and_prefix(family, model_dir)
     for forced in (None, 12):
         report = check_greedy_equality(model_dir, ct2_dir, sources, family, forced_steps=forced, target_prefix=prefix)
@@ -86,7 +84,7 @@ def test_beam_log_probs_equal_ours_with_the_language_codes(converted):
     their count is reported, not required."""
     from transduce.bench.ctranslate2.check import check_greedy_equality
 
-    family, model_dir, ct2_dir = converted
+    family, model_dir, _, ct2_dir = converted
     sources, prefix = _sources_and_prefix(family, model_dir)
     report = check_greedy_equality(model_dir, ct2_dir, sources, family, beam_size=4, target_prefix=prefix)
     print(report.summary())
@@ -104,7 +102,7 @@ def test_the_bench_gate_passes_the_language_codes(converted):
     from transduce.formats.model_dir import model_config
     from transduce.models.checkpoint import load_tokenizer
 
-    family, model_dir, ct2_dir = converted
+    family, model_dir, _, ct2_dir = converted
     tok = load_tokenizer(model_dir)
     langs = check_languages(model_dir)
     assert langs.source == tok.default_source_lang and langs.target != langs.source
@@ -144,21 +142,20 @@ def test_separate_vocabularies_are_refused_with_the_reason(tiny_model_dir, tmp_p
     assert "other systems" in e.value.hint and not (tmp_path / "ct2").exists()
 
 
-def test_the_end_to_end_translate_op_gives_both_systems_the_language_codes(converted, tmp_path):
+def test_the_end_to_end_translate_op_gives_both_systems_the_language_codes(converted):
     """The bench's end-to-end cells on a multilingual model: ours with source_lang and target_lang, CTranslate2
     with the source's code first and the target's as target_prefix, as their users give them: the same greedy
     translations as Translator.translate's with those languages."""
+    from hf_models import demo_sentences
+
     from transduce.bench.gates import check_languages
     from transduce.bench.worker import _CTranslate2, _Ours
-    from transduce.exporter.onnx_export import export_artifact
 
-    family, model_dir, ct2_dir = converted
-    export_artifact(model_dir, tmp_path / "artifact")
-    from hf_models import demo_sentences
+    family, model_dir, artifact, ct2_dir = converted
 
     texts = [s for s, _ in demo_sentences(8, seed=7)]
     langs = dataclasses.asdict(check_languages(model_dir))
-    ours = _Ours("onnxruntime", str(tmp_path / "artifact"), model_dir, 1)
+    ours = _Ours("onnxruntime", artifact, model_dir, 1)
     theirs = _CTranslate2(ct2_dir, 1, model_dir=model_dir)
     want = None
     for one in (False, True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import torch
 from hf_models import demo_sentences
@@ -89,22 +90,41 @@ def _batches(tok, family: str, pairs: list[tuple[str, str]], size: int, seed: in
             yield ids, (ids != tok.pad_token_id).long(), labels
 
 
-def shared_build(family: str, tmp_path_factory) -> str:
-    """build()'s directory for `family`, made once per test run: the modules and pytest-xdist workers that ask for
-    it share it, and only read it (it takes ~10 s of a core to train)."""
+def _shared(name: str, tmp_path_factory, make) -> Path:
+    """A directory of the run's shared directory made once per test run by make(directory): the modules and
+    pytest-xdist workers that ask for it share it, and only read it."""
     import fcntl
-    from pathlib import Path
 
     import background  # tests/background.py (tests/ is on sys.path, as for every conftest here)
 
-    directory = Path(background.run_dir(tmp_path_factory)) / f"multilingual-{family}"
+    directory = Path(background.run_dir(tmp_path_factory)) / name
     with open(f"{directory}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second asker waits for the first's build
         if not (directory / "built").exists():
             shutil.rmtree(directory, ignore_errors=True)
-            build(family, str(directory / "hf"))
+            directory.mkdir(parents=True)
+            make(directory)
             (directory / "built").touch()
-    return str(directory / "hf")
+    return directory
+
+
+def shared_build(family: str, tmp_path_factory) -> str:
+    """build()'s directory for `family`, made once per test run (it takes ~10 s of a core to train)."""
+    return str(_shared(f"multilingual-{family}", tmp_path_factory, lambda d: build(family, str(d / "hf"))) / "hf")
+
+
+def shared_export(family: str, tmp_path_factory) -> tuple[str, str]:
+    """(the imported model directory, its ONNX artifact) of shared_build's `family`, made once per test run (an
+    export takes ~20 s of a core)."""
+    def make(directory: Path) -> None:
+        from transduce.exporter.onnx_export import export_artifact
+        from transduce.importers import import_model
+
+        model = import_model(family, shared_build(family, tmp_path_factory), directory / "model")
+        export_artifact(model, directory / "artifact")
+
+    directory = _shared(f"multilingual-{family}-onnx", tmp_path_factory, make)
+    return str(directory / "model"), str(directory / "artifact")
 
 
 def build(family: str, directory: str, seed: int = 3, steps: int = 300) -> str:

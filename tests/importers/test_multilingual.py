@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from compare import hf_generate, teacher_forced_error
-from multilingual_models import LANGS, hf_tokenizer, shared_build
+from multilingual_models import LANGS, hf_tokenizer, shared_build, shared_export
 
 from transduce.errors import InputError
 from transduce.models.checkpoint import load_model_dir
@@ -19,22 +19,16 @@ MAX_NEW = 20
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
-    """(family, its Hugging Face directory, the imported model directory)."""
-    from transduce.importers import import_model
-
-    hf_dir = shared_build(request.param, tmp_path_factory)
-    out = import_model(request.param, hf_dir, tmp_path_factory.mktemp(request.param + "-import") / "model")
-    return request.param, hf_dir, str(out)
+    """(family, its Hugging Face directory, the imported model directory), shared with the run's other modules:
+    the tests read them and never change them."""
+    model_dir, _ = shared_export(request.param, tmp_path_factory)
+    return request.param, shared_build(request.param, tmp_path_factory), model_dir
 
 
 @pytest.fixture(scope="module")
 def artifact(family, tmp_path_factory) -> str:
-    """The family's imported model exported to ONNX, once: the tests read it and never change it."""
-    from transduce.exporter.onnx_export import export_artifact
-
-    path = tmp_path_factory.mktemp(family[0] + "-artifact") / "artifact"
-    export_artifact(family[2], path)
-    return str(path)
+    """The family's imported model exported to ONNX, once per run: the tests read it and never change it."""
+    return shared_export(family[0], tmp_path_factory)[1]
 
 
 def _hf(fam, hf_dir):
