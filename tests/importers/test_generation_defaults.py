@@ -40,16 +40,34 @@ def _agreement(ours, theirs) -> int:
     return sum(o == t for o, t in zip(ours, theirs, strict=True))
 
 
-@pytest.mark.parametrize("num_beams", [4, 6])
-def test_default_decoding_is_hugging_faces_default_generate(marian_swish, demo_pairs, tmp_path, num_beams):
+@pytest.fixture(scope="module")
+def opus_like(marian_swish, tmp_path_factory):
+    """opus_like(num_beams) -> (an OPUS-MT-like copy of the tiny Marian (_opus_like), its import, the import's
+    export), made once per beam size for this module's tests, which only read them."""
     from transduce.exporter.onnx_export import export_artifact
     from transduce.importers import import_model
+
+    made: dict[int, tuple[str, str, str]] = {}
+
+    def make(num_beams: int) -> tuple[str, str, str]:
+        if num_beams not in made:
+            root = tmp_path_factory.mktemp(f"opus-like-{num_beams}")
+            hf_dir = _opus_like(marian_swish, root / "hf", num_beams)
+            out = import_model("marian", hf_dir, root / "model")
+            export_artifact(out, root / "artifact")
+            made[num_beams] = hf_dir, str(out), str(root / "artifact")
+        return made[num_beams]
+
+    return make
+
+
+@pytest.mark.parametrize("num_beams", [4, 6])
+def test_default_decoding_is_hugging_faces_default_generate(opus_like, demo_pairs, num_beams):
     from transduce.inspect.report import inspect_path
     from transduce.runtime.api import load
     from transduce.runtime.translator import Translator
 
-    hf_dir = _opus_like(marian_swish, tmp_path / "hf", num_beams)
-    out = import_model("marian", hf_dir, tmp_path / "model")
+    hf_dir, out, art = opus_like(num_beams)
     defaults = ModelDir.load(out).decoding_defaults
     assert defaults.overrides() == {
         "beam_size": num_beams, "length_penalty": 1.0, "length_penalty_form": "plain", "early_stopping": "heuristic",
@@ -68,8 +86,6 @@ def test_default_decoding_is_hugging_faces_default_generate(marian_swish, demo_p
     hf_greedy = [t[:MAX_LENGTH - 2] for t in hf_generate(
         __import__("transformers").AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), src, 0, num_beams=1)]
     assert greedy == hf_greedy
-    art = tmp_path / "artifact"
-    export_artifact(out, art)
     for path in (out, art):  # inspect shows them, the export's from its copy of config.json
         shown = inspect_path(path)["decoding_defaults"]
         assert (shown["source"], shown["beam_size"]) == ("generation_config.json", num_beams), shown
@@ -112,19 +128,15 @@ def test_keys_transduce_cannot_honour_are_named_and_bad_values_refused(marian_sw
             import_model("marian", bad, tmp_path / "out")
 
 
-def test_cli_decode_and_serve_take_the_models_defaults_and_the_users_options_over_them(marian_swish, demo_pairs,
+def test_cli_decode_and_serve_take_the_models_defaults_and_the_users_options_over_them(opus_like, demo_pairs,
                                                                                        tmp_path):
     from click.testing import CliRunner
 
     from transduce.cli import main
-    from transduce.exporter.onnx_export import export_artifact
-    from transduce.importers import import_model
     from transduce.runtime.api import load
     from transduce.serve.service import DecodeService, ServiceOptions
 
-    hf_dir = _opus_like(marian_swish, tmp_path / "hf", 6)
-    art = tmp_path / "artifact"
-    export_artifact(import_model("marian", hf_dir, tmp_path / "model"), art)
+    _, _, art = opus_like(6)
     texts = [s for s, _ in demo_pairs[:6]]
     tr = load(art)
     assert tr.defaults.beam_size == 6 and tr.defaults.max_len_b == MAX_LENGTH - 1
