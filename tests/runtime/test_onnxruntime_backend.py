@@ -697,6 +697,18 @@ def test_parts_at_threads_0_follow_the_cpus_this_process_may_use(tiny_artifact_d
     assert base.usable_cpus() == 6  # no affinity on this OS: the machine's count
 
 
+def test_threads_0_under_a_cpu_quota_keep_to_it(tiny_artifact_dir, monkeypatch):
+    """threads=0 (ONNX Runtime's default: a thread per core of the machine) under a container's CPU quota of 2.5
+    CPUs on 16: sessions and parts of 2; threads given are kept."""
+    from transduce.runtime import devices as base
+
+    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(base, "cpu_quota", lambda *args: 2.5)
+    be = make_backend(tiny_artifact_dir, "onnxruntime", threads=0)
+    assert be.tuning()["threads"] == 2 and be.shard_count == 2
+    assert make_backend(tiny_artifact_dir, "onnxruntime", threads=3).tuning()["threads"] == 3
+
+
 def _one(cfg, length, seed):
     """One source of `length` tokens (EOS included), as a (1, length) batch."""
     src = np.random.default_rng(seed).integers(4, cfg.vocab_size, (1, length))

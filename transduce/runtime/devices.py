@@ -44,23 +44,36 @@ def torch_device(name: str, option: str = "device", error: type[Exception] = Inp
     return f"cuda:{index}"
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, as under taskset or a container's
-    cpuset), not the machine's count: what parts of a batch decoded at once can really use."""
+def usable_cpus(cgroup_root: str | None = None, membership: str | None = None) -> int:
+    """CPUs this process may run on: its affinity mask's count (taskset, a container's cpuset), not the machine's,
+    or fewer where a cgroup's CPU quota over it allows less time (docker --cpus, a Kubernetes CPU limit: whole
+    CPUs of it, at least one). What parts of a batch decoded at once, or threads, can really use."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
+        cpus = len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # no affinity on this OS (macOS, Windows)
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    quota = cpu_quota(cgroup_root, membership)
+    return cpus if quota is None else max(1, min(cpus, int(quota)))
+
+
+def quota_threads(threads: int) -> int:
+    """`threads`, or where it is 0 (a framework's default: one per core of the machine) and a cgroup's CPU quota
+    allows fewer, usable_cpus(): a pool wider than the quota only waits out its throttling."""
+    if threads or cpu_quota() is None:
+        return threads
+    return usable_cpus()
 
 
 # where cgroups are mounted, and each version's files: (limit, usage, memory.stat's count of reclaimable page cache)
 CGROUP_ROOT = "/sys/fs/cgroup"
+MEMBERSHIP = "/proc/self/cgroup"  # this process's cgroups
 _CGROUP_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
                  1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+_CPU_FILES = {2: "cpu.max", 1: "cpu.cfs_quota_us"}  # each version's CPU quota (v1's period: cpu.cfs_period_us)
 
 
 def available_memory(meminfo: str = "/proc/meminfo", cgroup_root: str = CGROUP_ROOT,
-                     membership: str = "/proc/self/cgroup") -> int | None:
+                     membership: str = MEMBERSHIP) -> int | None:
     """Bytes of memory this process can still take: what the OS says is available (Linux's MemAvailable), or
     less where a cgroup limit over it (a container's, or a service's) leaves less -> None where neither can be
     read."""
@@ -73,35 +86,62 @@ def available_memory(meminfo: str = "/proc/meminfo", cgroup_root: str = CGROUP_R
                     break
     except (OSError, ValueError, IndexError):
         pass
-    for directory, version in _cgroups(cgroup_root, membership):
+    for directory, version in _cgroups(cgroup_root, membership, "memory", {v: f[0] for v, f in _CGROUP_FILES.items()}):
         left = _cgroup_left(directory, *_CGROUP_FILES[version])
         if left is not None:
             found.append(left)
     return min(found) if found else None
 
 
-def _cgroups(root: str, membership: str) -> list[tuple[str, int]]:
-    """The memory cgroup directories over this process, its own first, each with its version: its cgroup (from
-    `membership`, /proc/self/cgroup) and every ancestor's up to the mount's root, which is all a container that
-    hides the hierarchy shows."""
+def cpu_quota(cgroup_root: str | None = None, membership: str | None = None) -> float | None:
+    """CPUs' worth of time per period that the cgroups over this process allow (v2's cpu.max, v1's
+    cpu.cfs_quota_us over cpu.cfs_period_us), the least of its own and its ancestors' -> None where none is set.
+    (None: CGROUP_ROOT, MEMBERSHIP.)"""
+    found = []
+    for directory, version in _cgroups(cgroup_root or CGROUP_ROOT, membership or MEMBERSHIP, "cpu", _CPU_FILES):
+        try:
+            if version == 2:
+                with open(os.path.join(directory, "cpu.max"), encoding="ascii") as f:
+                    quota, period = f.read().split()
+            else:
+                with open(os.path.join(directory, "cpu.cfs_quota_us"), encoding="ascii") as f:
+                    quota = f.read().strip()
+                with open(os.path.join(directory, "cpu.cfs_period_us"), encoding="ascii") as f:
+                    period = f.read().strip()
+            if quota != "max" and int(quota) > 0 and int(period) > 0:  # (v1 writes no quota as -1)
+                found.append(int(quota) / int(period))
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None
+
+
+def _cgroups(root: str, membership: str, controller: str, marks: dict[int, str]) -> list[tuple[str, int]]:
+    """The cgroup directories of `controller` over this process, its own first, each with its version (where the
+    version's file in `marks` is): its cgroup (from `membership`, /proc/self/cgroup) and every ancestor's up to the
+    mount's root, which is all a container that hides the hierarchy shows. A v1 controller is mounted under its
+    own name, or under the names of the controllers mounted with it (cpu,cpuacct)."""
     own = {2: "/", 1: "/"}
+    mounts = [os.path.join(root, controller)]
     try:
         with open(membership, encoding="utf-8") as f:
             for line in f:
                 number, controllers, path = line.rstrip("\n").split(":", 2)
                 if number == "0" and not controllers:
                     own[2] = path
-                elif "memory" in controllers.split(","):
+                elif controller in controllers.split(","):
                     own[1] = path
+                    mounts.append(os.path.join(root, controllers))
     except (OSError, ValueError):
         pass
     out = []
-    for version, base in ((2, root), (1, os.path.join(root, "memory"))):
+    for version, base in [(2, root)] + [(1, m) for m in dict.fromkeys(mounts)]:
         parts = [p for p in own[version].split("/") if p]
         for n in range(len(parts), -1, -1):
             directory = os.path.join(base, *parts[:n])
-            if os.path.isfile(os.path.join(directory, _CGROUP_FILES[version][0])):
+            if os.path.isfile(os.path.join(directory, marks[version])):
                 out.append((directory, version))
+        if version == 1 and any(v == 1 for _, v in out):
+            break  # (the co-mounted name and its link are one hierarchy)
     return out
 
 

@@ -64,7 +64,7 @@ from transduce.runtime.backends.ort_threads import ThreadChoices
 from transduce.runtime.backends.ort_topk import OrtTopK
 from transduce.runtime.backends.topk import ban_bias, banned_ids
 from transduce.runtime.checks import check_artifact
-from transduce.runtime.devices import parse_device, usable_cpus
+from transduce.runtime.devices import parse_device, quota_threads, usable_cpus
 
 
 def _import_ort():
@@ -99,6 +99,8 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
         self.precision = self.artifact.precision
         self.quantization = self.artifact.quantization
         wanted = self._place(provider, device_index)
+        if not self.on_device:  # ONNX Runtime's default pool, one thread per core, outgrows a container's quota
+            threads = quota_threads(threads)
         if optimization not in OPTIMIZATION_LEVELS:
             raise BackendUnavailable(f"unknown onnxruntime optimization level {optimization!r}",
                                      hint=f"choose one of {', '.join(OPTIMIZATION_LEVELS)}", params=("optimization",))

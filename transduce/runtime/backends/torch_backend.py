@@ -23,6 +23,7 @@ from transduce.formats.model_dir import ModelDir
 from transduce.runtime.backends.base import Backend
 from transduce.runtime.backends.topk import banned_ids
 from transduce.runtime.backends.torch_slots import CrossSlots
+from transduce.runtime.devices import quota_threads
 
 
 @dataclass
@@ -249,10 +250,11 @@ def open_backend(path: str, spec) -> TorchBackend:
 
     artifact = check_artifact(path, verify_hashes=spec.verify)  # what load() reads the tokenizer from
     model_dir = source_model(artifact, spec.model_dir)
-    if spec.threads:  # torch's thread count is process-wide: it holds for every torch model in this process
+    threads = quota_threads(spec.threads) if spec.device == "cpu" else spec.threads
+    if threads:  # torch's thread count is process-wide: it holds for every torch model in this process
         import torch
 
-        torch.set_num_threads(spec.threads)
+        torch.set_num_threads(threads)
     precision = spec.precision or "fp32"
     if spec.cuda_graph:
         from transduce.runtime.backends.torch_graph_backend import TorchGraphBackend
