@@ -321,10 +321,10 @@ def _without_codes(src, dst):
 
 
 def test_marian_tokenizer_edge_cases(marian_swish, marian_swish_imported, tmp_path):
-    """A leading >>code<< is split off as MarianTokenizer does, whether or not the vocabulary has codes (one it lacks
-    is <unk>); a code after leading whitespace is what HF gives the stripped text (HF's own takes it as text,
-    unlike the same line stripped); the spellings </s>, <pad> and <unk> in text are text (HF's with
-    split_special_tokens: its default makes them EOS, PAD and UNK inside a source)."""
+    """A leading >>code<< is split off as MarianTokenizer does, in a source or a target, whether or not the
+    vocabulary has codes (one it lacks is <unk>); a code after leading whitespace is what HF gives the stripped
+    text (HF's own takes it as text, unlike the same line stripped); the spellings </s>, <pad> and <unk> in text
+    are text (HF's with split_special_tokens: its default makes them EOS, PAD and UNK inside a source)."""
     from transformers import MarianTokenizer
 
     from transduce.importers import import_model
@@ -339,6 +339,8 @@ def test_marian_tokenizer_edge_cases(marian_swish, marian_swish_imported, tmp_pa
         as_text = MarianTokenizer(**files, split_special_tokens=True)
         for s in (">>fr<< seven", ">>fra<< seven", ">>fr<<", "seven >>fr<< eight", ">>fr<<>>fr<< x"):
             assert tok.encode(s) + [tok.eos_id] == hf_tok(s)["input_ids"], (hf_dir, s)
+            # a target (a translation scored, a prefix) too: HF's target side splits the code off as well
+            assert tok.encode_target(s) + [tok.eos_id] == hf_tok(text_target=s)["input_ids"], (hf_dir, s)
         assert tok.encode(">>fra<< seven")[0] == tok.unk_id
         for s in (" >>fr<< seven", "\t>>fr<<seven"):
             assert tok.encode(s) + [tok.eos_id] == hf_tok(s.strip())["input_ids"], (hf_dir, s)

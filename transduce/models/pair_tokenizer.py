@@ -4,8 +4,8 @@ tokenizes and detokenizes (written by `transduce import`, read wherever a tokeni
 One JSON file, tokenizer.json, with "format": PAIR_FORMAT, the specials' ids and two sides, each one of:
   "sentencepiece"  a SentencePiece model (its serialized proto, base64) whose pieces are mapped to the model's
                    ids by a vocabulary of its own (Marian: vocab.json; its ids are not SentencePiece's). A
-                   Marian source may start with a language code ">>xx<<", kept as one token (as MarianTokenizer
-                   does, whether or not the vocabulary has codes: one it lacks is <unk>).
+                   Marian source (or target) may start with a language code ">>xx<<", kept as one token (as
+                   MarianTokenizer does, whether or not the vocabulary has codes: one it lacks is <unk>).
   "moses_bpe"      Moses punctuation normalization and tokenization (sacremoses, aggressive dash splits,
                    escaped), then BPE with "</w>" word ends from its merges (FSMT, XLM-style); decoding joins
                    the pieces and Moses-detokenizes.
@@ -79,7 +79,7 @@ class _SentencePieceSide:
         self.vocab: list[str] = spec["vocab"]
         self.ids = {p: i for i, p in enumerate(self.vocab)}
         self.unk_id = unk_id
-        # a leading ">>xx<<" is a code: Marian's source side (older imports recorded it only with codes in vocab)
+        # a leading ">>xx<<" is a code: Marian's either side (older imports recorded it only with codes in vocab)
         self.codes = bool(spec.get("language_codes")) or family == "marian"
 
     def pieces(self, text: str) -> list[str]:
@@ -233,7 +233,7 @@ class PairTokenizer:
             setattr(self, k, int(spec["specials"][k]))
         self.family = spec.get("family", "")
         self.source = _SIDES[spec["source"]["kind"]](spec["source"], self.unk_id, self.family)
-        self.target = _SIDES[spec["target"]["kind"]](spec["target"], self.unk_id)
+        self.target = _SIDES[spec["target"]["kind"]](spec["target"], self.unk_id, self.family)  # (Marian's codes)
         langs = spec.get("languages") or {}
         self.languages: dict[str, int] = {str(k): int(v) for k, v in (langs.get("codes") or {}).items()}
         self.default_source_lang: str | None = langs.get("source")
