@@ -168,6 +168,27 @@ def test_one_straight_line_step_graph(artifact_fp32):
                                   "encoder.onnx"]
 
 
+def test_the_lowest_opset_exports_every_graph_at_it(artifact_fp32, tiny_model_dir, tmp_path):
+    """--opset 17, the lowest taken: every graph at 17 (torch exports at 18 and converts down: the attention step's
+    head average must be convertible), validated, and decoding as the default opset's artifact."""
+    import onnx
+
+    from transduce.exporter.onnx_export import export_artifact
+    from transduce.runtime.api import load
+
+    manifest = export_artifact(tiny_model_dir, tmp_path / "o17", opset=17)
+    for name in ("encoder.onnx", "decoder_step.onnx", "decoder_step.attn.onnx", "decoder_step.ort.onnx"):
+        model = onnx.load(str(tmp_path / "o17" / name))
+        assert {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")} == {17}, name
+    assert manifest["opset"] == 17 and all(r["passed"] for r in manifest["validation"]["errors"])
+    texts = ["one two three", "four"]
+    ours, default = load(str(tmp_path / "o17")), load(artifact_fp32.path)
+    assert [t.text for t in ours.translate(texts)] == [t.text for t in default.translate(texts)]
+    got = ours.translate(texts, beam_size=1, return_attention=True)
+    want = default.translate(texts, beam_size=1, return_attention=True)
+    assert all(np.allclose(a.attention, b.attention, atol=1e-6) for a, b in zip(got, want, strict=True))
+
+
 def test_the_step_graph_is_the_attention_steps_trace_less_its_attention(artifact_fp32, tiny_model, tmp_path):
     """decoder_step.onnx comes from the attention step's trace, its attention output and the nodes only it reads
     dropped: the nodes (op for op, with their attributes), weights and outputs of a trace of the step alone, and

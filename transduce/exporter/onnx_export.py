@@ -273,12 +273,15 @@ def export_graph(module, args: tuple, dynamic_shapes: dict, input_names: list[st
                 f"torch.onnx could not export {label}: {type(e).__name__}: {detail}\n{captured.getvalue()[-2000:]}",
                 hint="the model code must be traceable by torch.export with symbolic batch/src_len/cache_len",
             ) from None
-    _save(program, GraphFile(path, doc, dict(metadata or {})))
+    first = GraphFile(path, doc, dict(metadata or {}))
+    _save(program, first)
     if pruned is not None:
         from onnx_ir.passes.common import RemoveUnusedNodesPass
 
         program.model.graph.outputs.pop()
         RemoveUnusedNodesPass()(program.model)
+        for key in first.metadata.keys() - pruned.metadata.keys():  # the second file says only its own
+            program.model.metadata_props.pop(key, None)
         _save(program, pruned)
 
 

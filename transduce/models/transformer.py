@@ -156,7 +156,9 @@ class MultiHeadAttention(nn.Module):
         weights = masked_softmax(q @ k.transpose(-2, -1), mask)  # (B, H, 1, S)
         out = weights.to(v.dtype) @ v  # (B, H, 1, Dh)
         out = self.out_proj(out.reshape(x.shape[0], 1, -1))  # (B, 1, D)
-        return (out, weights[:, :, 0].mean(dim=1)) if need_weights else out
+        # the heads' sum over their count, not mean(): ONNX's ReduceMean takes its axes as an input from opset 18
+        # on, and the exporter's conversion down to opset 17 cannot move it back (ReduceSum's has been one since 13)
+        return (out, weights[:, :, 0].sum(dim=1) / weights.shape[1]) if need_weights else out
 
     def step(
         self, x: Tensor, k_cache: Tensor, v_cache: Tensor, cache_mask: Tensor
