@@ -64,6 +64,8 @@ def test_usable_cpus_keep_to_a_cgroups_cpu_quota(tmp_path, monkeypatch):
     """The affinity mask's CPUs, or fewer where a cgroup over the process (its own or an ancestor's; v2's cpu.max,
     v1's cfs quota, v1's cpu controller mounted alone or with cpuacct) allows less time: whole CPUs of the quota,
     at least one. quota_threads gives a framework's default (0) that many only under a quota."""
+    import shutil
+
     from transduce.runtime import devices
 
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
@@ -101,6 +103,15 @@ def test_usable_cpus_keep_to_a_cgroups_cpu_quota(tmp_path, monkeypatch):
     write(root / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "300000\n")
     write(root / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us", "100000\n")
     assert devices.cpu_quota() == 3.0 and devices.usable_cpus() == 3
+    membership.write_text("3:cpuacct,cpu:/docker/abc\n")  # CentOS 7 lists them unsorted; the mount is sorted
+    assert devices.usable_cpus() == 3
+    # Docker's usual view: "cpu" mounted (or linked) alone, its root the container's cgroup, which /proc names by
+    # the host's path that the container's mount does not have
+    shutil.rmtree(root / "cpu,cpuacct")
+    membership.write_text("3:cpu,cpuacct:/docker/abc\n")
+    write(root / "cpu" / "cpu.cfs_quota_us", "150000\n")
+    write(root / "cpu" / "cpu.cfs_period_us", "100000\n")
+    assert devices.cpu_quota() == 1.5 and devices.usable_cpus() == 1
 
 
 def test_available_memory_finds_a_v1_memory_controller_mounted_with_others(tmp_path):

@@ -684,6 +684,7 @@ def test_parts_at_threads_0_follow_the_cpus_this_process_may_use(tiny_artifact_d
     machine: under `taskset -c 0` a batch is decoded whole."""
     from transduce.runtime import devices as base
 
+    monkeypatch.setattr(base, "cpu_quota", lambda *args: None)  # (this machine's own quota, where it has one)
     monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {3}, raising=False)
     assert base.usable_cpus() == 1
     monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
@@ -707,6 +708,12 @@ def test_threads_0_under_a_cpu_quota_keep_to_it(tiny_artifact_dir, monkeypatch):
     be = make_backend(tiny_artifact_dir, "onnxruntime", threads=0)
     assert be.tuning()["threads"] == 2 and be.shard_count == 2
     assert make_backend(tiny_artifact_dir, "onnxruntime", threads=3).tuning()["threads"] == 3
+    import torch
+
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)  # (process-wide: recorded, not set)
+    make_backend(tiny_artifact_dir, "torch", threads=0)
+    assert set_to == [2]  # the torch backend's pool too
 
 
 def _one(cfg, length, seed):

@@ -24,6 +24,7 @@ from tests.serve.test_server import (  # noqa: F401 - collected here, over this 
     test_score_requests_get_what_offline_scoring_gives,
     test_streams_tokens_of_greedy_and_sentences_of_beam,
 )
+from transduce.runtime import devices
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_a_dead_engine_fails_healthz_and_its_requests_get_503(long_artifact_dir,
     try:
         s.wait_ready()
         engines = _engines(s.proc.pid)
-        assert len(engines) == (2 if (os.cpu_count() or 1) >= 2 else 1)
+        assert len(engines) == (2 if devices.usable_cpus() >= 2 else 1)
 
         async def run():
             async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:

@@ -59,9 +59,7 @@ def usable_cpus(cgroup_root: str | None = None, membership: str | None = None) -
 def quota_threads(threads: int) -> int:
     """`threads`, or where it is 0 (a framework's default: one per core of the machine) and a cgroup's CPU quota
     allows fewer, usable_cpus(): a pool wider than the quota only waits out its throttling."""
-    if threads or cpu_quota() is None:
-        return threads
-    return usable_cpus()
+    return threads or (0 if cpu_quota() is None else usable_cpus())
 
 
 # where cgroups are mounted, and each version's files: (limit, usage, memory.stat's count of reclaimable page cache)
@@ -129,8 +127,9 @@ def _cgroups(root: str, membership: str, controller: str, marks: dict[int, str])
                 if number == "0" and not controllers:
                     own[2] = path
                 elif controller in controllers.split(","):
-                    own[1] = path
-                    mounts.append(os.path.join(root, controllers))
+                    own[1] = path  # the mount's name lists them as /proc does, or sorted (CentOS 7: cpuacct,cpu)
+                    names = controllers.split(",")
+                    mounts += [os.path.join(root, controllers), os.path.join(root, ",".join(sorted(names)))]
     except (OSError, ValueError):
         pass
     out = []
