@@ -46,6 +46,7 @@ class Builds:
     parent: str
     log: IO[str] | None  # its log, where this process started it
     shared: bool = False  # the run's workers share it (pytest-xdist): it is left to end with the run
+    since: float = 0.0  # when this process found or started the builds
 
     def done(self, name: str) -> bool:
         return os.path.exists(os.path.join(self.parent, name + ".done"))
@@ -73,8 +74,6 @@ class Builds:
                 return f.read()
         except FileNotFoundError:
             return "(the worker that claimed the builds never started them)"
-
-    since: float = 0.0  # when this process found or started the builds
 
 
 _KEY = pytest.StashKey[Builds]()

@@ -44,29 +44,38 @@ def torch_device(name: str, option: str = "device", error: type[Exception] = Inp
     return f"cuda:{index}"
 
 
-def usable_cpus(cgroup_root: str | None = None, membership: str | None = None) -> int:
+def usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask's count (taskset, a container's cpuset), not the machine's,
     or fewer where a cgroup's CPU quota over it allows less time (docker --cpus, a Kubernetes CPU limit: whole
     CPUs of it, at least one). What parts of a batch decoded at once, or threads, can really use."""
-    try:
-        cpus = len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity on this OS (macOS, Windows)
-        cpus = os.cpu_count() or 1
-    quota = cpu_quota(cgroup_root, membership)
-    return cpus if quota is None else max(1, min(cpus, int(quota)))
+    return _within(cpu_quota())
 
 
 def quota_threads(threads: int) -> int:
     """`threads`, or where it is 0 (a framework's default: one per core of the machine) and a cgroup's CPU quota
     allows fewer, usable_cpus(): a pool wider than the quota only waits out its throttling."""
-    return threads or (0 if cpu_quota() is None else usable_cpus())
+    if threads:
+        return threads
+    quota = cpu_quota()
+    return 0 if quota is None else _within(quota)
 
 
-# where cgroups are mounted, and each version's files: (limit, usage, memory.stat's count of reclaimable page cache)
+def _within(quota: float | None) -> int:
+    """The affinity mask's CPUs (the machine's where the OS has no mask), no more than whole CPUs of `quota`."""
+    try:
+        cpus = len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this OS (macOS, Windows)
+        cpus = os.cpu_count() or 1
+    return cpus if quota is None else max(1, min(cpus, int(quota)))
+
+
+# where cgroups are mounted, and each version's memory files: (limit, usage, memory.stat's count of reclaimable page
+# cache)
 CGROUP_ROOT = "/sys/fs/cgroup"
 MEMBERSHIP = "/proc/self/cgroup"  # this process's cgroups
-_CGROUP_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
+_MEMORY_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
                  1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+_MEMORY_MARKS = {version: files[0] for version, files in _MEMORY_FILES.items()}  # a memory cgroup's directory has it
 _CPU_FILES = {2: "cpu.max", 1: "cpu.cfs_quota_us"}  # each version's CPU quota (v1's period: cpu.cfs_period_us)
 
 
@@ -84,8 +93,8 @@ def available_memory(meminfo: str = "/proc/meminfo", cgroup_root: str = CGROUP_R
                     break
     except (OSError, ValueError, IndexError):
         pass
-    for directory, version in _cgroups(cgroup_root, membership, "memory", {v: f[0] for v, f in _CGROUP_FILES.items()}):
-        left = _cgroup_left(directory, *_CGROUP_FILES[version])
+    for directory, version in _cgroups(cgroup_root, membership, "memory", _MEMORY_MARKS):
+        left = _cgroup_left(directory, *_MEMORY_FILES[version])
         if left is not None:
             found.append(left)
     return min(found) if found else None
