@@ -1,5 +1,6 @@
-"""The ONNX Runtime backend's cache on the CPU: a run allocates a few slots first and doubles them as positions
-reach them (within its capacity), and decodes exactly as with every slot allocated at once."""
+"""The ONNX Runtime backend's cache on the CPU, and the torch backend's: a run allocates a few slots first and
+doubles them as positions reach them (within its capacity), and decodes exactly as with every slot allocated at
+once; the torch backend's step reads the filled slots only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from tests.conftest import sources_of_lengths
 from transduce.formats import contract
 from transduce.runtime.backends import onnxruntime_backend as orb
+from transduce.runtime.backends import torch_backend as tb
 from transduce.runtime.decoding import DecodingOptions, decode
 from transduce.runtime.decoding.running import RunningBatch
 
@@ -28,10 +30,15 @@ def _interleaved(backend, capacity):
         while requests and requests[0][0] <= batch.steps:
             _, src, lens, opts = requests.pop(0)
             cohorts.append(batch.admit(src, lens, opts))
-        slots.append(batch.state.cache.shape[3])
+        slots.append(_slots(batch.state))
         for c, s, res in batch.step():
             results[(cohorts.index(c), s)] = res
     return [results[k] for k in sorted(results)], slots
+
+
+def _slots(state) -> int:
+    """The cache slots a state has allocated (either backend's)."""
+    return state.cache.shape[3] if hasattr(state, "cache") else state.cache_k[0].shape[2]
 
 
 def _same(a, b):
@@ -76,6 +83,48 @@ def test_reserve_keeps_the_filled_slots_and_stops_at_the_capacity(tiny_artifact_
         be.step_log_probs(state, np.full(2, 6))
     assert state.cache.shape[3] == 10
     be.step_log_probs(state, np.full(2, 6))
+    with pytest.raises(IndexError, match="capacity 10 exhausted at position 10"):
+        be.step_log_probs(state, np.full(2, 6))
+    be.end(state)
+
+
+def test_the_torch_backend_grows_its_slots_and_decodes_alike(tiny_model, monkeypatch):
+    be = tb.TorchBackend(tiny_model)
+    cfg = be.config
+    whole, slots = _interleaved(be, cfg.max_positions)
+    assert set(slots) == {cfg.max_positions}  # the tiny model's 64 positions: all allocated at once
+    src, lens = sources_of_lengths(cfg, [6, 14, 3], np.random.default_rng(1))
+    offline = [decode(be, src, lens, o) for o in OPTIONS]
+    monkeypatch.setattr(tb, "FIRST_CACHE_SLOTS", 2)
+    grown, slots = _interleaved(be, cfg.max_positions)
+    assert slots[0] == 2 and max(slots) > 16 and slots == sorted(slots)
+    assert all(s in (2, 4, 8, 16, 32, 64) for s in slots)
+    _same(grown, whole)
+    for o, want in zip(OPTIONS, offline, strict=True):
+        _same(decode(be, src, lens, o), want)
+
+
+def test_the_torch_backend_keeps_filled_slots_reads_only_them_and_stops_at_the_capacity(tiny_model, monkeypatch):
+    monkeypatch.setattr(tb, "FIRST_CACHE_SLOTS", 4)
+    be = tb.TorchBackend(tiny_model)
+    read = []
+    step = be.model.decode_step
+    monkeypatch.setattr(be.model, "decode_step", lambda *a, **k: read.append(a[3][0].shape[2]) or step(*a, **k))
+    src, lens = sources_of_lengths(be.config, [5, 8], np.random.default_rng(2))
+    state = be.begin(be.encode(src, lens), np.arange(2), 10)
+    assert _slots(state) == 4 and state.capacity == 10
+    for t in range(4):
+        be.step_log_probs(state, np.full(2, be.config.bos_id if t == 0 else 5))
+    filled = [c.clone() for c in state.cache_k + state.cache_v]
+    be.step_log_probs(state, np.full(2, 6))  # position 4: slots 4 -> 8
+    assert _slots(state) == 8
+    for before, now in zip(filled, state.cache_k + state.cache_v, strict=True):
+        np.testing.assert_array_equal(now[:2, :, :4].numpy(), before[:2].numpy())
+    for _ in range(4):  # positions 5..8: 8 -> 10, the capacity, not 16
+        be.step_log_probs(state, np.full(2, 6))
+    assert _slots(state) == 10
+    be.step_log_probs(state, np.full(2, 6))
+    assert read == [1, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # the slots filled before each step (one at least), not all
     with pytest.raises(IndexError, match="capacity 10 exhausted at position 10"):
         be.step_log_probs(state, np.full(2, 6))
     be.end(state)

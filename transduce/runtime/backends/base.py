@@ -63,6 +63,11 @@ import numpy as np
 
 from transduce.formats.model_config import ModelConfig
 
+# Cache slots a decoding run allocates first where its capacity is larger; twice as many each time positions
+# reach them (docs/design/onnxruntime-cpu.md, "Cache slots on demand"). A server's runs take the model's
+# max_positions as capacity.
+FIRST_CACHE_SLOTS = 64
+
 
 class Backend(Protocol):
     name: ClassVar[str]

@@ -41,9 +41,8 @@ from transduce.errors import BackendUnavailable
 from transduce.formats import contract
 from transduce.formats.artifact import Artifact, cpu_step_graph
 from transduce.formats.dtypes import PRECISION_DTYPES
-from transduce.runtime.backends.base import Backend
+from transduce.runtime.backends.base import FIRST_CACHE_SLOTS, Backend
 from transduce.runtime.backends.ort_cpu_policy import (
-    FIRST_CACHE_SLOTS,
     SHARD_MIN_PART_ROWS,
     SHARD_MIN_ROWS,
     WIDE_STEPS,

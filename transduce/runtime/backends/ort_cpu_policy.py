@@ -30,10 +30,6 @@ NARROW_ENCODER_MFLOP = 60.0
 # whatever the model's size (design note: "Encoder runs by length").
 ENCODER_RUN_TOKENS = 16
 
-# Cache slots a decoding run allocates first where its capacity is larger; twice as many each time positions
-# reach them (design note: "Device memory"). A server's runs take the model's max_positions as capacity.
-FIRST_CACHE_SLOTS = 64
-
 # Idle spinning (us) of the encoder's and the steps' pools on an onnxruntime that can bound it: the two pools
 # share the cores, so each gets out of the other's way soon after its runs (design note: "Idle spinning").
 ENCODER_SPIN_US = 300

@@ -4,7 +4,8 @@ Opened over an artifact (open_backend), it decodes the model directory the artif
 checked to hold the same weights and config; made from a model, it has no artifact. It has one step
 function rather than step graphs, nothing to hand back at `end`, no parts. Capabilities: it admits rows
 into a running batch (their own positions; each source's cross K/V written once into a slot pool,
-torch_slots.CrossSlots; beams reordered within preallocated buffers), gives full log-probs
+torch_slots.CrossSlots; beams reordered within preallocated buffers; cache slots allocated as positions reach
+them, each step reading the filled ones only), gives full log-probs
 and encoder outputs, the cross-attention alignments are read from, and reports its precision (tuning)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from transduce.errors import ArtifactError, BackendUnavailable, ConfigError
 from transduce.formats.artifact import Artifact
 from transduce.formats.model_config import ModelConfig
 from transduce.formats.model_dir import ModelDir
-from transduce.runtime.backends.base import Backend
+from transduce.runtime.backends.base import FIRST_CACHE_SLOTS, Backend
 from transduce.runtime.backends.topk import banned_ids
 from transduce.runtime.backends.torch_slots import CrossSlots
 from transduce.runtime.devices import quota_threads
@@ -37,10 +38,11 @@ class _Encoded:
 @dataclass
 class _State:
     cross: CrossSlots  # the sources' cross K/V (a slot pool) and the per-row views the step reads
-    cache_k: list  # per layer (row capacity, H, C, Dh), preallocated; rows [:rows] are the state's
-    cache_v: list
+    cache_k: list  # per layer (row capacity, H, slots, Dh); rows [:rows] are the state's; the slots grow (doubled,
+    cache_v: list  # within `capacity`) as positions reach them
     spare: Any  # a flat buffer of one layer's cache size: a reorder gathers the moved rows into it
     rows: int  # the state's rows
+    capacity: int  # cache slots the run may fill: a row at this position cannot step
     past_k: list = field(default_factory=list)  # the step's views cache_k[i][:rows]
     past_v: list = field(default_factory=list)
     position: int = 0  # filled slots: every row's while row_pos is None, else the most any row has
@@ -122,12 +124,15 @@ class TorchBackend(Backend):
         torch = self.torch
         cfg = self.config
         rows = len(row_src)
-        shape = (rows, cfg.n_heads, max(int(capacity), 1), cfg.head_dim)  # (R, H, C, Dh)
+        capacity = max(int(capacity), 1)
+        # a few slots first, more as positions reach them: a server's runs take the model's max_positions as
+        # their capacity, and most sentences end long before it
+        shape = (rows, cfg.n_heads, min(capacity, FIRST_CACHE_SLOTS), cfg.head_dim)  # (R, H, slots, Dh)
         n = cfg.decoder_layers
         cross = CrossSlots(torch, enc.cross_k, enc.cross_v, enc.src_lengths, cfg.max_positions)
         state = _State(cross, [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)],
                        [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)],
-                       torch.empty(int(np.prod(shape)), dtype=self.dtype, device=self.device), rows)
+                       torch.empty(int(np.prod(shape)), dtype=self.dtype, device=self.device), rows, capacity)
         state.view_rows()
         cross.bind(np.asarray(row_src, dtype=np.int64), rows)
         return state
@@ -136,16 +141,20 @@ class TorchBackend(Backend):
         torch = self.torch
         rows = len(tokens)
         p = state.position if state.row_pos is None else int(state.row_pos.max())
-        if p >= state.past_k[0].shape[2]:
-            raise IndexError(f"cache capacity {state.past_k[0].shape[2]} exhausted at position {p}")
+        if p >= state.capacity:
+            raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
+        if p >= state.cache_k[0].shape[2]:
+            self._grow_slots(state, min(state.capacity, max(2 * state.cache_k[0].shape[2], p + 1)))
         if state.row_pos is None:
             positions = torch.full((rows,), p, dtype=torch.long, device=self.device)
         else:
             positions = self._long(state.row_pos)
+        seen = max(p, 1)  # the step reads the filled slots only: its attention costs O(position), not O(slots)
         with torch.inference_mode():
             got = self.model.decode_step(
-                self._long(tokens), positions, state.src_lengths, state.past_k, state.past_v,
-                state.cross.cross_k, state.cross.cross_v, return_attention=attention,
+                self._long(tokens), positions, state.src_lengths, [c[:, :, :seen] for c in state.past_k],
+                [c[:, :, :seen] for c in state.past_v], state.cross.cross_k, state.cross.cross_v,
+                return_attention=attention,
             )
             lp, nk, nv = got[:3]
             every = torch.arange(rows, device=self.device)
@@ -225,6 +234,18 @@ class TorchBackend(Backend):
                     new[: state.rows].copy_(c[: state.rows])
                     cache[i] = new
         state.spare = state.cache_k[0].new_empty(state.cache_k[0].numel())
+
+    def _grow_slots(self, state: _State, slots: int) -> None:
+        """The cache reallocated with `slots` slots (positions reached the allocated ones), the state's rows' filled
+        slots kept, the rest zeroed."""
+        with self.torch.inference_mode():
+            for cache in (state.cache_k, state.cache_v):
+                for i, c in enumerate(cache):
+                    new = c.new_zeros(tuple(c.shape[:2]) + (slots,) + tuple(c.shape[3:]))
+                    new[: state.rows, :, : c.shape[2]].copy_(c[: state.rows])
+                    cache[i] = new
+        state.spare = state.cache_k[0].new_empty(state.cache_k[0].numel())
+        state.view_rows()
 
     def admit(self, state: _State, enc: _Encoded) -> None:
         """New rows at position 0 for `enc`'s sources after the state's: their cross K/V written into free
