@@ -13,11 +13,16 @@ __all__ = ["main", "cli_errors"]
 
 class _Group(click.Group):
     """Prints a TransduceError as one clear message (no traceback) and exits with status 2; the
-    package's warnings as 'warning: ...' lines (cli_messages). SIGTERM ends a command as Ctrl-C does."""
+    package's warnings as 'warning: ...' lines (cli_messages). SIGTERM ends a command as Ctrl-C does; Ctrl-C
+    ends it with status 130 (click's own would print "Aborted!" and exit 1, like a failure)."""
 
     def invoke(self, ctx):
-        with cli_messages(), _terminate_like_interrupt():
-            return super().invoke(ctx)
+        try:
+            with cli_messages(), _terminate_like_interrupt():
+                return super().invoke(ctx)
+        except KeyboardInterrupt:  # its temporaries were removed on the way out
+            click.echo("interrupted", err=True)
+            raise SystemExit(130) from None
 
 
 # seconds a SIGTERM waits for the interpreter: a long native call (a TensorRT build, a big matmul) runs no
