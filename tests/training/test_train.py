@@ -275,8 +275,25 @@ def test_training_options_are_checked():
     for bad in (dict(eval_every=0), dict(save_every=0), dict(threads=-1), dict(vocab_size=3), dict(lr_scale=-1.0),
                 dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")),
                 dict(label_smoothing=1.0), dict(seed=2**64), dict(seed=-(2**63) - 1), dict(vocab_size=2**64)):
-        with pytest.raises(ConfigError, match=next(iter(bad))):
+        with pytest.raises(ConfigError, match=next(iter(bad))) as e:
             TrainConfig(**bad)
+        assert e.value.params == (next(iter(bad)),)  # the command line spells it as its flag
+
+
+def test_train_cli_names_its_flags_and_refuses_resume_with_force(tmp_path, small_corpus):
+    from click.testing import CliRunner
+
+    from transduce.cli import main
+
+    data = tmp_path / "train.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in small_corpus[0][:20]))
+    args = ["train", "--data", str(data), "--out", str(tmp_path / "m")]
+    got = CliRunner().invoke(main, args + ["--max-steps", "0", "--lr-scale", "nan", "--stream-window", "0"])
+    assert got.exit_code == 2 and "error: invalid training options: --max-steps must be >= 1, got 0; " \
+        "--stream-window must be >= 1, got 0; --lr-scale must be a finite number > 0, got nan" in got.output, got.output
+    got = CliRunner().invoke(main, args + ["--resume", "--force"])
+    assert got.exit_code == 2 and "--resume and --force" in got.output, got.output
+    assert not (tmp_path / "m").exists()
 
 
 def test_model_overrides_are_typed(small_corpus):

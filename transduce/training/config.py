@@ -33,25 +33,28 @@ class TrainConfig:
     collective_timeout: float = 1800.0  # seconds a rank waits for the others (several processes) before it fails
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be >= {low}, got {getattr(self, name)}" for name, low in
-                    (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
-                     ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB),
-                     ("accumulate", 1), ("stream_window", 1))
-                    if getattr(self, name) < low]
+        problems: dict[str, str] = {}  # field -> what is wrong with it (named as Python spells it: params)
+        for name, low in (("max_steps", 1), ("warmup", 1), ("max_tokens", 8), ("eval_every", 1), ("save_every", 1),
+                          ("eval_sentences", 0), ("threads", 0), ("clip_norm", 0), ("vocab_size", MIN_VOCAB),
+                          ("accumulate", 1), ("stream_window", 1)):
+            if getattr(self, name) < low:
+                problems[name] = f"{name} must be >= {low}, got {getattr(self, name)}"
         if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
-            problems.append(f"seed must be in [-2**63, 2**64), got {self.seed}")
+            problems["seed"] = f"seed must be in [-2**63, 2**64), got {self.seed}"
         if self.vocab_size >= 2**31:
-            problems.append(f"vocab_size must be < 2**31, got {self.vocab_size:,}")
+            problems["vocab_size"] = f"vocab_size must be < 2**31, got {self.vocab_size:,}"
         if not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
-            problems.append(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
+            problems["lr_scale"] = f"lr_scale must be a finite number > 0, got {self.lr_scale}"
         if not math.isfinite(self.clip_norm):
-            problems.append(f"clip_norm must be finite (0: off), got {self.clip_norm}")
+            problems["clip_norm"] = f"clip_norm must be finite (0: off), got {self.clip_norm}"
         if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
-            problems.append(f"collective_timeout must be a finite number of seconds > 0, got {self.collective_timeout}")
+            problems["collective_timeout"] = ("collective_timeout must be a finite number of seconds > 0, "
+                                              f"got {self.collective_timeout}")
         if not 0.0 <= self.label_smoothing < 1.0:
-            problems.append(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            problems["label_smoothing"] = f"label_smoothing must be in [0, 1), got {self.label_smoothing}"
         if problems:
-            raise ConfigError("invalid training options: " + "; ".join(problems), hint="see transduce train --help")
+            raise ConfigError("invalid training options: " + "; ".join(problems.values()),
+                              hint="see transduce train --help", params=tuple(problems))
 
     # What --resume may change: when to stop, evaluate and save, how many threads, the device, how a batch is
     # split into parts, how long ranks wait. Every other field decides the tokenizer, the model, the batches or
