@@ -83,7 +83,7 @@ class BenchConfig:
         if self.repeats < 1 or self.warmup < 0:
             problems.append("--repeats must be >= 1 and --warmup >= 0")
         if not self.batches or any(not 1 <= b <= MAX_BATCH for b in self.batches):
-            problems.append(f"batch sizes must be between 1 and {MAX_BATCH}, got {self.batches}")
+            problems.append(f"--batches must be between 1 and {MAX_BATCH}, got {','.join(map(str, self.batches))}")
         for m in self.modes:
             try:
                 beam_of(m)
@@ -100,7 +100,7 @@ class BenchConfig:
             if s not in CT2_SETTINGS:
                 problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")
         if self.threads < 1:
-            problems.append("--threads must be >= 1")
+            problems.append(f"--threads must be >= 1, got {self.threads}")
         if self.seed < 0:
             problems.append(f"--seed must be >= 0, got {self.seed}")
         if self.check_sentences < 1:

@@ -65,8 +65,9 @@ from transduce.errors import BackendUnavailable, TransduceError
 
 
 def check_paths_and_lengths(cfg: BenchConfig) -> str:
-    """Before any work: the output and cache directories can be written and do not overlap wrongly, a
-    given --model-dir is a model, and --src-len and --steps fit every size's model. -> the cache dir."""
+    """Before any work: the output and cache directories do not overlap wrongly, a given --model-dir is a
+    model, --src-len and --steps fit every size's model, and then the directories are made writable (none is
+    made for options that are refused). -> the cache dir."""
     from transduce.bench import models
     from transduce.io.paths import make_writable_dir
 
@@ -75,9 +76,6 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
     if real_out.startswith(real_cache + os.sep):  # CACHE/<size>/... are replaced whole when prepared again
         raise TransduceError(f"--out {cfg.out_dir!r} is inside --cache-dir {cfg.cache_dir!r}, where prepared models "
                              "and exports go", hint="choose an --out outside the cache")
-    make_writable_dir(cfg.out_dir, "--out")
-    make_writable_dir(os.path.join(cfg.out_dir, "logs"), "--out's logs directory")
-    make_writable_dir(cache, "--cache-dir")
     # CACHE/<size>/{model,artifact,...} are the bench's to replace: none may be a model or export of the user's
     # (--cache-dir runs would make CACHE/demo the demo's own directory)
     theirs = [p for p in (cfg.model_dir, cfg.artifact_dir, models.DEMO_MODEL_DIR) if p]
@@ -104,6 +102,10 @@ def check_paths_and_lengths(cfg: BenchConfig) -> str:
             if value > limit:
                 raise TransduceError(f"{option} {value} exceeds the {size} model's max_positions ({limit})",
                                      hint=f"use {option} {limit} or less")
+    # made last: options refused above leave no directory behind
+    make_writable_dir(cfg.out_dir, "--out")
+    make_writable_dir(os.path.join(cfg.out_dir, "logs"), "--out's logs directory")
+    make_writable_dir(cache, "--cache-dir")
     return cache
 
 
