@@ -163,7 +163,8 @@ def test_decode_input_and_output_errors_come_before_decoding(tiny_artifact_dir, 
         (["--out", str(tmp_path / ("d" * 256) / "out.txt")], "one\n", "longer than this file system allows"),
         (["--out", str(tmp_path / "results") + os.sep], "one\n", "names a directory (it ends in '/')"),
         (["--out", ""], "one\n", "--out is empty"),
-        (["--threads", "-1"], "one\n", "--threads must be >= 0"),
+        (["--threads", "-1"], "one\n", "--threads must be between 0 and 1024"),
+        (["--threads", "100000"], "one\n", "--threads must be between 0 and 1024, got 100000"),
     ):
         r = CliRunner().invoke(main, ["decode", tiny_artifact_dir, *args], input=stdin)
         assert r.exit_code == 2 and "error:" in r.stderr and message in r.stderr, (args, r.output)

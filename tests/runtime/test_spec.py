@@ -28,7 +28,8 @@ def test_the_registry_names_each_backend_and_imports_no_framework_until_one_is_o
 def test_a_spec_is_checked_when_made_and_names_its_parameters():
     assert BackendSpec() == BackendSpec("onnxruntime", device="cpu", threads=0)
     cases = [(dict(backend="tvm"), BackendUnavailable, "unknown backend 'tvm'", "backend"),
-             (dict(threads=-1), InputError, "threads must be >= 0, got -1", "threads"),
+             (dict(threads=-1), InputError, "threads must be between 0 and 1024, got -1", "threads"),
+             (dict(threads=100_000), InputError, "threads must be between 0 and 1024, got 100000", "threads"),
              (dict(threads=1.5), InputError, "threads must be an integer, got 1.5", "threads"),
              (dict(device="gpu"), InputError, "device 'gpu': the onnxruntime backend runs on cpu or cuda", "device"),
              (dict(precision="fp8", backend="torch"), InputError, "precision must be one of fp32, fp16, bf16",

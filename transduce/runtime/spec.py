@@ -16,6 +16,10 @@ from transduce.errors import InputError
 from transduce.runtime.backends.registry import PRECISIONS, REGISTRY, entry, options_of
 from transduce.runtime.devices import parse_device
 
+# the most framework threads a backend is given: more than any machine has cores (ONNX Runtime makes a thread
+# for each, and 100,000 of them took minutes before the first sentence)
+MAX_THREADS = 1024
+
 
 @dataclass(frozen=True)
 class BackendSpec:
@@ -32,9 +36,9 @@ class BackendSpec:
         e = entry(self.backend)
         if isinstance(self.threads, bool) or not isinstance(self.threads, int):
             raise InputError(f"threads must be an integer, got {self.threads!r}", params=("threads",))
-        if self.threads < 0:
-            raise InputError(f"threads must be >= 0, got {self.threads}", hint="0: the framework's default",
-                             params=("threads",))
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise InputError(f"threads must be between 0 and {MAX_THREADS}, got {self.threads}",
+                             hint="0: the framework's default (the CPUs this process may use)", params=("threads",))
         parse_device(str(self.device), "device", runs=f"the {self.backend} backend runs")
         if self.cuda_graph and not e.cuda_graphs:
             raise InputError(f"cuda_graph: the {self.backend} backend does not capture CUDA graphs",
