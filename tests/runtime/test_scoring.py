@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from transduce.cli import main
-from transduce.errors import InputError
+from transduce.errors import InputError, TransduceWarning, TruncatedInput
 from transduce.formats import contract
 from transduce.runtime.api import load
 from transduce.runtime.backends.base import only_step_graph
@@ -62,9 +62,23 @@ def test_bad_pairs_are_refused_naming_the_side(tiny_artifact_dir):
     with pytest.raises(InputError, match="target line 1 has .* tokens; this model takes at most") as e:
         tr.score(["a"], ["two " * 600])
     assert e.value.field == "target"
-    assert tr.score(["a"], ["two " * 600], truncate=True)[0].truncated
+    with pytest.warns(TruncatedInput, match="target line 1: truncated to"):
+        assert tr.score(["a"], ["two " * 600], truncate=True)[0].truncated
     with pytest.raises(InputError, match="takes a list of sentences"):
         tr.score("a", ["x"])
+
+
+def test_unknown_tokens_on_either_side_are_warned_of(tiny_artifact_dir):
+    import warnings
+
+    tr = load(tiny_artifact_dir, threads=1)
+    with pytest.warns(TransduceWarning) as got:
+        tr.score(["one", "\u4e2d one"], ["two \u4e2d \u4e2d", "two"])
+    assert [str(w.message) for w in got] == ["target line 1: 2 token(s) unknown to the tokenizer became <unk>",
+                                             "source line 2: 1 token(s) unknown to the tokenizer became <unk>"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tr.prepare_pairs(["\u4e2d"], ["two " * 600], truncate=True, warn=False)  # a server's: said in its answer
 
 
 def test_score_command_reads_tsv_or_two_files_and_writes_one_line_each(tiny_artifact_dir, tmp_path):

@@ -339,17 +339,36 @@ class Translator:
         return self.score_prepared(self.prepare_pairs(sources, targets, truncate, first_line, opts), opts)
 
     def prepare_pairs(self, sources: Iterable[str], targets: Iterable[str], truncate: bool = False,
-                      first_line: int = 1, options: DecodingOptions | None = None) -> tuple[list, list]:
+                      first_line: int = 1, options: DecodingOptions | None = None,
+                      warn: bool = True) -> tuple[list, list]:
         """score()'s checks and tokenization: -> (each source's prepare() item, each target's (ids, truncated)),
         an InputError naming the side ("source", "target") and the pair for what is wrong. options: resolved()
-        options, whose language codes begin a multilingual model's sources and targets, as decoding places them."""
+        options, whose language codes begin a multilingual model's sources and targets, as decoding places them.
+        warn: a warning for each side of a pair that was truncated or has tokens that became <unk> (a server
+        reports `truncated` in its answer instead)."""
         sources, targets = list(_sentences(sources, "score()")), list(_sentences(targets, "score() targets"))
         if len(sources) != len(targets):
             raise InputError(f"score() got {len(sources)} sources and {len(targets)} targets",
                              hint="give one target per source")
-        encoded = _on_side(lambda: self.prepare(sources, truncate, first_line, options=options), "source")
+        encoded = _on_side(lambda: self.prepare(sources, truncate, first_line, warn, options=options), "source")
         lead = languages.target_lead(self.tokenizer, options) if options is not None else []
-        return encoded, _on_side(lambda: self._targets(targets, truncate, first_line, lead), "target")
+        wanted = _on_side(lambda: self._targets(targets, truncate, first_line, lead), "target")
+        if warn:
+            self._warn_pairs(encoded, wanted, first_line, len(lead))
+        return encoded, wanted
+
+    def _warn_pairs(self, encoded: list, wanted: list, first_line: int, lead: int) -> None:
+        """prepare_pairs' warnings: a truncated target (prepare warns of a truncated source), and the tokens of
+        either side that became <unk> (they are scored as <unk>, which the text never meant)."""
+        unk, limit = self.config.unk_id, self.config.max_positions - 1 - lead
+        for n, ((_, src_unknown, _), (ids, cut)) in enumerate(zip(encoded, wanted, strict=True), first_line):
+            if cut:
+                warnings.warn(TruncatedInput(f"target line {n}: truncated to {limit} tokens", n), stacklevel=4)
+            tgt_unknown = sum(1 for i in ids[lead:] if i == unk)
+            for side, count in (("source", src_unknown), ("target", tgt_unknown)):
+                if count:
+                    warnings.warn(TransduceWarning(f"{side} line {n}: {count} token(s) unknown to the tokenizer "
+                                                   "became <unk>"), stacklevel=4)
 
     def score_prepared(self, pairs: tuple[list, list], opts: DecodingOptions) -> list[Score]:
         """The Scores of prepare_pairs()'s pairs (prepared with the same resolved `opts`): the backend's work,

@@ -232,7 +232,7 @@ class DecodeService(Admitting):
         if len(sources) > self.options.max_sentences:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))
-        return self.translator.prepare_pairs(sources, targets, truncate, FIRST, opts), opts
+        return self.translator.prepare_pairs(sources, targets, truncate, FIRST, opts, warn=False), opts
 
     def _score_job(self, pairs: tuple[list, list], opts: DecodingOptions) -> concurrent.futures.Future:
         """Translator.score_prepared queued for the decode thread, between two steps -> its future."""
