@@ -49,22 +49,32 @@ def _same(a, b):
         np.testing.assert_allclose([h.score for h in x.hypotheses], [h.score for h in y.hypotheses], atol=1e-5)
 
 
+def _grows_and_decodes_alike(be, module, monkeypatch):
+    """A running batch and offline decoding on `be` with every slot allocated at once, then with 2 slots first
+    (module.FIRST_CACHE_SLOTS): the slots double as positions reach them, and the results are the same."""
+    cfg = be.config
+    whole, slots = _interleaved(be, cfg.max_positions)
+    assert set(slots) == {cfg.max_positions}  # the tiny model's 64 positions: all allocated at once
+    src, lens = sources_of_lengths(cfg, [6, 14, 3], np.random.default_rng(1))
+    offline = [decode(be, src, lens, o) for o in OPTIONS]
+    monkeypatch.setattr(module, "FIRST_CACHE_SLOTS", 2)
+    grown, slots = _interleaved(be, cfg.max_positions)
+    assert slots[0] == 2 and max(slots) > 16 and slots == sorted(slots)  # doubled as positions reached them
+    assert all(s in (2, 4, 8, 16, 32, 64) for s in slots)
+    _same(grown, whole)
+    for o, want in zip(OPTIONS, offline, strict=True):
+        _same(decode(be, src, lens, o), want)
+
+
 @pytest.mark.parametrize("graph", [contract.ORT_STEP_FILE, contract.STEP_FILE])
 def test_slots_double_as_positions_reach_them_and_decode_alike(tiny_artifact_dir, monkeypatch, graph):
     be = orb.OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
-    cfg = be.config
     with be.only_step_graph(graph):
-        whole, slots = _interleaved(be, cfg.max_positions)
-        assert set(slots) == {cfg.max_positions}  # the tiny model's 64 positions: all allocated at once
-        src, lens = sources_of_lengths(cfg, [6, 14, 3], np.random.default_rng(1))
-        offline = [decode(be, src, lens, o) for o in OPTIONS]
-        monkeypatch.setattr(orb, "FIRST_CACHE_SLOTS", 2)
-        grown, slots = _interleaved(be, cfg.max_positions)
-        assert slots[0] == 2 and max(slots) > 16 and slots == sorted(slots)  # doubled as positions reached them
-        assert all(s in (2, 4, 8, 16, 32, 64) for s in slots)
-        _same(grown, whole)
-        for o, want in zip(OPTIONS, offline, strict=True):
-            _same(decode(be, src, lens, o), want)
+        _grows_and_decodes_alike(be, orb, monkeypatch)
+
+
+def test_the_torch_backend_grows_its_slots_and_decodes_alike(tiny_model, monkeypatch):
+    _grows_and_decodes_alike(tb.TorchBackend(tiny_model), tb, monkeypatch)
 
 
 def test_reserve_keeps_the_filled_slots_and_stops_at_the_capacity(tiny_artifact_dir, monkeypatch):
@@ -86,22 +96,6 @@ def test_reserve_keeps_the_filled_slots_and_stops_at_the_capacity(tiny_artifact_
     with pytest.raises(IndexError, match="capacity 10 exhausted at position 10"):
         be.step_log_probs(state, np.full(2, 6))
     be.end(state)
-
-
-def test_the_torch_backend_grows_its_slots_and_decodes_alike(tiny_model, monkeypatch):
-    be = tb.TorchBackend(tiny_model)
-    cfg = be.config
-    whole, slots = _interleaved(be, cfg.max_positions)
-    assert set(slots) == {cfg.max_positions}  # the tiny model's 64 positions: all allocated at once
-    src, lens = sources_of_lengths(cfg, [6, 14, 3], np.random.default_rng(1))
-    offline = [decode(be, src, lens, o) for o in OPTIONS]
-    monkeypatch.setattr(tb, "FIRST_CACHE_SLOTS", 2)
-    grown, slots = _interleaved(be, cfg.max_positions)
-    assert slots[0] == 2 and max(slots) > 16 and slots == sorted(slots)
-    assert all(s in (2, 4, 8, 16, 32, 64) for s in slots)
-    _same(grown, whole)
-    for o, want in zip(OPTIONS, offline, strict=True):
-        _same(decode(be, src, lens, o), want)
 
 
 def test_the_torch_backend_keeps_filled_slots_reads_only_them_and_stops_at_the_capacity(tiny_model, monkeypatch):
