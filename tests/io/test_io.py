@@ -412,8 +412,10 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path, tiny_model_dir, signum):
     import time
 
     out = tmp_path / "artifact"
+    # SIGINT as a terminal's Ctrl-C gives it, even where this runs with it ignored (nohup, a background job)
     proc = subprocess.Popen([sys.executable, "-c", "from transduce.cli import main; main()", "export", tiny_model_dir,
-                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     prefix = _tmp_prefix("artifact")
     deadline = time.monotonic() + 120
     while not any(n.startswith(prefix) for n in os.listdir(tmp_path)):  # the export has begun writing

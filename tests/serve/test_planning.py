@@ -29,6 +29,9 @@ def test_engines_auto_is_two_on_a_cpu_of_two_cores_and_one_on_a_gpu(monkeypatch)
     monkeypatch.setattr(devices, "usable_cpus", lambda: 16)
     assert planning.engine_spec(cpu, 2) == (BackendSpec(threads=16), 7)
     assert planning.engine_spec(BackendSpec(threads=4), 2) == (BackendSpec(threads=4), 0)
+    monkeypatch.setattr(devices, "usable_cpus", lambda: 1100)  # more than a spec takes: the most it does
+    assert planning.engine_spec(cpu, 1) == (BackendSpec(threads=1023), 0)
+    assert planning.engine_spec(cpu, 2) == (BackendSpec(threads=1024), 511)
 
 
 def _graph_bytes(artifact_dir: str) -> int:

@@ -274,7 +274,8 @@ def test_training_options_are_checked():
 
     for bad in (dict(eval_every=0), dict(save_every=0), dict(threads=-1), dict(vocab_size=3), dict(lr_scale=-1.0),
                 dict(lr_scale=float("inf")), dict(clip_norm=-1.0), dict(clip_norm=float("nan")),
-                dict(label_smoothing=1.0), dict(seed=2**64), dict(seed=-(2**63) - 1), dict(vocab_size=2**64)):
+                dict(label_smoothing=1.0), dict(seed=2**64), dict(seed=-(2**63) - 1), dict(vocab_size=2**64),
+                dict(threads=2000)):
         with pytest.raises(ConfigError, match=next(iter(bad))) as e:
             TrainConfig(**bad)
         assert e.value.params == (next(iter(bad)),)  # the command line spells it as its flag

@@ -11,7 +11,7 @@ from transduce.bench.models import SIZES
 from transduce.errors import TransduceError
 from transduce.exporter.quantize import METHODS as QUANTIZE_METHODS
 from transduce.runtime.backends.registry import PRECISIONS
-from transduce.runtime.spec import BackendSpec
+from transduce.runtime.spec import MAX_THREADS, BackendSpec
 
 # eager PyTorch on CUDA: "torch-cuda", with CUDA graphs "torch-cuda-graph", each at fp32 or with a precision suffix:
 # the names of their BackendSpecs (BackendSpec.name)
@@ -83,7 +83,8 @@ class BenchConfig:
         if self.repeats < 1 or self.warmup < 0:
             problems.append("--repeats must be >= 1 and --warmup >= 0")
         if not self.batches or any(not 1 <= b <= MAX_BATCH for b in self.batches):
-            problems.append(f"--batches must be between 1 and {MAX_BATCH}, got {','.join(map(str, self.batches))}")
+            given = ",".join(map(str, self.batches)) or "none"
+            problems.append(f"--batches must be between 1 and {MAX_BATCH}, got {given}")
         for m in self.modes:
             try:
                 beam_of(m)
@@ -99,8 +100,8 @@ class BenchConfig:
         for s in self.ct2_settings:
             if s not in CT2_SETTINGS:
                 problems.append(f"unknown CTranslate2 setting {s!r} ({', '.join(CT2_SETTINGS)})")
-        if self.threads < 1:
-            problems.append(f"--threads must be >= 1, got {self.threads}")
+        if not 1 <= self.threads <= MAX_THREADS:
+            problems.append(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if self.seed < 0:
             problems.append(f"--seed must be >= 0, got {self.seed}")
         if self.check_sentences < 1:

@@ -101,9 +101,6 @@ def train(data, src_file, tgt_file, valid, valid_size, out_dir, preset, override
 
     if no_progress:  # kept for one release
         deprecated("--no-progress", "--quiet")
-    if resume and force:
-        raise click.UsageError("--resume and --force cannot be given together: --resume continues the run in --out, "
-                               "--force replaces it")
 
     cfg = TrainConfig(preset=preset, model_overrides=_parse_overrides(overrides), vocab_size=vocab_size,
                       max_steps=max_steps, warmup=warmup, lr_scale=lr_scale, max_tokens=max_tokens,

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from transduce.runtime import devices
-from transduce.runtime.spec import BackendSpec
+from transduce.runtime.spec import MAX_THREADS, BackendSpec
 
 SESSION_BYTES_PER_GRAPH_BYTE = 1.4  # one set of ONNX Runtime CPU sessions, per byte of the graphs it loads
 PROCESS_BYTES = 64 << 20  # an engine process before its sessions: the interpreter, numpy, onnxruntime
@@ -51,7 +51,7 @@ def engine_spec(spec: BackendSpec, engines: int) -> tuple[BackendSpec, int]:
         return spec, 0
     from transduce.runtime.backends.registry import entry
 
-    cores = devices.usable_cpus()
+    cores = min(devices.usable_cpus(), MAX_THREADS)
     share = max(1, (cores - 1) // engines)
     if engines > 1 and entry(spec.backend).shares_cores and share < cores:
         return dataclasses.replace(spec, threads=cores), share

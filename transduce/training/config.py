@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from transduce.errors import ConfigError
+from transduce.runtime.spec import MAX_THREADS
 
 MIN_VOCAB = 8  # the 4 specials and a few symbols; the BPE vocabulary never ends smaller than the alphabet
 
@@ -39,6 +40,8 @@ class TrainConfig:
                           ("accumulate", 1), ("stream_window", 1)):
             if getattr(self, name) < low:
                 problems[name] = f"{name} must be >= {low}, got {getattr(self, name)}"
+        if self.threads > MAX_THREADS:
+            problems["threads"] = f"threads must be at most {MAX_THREADS}, got {self.threads}"
         if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
             problems["seed"] = f"seed must be in [-2**63, 2**64), got {self.seed}"
         if self.vocab_size >= 2**31:

@@ -417,6 +417,9 @@ def train_from_files(out_dir: str, train_cfg: TrainConfig, data: str | None = No
         raise ConfigError("give either --data (TSV) or --source/--target (aligned files), not both")
     if bool(source) != bool(target):
         raise ConfigError("--source and --target go together")
+    if resume and force:
+        raise ConfigError("resume and force cannot be given together: resume continues the run in out_dir, force "
+                          "replaces it", params=("resume", "force"))
     # the lock before reading the corpus: a second run into out_dir is refused at once
     with joined(train_cfg.device, train_cfg.collective_timeout) as world, _rank0_writes(world, out_dir):
         with _collectives(world, lambda: STARTING):

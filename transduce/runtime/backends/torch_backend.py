@@ -4,7 +4,7 @@ Opened over an artifact (open_backend), it decodes the model directory the artif
 checked to hold the same weights and config; made from a model, it has no artifact. It has one step
 function rather than step graphs, nothing to hand back at `end`, no parts. Capabilities: it admits rows
 into a running batch (their own positions; each source's cross K/V written once into a slot pool,
-torch_slots.CrossSlots; beams reordered within preallocated buffers; cache slots allocated as positions reach
+torch_slots.CrossSlots; beams reordered in place within the cache's rows; cache slots allocated as positions reach
 them, each step reading the filled ones only), gives full log-probs
 and encoder outputs, the cross-attention alignments are read from, and reports its precision (tuning)."""
 
