@@ -764,7 +764,8 @@ def test_config_validation_and_modes():
     with pytest.raises(ValueError):
         beam_of("beam")
     for bad, says in ((dict(steps=1), "--steps"), (dict(modes=["sampling"]), "unknown mode"),
-                      (dict(backends=["tf"]), "unknown backend"), (dict(batches=[0]), "--batches must be between 1 and 4096, got 0"),
+                      (dict(backends=["tf"]), "unknown backend"),
+                      (dict(batches=[0]), "--batches must be between 1 and 4096, got 0"),
                       (dict(batches=[]), "--batches .* got none"), (dict(threads=0), "--threads .* got 0"),
                       (dict(threads=5000), "--threads must be between 1 and 1024, got 5000"),
                       (dict(batches=[10**12]), "between 1 and 4096"),
