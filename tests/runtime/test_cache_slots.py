@@ -122,3 +122,43 @@ def test_the_torch_backend_keeps_filled_slots_reads_only_them_and_stops_at_the_c
     with pytest.raises(IndexError, match="capacity 10 exhausted at position 10"):
         be.step_log_probs(state, np.full(2, 6))
     be.end(state)
+
+
+def _burst(backend):
+    """One long sentence (min_length 40) at step 0, twelve short ones joining at step 36 and outliving it -> the
+    results by (request, sentence), and the cache's (rows allocated, slots) before each step."""
+    cfg = backend.config
+    rng = np.random.default_rng(3)
+    long = (0, *sources_of_lengths(cfg, [7], rng), DecodingOptions(beam_size=1, min_length=40, max_len_b=45))
+    short = (36, *sources_of_lengths(cfg, [3 + i % 5 for i in range(12)], rng),
+             DecodingOptions(beam_size=1, min_length=8, max_len_b=14))
+    requests = [long, short]
+    batch, cohorts, results, shapes = RunningBatch(backend, capacity=cfg.max_positions), [], {}, []
+    while requests or batch.cohorts:
+        while requests and requests[0][0] <= batch.steps:
+            _, src, lens, opts = requests.pop(0)
+            cohorts.append(batch.admit(src, lens, opts))
+        shapes.append((batch.state.cache.shape[1], batch.state.cache.shape[3]))
+        for c, s, res in batch.step():
+            results[(cohorts.index(c), s)] = res
+    return [results[k] for k in sorted(results)], shapes
+
+
+def test_a_burst_s_rows_and_a_long_sentence_s_slots_are_given_back(tiny_artifact_dir, monkeypatch):
+    """Once a quarter or fewer of the cache's rows are in use, or of its slots filled, they are cut to twice what
+    is (not below the first allocation), and the batch decodes as it did without."""
+    from transduce.runtime.backends import ort_run
+
+    be = orb.OnnxRuntimeBackend(tiny_artifact_dir, threads=1)
+    for module in (orb, ort_run):
+        monkeypatch.setattr(module, "FIRST_CACHE_SLOTS", 4)
+    monkeypatch.setattr(ort_run, "TRIM_MIN_ROWS", 2)
+    trimmed, shapes = _burst(be)
+    rows, slots = zip(*shapes, strict=True)
+    assert max(slots) == 64 and 8 <= slots[-1] <= 32  # the long one's 64, cut to twice the short ones' filled
+    assert max(rows) == 13 and 2 <= rows[-1] <= 6  # the twelve joined, then most left
+    monkeypatch.setattr(ort_run, "TRIM_MIN_ROWS", 10**6)
+    monkeypatch.setattr(ort_run, "FIRST_CACHE_SLOTS", 10**6)  # never trimmed
+    kept, shapes = _burst(be)
+    assert max(r for r, _ in shapes) == shapes[-1][0] and shapes[-1][1] == 64
+    _same(trimmed, kept)

@@ -463,9 +463,12 @@ class OnnxRuntimeBackend(ThreadChoices, Backend):
 
     def reorder(self, state: RunState, rows: np.ndarray, row_src: np.ndarray) -> None:
         rows = np.asarray(rows, np.int64)
-        if state.keep_rows(rows) and self._topk is not None:
-            self._topk.bindings.clear()  # they point into the log-probs buffer the state has just given back
+        changed = state.keep_rows(rows)
         state.rows_moved(rows)
+        if not self.on_device and not state.recyclable:  # (on a device the cache holds its whole capacity)
+            changed = state.trim() or changed
+        if changed and self._topk is not None:
+            self._topk.bindings.clear()  # they point into the log-probs buffer the state has just given back
         self._gather_cross(state, np.asarray(row_src, np.int64))
 
     def admit(self, state: RunState, enc: dict[str, Any]) -> None:

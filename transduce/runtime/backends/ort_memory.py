@@ -145,6 +145,10 @@ class NumpyMemory:
         """The first `rows` rows of dst (2L, R, H, C, Dh), a zeroed buffer with more slots, take src's slots."""
         dst[:, :rows, :, : src.shape[3]] = src[:, :rows]
 
+    def copy_filled(self, dst, src, rows: int, filled: int):
+        """The first `rows` rows and `filled` slots of dst (2L, R, H, C, Dh), a zeroed buffer, take src's."""
+        dst[:, :rows, :, :filled] = src[:, :rows, :, :filled]
+
     def put_rows(self, dst, rows, src):
         """Rows `rows` of dst take src's, in place: (n,) lengths, or (n, H, S, Dh) K/V as wide as dst or
         narrower (dst's positions past them zeroed: padding, as the encoder's)."""
@@ -265,6 +269,10 @@ class TorchCudaMemory:
     @on_stream
     def copy_slots(self, dst, src, rows: int):
         dst[:, :rows, :, : src.shape[3]].copy_(src[:, :rows])
+
+    @on_stream
+    def copy_filled(self, dst, src, rows: int, filled: int):
+        dst[:, :rows, :, :filled].copy_(src[:, :rows, :, :filled])
 
     @on_stream
     def put_rows(self, dst, rows, src):

@@ -18,10 +18,14 @@ import numpy as np
 
 from transduce.errors import InputError
 from transduce.formats.model_config import ModelConfig
+from transduce.runtime.backends.base import FIRST_CACHE_SLOTS
 from transduce.runtime.backends.ort_slots import PooledCross
 
 LAST_STEP = "last step"  # the key of RunState.bindings' entry for the last step's (key, session, binding, fused)
 MAX_BINDINGS = 16  # a run's bindings of other row counts kept (rows that finish leave one behind each)
+# A running batch's cache rows are trimmed to twice the rows in use once a quarter or fewer of them are (a burst
+# has passed), never below this many; its slots likewise, never below FIRST_CACHE_SLOTS (RunState.trim).
+TRIM_MIN_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -300,6 +304,32 @@ class RunState:
         self.recyclable = False  # its cross K/V are several sources' from now on
         self.row_src_given = None  # bound again: only the new rows are written
         self.gather_cross(row_src, per_source)
+
+    def trim(self) -> bool:
+        """The memory a burst left behind given back (TRIM_MIN_ROWS): the cache's rows cut to twice the rows in
+        use where a quarter or fewer are, its slots to twice the filled ones where a quarter or fewer are filled
+        (a long sentence has left), the contents kept -> whether the buffers changed (the bindings are made again).
+        A server's running batch otherwise keeps its widest moment's cache for as long as rows keep it alive."""
+        have_rows, have_slots = self.cache.shape[1], self.cache.shape[3]
+        filled = self.position if self.row_pos is None else int(self.row_pos.max(initial=0))
+        rows, slots = have_rows, have_slots
+        if have_rows > TRIM_MIN_ROWS and 4 * self.rows <= have_rows:
+            rows = max(TRIM_MIN_ROWS, 2 * self.rows)
+        if have_slots > FIRST_CACHE_SLOTS and 4 * filled <= have_slots:
+            slots = max(FIRST_CACHE_SLOTS, 2 * filled)
+        if (rows, slots) == (have_rows, have_slots):
+            return False
+        old = self.cache
+        self.cache = self.mem.zeros((old.shape[0], rows, old.shape[2], slots, old.shape[4]), self.owned)
+        self.mem.copy_filled(self.cache, old, self.rows, filled)
+        self.mem.free(old, self.owned)
+        if rows != have_rows:
+            old_outputs = list(self.outputs.values())
+            self.alloc_step_buffers(rows)  # clears the bindings and the top-k buffers
+            for buf in old_outputs:
+                self.mem.free(buf, self.owned)
+        self.bindings.clear()
+        return True
 
     def grow(self, rows: int) -> None:
         """More rows than allocated (beam expansion after step 0): reallocate once, keep contents."""
