@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 
@@ -390,11 +391,13 @@ def test_a_full_queue_refuses_only_requests_whose_rows_would_wait(tiny_artifact_
         service = _unstarted(tiny_artifact_dir, max_queue=2, max_rows=8)
         reqs = [service.submit(["one two"], {"beam_size": 2}) for _ in range(4)]  # 8 rows: they fit
         assert service.queue_depth() == 4
+        # a ninth row and a tenth wait (the four join at once: not waiting), an eleventh would be the third
+        reqs += [service.submit(["three"], {"beam_size": 1}) for _ in range(2)]
         with pytest.raises(ServeError, match="queue is full") as info:
-            service.submit(["three"], {"beam_size": 1})  # a ninth row would wait
+            service.submit(["three"], {"beam_size": 1})
         assert info.value.status == 429
-        service._admit()
-        while service.batch.cohorts:
+        while service._queue or service.batch.cohorts:
+            service._admit()
             service._step()
         assert all(r.finished.is_set() and r.error is None for r in reqs)
         service.submit(["three"], {"beam_size": 1})  # rows free again: taken
@@ -406,6 +409,38 @@ def test_a_full_queue_refuses_only_requests_whose_rows_would_wait(tiny_artifact_
         assert all(r.finished.wait(60) for r in reqs) and [r.error for r in reqs] == [None] * len(reqs)
     want = load(tiny_artifact_dir, threads=1).translate(TEXTS * 4, beam_size=1)
     assert [r.translations[0].text for r in reqs] == [w.text for w in want]
+
+
+def test_the_front_end_counts_as_waiting_only_the_submits_that_will_wait():
+    """Submits the engine process has not taken yet count as waiting only where they will: behind a queue all of
+    them, else those past the rows the batch has free (the first into an empty batch joins whatever its rows)."""
+    from transduce.serve.engine import _Engine
+
+    e = _Engine(0, None)
+    assert e.queue_depth(8) == 0
+    e.rows, e.untaken = 24, collections.deque([8, 8, 8])  # nothing running yet: the first joins, two wait
+    assert e.queue_depth(8) == 2
+    e.rows, e.untaken = 16, collections.deque([4, 4, 4, 4])  # 8 rows running: four of 4 rows, two wait
+    assert e.rows - sum(e.untaken) == 0 and e.queue_depth(8) == 2
+    e.rows = 20  # 4 rows running: one joins
+    assert e.queue_depth(8) == 3
+    e.rows, e.untaken = 16, collections.deque([16])  # more than a batch takes, into an empty one: it joins
+    assert e.queue_depth(8) == 0
+    e.depth = 1  # a queue: everything not taken waits behind it
+    assert e.queue_depth(8) == 2
+
+
+def test_the_process_engine_refuses_only_past_max_queue_waiting(tiny_artifact_dir):
+    """A burst of requests each as wide as the batch, sent before the engine process counts them: one runs,
+    max_queue wait, the next is refused (the front end had counted the one that runs as waiting too)."""
+    from transduce.serve.service import ServeError
+
+    with _started(tiny_artifact_dir, "process", max_queue=2, max_rows=8) as service:
+        slow = {"beam_size": 8, "min_length": 40, "max_len_b": 45}
+        reqs = [service.submit(["one two three"], slow) for _ in range(3)]
+        with pytest.raises(ServeError, match="queue is full"):
+            service.submit(["one two three"], slow)
+        assert all(r.finished.wait(120) for r in reqs) and [r.error for r in reqs] == [None] * 3
 
 
 class _NoThreads(concurrent.futures.ThreadPoolExecutor):

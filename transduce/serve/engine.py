@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import itertools
 import multiprocessing
@@ -33,7 +34,7 @@ from transduce.runtime.translator import Score, Translator
 from transduce.serve import engine_core, wire
 from transduce.serve.options import Kept, request_defaults
 from transduce.serve.outbox import Outbox
-from transduce.serve.requests import deliver
+from transduce.serve.requests import deliver, waiting
 from transduce.serve.service import DecodeService, Event, Request, ServeError, ServiceOptions
 
 START_TIMEOUT_S = 600.0  # loading and warming up a large artifact on a slow disk
@@ -75,6 +76,7 @@ class _Engine:
         self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
         self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
         self.rows = 0  # decoding rows of the requests sent to it and not finished, at most (a beam of k: k each)
+        self.untaken: collections.deque[int] = collections.deque()  # the rows of each submit it has not seen yet
 
     def spawn(self) -> None:
         c = self.client
@@ -88,8 +90,13 @@ class _Engine:
         self.process.start()
         theirs.close()
 
-    def queue_depth(self) -> int:
-        return self.depth + self.sent - self.seen
+    def queue_depth(self, max_rows: int) -> int:
+        """Its requests waiting, as far as the front end can tell (under the client's lock): the queue as last told,
+        and the submits not taken yet that will wait there too: all of them behind a queue, else those past the
+        rows its batch has free (the engine takes them in order, as many as fit)."""
+        if self.depth or not self.untaken:
+            return self.depth + len(self.untaken)
+        return waiting(self.untaken, self.rows - sum(self.untaken), max_rows)
 
     def reading(self) -> bool:
         """Whether its frames are still read (the reader ends when the pipe does)."""
@@ -249,7 +256,7 @@ class EngineClient(DecodeService):
 
     # -- the intake's end: requests and jobs down the pipes ------------------------------------------------
     def queue_depth(self) -> int:
-        return sum(e.queue_depth() for e in self.engines)
+        return sum(e.queue_depth(self.options.max_rows) for e in self.engines)
 
     def _check_attention(self) -> None:
         if self._attention is not None:
@@ -270,6 +277,7 @@ class EngineClient(DecodeService):
             self._requests[req.id], self._where[req.id] = req, engine
             engine.sent += 1
             engine.rows += req.rows
+            engine.untaken.append(req.rows)
             texts = req.texts if req.options.replace_unknowns else None
             engine.pending.append((req.id, req.created, req.timeout, req.stream, len(req.translations), req.todo,
                                    wire.array(req.src), wire.array(req.lens), req.prepared, texts, req.prefixes,
@@ -447,7 +455,10 @@ class EngineClient(DecodeService):
                                   hint="see the server's log; send it again (to another replica)"), engine)
 
     def _step_frame(self, engine: _Engine, seen: int, depth: int, events: list) -> None:
-        engine.seen, engine.depth = seen, depth  # (the queue's gauge is the engine's)
+        with self._lock:
+            engine.seen, engine.depth = seen, depth  # (the queue's gauge is the engine's)
+            while engine.untaken and len(engine.untaken) > engine.sent - seen:
+                engine.untaken.popleft()
         out: list[Event] = []
         for rid, kind, data in events:
             req = self._requests.get(rid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -103,6 +103,19 @@ def deliver(events: list[Event]) -> None:
             by_sink.setdefault(id(e[0].sink), []).append(e)
     for group in by_sink.values():
         group[0][0].sink(group)
+
+
+def waiting(queued: Iterable[int], running: int, max_rows: int) -> int:
+    """Of the requests queued, in order (their rows), how many the next admission leaves waiting: those from the
+    first that does not fit the rows free beside `running` on (the first into an empty batch joins whatever its
+    rows). What the 429 counts: requests a batch takes at once are not waiting."""
+    free, joining, count = max_rows - running, 0, 0
+    for rows in queued:
+        if joining == count and (rows <= free or not (running or joining)):
+            free -= rows
+            joining += 1
+        count += 1
+    return count - joining
 
 
 def runs(group: list[Request]) -> list[list[Request]]:

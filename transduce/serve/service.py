@@ -41,7 +41,7 @@ from transduce.serve.options import (
     request_defaults,
     request_options,
 )
-from transduce.serve.requests import Event, Request, Sink, UnderWay, deliver
+from transduce.serve.requests import Event, Request, Sink, UnderWay, deliver, waiting
 
 __all__ = ["SCHEDULERS", "DecodeService", "Request", "ServeError", "ServiceOptions", "Sink"]
 
@@ -148,7 +148,11 @@ class DecodeService(Admitting):
         """A checked, tokenized request into the queue (a 429 ServeError when it is full); its blank sentences
         are told at once, and a request of blank sentences only is done here."""
         with self._lock:
-            if not self._taken_in(req, len(self._queue), self._rows_in + req.rows <= self.options.max_rows):
+            queued = len(self._queue)
+            if queued >= self.options.max_queue:  # those the next admission takes are not waiting
+                rows = [r.rows for r in self._queue]
+                queued = waiting(rows, self._rows_in - sum(rows), self.options.max_rows)
+            if not self._taken_in(req, queued, self._rows_in + req.rows <= self.options.max_rows):
                 return req
             self._rows_in, req.counted = self._rows_in + req.rows, True
             req.queued_step = self.batch.steps
