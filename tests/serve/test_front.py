@@ -434,7 +434,11 @@ def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):
                        ({"q": "one", "source": "en", "target": "de"}, "de is not supported"),
                        ({"q": "one", "source": "es", "target": "fr"}, "es is not supported"),
                        ({"q": "one", "source": "en", "target": "fr", "format": "html"}, "html format is not supported"),
-                       ({"q": ["one", 5], "source": "en", "target": "fr"}, "q must be a string or a list of strings")]:
+                       ({"q": ["one", 5], "source": "en", "target": "fr"}, "q must be a string or a list of strings"),
+                       ({"q": "one", "source": "en", "target": "fr", "alternatives": [[[[[[[[[[1]]]]]]]]]]},
+                        "alternatives nests lists or objects more than 8 deep"),
+                       ({"q": "one", "source": "en", "target": "fr", "alternatives": [[1]]},
+                        "alternatives must be a whole number >= 0, got [[1]]")]:
         r = httpx.post(url + "/translate", json=body)
         assert r.status_code == 400 and says in r.json()["error"], (body, r.text)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import time
@@ -98,10 +99,12 @@ def test_score_requests_get_what_offline_scoring_gives(server, long_artifact_dir
     np.testing.assert_allclose([g["score"] for g in got], [w.score for w in want], atol=1e-5)
     for body, field, sentence, message in [
         ({"target": ["a"]}, "source", None, "the field 'source' (a list of sentences) is missing"),
-        ({"source": ["a", "b"], "target": ["x"]}, None, None, "got 2 sources and 1 targets"),
+        ({"source": ["a", "b"], "target": ["x"]}, "target", None, "source has 2 sentences and target 1"),
         ({"source": ["a"], "target": [3]}, "target", 0, "sentence 0 is an int (3), not a str"),
         ({"source": ["a"], "target": ["x"], "beam_size": 2}, "beam_size", None, "unknown field 'beam_size'"),
-        ({"source": "a", "target": ["x"]}, None, None, "source takes a list of sentences, not one string"),
+        ({"source": "a", "target": ["x"]}, "source", None, "source takes a list of sentences, not one string"),
+        ({"source": ["a"], "target": ["x"], "length_penalty": [[[[[1.0]]]]]}, "length_penalty", None,
+         "length_penalty is a list nested more than 3 deep"),
         ({"source": ["a"], "target": ["x"], "truncate": "false"}, "truncate", None, "truncate must be true or false"),
     ]:
         r = httpx.post(server.url + "/v1/score", headers=AUTH, json=body, timeout=30)
@@ -139,8 +142,12 @@ def test_streams_tokens_of_greedy_and_sentences_of_beam(server):
 @pytest.mark.parametrize("body, status, field, sentence, message", [
     ({"text": ["one", 5]}, 400, "text", 1, "sentence 1 is an int (5), not a str"),
     ({"text": ["one", "two " * 600]}, 400, "text", 1, "input line 1 has 600 tokens; this model takes at most 511"),
-    ({"text": "one"}, 400, None, None, "text takes a list of sentences, not one string"),
-    ({"text": {"one": 1}}, 400, None, None, "text takes a list of sentences, not an object (dict)"),
+    ({"text": "one"}, 400, "text", None, "text takes a list of sentences, not one string"),
+    ({"text": {"one": 1}}, 400, "text", None, "text takes a list of sentences, not an object (dict)"),
+    ({"text": None}, 400, "text", None, "text takes a list of sentences, got None"),
+    ({"text": ["one"], "beam_size": functools.reduce(lambda x, _: [x], range(600), 4)}, 400, "beam_size", None,
+     "beam_size nests lists or objects more than 8 deep"),
+    ({"text": ["one"], "beam_size": [[[[[4]]]]]}, 400, "beam_size", None, "beam_size is a list nested more than 3"),
     ({"text": []}, 400, "text", None, "text is empty"),
     ({"text": ["a"] * 9}, 400, "text", None, "text has 9 sentences; this server takes at most 8"),
     ({"text": ["one"], "beam_size": 0}, 400, "beam_size", None, "beam_size must be >= 1, got 0"),
@@ -160,6 +167,16 @@ def test_bad_input_is_a_4xx_naming_the_field_and_sentence(server, body, status, 
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert message in err["message"] and err.get("field") == field and err.get("sentence") == sentence
+
+
+def test_a_websocket_upgrade_is_plain_http(server):
+    """An Upgrade: websocket request is answered as any HTTP request is (uvicorn took it for a websocket, which the
+    app does not speak, and answered a plain-text 500)."""
+    ws = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+          "Sec-WebSocket-Version": "13", **AUTH}
+    r = httpx.get(server.url + "/v1/translate", headers=ws, timeout=30)
+    assert r.status_code == 405 and "GET is not allowed" in r.json()["error"]["message"], r.text
+    assert httpx.get(server.url + "/healthz", headers=ws, timeout=30).json() == {"status": "ok"}
 
 
 def test_a_body_that_is_not_json_and_the_service_after_every_bad_request(server):

@@ -414,20 +414,23 @@ def test_a_full_queue_refuses_only_requests_whose_rows_would_wait(tiny_artifact_
 def test_the_front_end_counts_as_waiting_only_the_submits_that_will_wait():
     """Submits the engine process has not taken yet count as waiting only where they will: behind a queue all of
     them, else those past the rows the batch has free (the first into an empty batch joins whatever its rows)."""
-    from transduce.serve.engine import _Engine
+    from transduce.runtime.spec import BackendSpec
+    from transduce.serve.engine import EngineClient
+    from transduce.serve.service import ServiceOptions
 
-    e = _Engine(0, None)
-    assert e.queue_depth(8) == 0
+    client = EngineClient("unused", BackendSpec(), ServiceOptions(max_rows=8), engines=1)  # never started
+    e = client.engines[0]
+    assert client.queue_depth() == 0
     e.rows, e.untaken = 24, collections.deque([8, 8, 8])  # nothing running yet: the first joins, two wait
-    assert e.queue_depth(8) == 2
+    assert client.queue_depth() == 2
     e.rows, e.untaken = 16, collections.deque([4, 4, 4, 4])  # 8 rows running: four of 4 rows, two wait
-    assert e.rows - sum(e.untaken) == 0 and e.queue_depth(8) == 2
+    assert client.queue_depth() == 2
     e.rows = 20  # 4 rows running: one joins
-    assert e.queue_depth(8) == 3
+    assert client.queue_depth() == 3
     e.rows, e.untaken = 16, collections.deque([16])  # more than a batch takes, into an empty one: it joins
-    assert e.queue_depth(8) == 0
+    assert client.queue_depth() == 0
     e.depth = 1  # a queue: everything not taken waits behind it
-    assert e.queue_depth(8) == 2
+    assert client.queue_depth() == 2
 
 
 def test_the_process_engine_refuses_only_past_max_queue_waiting(tiny_artifact_dir):

@@ -444,20 +444,22 @@ class Translator:
 
 def _sentences(texts: object, call: str) -> Iterable:
     """`texts` if it is an iterable of sentences; an InputError saying what it is otherwise (one string or
-    bytes would be read character by character, byte by byte)."""
+    bytes would be read character by character, byte by byte). `call`: the function, or the field (a server's
+    "text"), the message names; a field is the error's parameter too."""
+    params = (call,) if call.isidentifier() else ()
     if isinstance(texts, str):
-        raise InputError(f"{call} takes a list of sentences, not one string", hint="wrap it: [text]")
+        raise InputError(f"{call} takes a list of sentences, not one string", hint="wrap it: [text]", params=params)
     if isinstance(texts, Mapping):  # iterating it would translate its keys
         raise InputError(f"{call} takes a list of sentences, not an object ({type(texts).__name__})",
-                         hint="pass a list of str: [text, ...]")
+                         hint="pass a list of str: [text, ...]", params=params)
     if isinstance(texts, bytes | bytearray):
         raise InputError(f"{call} takes a list of sentences (str), not bytes ({reprlib.repr(texts)})",
-                         hint="decode it first: [data.decode('utf-8')]")
+                         hint="decode it first: [data.decode('utf-8')]", params=params)
     try:
         iter(texts)  # type: ignore[call-overload]
     except TypeError:
         raise InputError(f"{call} takes a list of sentences, got {_described(texts)}",
-                         hint="pass a list of str: [text]") from None
+                         hint="pass a list of str: [text]", params=params) from None
     return texts  # type: ignore[return-value]
 
 

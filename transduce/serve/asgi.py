@@ -19,6 +19,10 @@ from transduce.serve.stream import ClientLeft
 JSON = [(b"content-type", b"application/json")]
 CLOSE = (b"connection", b"close")
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
+# Lists and objects a request field may nest (the deepest the API takes is 2: prefixes and suppress as token-id
+# lists): deeper, a field is refused before anything reads it (a value hundreds deep exhausts the stack of every
+# recursive check, repr and hash that meets it)
+MAX_FIELD_DEPTH = 8
 
 
 def dumps(obj: Any) -> bytes:
@@ -112,6 +116,19 @@ def _too_big(limit: int) -> ServeError:
                       hint="send fewer or shorter sentences per request")
 
 
+def too_deep(obj: dict[str, Any]) -> str | None:
+    """The first field of `obj` whose value nests lists or objects more than MAX_FIELD_DEPTH deep (None: none),
+    found without recursion."""
+    for name, value in obj.items():
+        layer, depth = [value], 0
+        while layer:
+            layer = [v for x in layer if isinstance(x, list | dict) for v in (x.values() if isinstance(x, dict) else x)]
+            depth += 1
+            if depth > MAX_FIELD_DEPTH:
+                return name
+    return None
+
+
 def json_object(body: bytes, fields: tuple[str, ...], required: tuple[str, ...]) -> dict[str, Any]:
     """The body's JSON object, its fields checked by name against `fields`, `required` there (ServeError 400)."""
     try:
@@ -125,6 +142,12 @@ def json_object(body: bytes, fields: tuple[str, ...], required: tuple[str, ...])
     if unknown:
         e = ServeError(f"unknown field {unknown[0]!r}", 400, hint=f"fields: {', '.join(fields)}")
         e.params = (unknown[0],)
+        raise e
+    deep = too_deep(obj)
+    if deep is not None:
+        e = ServeError(f"{deep} nests lists or objects more than {MAX_FIELD_DEPTH} deep", 400,
+                       hint="no field of this API takes more than 2")
+        e.params = (deep,)
         raise e
     for name in required:
         if name not in obj:

@@ -9,16 +9,14 @@ pipe as token ids and plain fields (wire.py; the submits of one turn of the even
 (one per decode step, every request's events by id) are read on the event loop once a request has come from one
 (a reader of the pipe's file descriptor: no thread wakes and hands each frame over), before then by a reader
 thread per engine; either makes the Translations from the token ids and hands the step's events to the requests'
-sinks, exactly as the decode thread does in-process. The queue's depth for the 429 is the engines' last
-reported depths plus the submits they had not yet seen. An engine process dying makes alive() false (healthz
-503) and fails its requests and jobs with a 503.
+sinks, exactly as the decode thread does in-process. The 429 counts the engines' queues as last told and the
+submits not yet taken that will wait. An engine dying makes alive() false (healthz 503) and fails its work (503).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import concurrent.futures
 import itertools
 import multiprocessing
@@ -26,6 +24,7 @@ import multiprocessing.connection
 import os
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from transduce.errors import TransduceError
@@ -76,7 +75,7 @@ class _Engine:
         self.pending: list[tuple] = []  # submits not sent yet: one frame for those of one turn of the event loop
         self.sent = self.seen = self.depth = 0  # submits sent, seen by the engine; its queue's depth, as last told
         self.rows = 0  # decoding rows of the requests sent to it and not finished, at most (a beam of k: k each)
-        self.untaken: collections.deque[int] = collections.deque()  # the rows of each submit it has not seen yet
+        self.untaken: deque[int] = deque()  # the rows of each submit it has not seen yet, in order
 
     def spawn(self) -> None:
         c = self.client
@@ -89,14 +88,6 @@ class _Engine:
                                          c.cores(self.number)))
         self.process.start()
         theirs.close()
-
-    def queue_depth(self, max_rows: int) -> int:
-        """Its requests waiting, as far as the front end can tell (under the client's lock): the queue as last told,
-        and the submits not taken yet that will wait there too: all of them behind a queue, else those past the
-        rows its batch has free (the engine takes them in order, as many as fit)."""
-        if self.depth or not self.untaken:
-            return self.depth + len(self.untaken)
-        return waiting(self.untaken, self.rows - sum(self.untaken), max_rows)
 
     def reading(self) -> bool:
         """Whether its frames are still read (the reader ends when the pipe does)."""
@@ -256,7 +247,9 @@ class EngineClient(DecodeService):
 
     # -- the intake's end: requests and jobs down the pipes ------------------------------------------------
     def queue_depth(self) -> int:
-        return sum(e.queue_depth(self.options.max_rows) for e in self.engines)
+        """Requests waiting (under the lock): each engine's queue as last told, its untaken submits that will wait."""
+        return sum(e.depth + len(e.untaken) if e.depth or not e.untaken else
+                   waiting(e.untaken, e.rows - sum(e.untaken), self.options.max_rows) for e in self.engines)
 
     def _check_attention(self) -> None:
         if self._attention is not None:

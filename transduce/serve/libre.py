@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from transduce.errors import InputError, TransduceError
-from transduce.serve.asgi import header, read_body, send_json, unwatch, watch_disconnect
+from transduce.serve.asgi import MAX_FIELD_DEPTH, header, read_body, send_json, too_deep, unwatch, watch_disconnect
 from transduce.serve.options import ServeError
 from transduce.serve.stream import ClientLeft, Waiter
 
@@ -179,6 +179,9 @@ def _fields(scope, body: bytes) -> dict[str, Any]:
             raise _Refused(f"Invalid request: the body is not JSON: {e}") from None
         if not isinstance(obj, dict):
             raise _Refused("Invalid request: the body must be a JSON object")
+        deep = too_deep(obj)
+        if deep is not None:
+            raise _Refused(f"Invalid request: {deep} nests lists or objects more than {MAX_FIELD_DEPTH} deep")
         return obj
     if kind in (b"application/x-www-form-urlencoded", b""):
         try:

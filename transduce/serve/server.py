@@ -134,7 +134,7 @@ def serve(path: str, spec: BackendSpec | None = None, host: str = "127.0.0.1", p
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
                             timeout_graceful_shutdown=grace + CUT_ANSWER_S, lifespan="off", access_log=not quiet,
                             loop="uvloop", http=http_protocol(read_timeout),
-                            timeout_keep_alive=keep_alive)
+                            timeout_keep_alive=keep_alive, ws="none")  # an Upgrade: websocket is plain HTTP here
     drain = _Drain(service, grace, log)
     server = _server(config, drain)
     if not quiet:

@@ -233,6 +233,9 @@ class DecodeService(Admitting):
         if not isinstance(truncate, bool):
             raise InputError(f"truncate must be true or false, got {truncate!r}", params=("truncate",))
         sources, targets = list(_sentences(sources, "source")), list(_sentences(targets, "target"))
+        if len(sources) != len(targets):
+            raise InputError(f"source has {len(sources)} sentences and target {len(targets)}",
+                             hint="give one target per source", params=("target",))
         if len(sources) > self.options.max_sentences:
             raise InputError(f"source has {len(sources)} sentences; this server takes at most "
                              f"{self.options.max_sentences} per request", params=("source",))

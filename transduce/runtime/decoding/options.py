@@ -107,6 +107,10 @@ class DecodingOptions:
         unknown = sorted(set(given) - set(cls.names()))
         if unknown:
             raise TypeError(f"{call} got unexpected option(s) {', '.join(unknown)}: it takes {', '.join(cls.names())}")
+        for name, v in given.items():  # (a value nested hundreds deep would exhaust the stack: typed, checked, shown)
+            if _depth(v) > MAX_OPTION_DEPTH:
+                raise InputError(f"{name} is a list nested more than {MAX_OPTION_DEPTH} deep; no option takes that",
+                                 params=(name,))
         try:  # made once per distinct options (checking them costs ~10 us cold; translate() asks on every call)
             key = tuple(sorted((name, _typed(v)) for name, v in given.items()))  # the types: True == 1, 4.0 == 4
             items = tuple(given.items())
@@ -309,6 +313,21 @@ def _sequences(given) -> tuple:
 @functools.cache
 def _names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+MAX_OPTION_DEPTH = 3  # lists in lists an option value may hold (suppress: a list of token-id lists)
+
+
+def _depth(value, limit: int = MAX_OPTION_DEPTH + 1) -> int:
+    """How deep lists and tuples nest in `value` (0: not a list), counted up to `limit`, without recursion."""
+    level, layer = 0, [value]
+    while level < limit:
+        lists = [v for v in layer if isinstance(v, list | tuple)]
+        if not lists:
+            return level
+        level += 1
+        layer = [item for v in lists for item in v]
+    return level
 
 
 def _typed(value) -> tuple:
