@@ -241,8 +241,8 @@ def _request(app, fields: dict[str, Any]) -> tuple[list[str], list[tuple[int, in
     if not all(isinstance(t, str) for t in texts):
         raise _Refused("Invalid request: q must be a string or a list of strings")
     lines, spans = [], []
-    for t in texts:
-        split = t.splitlines() or [""]
+    for t in texts:  # its lines at "\n" (and "\r\n") only: blank ones kept, a trailing newline too
+        split = [line.removesuffix("\r") for line in t.split("\n")]
         spans.append((len(lines), len(lines) + len(split)))
         lines.extend(split)
     options = dict(app.languages.options(source, target))
