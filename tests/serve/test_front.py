@@ -414,6 +414,9 @@ def test_libretranslate_clients_get_its_answers(fr_server, long_artifact_dir):
     assert r.status_code == 200 and r.json() == {"translatedText": "\n".join(want)}, r.text
     r = httpx.post(url + "/translate", json={"q": "one two three\r\n\ntwelve\n", "source": "en", "target": "fr"})
     assert r.json() == {"translatedText": f"{want[0]}\n\n{want[1]}\n"}, r.text  # blank lines, the last newline kept
+    r = httpx.post(url + "/translate", content=b"q=%ff%fe&source=en&target=fr",
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "the form is not UTF-8" in r.json()["error"], r.text
     r = httpx.post(url + "/translate", json={"q": "twelve\u2028", "source": "en", "target": "fr"})
     assert "\n" not in r.json()["translatedText"], r.text  # one line: only "\n" breaks one
     r = httpx.post(url + "/translate", data={"q": "twelve", "source": "en", "target": "fr", "alternatives": "2"})

@@ -185,7 +185,8 @@ def _fields(scope, body: bytes) -> dict[str, Any]:
         return obj
     if kind in (b"application/x-www-form-urlencoded", b""):
         try:
-            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+            # its %-escapes decoded strictly too: %ff is no character, not U+FFFD translated as one
+            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, errors="strict")
         except UnicodeDecodeError:
             raise _Refused("Invalid request: the form is not UTF-8") from None
         return {k: v[-1] for k, v in form.items()}
