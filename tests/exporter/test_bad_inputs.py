@@ -35,6 +35,8 @@ def test_missing_model_dir(tmp_path):
 def test_not_a_model_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     _fail(str(tmp_path / "empty"), str(tmp_path / "out"), match="config.json is missing")
+    (tmp_path / "empty" / "config.json").mkdir()  # there, but not a file
+    _fail(str(tmp_path / "empty"), str(tmp_path / "out"), match="config.json is not a file")
 
 
 def test_truncated_weights(model_copy, tmp_path):

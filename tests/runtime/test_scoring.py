@@ -62,7 +62,7 @@ def test_bad_pairs_are_refused_naming_the_side(tiny_artifact_dir):
     with pytest.raises(InputError, match="target line 1 has .* tokens; this model takes at most") as e:
         tr.score(["a"], ["two " * 600])
     assert e.value.field == "target"
-    with pytest.warns(TruncatedInput, match="target line 1: truncated to"):
+    with pytest.warns(TruncatedInput, match="target line 1: 600 tokens truncated to"):
         assert tr.score(["a"], ["two " * 600], truncate=True)[0].truncated
     with pytest.raises(InputError, match="takes a list of sentences"):
         tr.score("a", ["x"])

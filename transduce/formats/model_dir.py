@@ -112,7 +112,8 @@ class ModelDir:
 def _read(pinned: PinnedDir) -> ModelDir:
     cfg_path = pinned.display(MODEL_CONFIG_FILE)
     if not pinned.is_file(MODEL_CONFIG_FILE):
-        raise CheckpointError(f"{cfg_path} is missing: {pinned.path!r} is not a transduce model directory")
+        what = "is not a file" if os.path.lexists(os.path.join(pinned.path, MODEL_CONFIG_FILE)) else "is missing"
+        raise CheckpointError(f"{cfg_path} {what}: {pinned.path!r} is not a transduce model directory")
     try:
         cfg = pinned.read_json(MODEL_CONFIG_FILE)
     except OSError as e:

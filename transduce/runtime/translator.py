@@ -352,18 +352,16 @@ class Translator:
                              hint="give one target per source")
         encoded = _on_side(lambda: self.prepare(sources, truncate, first_line, warn, options=options), "source")
         lead = languages.target_lead(self.tokenizer, options) if options is not None else []
-        wanted = _on_side(lambda: self._targets(targets, truncate, first_line, lead), "target")
+        wanted = _on_side(lambda: self._targets(targets, truncate, first_line, lead, warn), "target")
         if warn:
-            self._warn_pairs(encoded, wanted, first_line, len(lead))
+            self._warn_unknown(encoded, wanted, first_line, len(lead))
         return encoded, wanted
 
-    def _warn_pairs(self, encoded: list, wanted: list, first_line: int, lead: int) -> None:
-        """prepare_pairs' warnings: a truncated target (prepare warns of a truncated source), and the tokens of
-        either side that became <unk> (they are scored as <unk>, which the text never meant)."""
-        unk, limit = self.config.unk_id, self.config.max_positions - 1 - lead
-        for n, ((_, src_unknown, _), (ids, cut)) in enumerate(zip(encoded, wanted, strict=True), first_line):
-            if cut:
-                warnings.warn(TruncatedInput(f"target line {n}: truncated to {limit} tokens", n), stacklevel=4)
+    def _warn_unknown(self, encoded: list, wanted: list, first_line: int, lead: int) -> None:
+        """prepare_pairs' warnings of the tokens of either side that became <unk> (they are scored as <unk>, which
+        the text never meant; prepare and _targets warn of truncated sources and targets)."""
+        unk = self.config.unk_id
+        for n, ((_, src_unknown, _), (ids, _)) in enumerate(zip(encoded, wanted, strict=True), first_line):
             tgt_unknown = sum(1 for i in ids[lead:] if i == unk)
             for side, count in (("source", src_unknown), ("target", tgt_unknown)):
                 if count:
@@ -388,10 +386,10 @@ class Translator:
                                    encoded[i][2] or wanted[i][1])
         return results  # type: ignore[return-value]
 
-    def _targets(self, targets: list, truncate: bool, first_line: int,
-                 lead: list[int]) -> list[tuple[list[int], bool]]:
+    def _targets(self, targets: list, truncate: bool, first_line: int, lead: list[int],
+                 warn: bool = True) -> list[tuple[list[int], bool]]:
         """Each target text checked and tokenized (the target vocabulary's) after `lead` (a language code) ->
-        (ids, truncated) each."""
+        (ids, truncated) each; warn: a TruncatedInput warning for each one truncated."""
         self._check_texts(targets, first_line)
         out = []
         limit = self.config.max_positions - 1  # BOS and the target's tokens fill the decoder's positions
@@ -403,6 +401,9 @@ class Translator:
                                         f"most {limit - len(lead)}{after}",
                                         hint="pass truncate=True to score its first tokens",
                                         params=("truncate=True",)), n)
+            if len(ids) > limit and warn:  # stacklevel: _targets, its lambda, _on_side, prepare_pairs, score, caller
+                warnings.warn(TruncatedInput(f"target line {n}: {len(ids) - len(lead)} tokens truncated to "
+                                             f"{limit - len(lead)}", n), stacklevel=6)
             out.append((ids[:limit], len(ids) > limit))
         return out
 
