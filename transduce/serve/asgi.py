@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from transduce.errors import TransduceError
+from transduce.runtime.decoding.options import nesting_depth
 from transduce.serve.options import ServeError
 from transduce.serve.stream import ClientLeft
 
@@ -117,16 +118,9 @@ def _too_big(limit: int) -> ServeError:
 
 
 def too_deep(obj: dict[str, Any]) -> str | None:
-    """The first field of `obj` whose value nests lists or objects more than MAX_FIELD_DEPTH deep (None: none),
-    found without recursion."""
-    for name, value in obj.items():
-        layer, depth = [value], 0
-        while layer:
-            layer = [v for x in layer if isinstance(x, list | dict) for v in (x.values() if isinstance(x, dict) else x)]
-            depth += 1
-            if depth > MAX_FIELD_DEPTH:
-                return name
-    return None
+    """The first field of `obj` whose value nests lists or objects more than MAX_FIELD_DEPTH deep (None: none)."""
+    return next((name for name, value in obj.items()
+                 if nesting_depth(value, MAX_FIELD_DEPTH + 1) > MAX_FIELD_DEPTH), None)
 
 
 def json_object(body: bytes, fields: tuple[str, ...], required: tuple[str, ...]) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class DecodingOptions:
         if unknown:
             raise TypeError(f"{call} got unexpected option(s) {', '.join(unknown)}: it takes {', '.join(cls.names())}")
         for name, v in given.items():  # (a value nested hundreds deep would exhaust the stack: typed, checked, shown)
-            if _depth(v) > MAX_OPTION_DEPTH:
+            if nesting_depth(v, MAX_OPTION_DEPTH + 1) > MAX_OPTION_DEPTH:
                 raise InputError(f"{name} is a list nested more than {MAX_OPTION_DEPTH} deep; no option takes that",
                                  params=(name,))
         try:  # made once per distinct options (checking them costs ~10 us cold; translate() asks on every call)
@@ -318,15 +318,16 @@ def _names(cls: type) -> tuple[str, ...]:
 MAX_OPTION_DEPTH = 3  # lists in lists an option value may hold (suppress: a list of token-id lists)
 
 
-def _depth(value, limit: int = MAX_OPTION_DEPTH + 1) -> int:
-    """How deep lists and tuples nest in `value` (0: not a list), counted up to `limit`, without recursion."""
+def nesting_depth(value, limit: int) -> int:
+    """How deep lists, tuples and dicts (their values) nest in `value` (0: none), counted up to `limit`, without
+    recursion (a value nested hundreds deep would exhaust the stack of a recursive walk)."""
     level, layer = 0, [value]
     while level < limit:
-        lists = [v for v in layer if isinstance(v, list | tuple)]
-        if not lists:
+        nests = [v for v in layer if isinstance(v, list | tuple | dict)]
+        if not nests:
             return level
         level += 1
-        layer = [item for v in lists for item in v]
+        layer = [item for v in nests for item in (v.values() if isinstance(v, dict) else v)]
     return level
 
 
