@@ -144,7 +144,8 @@ class TorchBackend(Backend):
         if p >= state.capacity:
             raise IndexError(f"cache capacity {state.capacity} exhausted at position {p}")
         if p >= state.cache_k[0].shape[2]:
-            self._grow_slots(state, min(state.capacity, max(2 * state.cache_k[0].shape[2], p + 1)))
+            slots = min(state.capacity, max(2 * state.cache_k[0].shape[2], p + 1))
+            self._reallocate(state, state.cache_k[0].shape[0], slots)
         if state.row_pos is None:
             positions = torch.full((rows,), p, dtype=torch.long, device=self.device)
         else:
@@ -201,7 +202,7 @@ class TorchBackend(Backend):
         rows = np.asarray(rows, np.int64)
         n, p = len(rows), state.position if state.row_pos is None else int(state.row_pos.max())
         if n > state.cache_k[0].shape[0]:
-            self._grow_rows(state, max(n, 2 * state.cache_k[0].shape[0]))
+            self._reallocate(state, max(n, 2 * state.cache_k[0].shape[0]), state.cache_k[0].shape[2])
         moved = np.flatnonzero(rows != np.arange(n))
         if moved.size and p:
             self._move_rows(state, moved, rows[moved], p)
@@ -225,23 +226,13 @@ class TorchBackend(Backend):
                 torch.index_select(filled, 0, s, out=spare)
                 filled.index_copy_(0, d, spare)
 
-    def _grow_rows(self, state: _State, capacity: int) -> None:
-        """The cache and the spare reallocated for `capacity` rows (rare: doubled), the filled rows kept."""
+    def _reallocate(self, state: _State, rows: int, slots: int) -> None:
+        """The cache and the spare reallocated for `rows` rows (more rows: doubled, rarely) of `slots` slots (doubled
+        as positions reach them), the state's rows' filled slots kept, the rest zeroed."""
         with self.torch.inference_mode():
             for cache in (state.cache_k, state.cache_v):
                 for i, c in enumerate(cache):
-                    new = c.new_zeros((capacity,) + tuple(c.shape[1:]))
-                    new[: state.rows].copy_(c[: state.rows])
-                    cache[i] = new
-        state.spare = state.cache_k[0].new_empty(state.cache_k[0].numel())
-
-    def _grow_slots(self, state: _State, slots: int) -> None:
-        """The cache reallocated with `slots` slots (positions reached the allocated ones), the state's rows' filled
-        slots kept, the rest zeroed."""
-        with self.torch.inference_mode():
-            for cache in (state.cache_k, state.cache_v):
-                for i, c in enumerate(cache):
-                    new = c.new_zeros(tuple(c.shape[:2]) + (slots,) + tuple(c.shape[3:]))
+                    new = c.new_zeros((rows, c.shape[1], slots, c.shape[3]))
                     new[: state.rows, :, : c.shape[2]].copy_(c[: state.rows])
                     cache[i] = new
         state.spare = state.cache_k[0].new_empty(state.cache_k[0].numel())
@@ -253,7 +244,7 @@ class TorchBackend(Backend):
         n_new = len(enc.src_lengths)
         rows = state.rows + n_new
         if rows > state.cache_k[0].shape[0]:  # doubled: rows admitted one request at a time copy the cache rarely
-            self._grow_rows(state, max(rows, 2 * state.cache_k[0].shape[0]))
+            self._reallocate(state, max(rows, 2 * state.cache_k[0].shape[0]), state.cache_k[0].shape[2])
         row_src = state.cross.admit(enc.cross_k, enc.cross_v, enc.src_lengths)
         before = state.row_pos if state.row_pos is not None else np.full(state.rows, state.position, np.int64)
         state.row_pos = np.concatenate([before, np.zeros(n_new, np.int64)])
